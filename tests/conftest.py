@@ -1,0 +1,133 @@
+"""Fixtures: private servers for the session, clean state for every test.
+
+One Redis and one PostgreSQL server start per test session (see
+`tests/servers.py`); each test gets a flushed Redis and its own database
+copied from a migrated template, dropped afterwards. Nothing here reads or
+sets the process environment: tests that need configuration take
+`clean_env` and set what they need through it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.servers import PostgresServer, RedisServer
+
+#: The migrated database every test database is copied from.
+TEMPLATE_DB = "conveyor_template"
+
+#: Variables that configure conveyor; `clean_env` removes them all.
+CONFIG_VARS = ("REDIS_URL", "DATABASE_URL", "JOB_FAILURE_WEBHOOK_URL")
+CONFIG_PREFIX = "CONVEYOR_"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes more than a few seconds; deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "chromium: drives a headless Chromium (needs chromium and chromium-driver)")
+
+
+# -- Redis --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A private redis-server for the whole session."""
+    with RedisServer(tempfile.mkdtemp(prefix="conveyor-redis-")) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """URL of the session's Redis, emptied (FLUSHALL) for this test.
+
+    Restarts the server first if an earlier test stopped or killed it.
+    """
+    import redis
+
+    if not redis_server.is_running:
+        redis_server.start()
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return redis_server.url
+
+
+# -- PostgreSQL ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """A private PostgreSQL cluster for the whole session."""
+    # mkdtemp, not tmp_path_factory: as root the server runs as `postgres`,
+    # which cannot enter pytest's 0700 /tmp/pytest-of-root.
+    with PostgresServer(tempfile.mkdtemp(prefix="conveyor-pg-")) as server:
+        yield server
+
+
+def _ensure_running(server: PostgresServer) -> None:
+    if not server.is_running:  # an earlier test stopped or crashed it
+        server.start()
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server: PostgresServer) -> str:
+    """Name of a database with every migration applied, to copy per test."""
+    from conveyor.ledger.migrate import migrate
+
+    pg_server.drop_database(TEMPLATE_DB)
+    pg_server.create_database(TEMPLATE_DB)
+    migrate(pg_server.url(TEMPLATE_DB))
+    # A copy fails while anyone is connected to its source.
+    pg_server.terminate_connections(TEMPLATE_DB)
+    return TEMPLATE_DB
+
+
+@pytest.fixture
+def make_database(pg_server: PostgresServer) -> Iterator[Callable[..., str]]:
+    """Factory: `make_database(template=None) -> url` of a new database.
+
+    Every database it makes is dropped after the test.
+    """
+    made: list[str] = []
+
+    def make(template: str | None = None) -> str:
+        _ensure_running(pg_server)
+        name = f"test_{uuid.uuid4().hex}"
+        pg_server.create_database(name, template=template)
+        made.append(name)
+        return pg_server.url(name)
+
+    yield make
+
+    _ensure_running(pg_server)
+    for name in made:
+        pg_server.drop_database(name)
+
+
+@pytest.fixture
+def database_url(make_database: Callable[..., str], pg_template: str) -> str:
+    """URL of this test's own migrated database (`test_<uuid>`), dropped after."""
+    return make_database(template=pg_template)
+
+
+# -- environment --------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Remove conveyor's configuration variables for this test.
+
+    Returns the monkeypatch, so the test can `clean_env.setenv(...)` exactly
+    what it means to configure; everything is restored afterwards.
+    """
+    for name in list(os.environ):
+        if name in CONFIG_VARS or name.startswith(CONFIG_PREFIX):
+            monkeypatch.delenv(name)
+    return monkeypatch
