@@ -1,0 +1,140 @@
+"""What every conveyor broker adds to Dramatiq's ``Broker`` contract.
+
+Dramatiq moves messages; conveyor also needs keyed enqueues, a count of
+how often each job started, job records for status and the dashboard,
+and a recovery pass for dead workers. Each broker module (redis,
+postgres, inline) implements this one small interface, and one behaviour
+suite in ``tests/`` runs against all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dramatiq import Message
+from dramatiq.broker import MessageProxy
+
+#: The states a job record can be in, as users see them.
+JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """What an enqueue returns: the job's id, and whether an earlier job with the same key was returned."""
+
+    id: str
+    deduplicated: bool = False
+
+
+@dataclass(frozen=True)
+class EnqueueItem:
+    """One message to enqueue, with its optional dedup key and delay (ms)."""
+
+    message: Message
+    key: str | None = None
+    delay_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """One queue's numbers, as ``conveyor status`` and the metrics API show them."""
+
+    queue: str
+    waiting: int = 0
+    delayed: int = 0
+    active: int = 0
+    failed: int = 0
+    completed_total: int = 0
+    failed_total: int = 0
+    paused: bool = False
+
+
+@dataclass
+class JobRecord:
+    """A job as the dashboard and the API see it. Times are UNIX seconds."""
+
+    id: str
+    queue: str
+    job: str
+    state: str
+    attempts: int = 0
+    key: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    enqueued_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    eta: float | None = None
+
+
+class SafeMessageProxy(MessageProxy):
+    """A message as Dramatiq's own log lines print it: actor and id, never the payload (it may hold secrets)."""
+
+    def __str__(self) -> str:
+        return f"{self._message.actor_name}[{self._message.message_id}]"
+
+    __repr__ = __str__
+
+
+def describe_error(exc: BaseException, limit: int = 2000) -> str:
+    """A short, one-line description of an error for job records and logs."""
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return text[:limit]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ConveyorBroker:
+    """Mixin declaring the operations conveyor needs beyond Dramatiq's.
+
+    Every method here is implemented by each broker module.
+    """
+
+    #: True when jobs survive the process (redis, postgres); False for inline.
+    persistent: bool = True
+
+    def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
+        """Enqueue messages, each atomically with its key: a key held by an existing job returns that job."""
+        raise NotImplementedError
+
+    def start_job(self, message: Any) -> int:
+        """Record that a delivery of ``message`` starts running; return its attempt (1-based).
+
+        Returns 0 when the job no longer exists (deleted while waiting): skip it.
+        """
+        raise NotImplementedError
+
+    def claim_final_failure(self, message: Any) -> bool:
+        """True exactly once per job: whoever gets it runs the job's final-failure hooks."""
+        raise NotImplementedError
+
+    def maintain(self) -> dict[str, list[str]]:
+        """One recovery pass: give dead workers' jobs back to their queues and prune history.
+
+        Returns the ids of the recovered jobs by queue. Safe to run from many processes at once.
+        """
+        raise NotImplementedError
+
+    def queue_counts(self, queue: str) -> QueueCounts:
+        """The counts of one queue."""
+        raise NotImplementedError
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """One job record, or None."""
+        raise NotImplementedError
+
+    def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
+        """Job records of one queue in one state, newest first."""
+        raise NotImplementedError
+
+    def pause_queue(self, queue: str) -> None:
+        """Workers stop claiming from ``queue`` until it is resumed."""
+        raise NotImplementedError
+
+    def resume_queue(self, queue: str) -> None:
+        """Undo :meth:`pause_queue`."""
+        raise NotImplementedError

@@ -1,0 +1,167 @@
+"""In-process broker for desktop and single-user use, and for fast tests.
+
+Same actors, same middleware, same per-queue concurrency (one Dramatiq
+worker per queue inside the process, see :class:`~conveyor.tasks.worker.InlineWorkers`).
+**Nothing persists**: jobs waiting when the process exits are lost, and
+there is no other process to recover them. Use redis or postgres for
+anything that must survive a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import replace
+
+from dramatiq import Message
+from dramatiq.brokers.stub import StubBroker, _StubConsumer
+from dramatiq.common import q_name
+
+from .base import ConveyorBroker, SafeMessageProxy, EnqueueItem, JobRecord, JobRef, QueueCounts
+
+
+class InlineBroker(ConveyorBroker, StubBroker):
+    """Dramatiq's in-memory broker plus conveyor's records, keys and pausing."""
+
+    persistent = False
+
+    def __init__(self, middleware: list) -> None:
+        super().__init__(middleware=middleware, fail_fast_default=False)
+        self._lock = threading.RLock()
+        self.records: dict[str, JobRecord] = {}
+        self._keys: dict[str, tuple[str, float]] = {}
+        self._totals: dict[str, dict[str, int]] = defaultdict(lambda: {"completed": 0, "failed": 0})
+        self._final: set[str] = set()
+        self.paused: set[str] = set()
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 100):
+        consumer = super().consume(queue_name, prefetch, timeout)
+        return _Consumer(self, queue_name, consumer)
+
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+        with self._lock:
+            sent = super().enqueue(message, delay=delay)
+            record = self.records.get(message.message_id)
+            if record is None:
+                record = self.records[message.message_id] = JobRecord(
+                    id=message.message_id, queue=q_name(message.queue_name), job=message.actor_name,
+                    state="waiting", key=message.options.get("key"), payload=(message.args or [{}])[0],
+                    enqueued_at=time.time())
+            record.state = "delayed" if delay is not None else "waiting"
+            record.eta = sent.options.get("eta", 0) / 1000 if delay is not None else None
+            if message.options.get("last_error"):
+                record.error = message.options["last_error"]
+            return sent
+
+    def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
+        refs = []
+        with self._lock:
+            now = time.monotonic()
+            for item in items:
+                if item.key:
+                    holder = self._keys.get(item.key)
+                    if holder and holder[1] > now and holder[0] in self.records:
+                        refs.append(JobRef(holder[0], True))
+                        continue
+                    self._keys[item.key] = (item.message.message_id, now + dedup_ttl)
+                self.enqueue(item.message, delay=item.delay_ms)
+                refs.append(JobRef(item.message.message_id, False))
+        return refs
+
+    def start_job(self, message) -> int:
+        with self._lock:
+            record = self.records.get(message.message_id)
+            if record is None:
+                return 0
+            record.attempts += 1
+            record.state = "active"
+            record.started_at = time.time()
+            return record.attempts
+
+    def claim_final_failure(self, message) -> bool:
+        with self._lock:
+            if message.message_id in self._final:
+                return False
+            self._final.add(message.message_id)
+            return True
+
+    def finish(self, message, *, failed: bool) -> None:
+        """Called by the consumer on ack (``failed=False``) and nack."""
+        if message.queue_name.endswith(".DQ"):
+            return
+        with self._lock:
+            record = self.records.get(message.message_id)
+            if record is None or record.state != "active":
+                return
+            record.state = "failed" if failed else "completed"
+            record.finished_at = time.time()
+            record.error = message.options.get("last_error") if failed else None
+            self._totals[record.queue]["failed" if failed else "completed"] += 1
+
+    def maintain(self) -> dict[str, list[str]]:
+        # No other process can hold inline jobs: nothing to recover, only history to prune.
+        return {}
+
+    def queue_counts(self, queue: str) -> QueueCounts:
+        with self._lock:
+            states = defaultdict(int)
+            for record in self.records.values():
+                if record.queue == queue:
+                    states[record.state] += 1
+            totals = self._totals[queue]
+            return QueueCounts(queue, states["waiting"], states["delayed"], states["active"], states["failed"],
+                               totals["completed"], totals["failed"], queue in self.paused)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            record = self.records.get(job_id)
+            return replace(record) if record else None
+
+    def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
+        with self._lock:
+            rows = [replace(r) for r in self.records.values() if r.queue == queue and r.state == state]
+        rows.sort(key=lambda r: r.finished_at or r.started_at or r.enqueued_at or 0, reverse=True)
+        return rows[offset:offset + limit]
+
+    def pause_queue(self, queue: str) -> None:
+        self.paused.add(queue)
+
+    def resume_queue(self, queue: str) -> None:
+        self.paused.discard(queue)
+
+
+class _Consumer:
+    """Wraps Dramatiq's stub consumer: records outcomes and honours pausing."""
+
+    def __init__(self, broker: InlineBroker, queue_name: str, inner: _StubConsumer) -> None:
+        self.broker = broker
+        self.queue_name = queue_name
+        self.inner = inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if q_name(self.queue_name) in self.broker.paused:
+            time.sleep(self.inner.timeout / 1000)
+            return None
+        message = next(self.inner)
+        return SafeMessageProxy(message._message) if message is not None else None
+
+    def ack(self, message) -> None:
+        self.inner.ack(message)
+        self.broker.finish(message, failed=False)
+
+    def nack(self, message) -> None:
+        self.inner.nack(message)
+        self.broker.finish(message, failed=True)
+
+    def requeue(self, messages) -> None:
+        for message in messages:
+            self.broker.queues[self.queue_name].put(message._message.encode())
+            self.inner.ack(message)
+
+    def close(self) -> None:
+        self.inner.close()
+

@@ -1,0 +1,1 @@
+"""conveyor's middleware, shared by every broker."""

@@ -1,0 +1,88 @@
+"""The one error tree. Library errors are translated where they enter."""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Root of every error conveyor raises on purpose."""
+
+
+class ConfigurationError(ConveyorError):
+    """The settings or the environment cannot work as given."""
+
+
+# -- enqueueing ---------------------------------------------------------------
+
+
+class EnqueueError(ConveyorError):
+    """A job could not be enqueued; nothing was enqueued."""
+
+
+class UnknownJob(EnqueueError):
+    """No job type has this name."""
+
+    def __init__(self, job: str, known: list[str]) -> None:
+        super().__init__(f"unknown job {job!r}; known jobs: {', '.join(sorted(known))}")
+        self.job = job
+
+
+class InvalidPayload(EnqueueError):
+    """The payload does not match its job's model. ``errors`` lists each field."""
+
+    def __init__(self, job: str, errors: list[dict]) -> None:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in err.get('loc', ())) or '<payload>'}: {err.get('msg')}"
+            for err in errors
+        )
+        super().__init__(f"invalid payload for job {job!r}: {fields}")
+        self.job = job
+        self.errors = errors
+
+
+class PayloadTooLarge(EnqueueError):
+    """The encoded payload is larger than ``CONVEYOR_MAX_PAYLOAD_BYTES``."""
+
+
+class BrokerUnavailable(EnqueueError):
+    """The broker could not be reached; the job was not enqueued and its key is free."""
+
+
+# -- running ------------------------------------------------------------------
+
+
+class JobError(ConveyorError):
+    """Raised by a processor: the job failed and may be retried."""
+
+
+class PermanentError(JobError):
+    """The job can never succeed (bad input, missing target): fail it at once, no retry."""
+
+
+class RetryLater(JobError):
+    """Not a failure: run the job again after ``delay`` seconds (a rate limit, say).
+
+    It does not spend an attempt's worth of backoff and is never logged as an error.
+    """
+
+    def __init__(self, message: str = "retry later", *, delay: float) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class MalformedMessage(PermanentError):
+    """A message in a queue could not be decoded or its payload no longer validates."""
+
+
+# -- ledger -------------------------------------------------------------------
+
+
+class LedgerError(ConveyorError):
+    """The credit ledger refused an operation."""
+
+
+class UnknownAccount(LedgerError):
+    """No account exists for this user."""
+
+
+class DatabaseUnavailable(ConveyorError):
+    """Postgres could not be reached."""

@@ -1,0 +1,1 @@
+"""Money and the platform's records, in Postgres."""

@@ -1,0 +1,51 @@
+"""``conveyor migrate``: apply ``migrations/NNNN_*.sql`` in order, each exactly once.
+
+An advisory lock serialises concurrent runs, so two replicas starting at
+once cannot both apply a migration.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..db import connect
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+#: Arbitrary but fixed: the advisory lock id every conveyor migrator takes.
+_LOCK_ID = 0x636F6E76  # "conv"
+
+logger = logging.getLogger(__name__)
+
+
+def migration_files() -> list[Path]:
+    files = sorted(MIGRATIONS.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    numbers = [f.name[:4] for f in files]
+    if len(numbers) != len(set(numbers)):
+        raise RuntimeError(f"two migrations share a number in {MIGRATIONS}")
+    return files
+
+
+def migrate(database_url: str) -> list[str]:
+    """Apply pending migrations; return the names applied by this call."""
+    applied_now = []
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_ID,))
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS conveyor_migrations ("
+                " name TEXT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            )
+            done = {row[0] for row in conn.execute("SELECT name FROM conveyor_migrations")}
+            for path in migration_files():
+                if path.name in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(path.read_text())
+                    conn.execute("INSERT INTO conveyor_migrations (name) VALUES (%s)", (path.name,))
+                logger.info("applied migration %s", path.name)
+                applied_now.append(path.name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_ID,))
+    return applied_now

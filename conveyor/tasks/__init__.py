@@ -1,0 +1,1 @@
+"""What work exists: queues, payloads, job types, and the JobQueue to enqueue them."""

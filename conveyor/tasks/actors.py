@@ -1,0 +1,66 @@
+"""One Dramatiq actor per job type: thin, it rebuilds the payload and calls the processor."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage
+from pydantic import ValidationError
+
+from ..errors import MalformedMessage
+from .context import JobContext
+from .registry import JobType
+
+if TYPE_CHECKING:
+    from ..app import App
+
+
+def declare_actors(broker: dramatiq.Broker, app: "App") -> None:
+    """Declare every job type of ``app`` as an actor on ``broker``, with its queue's settings."""
+    for job_type in app.job_types.values():
+        queue = app.queues[job_type.queue]
+        dramatiq.Actor(
+            _runner(job_type, app),
+            broker=broker,
+            actor_name=job_type.name,
+            queue_name=job_type.queue,
+            priority=0,
+            options={
+                "time_limit": int((job_type.time_limit or queue.time_limit) * 1000),
+                "max_attempts": job_type.max_attempts or queue.max_attempts,
+                "min_backoff": queue.min_backoff,
+                "max_backoff": queue.max_backoff,
+            },
+        )
+
+
+def load_payload(job_type: JobType, data: Any):
+    """The message's payload as its model; a payload that no longer validates is a permanent failure."""
+    try:
+        return job_type.payload.load(data)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<payload>'}: {e['msg']}" for e in exc.errors())
+        raise MalformedMessage(f"payload of {job_type.name!r} does not validate: {fields}") from None
+
+
+def _runner(job_type: JobType, app: "App"):
+    def run(data: Any = None, *args: Any, **kwargs: Any) -> Any:
+        message = CurrentMessage.get_current_message()
+        if args or kwargs:
+            raise MalformedMessage(f"message for {job_type.name!r} has unexpected arguments")
+        payload = load_payload(job_type, data)
+        attempt = message.options.get("attempt", 1) if message else 1
+        ctx = JobContext(
+            job=job_type.name,
+            queue=job_type.queue,
+            job_id=message.message_id if message else "",
+            attempt=attempt,
+            max_attempts=job_type.max_attempts or app.queues[job_type.queue].max_attempts,
+            app=app,
+        )
+        return job_type.run(payload, ctx)
+
+    run.__name__ = job_type.name.replace(".", "_")
+    run.__module__ = job_type.run.__module__
+    return run

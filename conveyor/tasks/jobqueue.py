@@ -1,0 +1,91 @@
+"""JobQueue: the one way to enqueue a job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from dramatiq import Message
+from pydantic import BaseModel, ValidationError
+
+from ..brokers.base import EnqueueItem, JobRef
+from ..errors import InvalidPayload, PayloadTooLarge, UnknownJob
+from .payloads import Payload
+
+if TYPE_CHECKING:
+    from ..app import App
+
+#: Dramatiq's delay queues keep a message at most 7 days.
+MAX_DELAY_SECONDS = 7 * 24 * 3600
+MAX_KEY_LENGTH = 512
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job to enqueue; the batch form takes a list of these."""
+
+    job: str
+    payload: Any
+    key: str | None = None
+    delay: float | None = None
+
+
+class JobQueue:
+    """Validates payloads and enqueues jobs on the configured broker.
+
+    >>> app.jobs.enqueue("credit.consume", {"user_id": "u1", "task_id": "t1",
+    ...                  "message_id": "m1", "total_tokens": 1200}, key="credit:t1:m1")
+    JobRef(id='…', deduplicated=False)
+    """
+
+    def __init__(self, app: "App") -> None:
+        self.app = app
+
+    def enqueue(self, job: str, payload: Any, *, key: str | None = None, delay: float | None = None) -> JobRef:
+        """Enqueue one job. With ``key``, a second enqueue within ``CONVEYOR_DEDUP_TTL`` returns the first job.
+
+        Raises :class:`~conveyor.errors.EnqueueError` subclasses; when one is raised nothing was enqueued.
+        """
+        return self.enqueue_many([JobRequest(job, payload, key, delay)])[0]
+
+    def enqueue_many(self, requests: Iterable[JobRequest | Mapping[str, Any]]) -> list[JobRef]:
+        """Enqueue a batch in one round trip. Every payload is validated before anything is sent."""
+        items = [self.prepare(r if isinstance(r, JobRequest) else JobRequest(**r)) for r in requests]
+        if not items:
+            return []
+        return self.app.broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
+
+    def prepare(self, request: JobRequest) -> EnqueueItem:
+        """Validate one request and build its message, or raise a clear error naming job and field."""
+        job_type = self.app.job_types.get(request.job)
+        if job_type is None:
+            raise UnknownJob(request.job, list(self.app.job_types))
+        payload = validate_payload(request.job, job_type.payload, request.payload)
+        if request.key is not None and not (0 < len(request.key) <= MAX_KEY_LENGTH):
+            raise InvalidPayload(request.job, [{"loc": ("key",), "msg": f"must be 1-{MAX_KEY_LENGTH} characters"}])
+        if request.delay is not None and not (0 <= request.delay <= MAX_DELAY_SECONDS):
+            raise InvalidPayload(request.job, [{"loc": ("delay",), "msg": f"must be 0-{MAX_DELAY_SECONDS} seconds"}])
+        options = {"key": request.key} if request.key else {}
+        message = Message(queue_name=job_type.queue, actor_name=job_type.name,
+                          args=(payload.model_dump(mode="json"),), kwargs={}, options=options)
+        size = len(message.encode())
+        if size > self.app.settings.max_payload_bytes:
+            raise PayloadTooLarge(f"payload of job {request.job!r} is {size} bytes encoded; "
+                                  f"the limit is {self.app.settings.max_payload_bytes} (CONVEYOR_MAX_PAYLOAD_BYTES)")
+        delay_ms = None if request.delay is None else int(request.delay * 1000)
+        return EnqueueItem(message, request.key, delay_ms)
+
+
+def validate_payload(job: str, model: type[Payload], payload: Any) -> Payload:
+    """The payload as its model, or :class:`InvalidPayload` listing each bad field (never its value)."""
+    try:
+        if isinstance(payload, model):
+            return payload
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump()
+        if isinstance(payload, (str, bytes)):
+            return model.model_validate_json(payload)
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        # Keep location and message only: the input value may be a secret.
+        raise InvalidPayload(job, [{"loc": e["loc"], "msg": e["msg"]} for e in exc.errors()]) from None

@@ -1,0 +1,20 @@
+"""credit.consume: charge the tokens of one round, exactly once however often it runs."""
+
+from __future__ import annotations
+
+from ...ledger import credits
+from ...logs import log_event
+from ..context import JobContext
+from ..payloads import CreditConsume
+from ..registry import job
+
+
+@job("credit.consume", queue="critical", payload=CreditConsume)
+def consume_credits(payload: CreditConsume, ctx: JobContext) -> None:
+    with ctx.app.pool.connection() as conn:
+        result = credits.consume(conn, user_id=payload.user_id, task_id=payload.task_id,
+                                 message_id=payload.message_id, total_tokens=payload.total_tokens,
+                                 price_per_1k=ctx.app.settings.price_per_1k_tokens)
+    if not result.applied:
+        log_event("ledger_duplicate", queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt,
+                  reference=credits.consume_reference(payload.task_id, payload.message_id))

@@ -1,0 +1,177 @@
+"""Worker groups: for each queue, processes whose thread count is the queue's concurrency.
+
+``conveyor worker`` runs a :class:`Supervisor`: it starts the processes,
+restarts any that die, and on SIGTERM/SIGINT tells them to stop taking
+jobs, finish what they run (up to ``CONVEYOR_SHUTDOWN_TIMEOUT``), hand
+prefetched jobs back, and exit 0. Run more supervisors on more hosts to
+scale out: they share the queues through the broker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from dramatiq import Worker
+
+from ..logs import configure_logging, log_event
+
+#: Idle consumers wake this often (ms) to check for shutdown and delayed jobs.
+WORKER_TIMEOUT_MS = 1000
+
+#: A child that dies sooner than this after starting is restarted with a growing delay.
+RESTART_BACKOFF_MAX = 30.0
+
+
+class ProcessWorker:
+    """One process's Dramatiq worker for one queue, plus the recovery loop for dead workers."""
+
+    def __init__(self, app, queue: str, threads: int | None = None) -> None:
+        self.app = app
+        self.queue = queue
+        self.threads = threads or app.queues[queue].concurrency
+        self.broker = app.broker
+        self.worker = Worker(self.broker, queues={queue}, worker_threads=self.threads,
+                             worker_timeout=WORKER_TIMEOUT_MS)
+        self._stop = threading.Event()
+        self._maintainer = threading.Thread(target=self._maintain_loop, name="conveyor-maintain", daemon=True)
+
+    def start(self) -> None:
+        # Without process_boot, Dramatiq's TimeLimit never starts its timer thread.
+        self.broker.emit_after("process_boot")
+        self.worker.start()
+        self._maintainer.start()
+        log_event("worker_started", queue=self.queue, job=None, job_id=None, attempt=None,
+                  pid=os.getpid(), threads=self.threads)
+
+    def stop(self) -> None:
+        """Stop taking jobs, let in-flight ones finish, hand prefetched ones back."""
+        self._stop.set()
+        self.worker.stop(timeout=int(self.app.settings.shutdown_timeout * 1000))
+        self.broker.close()
+        log_event("worker_stopped", queue=self.queue, job=None, job_id=None, attempt=None, pid=os.getpid())
+
+    def _maintain_loop(self) -> None:
+        interval = self.app.settings.maintenance_interval
+        while not self._stop.wait(interval):
+            try:
+                recovered = self.broker.maintain()
+            except Exception as exc:  # the broker may be down for a while: keep trying
+                log_event("error", level="warning", queue=self.queue, job=None, job_id=None, attempt=None,
+                          error=f"recovery pass failed: {type(exc).__name__}: {exc}")
+                continue
+            for queue, ids in recovered.items():
+                for job_id in ids:
+                    log_event("stalled", level="warning", queue=queue, job=None, job_id=job_id, attempt=None,
+                              reason="its worker stopped heartbeating; requeued")
+
+
+def run_process(queue: str, threads: int | None = None) -> None:
+    """Entry point of one worker process: run until SIGTERM or SIGINT, then drain and exit."""
+    from ..app import App
+
+    app = App()
+    configure_logging(app.settings.log_level)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    worker = ProcessWorker(app, queue, threads)
+    worker.start()
+    stop.wait()
+    worker.stop()
+    app.close()
+
+
+@dataclass
+class _Child:
+    queue: str
+    threads: int | None
+    process: multiprocessing.Process | None = None
+    started: float = 0.0
+    failures: int = 0
+    restart_at: float = 0.0
+    history: list = field(default_factory=list)
+
+
+class Supervisor:
+    """Starts ``processes`` worker processes per queue and keeps them running."""
+
+    def __init__(self, queues: list[str], processes: int = 1, threads: int | None = None,
+                 shutdown_timeout: float = 600) -> None:
+        self.ctx = multiprocessing.get_context("spawn")
+        self.children = [_Child(q, threads) for q in queues for _ in range(processes)]
+        self.shutdown_timeout = shutdown_timeout
+        self._stopping = threading.Event()
+
+    def run(self) -> int:
+        """Run until SIGTERM/SIGINT; returns the exit code (0 after a clean drain)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stopping.set())
+        for child in self.children:
+            self._spawn(child)
+        while not self._stopping.wait(0.2):
+            now = time.monotonic()
+            for child in self.children:
+                if child.process is not None and not child.process.is_alive():
+                    code = child.process.exitcode
+                    child.process.join()
+                    child.process = None
+                    # A child that lived long was fine before it died: restart at once.
+                    child.failures = 0 if now - child.started > 60 else child.failures + 1
+                    child.restart_at = now + min(RESTART_BACKOFF_MAX, 0.5 * (2 ** child.failures) - 0.5)
+                    log_event("worker_died", level="error", queue=child.queue, job=None, job_id=None,
+                              attempt=None, exitcode=code, restart_in_s=round(child.restart_at - now, 2))
+                if child.process is None and now >= child.restart_at:
+                    self._spawn(child)
+        return self._shutdown()
+
+    def _spawn(self, child: _Child) -> None:
+        child.process = self.ctx.Process(target=run_process, args=(child.queue, child.threads),
+                                         name=f"conveyor-worker-{child.queue}")
+        child.process.start()
+        child.started = time.monotonic()
+
+    def _shutdown(self) -> int:
+        live = [c.process for c in self.children if c.process is not None]
+        for process in live:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.shutdown_timeout + 10
+        for process in live:
+            process.join(max(0.0, deadline - time.monotonic()))
+        stuck = [p for p in live if p.is_alive()]
+        for process in stuck:
+            process.kill()
+            process.join()
+        return 1 if stuck else 0
+
+
+class InlineWorkers:
+    """The inline broker's workers: one Dramatiq worker per queue inside this process."""
+
+    def __init__(self, app, queues: list[str] | None = None) -> None:
+        self.app = app
+        self.broker = app.broker
+        self.workers = [
+            Worker(self.broker, queues={q}, worker_threads=app.queues[q].concurrency, worker_timeout=100)
+            for q in (queues or list(app.queues))
+        ]
+
+    def start(self) -> "InlineWorkers":
+        self.broker.emit_after("process_boot")
+        for worker in self.workers:
+            worker.start()
+        return self
+
+    def join(self) -> None:
+        """Wait until every queue is drained (delays included)."""
+        for worker in self.workers:
+            worker.join()
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop(timeout=int(self.app.settings.shutdown_timeout * 1000))
