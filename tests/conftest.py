@@ -10,9 +10,11 @@ sets the process environment: tests that need configuration take
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +117,27 @@ def make_database(pg_server: PostgresServer) -> Iterator[Callable[..., str]]:
 def database_url(make_database: Callable[..., str], pg_template: str) -> str:
     """URL of this test's own migrated database (`test_<uuid>`), dropped after."""
     return make_database(template=pg_template)
+
+
+# -- embedded Postgres --------------------------------------------------------
+
+
+@pytest.fixture
+def embedded_data_dir() -> Iterator[Path]:
+    """A data directory for `conveyor.embedded` (CONVEYOR_DATA_DIR), removed after.
+
+    Made with mkdtemp under /tmp, not tmp_path: as root the embedded server
+    runs as another user, who cannot enter pytest's 0700 /tmp/pytest-of-root.
+    Its server is stopped after the test, whoever started it.
+    """
+    from conveyor.embedded import stop_embedded
+
+    path = Path(tempfile.mkdtemp(prefix="conveyor-data-"))
+    try:
+        yield path
+    finally:
+        stop_embedded(path)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- environment --------------------------------------------------------------
