@@ -59,6 +59,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     # -- plumbing -----------------------------------------------------------
 
+    def close(self) -> None:
+        """Close the connection pool (Dramatiq's RedisBroker leaves it to the garbage collector)."""
+        self.client.close()
+        self.client.connection_pool.disconnect()
+
     def _call(self, command: str, queue: str, *args: Any, client: Any = None) -> Any:
         argv = [command, now_ms(), queue, self.broker_id, *args]
         return self._jobs(keys=[self.namespace], args=argv, client=client)
