@@ -23,7 +23,7 @@ from tests.harness import ROOT, WorkerProcess, env_for, make_settings, probe_dea
 from tests.jobs import flaky
 from tests.waiting import wait_for
 
-BROKERS = ["redis"]
+BROKERS = ["redis", "postgres"]
 
 
 @pytest.fixture(params=BROKERS)
@@ -93,7 +93,10 @@ def _crash_loop(app, worker, database_url):
     wait_for(lambda: app.broker.get_job(crasher.id).state == "failed", timeout=90,
              message="the crash-looping job to be failed")
     record = app.broker.get_job(crasher.id)
-    assert record.attempts == app.queues["nudge"].max_attempts + 1
+    # Redis finds the budget spent at the next start, which it counts too;
+    # Postgres's recovery fails the row as it takes it back from the dead worker.
+    extra_start = 1 if app.settings.broker_name == "redis" else 0
+    assert record.attempts == app.queues["nudge"].max_attempts + extra_start
     assert "worker died" in record.error
     assert [d["token"] for d in probe_dead(database_url)] == ["crasher"]
     assert len(worker.events("worker_died")) >= app.queues["nudge"].max_attempts

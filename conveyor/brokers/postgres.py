@@ -13,10 +13,12 @@ and the wake-ups and heartbeats in ``postgres_listen.py``.
   SKIP LOCKED``), FIFO by available time within priority; a **start**
   counts the attempt; outcomes are written in batches.
 - **Delays and retries** are the available time of the same row.
-- **Recovery** (:meth:`maintain`, every ``CONVEYOR_PG_RECOVERY_SECONDS``):
-  rows of workers whose heartbeat is older than ``CONVEYOR_PG_LEASE_SECONDS``
-  go back to pending, or fail when their attempts are spent, and then their
-  job type's final-failure hook runs once.
+- **Recovery** (:meth:`maintain`, every ``CONVEYOR_PG_RECOVERY_SECONDS``,
+  in ``postgres_recovery.py``): rows of workers whose heartbeat is older
+  than ``CONVEYOR_PG_LEASE_SECONDS`` go back to pending, or fail when their
+  attempts are spent, and then their job type's final-failure hook runs once.
+- **Records** (``postgres_records.py``): the rows are the job records, listed
+  by queue and state; totals live in a small counters table.
 """
 
 from __future__ import annotations
@@ -43,14 +45,13 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from ..db import load_queries
 from ..errors import BrokerUnavailable, DatabaseUnavailable
 from ..logs import log_event
-from .base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts, describe_error
+from .base import ConveyorBroker, EnqueueItem, JobRef
 from .postgres_consumer import DELIVERY_OPTIONS, Outbox, PostgresConsumer, _Retry
-from .postgres_listen import Listener
+from .postgres_listen import CHANNEL, Listener
+from .postgres_records import RecordsMixin
+from .postgres_recovery import RecoveryMixin
 
 QUERIES = load_queries(Path(__file__).with_name("postgres.sql"))
-
-#: The NOTIFY channel; its payload is the queue name. ``LISTEN`` in postgres.sql names it too.
-CHANNEL = "conveyor_jobs"
 
 #: Connections per broker pool: a worker process's threads each need one
 #: briefly to start a job; producers one per concurrent enqueue.
@@ -65,16 +66,6 @@ START_GRACE = 5.0
 #: Rounds of insert / look up / release an expired key, for keys raced by other enqueuers.
 KEY_ROUNDS = 5
 
-#: Rows per recovery or prune statement, and statements per pass: both stay off the hot path.
-BATCH = 1000
-BATCHES_PER_PASS = 10
-
-#: Seconds between prune passes (the retention is days; no need to hurry).
-PRUNE_INTERVAL = 60.0
-
-#: Seconds after which a worker row that stopped heartbeating is forgotten.
-FORGET_WORKERS_AFTER = 24 * 3600.0
-
 #: Slots of conveyor_queue_totals (see the migration).
 TOTAL_SLOTS = 8
 
@@ -82,7 +73,7 @@ TOTAL_SLOTS = 8
 DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, PoolClosed)
 
 
-class PostgresBroker(ConveyorBroker, Broker):
+class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
     """Dramatiq broker plus conveyor's job interface, on one Postgres table.
 
     ``on_dead(broker, message, error)`` runs a job's final failure found by
@@ -168,6 +159,16 @@ class PostgresBroker(ConveyorBroker, Broker):
     def _slot(self) -> int:
         return random.randrange(TOTAL_SLOTS)
 
+    def _read(self, name: str, params: dict, fetch: str) -> Any:
+        """Run a statement that is safe to repeat; once more on a fresh connection if the first one was broken."""
+        for attempt in (1, 2):
+            try:
+                return self._execute(name, params, fetch=fetch)
+            except DB_ERRORS as exc:
+                self._pool_trouble()
+                if attempt == 2:
+                    raise DatabaseUnavailable(f"Postgres is unavailable: {exc}") from exc
+
     # -- Dramatiq's Broker -------------------------------------------------------
 
     def declare_queue(self, queue_name: str) -> None:
@@ -242,20 +243,37 @@ class PostgresBroker(ConveyorBroker, Broker):
                      connection: psycopg.Connection | None = None) -> list[JobRef]:
         """Insert jobs; with ``connection``, inside the caller's transaction (a savepoint if one is open)."""
         rows = [self._row(item) for item in items]
-        try:
-            if connection is not None:
+        if connection is not None:
+            try:
                 with connection.transaction():
                     refs = self._insert(connection, rows, dedup_ttl)
-            else:
-                with self._conn() as conn, conn.transaction():
-                    refs = self._insert(conn, rows, dedup_ttl)
-        except DB_ERRORS as exc:
-            self._pool_trouble()
-            raise BrokerUnavailable(f"Postgres is unavailable, nothing was enqueued: {exc}") from exc
+            except DB_ERRORS as exc:
+                raise BrokerUnavailable(f"Postgres is unavailable, nothing was enqueued: {exc}") from exc
+        else:
+            refs = self._insert_on_own_connection(rows, dedup_ttl)
         for item, ref in zip(items, refs):
             if not ref.deduplicated:
                 self.emit_after("enqueue", item.message, item.delay_ms)
         return refs
+
+    def _insert_on_own_connection(self, rows: list[dict], dedup_ttl: float) -> list[JobRef]:
+        # A pooled connection a Postgres restart broke fails before anything
+        # was sent: then try once more. A failure at COMMIT is ambiguous and
+        # is reported, never repeated (without a key it could enqueue twice).
+        attempt = 1
+        while True:
+            committing = False
+            try:
+                with self._conn() as conn:
+                    with conn.transaction():
+                        refs = self._insert(conn, rows, dedup_ttl)
+                        committing = True
+                return refs
+            except DB_ERRORS as exc:
+                self._pool_trouble()
+                if committing or attempt == 2:
+                    raise BrokerUnavailable(f"Postgres is unavailable, nothing was enqueued: {exc}") from exc
+                attempt += 1
 
     def _row(self, item: EnqueueItem) -> dict:
         message = item.message
@@ -393,148 +411,9 @@ class PostgresBroker(ConveyorBroker, Broker):
         self._execute("retry", {"id": job_id, "delivery": delivery, "delay": delay, "message": message,
                                 "error": error, "channel": CHANNEL})
 
-    def _fail_malformed(self, job_id: str, queue: str, job: str, delivery: int, exc: Exception) -> None:
-        cause = getattr(exc, "error", None) or exc  # DecodeError wraps the decoder's error
-        error = f"MalformedMessage: the stored message cannot be decoded ({describe_error(cause, 500)})"
-        row = self._execute("fail_malformed", {"id": job_id, "delivery": delivery, "error": error,
-                                               "slot": self._slot()}, fetch="one")
-        with self._lock:
-            self._held.pop(job_id, None)
-        log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=None, error=error)
-        if row and row[0]:
-            self._run_on_dead(job_id, queue, job, None, 0, error)
-
-    def _run_on_dead(self, job_id: str, queue: str, job: str, text: str | None, attempt: int, error: str) -> None:
-        message = None
-        if text is not None:
-            with contextlib.suppress(Exception):
-                message = dataclasses.replace(Message.decode(text.encode()), message_id=job_id, queue_name=queue)
-        if message is None:  # the hook gets no payload
-            message = Message(queue_name=queue, actor_name=job, args=(), kwargs={}, options={}, message_id=job_id)
-        message.options["attempt"] = attempt
-        if self._on_dead is None:
-            return
-        try:
-            self._on_dead(self, message, error)
-        except Exception as exc:
-            log_event("error", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt,
-                      error=f"final-failure handling raised {type(exc).__name__}: {exc}")
-
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         conn.execute(QUERIES["heartbeat"], {"id": self.worker_id, "hostname": socket.gethostname(),
                                             "pid": os.getpid(), "queues": sorted(self._consumed)})
-
-    # -- recovery --------------------------------------------------------------------
-
-    def maintain(self) -> dict[str, list[str]]:
-        """Recovery (every ``CONVEYOR_PG_RECOVERY_SECONDS``) and pruning (every minute).
-
-        Safe from many processes at once: each stuck row is taken by one pass.
-        Skipped while this process's own connection came back less than a
-        lease ago: after a Postgres restart every worker's heartbeat looks
-        stale until each has had the time to write one.
-        """
-        if not self._maintaining.acquire(blocking=False):
-            return {}
-        try:
-            now = time.monotonic()
-            recovered: dict[str, list[str]] = {}
-            up_since = self._listener.up_since
-            settled = up_since is not None and now - up_since >= self.lease
-            if now - self._last_recovery >= self.recovery_seconds and settled:
-                self._last_recovery = now
-                recovered = self.recover()
-            if now - self._last_prune >= PRUNE_INTERVAL:
-                self._last_prune = now
-                self.prune()
-                self._execute("forget_dead_workers", {"after": FORGET_WORKERS_AFTER})
-            return recovered
-        finally:
-            self._maintaining.release()
-
-    def recover(self) -> dict[str, list[str]]:
-        """One recovery pass now; returns the ids put back to pending, by queue."""
-        requeued: dict[str, list[str]] = {}
-        for _ in range(BATCHES_PER_PASS):
-            rows = self._execute("recover", {"lease": self.lease, "limit": BATCH, "slot": self._slot()},
-                                 fetch="all")
-            for job_id, queue, job, status, run_hook, attempt, error, text in rows:
-                if status == "pending":
-                    requeued.setdefault(queue, []).append(job_id)
-                    continue
-                log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt, error=error)
-                if run_hook:
-                    self._run_on_dead(job_id, queue, job, text, attempt, error)
-            if len(rows) < BATCH:
-                break
-        if self._listener.ready.is_set():
-            with self._lock:
-                held = set(self._held)
-            held |= self._outbox.job_ids()
-            for job_id, queue in self._execute("release_orphans", {"worker": self.worker_id, "lease": self.lease,
-                                                                   "held": sorted(held)}, fetch="all"):
-                requeued.setdefault(queue, []).append(job_id)
-        return requeued
-
-    def prune(self) -> int:
-        """Delete finished jobs older than the retention, in batches; returns how many."""
-        total = 0
-        for _ in range(BATCHES_PER_PASS):
-            count = self._execute("prune", {"retention": self.retention, "limit": BATCH})
-            total += count
-            if count < BATCH:
-                break
-        return total
-
-    # -- reading -----------------------------------------------------------------------
-
-    def _read(self, name: str, params: dict, fetch: str) -> Any:
-        try:
-            return self._execute(name, params, fetch=fetch)
-        except DB_ERRORS as exc:
-            self._pool_trouble()
-            raise DatabaseUnavailable(f"Postgres is unavailable: {exc}") from exc
-
-    def queue_counts(self, queue: str) -> QueueCounts:
-        waiting, delayed, active, failed, completed_total, failed_total, paused = self._read(
-            "counts", {"queue": queue}, "one")
-        return QueueCounts(queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused)
-
-    def get_job(self, job_id: str) -> JobRecord | None:
-        row = self._read("get_job", {"id": job_id}, "one")
-        return _record(row) if row else None
-
-    def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
-        if state not in JOB_STATES:
-            raise ValueError(f"unknown state {state!r}; states: {', '.join(JOB_STATES)}")
-        name, status = {"waiting": ("list_waiting", None), "delayed": ("list_delayed", None),
-                         "active": ("list_active", None), "completed": ("list_finished", "done"),
-                         "failed": ("list_finished", "failed")}[state]
-        rows = self._read(name, {"queue": queue, "status": status, "limit": limit, "offset": offset}, "all")
-        return [_record(row) for row in rows]
-
-    def pause_queue(self, queue: str) -> None:
-        self._read("pause", {"queue": queue}, "none")
-
-    def resume_queue(self, queue: str) -> None:
-        self._read("resume", {"queue": queue, "channel": CHANNEL}, "none")
-
-
-_STATES = {"pending": "waiting", "in_progress": "active", "done": "completed", "failed": "failed"}
-
-
-def _record(row: tuple) -> JobRecord:
-    (job_id, queue, job, status, delayed, attempt, key, payload, error,
-     created_at, started_at, completed_at, available_at) = row
-    state = "delayed" if status == "pending" and delayed else _STATES[status]
-    return JobRecord(
-        id=job_id, queue=queue, job=job, state=state, attempts=attempt, key=key,
-        payload=payload if isinstance(payload, dict) else {}, error=error,
-        enqueued_at=created_at.timestamp(), started_at=started_at.timestamp() if started_at else None,
-        finished_at=completed_at.timestamp() if completed_at else None,
-        eta=available_at.timestamp() if state == "delayed" else None,
-    )
-
 
 def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
     return {

@@ -162,7 +162,7 @@ WITH stuck AS (
     UPDATE conveyor_jobs j
     SET status = CASE WHEN s.spent THEN 'failed' ELSE 'pending' END,
         error = CASE WHEN s.spent
-                     THEN 'WorkerLost: its worker stopped heartbeating during attempt '
+                     THEN 'WorkerLost: the worker died (stopped heartbeating) during attempt '
                           || j.attempt || ', the last one'
                      ELSE j.error END,
         completed_at = CASE WHEN s.spent THEN now() END,

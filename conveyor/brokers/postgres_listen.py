@@ -21,6 +21,9 @@ import psycopg
 
 from ..logs import log_event
 
+#: The NOTIFY channel; the payload is the queue name. ``LISTEN`` in postgres.sql names it too.
+CHANNEL = "conveyor_jobs"
+
 #: Longest wait between two reconnection attempts (s).
 RECONNECT_MAX_DELAY = 2.0
 
