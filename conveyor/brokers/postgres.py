@@ -69,6 +69,14 @@ KEY_ROUNDS = 5
 #: Slots of conveyor_queue_totals (see the migration).
 TOTAL_SLOTS = 8
 
+#: Whether a worker's own writes (claims, starts, outcomes, retries) wait for
+#: the WAL flush. They do not: each of them, lost in a Postgres crash, only
+#: makes a job run once more (a claim or an outcome undone) or counts one
+#: attempt less, which at-least-once delivery and idempotent processors
+#: already cover; waiting would add an fsync to every start of every job.
+#: Enqueues, final failures and recovery always commit synchronously.
+WORKER_SYNCHRONOUS_COMMIT = False
+
 #: Errors that mean "Postgres is not reachable right now"; anything else is a bug or bad data.
 DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, PoolClosed)
 
@@ -100,7 +108,7 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._on_dead = on_dead or _retries_callback(self.middleware)
         self._lock = threading.RLock()
-        self._pool: ConnectionPool | None = None
+        self._pools: dict[bool, ConnectionPool] = {}  # fast -> pool
         self._pool_checked = -math.inf
         self._listener = self._new_listener()
         self._consumed: set[str] = set()
@@ -122,33 +130,38 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
                                keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
 
     @contextlib.contextmanager
-    def _conn(self) -> Iterator[psycopg.Connection]:
+    def _conn(self, *, fast: bool = False) -> Iterator[psycopg.Connection]:
         """A pooled autocommit connection. No ping on checkout: a connection a
-        Postgres restart broke fails once, and the pool is then checked."""
+        Postgres restart broke fails once, and the pool is then checked.
+
+        ``fast`` connections commit asynchronously (see WORKER_SYNCHRONOUS_COMMIT).
+        """
+        fast = fast and not WORKER_SYNCHRONOUS_COMMIT
         with self._lock:
-            if self._pool is None:
-                self._pool = ConnectionPool(self.database_url, min_size=1, max_size=POOL_MAX, open=False,
-                                            name="conveyor-pg-broker", kwargs={"autocommit": True},
-                                            timeout=POOL_TIMEOUT, reconnect_timeout=60)
-                self._pool.open(wait=False)
-            pool = self._pool
+            pool = self._pools.get(fast)
+            if pool is None:
+                pool = self._pools[fast] = ConnectionPool(
+                    self.database_url, min_size=1, max_size=POOL_MAX, open=False, kwargs={"autocommit": True},
+                    name="conveyor-pg-worker" if fast else "conveyor-pg-broker", timeout=POOL_TIMEOUT,
+                    reconnect_timeout=60, configure=_worker_session if fast else None)
+                pool.open(wait=False)
         with pool.connection() as conn:
             yield conn
 
     def _pool_trouble(self) -> None:
-        """After a connection error: replace the pool's broken connections (at most once a second)."""
+        """After a connection error: replace the pools' broken connections (at most once a second)."""
         now = time.monotonic()
-        pool = self._pool
-        if pool is None or now - self._pool_checked < 1.0:
+        if now - self._pool_checked < 1.0:
             return
         self._pool_checked = now
-        try:
-            pool.check()
-        except Exception:  # the pool reconnects by itself; checking is only a shortcut
-            pass
+        for pool in list(self._pools.values()):
+            try:
+                pool.check()
+            except Exception:  # the pool reconnects by itself; checking is only a shortcut
+                pass
 
-    def _execute(self, name: str, params: dict | None = None, *, fetch: str = "none") -> Any:
-        with self._conn() as conn:
+    def _execute(self, name: str, params: dict | None = None, *, fetch: str = "none", fast: bool = False) -> Any:
+        with self._conn(fast=fast) as conn:
             cur = conn.execute(QUERIES[name], params or {})
             if fetch == "one":
                 return cur.fetchone()
@@ -218,8 +231,8 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
             with contextlib.suppress(*DB_ERRORS):
                 self._execute("forget_worker", {"id": self.worker_id})
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
             pool.close(timeout=5)
 
     def flush(self, queue_name: str) -> None:
@@ -336,7 +349,8 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
         deadline = time.monotonic() + START_GRACE
         while True:
             try:
-                row = self._execute("start", {"id": message.message_id, "delivery": delivery}, fetch="one")
+                row = self._execute("start", {"id": message.message_id, "delivery": delivery}, fetch="one",
+                                    fast=True)
                 return row[0] if row else 0
             except DB_ERRORS as exc:
                 self._pool_trouble()
@@ -365,12 +379,13 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
         return self._listener.beating(within=self.lease / 2)
 
     def _claim_rows(self, queue: str, limit: int) -> list[tuple]:
-        rows = self._execute("claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all")
+        rows = self._execute("claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all",
+                             fast=True)
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: FIFO within priority
         return [(r[0], r[1], r[2], r[3], r[6]) for r in rows]
 
     def _next_due(self, queue: str) -> float | None:
-        return self._execute("next_due", {"queue": queue}, fetch="one")[0]
+        return self._execute("next_due", {"queue": queue}, fetch="one", fast=True)[0]
 
     def _hold(self, job_id: str, delivery: int) -> None:
         with self._lock:
@@ -388,7 +403,7 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
             "ids": [k[0] for k in keys], "deliveries": [k[1] for k in keys],
             "statuses": [outcomes[k][0] for k in keys], "errors": [outcomes[k][1] for k in keys],
             "slot": self._slot(),
-        })
+        }, fast=True)
 
     def _retry(self, message: Message, delay: int | None) -> Message:
         delivery = message.options["pg_delivery"]
@@ -409,7 +424,7 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
 
     def _write_retry(self, job_id: str, delivery: int, message: str, delay: float, error: str | None) -> None:
         self._execute("retry", {"id": job_id, "delivery": delivery, "delay": delay, "message": message,
-                                "error": error, "channel": CHANNEL})
+                                "error": error, "channel": CHANNEL}, fast=True)
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         conn.execute(QUERIES["heartbeat"], {"id": self.worker_id, "hostname": socket.gethostname(),
@@ -428,6 +443,10 @@ def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
 def _without_delivery(message: Message) -> Message:
     options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
     return dataclasses.replace(message, options=options)
+
+
+def _worker_session(conn: psycopg.Connection) -> None:
+    conn.execute(QUERIES["worker_session"])
 
 
 def _listen(conn: psycopg.Connection) -> None:

@@ -128,6 +128,11 @@ UPDATE conveyor_jobs SET final_failure_at = now()
 WHERE id = %(id)s AND final_failure_at IS NULL
 RETURNING id
 
+-- name: worker_session
+-- Worker-side writes commit without waiting for the WAL flush (postgres.py,
+-- WORKER_SYNCHRONOUS_COMMIT says why that is safe).
+SET synchronous_commit = off
+
 -- name: listen
 -- The channel is postgres.py's CHANNEL; the enqueue's NOTIFY names the queue.
 LISTEN conveyor_jobs

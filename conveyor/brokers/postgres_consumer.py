@@ -139,10 +139,11 @@ class PostgresConsumer(Consumer):
     def _next(self) -> SafeMessageProxy | None:
         deadline = time.monotonic() + self.timeout
         while True:
-            self.wake.event.clear()
-            self.broker._outbox.write(self.broker)
             if self.ready:
                 return self.ready.popleft()
+            self.wake.event.clear()
+            # Outcomes left by the worker threads meanwhile, all in one statement.
+            self.broker._outbox.write(self.broker)
             now = time.monotonic()
             room = self.prefetch - len(self.held)
             can_claim = room > 0 and self.broker._may_claim()
