@@ -179,7 +179,7 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
                 return self._execute(name, params, fetch=fetch)
             except DB_ERRORS as exc:
                 self._pool_trouble()
-                if attempt == 2:
+                if attempt == 2 or isinstance(exc, PoolTimeout):  # no connection for seconds: not a stale one
                     raise DatabaseUnavailable(f"Postgres is unavailable: {exc}") from exc
 
     # -- Dramatiq's Broker -------------------------------------------------------
@@ -205,6 +205,11 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
         # would take the claims of a worker it cannot see.
         if not self._listener.ready.wait(POOL_TIMEOUT):
             raise ConnectionClosed(f"Postgres is unavailable: {self._listener.last_error}")
+        if self._last_recovery == -math.inf:
+            # At start-up, before the first claim: jobs of workers that died
+            # while nothing was running come back now, not a recovery interval later.
+            with contextlib.suppress(*DB_ERRORS):
+                self.maintain()
         return PostgresConsumer(self, queue_name, prefetch, timeout)
 
     def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
@@ -284,7 +289,7 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
                 return refs
             except DB_ERRORS as exc:
                 self._pool_trouble()
-                if committing or attempt == 2:
+                if committing or attempt == 2 or isinstance(exc, PoolTimeout):
                     raise BrokerUnavailable(f"Postgres is unavailable, nothing was enqueued: {exc}") from exc
                 attempt += 1
 
