@@ -315,7 +315,9 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
         refs: list[JobRef | None] = [None] * len(rows)
         todo = list(range(len(rows)))
         for _ in range(KEY_ROUNDS):
-            batch = [rows[i] for i in todo]
+            # Keys in one order in every transaction: two batches racing for
+            # the same keys then wait on each other instead of deadlocking.
+            batch = sorted((rows[i] for i in todo), key=lambda r: r["key"] or "")
             inserted = {row[0] for row in conn.execute(QUERIES["enqueue"], _enqueue_params(batch, dedup_ttl))}
             skipped = []
             for i in todo:
