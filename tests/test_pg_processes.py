@@ -16,9 +16,8 @@ import time
 import psycopg
 import pytest
 
-from conveyor.app import App
 from conveyor.ledger import credits
-from tests.harness import ROOT, WorkerProcess, env_for, make_settings, probe_runs
+from tests.harness import ROOT, env_for, make_settings, probe_runs
 from tests.waiting import wait_for
 
 #: Short lease and recovery interval, so a dead worker's jobs come back within seconds.
@@ -29,27 +28,6 @@ RECOVERY = 0.5
 @pytest.fixture
 def settings(clean_env, database_url):
     return make_settings("postgres", None, database_url, pg_lease_seconds=LEASE, pg_recovery_seconds=RECOVERY)
-
-
-@pytest.fixture
-def app(settings):
-    app = App(settings)
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def workers(settings, tmp_path):
-    started = []
-
-    def start(queues: str, processes: int = 1, **env) -> WorkerProcess:
-        worker = WorkerProcess(settings, queues, processes, log=tmp_path / f"worker-{len(started)}.log", **env)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.terminate()
 
 
 def charges(n: int, prefix: str, sleep: float) -> list[dict]:
