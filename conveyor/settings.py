@@ -100,6 +100,29 @@ class Settings(BaseSettings):
     imports: str = Field("", description="Comma-separated modules that register more job types.")
     log_level: str = Field("INFO", description="Log level of conveyor's JSON logs.")
     redis_namespace: str = Field("conveyor", description="Prefix of every Redis key.")
+    public_url: str | None = Field(
+        None, description="Base URL of `conveyor api` as users reach it; failure alerts link to the dashboard."
+    )
+    webhook_format: Literal["slack", "discord", "generic"] | None = Field(
+        None, description="slack | discord | generic body for JOB_FAILURE_WEBHOOK_URL; unset: guessed from the URL."
+    )
+    webhook_timeout: float = Field(5, gt=0, description="Seconds one failure-webhook POST may take.")
+    webhook_attempts: int = Field(5, ge=1, le=20, description="POSTs per failure alert before it is given up.")
+    webhook_backoff: float = Field(
+        1, ge=0, description="Seconds before the second POST of an alert; doubles after each failed one."
+    )
+    webhook_queue_size: int = Field(
+        1000, ge=1, description="Failure alerts a worker holds while the receiver is slow; more are dropped."
+    )
+    metrics_port: int = Field(
+        9191, ge=0, le=65535, description="Port of a worker supervisor's Prometheus /metrics; 0 turns it off."
+    )
+    metrics_host: str = Field("0.0.0.0", description="Address a worker supervisor's /metrics listens on.")
+    metrics_dir: Path | None = Field(
+        None,
+        description="Multi-process metrics directory of a worker supervisor (emptied at start); "
+        "default: a new temporary directory.",
+    )
     queues: dict[str, QueueOverride] = Field(
         default_factory=dict,
         description="Per-queue overrides: CONVEYOR_QUEUES__<QUEUE>__<FIELD>.",

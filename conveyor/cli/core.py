@@ -82,7 +82,13 @@ def cmd_worker(args) -> int:
         from ..ledger.migrate import migrate
 
         migrate(app.database_url)  # the embedded default must be ready before the children start
-    return Supervisor(queues, args.processes, args.threads, app.settings.shutdown_timeout).run()
+    return Supervisor(queues, args.processes, args.threads, app.settings.shutdown_timeout,
+                      **_metrics_options(app.settings)).run()
+
+
+def _metrics_options(settings) -> dict:
+    return {"metrics_port": settings.metrics_port, "metrics_host": settings.metrics_host,
+            "metrics_dir": str(settings.metrics_dir) if settings.metrics_dir else None}
 
 
 def cmd_up(args) -> int:
@@ -108,7 +114,8 @@ def cmd_up(args) -> int:
         stop.wait()
         workers.stop()
         return 0
-    return Supervisor(list(app.queues), args.processes, None, app.settings.shutdown_timeout).run()
+    return Supervisor(list(app.queues), args.processes, None, app.settings.shutdown_timeout,
+                      **_metrics_options(app.settings)).run()
 
 
 def cmd_enqueue(args) -> int:

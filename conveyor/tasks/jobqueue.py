@@ -53,7 +53,14 @@ class JobQueue:
         items = [self.prepare(r if isinstance(r, JobRequest) else JobRequest(**r)) for r in requests]
         if not items:
             return []
-        return self.app.broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
+        broker = self.app.broker
+        refs = broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
+        # Middleware may count what was enqueued and what was a duplicate (metrics).
+        for middleware in broker.middleware:
+            hook = getattr(middleware, "after_enqueue_jobs", None)
+            if hook:
+                hook(broker, items, refs)
+        return refs
 
     def prepare(self, request: JobRequest) -> EnqueueItem:
         """Validate one request and build its message, or raise a clear error naming job and field."""

@@ -101,16 +101,32 @@ class Supervisor:
     """Starts ``processes`` worker processes per queue and keeps them running."""
 
     def __init__(self, queues: list[str], processes: int = 1, threads: int | None = None,
-                 shutdown_timeout: float = 600) -> None:
+                 shutdown_timeout: float = 600, *, metrics_port: int = 0, metrics_host: str = "0.0.0.0",
+                 metrics_dir: str | None = None) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.children = [_Child(q, threads) for q in queues for _ in range(processes)]
         self.shutdown_timeout = shutdown_timeout
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.metrics_dir = metrics_dir
         self._stopping = threading.Event()
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code (0 after a clean drain)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stopping.set())
+        from ..brokers.middleware.metrics import WorkerMetrics
+
+        # Before any child starts: they inherit PROMETHEUS_MULTIPROC_DIR, emptied of an earlier run's counts.
+        self.metrics = WorkerMetrics(self.metrics_dir)
+        if self.metrics_port:
+            self.metrics.serve(self.metrics_host, self.metrics_port)
+        try:
+            return self._supervise()
+        finally:
+            self.metrics.close()
+
+    def _supervise(self) -> int:
         for child in self.children:
             self._spawn(child)
         while not self._stopping.wait(0.2):
@@ -119,6 +135,7 @@ class Supervisor:
                 if child.process is not None and not child.process.is_alive():
                     code = child.process.exitcode
                     child.process.join()
+                    self.metrics.process_died(child.process.pid)
                     child.process = None
                     # A child that lived long was fine before it died: restart at once.
                     child.failures = 0 if now - child.started > 60 else child.failures + 1
@@ -147,6 +164,8 @@ class Supervisor:
         for process in stuck:
             process.kill()
             process.join()
+        for process in live:
+            self.metrics.process_died(process.pid)
         return 1 if stuck else 0
 
 
