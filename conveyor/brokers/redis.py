@@ -67,6 +67,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         argv = [command, now_ms(), queue, self.broker_id, *args]
         return self._jobs(keys=[self.namespace], args=argv, client=client)
 
+    def close(self) -> None:
+        """Close the Redis connections (Dramatiq's broker leaves them open until garbage collection)."""
+        super().close()
+        self.client.connection_pool.disconnect()
+
     @property
     def consumer_class(self):
         return _Consumer

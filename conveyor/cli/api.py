@@ -1,0 +1,31 @@
+"""api: the HTTP side (admin API and dashboard, /metrics, OpenAPI) on uvicorn."""
+
+from __future__ import annotations
+
+from . import env_flag
+
+
+def register(sub) -> None:
+    p = sub.add_parser("api", help="admin API and /admin/queues dashboard, /metrics, OpenAPI (/docs)")
+    env_flag(p, "--host", env="CONVEYOR_API_HOST", default="127.0.0.1", help="address to listen on")
+    env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, default=8000, help="port to listen on")
+    p.set_defaults(func=cmd_api)
+
+
+def cmd_api(args) -> int:
+    import uvicorn
+
+    from ..api import create_app
+    from ..app import App
+    from ..logs import configure_logging, log_event
+
+    app = App()
+    configure_logging(app.settings.log_level)
+    log_event("api_started", queue=None, job=None, job_id=None, attempt=None, host=args.host, port=args.port,
+              broker=app.settings.broker_name, admin="open" if app.settings.admin_token else "closed")
+    try:
+        # Logging stays conveyor's JSON (log_config=None); no access log, as request lines carry no job ids.
+        uvicorn.run(create_app(app), host=args.host, port=args.port, log_config=None, access_log=False)
+    finally:
+        app.close()
+    return 0
