@@ -83,7 +83,10 @@ def api_server(app: App) -> Iterator[str]:
 
 
 class Receiver:
-    """A chat webhook receiver on loopback. ``mode``: "ok" (200), "error" (500) or "slow" (sleeps ``delay``)."""
+    """A chat webhook receiver on loopback.
+
+    ``mode``: "ok" (200), "error" (500), "refuse" (400) or "slow" (sleeps ``delay``, then 200).
+    """
 
     def __init__(self, mode: str = "ok", delay: float = 0.0) -> None:
         self.mode = mode
@@ -100,7 +103,7 @@ class Receiver:
                                               "content_type": self.headers.get("content-type")})
                 if receiver.mode == "slow":
                     time.sleep(receiver.delay)
-                status = 500 if receiver.mode == "error" else 200
+                status = {"error": 500, "refuse": 400}.get(receiver.mode, 200)
                 try:
                     self.send_response(status)
                     self.send_header("content-length", "2")
