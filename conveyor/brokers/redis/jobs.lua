@@ -16,6 +16,8 @@
 --   $ns:paused            set of paused queue names
 --   $ns:deleted:$id       tombstone of a deleted job (TTL: the retention),
 --                         so a worker holding its message never revives it
+--   $ns:wake:$queue       a short list idle consumers block on (BLPOP), so a
+--                         new message starts in milliseconds, not a poll later
 --
 -- ARGV: command, now_ms, queue, worker_id, then the command's arguments.
 
@@ -94,6 +96,8 @@ local function retry_one(id)
     redis.call("hdel", xmessages_key, rid)
     redis.call("hset", messages_key, rid, data)
     redis.call("rpush", queue_key, rid)
+    redis.call("lpush", ns .. ":wake:" .. canonical, 1)
+    redis.call("ltrim", ns .. ":wake:" .. canonical, 0, 63)
     redis.call("hset", record, "attempts", 0)
     redis.call("hdel", record, "final_failure", "finished_at", "eta")
     redis.call("persist", record)
@@ -123,6 +127,10 @@ if command == "enqueue" then
     end
     redis.call("hset", messages_key, rid, data)
     redis.call("rpush", queue_key, rid)
+    -- Wake one idle consumer; the list is capped so nobody waiting is harmless.
+    local wake_key = ns .. ":wake:" .. queue
+    redis.call("lpush", wake_key, 1)
+    redis.call("ltrim", wake_key, 0, 63)
     local record = job_key(id)
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
