@@ -14,8 +14,11 @@ from tests.waiting import wait_for
 
 QUEUE = "indexing"
 
+#: Every broker this suite runs on; the postgres broker joins by adding its name.
+BROKERS = ["redis", "inline"]
 
-@pytest.fixture(params=["redis", "inline"])
+
+@pytest.fixture(params=BROKERS)
 def broker_app(request, redis_url):
     if request.param == "redis":
         app = App(settings(broker="redis", redis_url=redis_url))

@@ -15,10 +15,13 @@ from tests.servers import free_port
 from tests.waiting import wait_for
 
 QUEUE = "indexing"
+
+#: Every broker this suite runs on; the postgres broker joins by adding its name.
+BROKERS = ["redis", "inline"]
 JOB = "obs.work"
 
 
-@pytest.fixture(params=["redis", "inline"])
+@pytest.fixture(params=BROKERS)
 def broker_app(request, redis_url):
     overrides = {"broker": "redis", "redis_url": redis_url} if request.param == "redis" else {"broker": "inline"}
     app = App(settings(**overrides))
