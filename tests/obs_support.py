@@ -63,6 +63,30 @@ def worker(app: App, queue: str = "indexing", threads: int | None = None) -> Ite
 
 
 @contextmanager
+def running(app: App, queue: str = "indexing", threads: int | None = None, *, own_app: bool = False) -> Iterator:
+    """Workers for ``queue`` on any broker: InlineWorkers on ``app`` itself (inline), else a ProcessWorker.
+
+    ``own_app=True`` gives a redis worker an App of its own, as a separate worker process would have.
+    """
+    from conveyor.tasks.worker import InlineWorkers
+
+    if app.settings.broker_name == "inline":
+        workers = InlineWorkers(app, [queue]).start()
+        try:
+            yield
+        finally:
+            workers.stop()
+        return
+    worker_app = App(app.settings) if own_app else app
+    try:
+        with worker(worker_app, queue, threads):
+            yield
+    finally:
+        if own_app:
+            worker_app.close()
+
+
+@contextmanager
 def api_server(app: App) -> Iterator[str]:
     """``conveyor api``'s application on uvicorn in a thread; yields its base URL."""
     import uvicorn

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 
 import pytest
 
 from conveyor.app import App
-from conveyor.tasks.worker import InlineWorkers
-from tests.obs_support import settings, worker
+from tests.obs_support import running as run_workers, settings
 from tests.waiting import wait_for
 
 QUEUE = "indexing"
@@ -28,22 +26,10 @@ def broker_app(request, redis_url):
     app.close()
 
 
-@contextmanager
+
 def running(app: App):
-    """Workers for the queue: a ProcessWorker on its own App (redis), InlineWorkers on the same App (inline)."""
-    if app.settings.broker_name == "inline":
-        workers = InlineWorkers(app, [QUEUE]).start()
-        try:
-            yield
-        finally:
-            workers.stop()
-    else:
-        worker_app = App(app.settings)
-        try:
-            with worker(worker_app, QUEUE):
-                yield
-        finally:
-            worker_app.close()
+    """Workers for the queue; a redis worker has its own App, as a worker process would."""
+    return run_workers(app, QUEUE, own_app=True)
 
 
 def counts(app):
@@ -89,8 +75,6 @@ def test_retry_failed_retries_every_failed_job_of_the_queue(broker_app, tmp_path
 
 
 def test_a_retried_job_that_fails_again_runs_its_final_failure_hooks_again(broker_app):
-    if broker_app.settings.broker_name == "redis":
-        pytest.skip("the recorder lives in this App; a redis worker has its own (the webhook tests cover redis)")
     dead = []
 
     class Recorder:
@@ -98,7 +82,7 @@ def test_a_retried_job_that_fails_again_runs_its_final_failure_hooks_again(broke
             dead.append(message.message_id)
 
     broker_app.broker.middleware.append(Recorder())
-    with running(broker_app):
+    with run_workers(broker_app, QUEUE):  # the worker shares this App, and so the recorder
         ref = broker_app.jobs.enqueue("obs.work", {"n": 1, "fail": True})
         wait_for(lambda: dead == [ref.id], message="the first final failure")
         broker_app.broker.retry_job(ref.id)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 
 import httpx
 import pytest
 
 from conveyor.app import App
-from conveyor.tasks.worker import InlineWorkers
-from tests.obs_support import CliProcess, cli_env, registry_text, samples, settings, value, worker
+from tests.obs_support import CliProcess, cli_env, registry_text, running, samples, settings, value
 from tests.servers import free_port
 from tests.waiting import wait_for
 
@@ -28,19 +25,6 @@ def broker_app(request, redis_url):
     yield app
     app.close()
 
-
-@contextmanager
-def running(app: App, queue: str = QUEUE, threads: int | None = None):
-    """Workers on the same App, so one registry holds both sides' counts."""
-    if app.settings.broker_name == "inline":
-        workers = InlineWorkers(app, [queue]).start()
-        try:
-            yield
-        finally:
-            workers.stop()
-    else:
-        with worker(app, queue, threads):
-            yield
 
 
 def test_a_jobs_life_is_counted_once_per_fact(broker_app):

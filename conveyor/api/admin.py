@@ -16,7 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from .auth import require_admin
 from .deps import inspector
-from .inspector import MAX_PAGE, Inspector, JobPage, JobView, QueueView
+from .inspector import MAX_PAGE, Inspector
 
 router = APIRouter(prefix="/api/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
@@ -24,7 +24,8 @@ State = Literal["waiting", "delayed", "active", "completed", "failed"]
 
 
 class _Out(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+    # Read straight from the read layer's dataclasses (from_attributes), written camelCase.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, from_attributes=True)
 
 
 class QueueMetrics(_Out):
@@ -38,10 +39,6 @@ class QueueMetrics(_Out):
     failed_total: int
     paused: bool
 
-    @classmethod
-    def of(cls, q: QueueView) -> "QueueMetrics":
-        return cls(active=q.active, waiting=q.waiting, delayed=q.delayed, failed=q.failed,
-                   completed_total=q.completed_total, failed_total=q.failed_total, paused=q.paused)
 
 
 class Job(_Out):
@@ -63,12 +60,6 @@ class Job(_Out):
     wait_seconds: float | None
     run_seconds: float | None
 
-    @classmethod
-    def of(cls, j: JobView) -> "Job":
-        return cls(id=j.id, queue=j.queue, job=j.job, state=j.state, attempts=j.attempts,
-                   max_attempts=j.max_attempts, key=j.key, payload=j.payload, error=j.error,
-                   enqueued_at=j.enqueued_at, started_at=j.started_at, finished_at=j.finished_at, eta=j.eta,
-                   wait_seconds=j.wait_seconds, run_seconds=j.run_seconds)
 
 
 class JobList(_Out):
@@ -79,10 +70,6 @@ class JobList(_Out):
     jobs: list[Job]
     next_cursor: str | None
 
-    @classmethod
-    def of(cls, page: JobPage) -> "JobList":
-        return cls(queue=page.queue, state=page.state, jobs=[Job.of(j) for j in page.jobs],
-                   next_cursor=page.next_cursor)
 
 
 class Retried(_Out):
@@ -95,23 +82,23 @@ class Deleted(_Out):
 
 @router.get("/queue-metrics", response_model=dict[str, QueueMetrics], summary="Counts of every queue")
 def queue_metrics(inspect: Inspector = Depends(inspector)) -> dict[str, QueueMetrics]:
-    return {q.name: QueueMetrics.of(q) for q in inspect.queues()}
+    return {q.name: QueueMetrics.model_validate(q) for q in inspect.queues()}
 
 
 @router.get("/jobs", response_model=JobList, summary="Jobs of a queue in a state, newest first")
 def list_jobs(queue: str, state: State, limit: int = Query(50, ge=1, le=MAX_PAGE), cursor: str | None = None,
               inspect: Inspector = Depends(inspector)) -> JobList:
-    return JobList.of(inspect.jobs(queue, state, limit=limit, cursor=cursor))
+    return JobList.model_validate(inspect.jobs(queue, state, limit=limit, cursor=cursor))
 
 
 @router.get("/jobs/{job_id}", response_model=Job, summary="One job")
 def get_job(job_id: str, inspect: Inspector = Depends(inspector)) -> Job:
-    return Job.of(inspect.job(job_id))
+    return Job.model_validate(inspect.job(job_id))
 
 
 @router.post("/jobs/{job_id}/retry", response_model=Job, summary="Retry a failed job (409 if it has not failed)")
 def retry_job(job_id: str, inspect: Inspector = Depends(inspector)) -> Job:
-    return Job.of(inspect.retry(job_id))
+    return Job.model_validate(inspect.retry(job_id))
 
 
 @router.delete("/jobs/{job_id}", response_model=Deleted, summary="Delete a job that is not running (409 if it is)")
@@ -127,9 +114,9 @@ def retry_failed(queue: str, inspect: Inspector = Depends(inspector)) -> Retried
 
 @router.post("/queues/{queue}/pause", response_model=QueueMetrics, summary="Workers stop taking jobs from the queue")
 def pause(queue: str, inspect: Inspector = Depends(inspector)) -> QueueMetrics:
-    return QueueMetrics.of(inspect.pause(queue))
+    return QueueMetrics.model_validate(inspect.pause(queue))
 
 
 @router.post("/queues/{queue}/resume", response_model=QueueMetrics, summary="Workers take jobs from the queue again")
 def resume(queue: str, inspect: Inspector = Depends(inspector)) -> QueueMetrics:
-    return QueueMetrics.of(inspect.resume(queue))
+    return QueueMetrics.model_validate(inspect.resume(queue))
