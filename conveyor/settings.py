@@ -99,7 +99,9 @@ class Settings(BaseSettings):
     price_per_1k_tokens: Decimal = Field(
         Decimal("0.002"), ge=0, description="Credits charged per 1000 tokens."
     )
-    admin_token: SecretStr | None = Field(None, description="Bearer token for /admin routes.")
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token for /admin and /api/admin; unset: those routes are closed (403)."
+    )
     secret_key: SecretStr | None = Field(None, description="Fernet key(s) for payload secrets.")
     imports: str = Field("", description="Comma-separated modules that register more job types.")
     log_level: str = Field("INFO", description="Log level of conveyor's JSON logs.")

@@ -308,3 +308,29 @@ def test_errors_are_scrubbed_of_payload_and_settings_secrets(app):
                       options={"attempt": 3})
     alert = FailureWebhook(app.settings, app.job_types).alert(message, f"bad key {SECRET} / {TOKEN}")
     assert SECRET not in str(alert) and TOKEN not in str(alert)
+
+
+def test_the_conveyor_api_command_serves_and_stops_on_sigterm(redis_url, clean_env, tmp_path):
+    from tests.servers import free_port
+
+    port = free_port()
+    env = cli_env(clean_env, REDIS_URL=redis_url, CONVEYOR_BROKER="redis", CONVEYOR_ADMIN_TOKEN=TOKEN,
+                  CONVEYOR_API_HOST="127.0.0.1", CONVEYOR_API_PORT=str(port))
+    process = CliProcess(["api"], env, tmp_path / "api.log")
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{base}/metrics", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(up, timeout=60, message="conveyor api to answer")
+        assert httpx.get(f"{base}/api/admin/queue-metrics").status_code == 401
+        answer = httpx.get(f"{base}/api/admin/queue-metrics", headers=AUTH)
+        assert answer.status_code == 200 and set(answer.json()) >= {"agent", "critical"}
+    finally:
+        code = process.stop()
+    assert code == 0, process.output()[-2000:]
+    assert TOKEN not in process.output()

@@ -23,9 +23,26 @@ def cmd_api(args) -> int:
     configure_logging(app.settings.log_level)
     log_event("api_started", queue=None, job=None, job_id=None, attempt=None, host=args.host, port=args.port,
               broker=app.settings.broker_name, admin="open" if app.settings.admin_token else "closed")
+    # Logging stays conveyor's JSON (log_config=None); no access log, as request lines carry no job ids.
+    config = uvicorn.Config(create_app(app), host=args.host, port=args.port, log_config=None, access_log=False)
     try:
-        # Logging stays conveyor's JSON (log_config=None); no access log, as request lines carry no job ids.
-        uvicorn.run(create_app(app), host=args.host, port=args.port, log_config=None, access_log=False)
+        _serve(config)
     finally:
         app.close()
     return 0
+
+
+def _serve(config) -> None:
+    """Run uvicorn until SIGTERM/SIGINT; after its graceful shutdown the command exits 0.
+
+    uvicorn re-raises the signal once it has shut down, which would make a
+    clean stop look like a crash to whoever supervises it (compose, systemd).
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    Server(config).run()

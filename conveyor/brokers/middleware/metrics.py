@@ -261,6 +261,7 @@ class WorkerMetrics:
         self.path.mkdir(parents=True, exist_ok=True)
         for stale in glob.glob(str(self.path / "*.db")):
             os.remove(stale)
+        self._previous_env = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.path)
         self._server = None
         self._thread = None
@@ -294,3 +295,7 @@ class WorkerMetrics:
             self._server = None
         if self._own_dir:
             shutil.rmtree(self.path, ignore_errors=True)
+        if self._previous_env is None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        else:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._previous_env
