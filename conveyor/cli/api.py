@@ -22,7 +22,7 @@ def cmd_api(args) -> int:
     app = App()
     configure_logging(app.settings.log_level)
     log_event("api_started", queue=None, job=None, job_id=None, attempt=None, host=args.host, port=args.port,
-              broker=app.settings.broker_name, admin="open" if app.settings.admin_token else "closed")
+              broker=app.settings.broker_name, admin="token" if app.settings.admin_token else "closed")
     # Logging stays conveyor's JSON (log_config=None); no access log, as request lines carry no job ids.
     config = uvicorn.Config(create_app(app), host=args.host, port=args.port, log_config=None, access_log=False)
     try:
