@@ -81,3 +81,15 @@ def parse_sse(lines) -> Iterator[dict]:
         else:
             name, _, value = line.partition(":")
             event[name] = value[1:] if value.startswith(" ") else value
+
+
+def completed_round(app, *, task_id: str, user_id: str, question: str, answer: str) -> str:
+    """A task with one finished round, written straight to the records; returns the assistant message id."""
+    make_task(app, task_id, user_id=user_id)
+    with app.pool.connection() as conn:
+        records.add_message(conn, id=f"{task_id}-q", task_id=task_id, role="user", content=question)
+        records.create_run(conn, id=f"{task_id}-run", task_id=task_id, job="chat.run",
+                           user_message_id=f"{task_id}-q", assistant_message_id=f"{task_id}-a")
+        run = records.get_run(conn, f"{task_id}-run")
+        records.complete_run(conn, run, content=answer, prompt_tokens=10, completion_tokens=20)
+    return f"{task_id}-a"

@@ -72,6 +72,9 @@ class Limits:
         self.semaphore = semaphore
         self.rate = rate
 
+    def close(self) -> None:
+        """Release connections of their own (the Redis ones)."""
+
 
 _limits: "weakref.WeakKeyDictionary[App, Limits]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -100,4 +103,5 @@ def limits_for(app: "App") -> Limits:
         limits = _limits.get(app)
         if limits is None:
             limits = _limits[app] = build_limits(app)
+            weakref.finalize(app, limits.close)
         return limits

@@ -83,5 +83,8 @@ class RedisLimits(Limits):
     """Both limits on one Redis client."""
 
     def __init__(self, url: str, *, namespace: str, lease: float) -> None:
-        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
-        super().__init__(RedisSemaphore(client, namespace, lease), RedisRateLimit(client, namespace))
+        self.client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+        super().__init__(RedisSemaphore(self.client, namespace, lease), RedisRateLimit(self.client, namespace))
+
+    def close(self) -> None:
+        self.client.close()

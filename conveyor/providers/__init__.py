@@ -39,4 +39,5 @@ def provider_for(app: "App") -> Provider:
         provider = _providers.get(app)
         if provider is None:
             provider = _providers[app] = build_provider(app.settings)
+            weakref.finalize(app, provider.close)  # the HTTP pool goes with its App
         return provider

@@ -76,6 +76,9 @@ class Provider(ABC):
     def stream(self, messages: Sequence[ChatMessage]) -> Generation:
         """Start a reply to ``messages``; nothing is sent until the generation is iterated."""
 
+    def close(self) -> None:
+        """Release connections; the default holds none."""
+
     def complete(self, messages: Sequence[ChatMessage]) -> Completion:
         """The whole reply at once (memory extraction does not stream)."""
         generation = self.stream(messages)

@@ -88,11 +88,11 @@ class OpenAIProvider(Provider):
         status = response.status_code
         if status < 400:
             return
+        response.read()  # the error's body, and the connection stays reusable
         if status == 429:
             delay = retry_after(response.headers.get("retry-after"), self.default_retry_after)
             raise ProviderRateLimited(f"the provider rate-limited the request (429); retry in {delay:g}s",
                                       delay=delay)
-        response.read()
         detail = _error_detail(response)
         if status >= 500 or status == 408:
             raise ProviderError(f"the provider failed with {status}: {detail}")

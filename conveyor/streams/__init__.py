@@ -93,4 +93,5 @@ def buffer_for(app: "App") -> StreamBuffer:
         buffer = _buffers.get(app)
         if buffer is None:
             buffer = _buffers[app] = build_buffer(app)
+            weakref.finalize(app, buffer.close)  # its Redis connections go with its App
         return buffer

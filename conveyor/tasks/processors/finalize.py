@@ -26,7 +26,8 @@ def round_resource_id(message_id: str) -> str:
 
 # On critical: a round's charge must not wait behind slow agent runs.
 @job("run.finalize", queue="critical", payload=RunFinalize)
-def finalize_run(payload: RunFinalize, ctx: JobContext) -> None:
+def finalize_run(payload: RunFinalize, ctx: JobContext) -> dict[str, int] | None:
+    """Enqueue the round's charge, memory extraction and indexing; returns how many were new."""
     with ctx.app.pool.connection() as conn:
         try:
             run = records.get_run(conn, payload.run_id)
@@ -39,7 +40,7 @@ def finalize_run(payload: RunFinalize, ctx: JobContext) -> None:
             # Nothing to charge or learn from a run that did not finish.
             log_event("finalize_skipped", queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt,
                       run_id=run.id, status=run.status)
-            return
+            return None
         reply = records.get_message(conn, run.assistant_message_id)
         resource_id = round_resource_id(reply.id)
         version = records.upsert_resource(conn, id=resource_id, user_id=task.user_id, task_id=task.id,
@@ -57,6 +58,7 @@ def finalize_run(payload: RunFinalize, ctx: JobContext) -> None:
     maybe_fail(ctx, f"finalize:{run.id}", "after enqueueing the round's jobs")
     with ctx.app.pool.connection() as conn:
         records.mark_finalized(conn, run.id)
+    counts = {"enqueued": sum(not r.deduplicated for r in refs), "deduplicated": sum(r.deduplicated for r in refs)}
     log_event("round_finalized", queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt,
-              run_id=run.id, enqueued=sum(not r.deduplicated for r in refs),
-              deduplicated=sum(r.deduplicated for r in refs))
+              run_id=run.id, **counts)
+    return counts
