@@ -93,3 +93,29 @@ def completed_round(app, *, task_id: str, user_id: str, question: str, answer: s
         run = records.get_run(conn, f"{task_id}-run")
         records.complete_run(conn, run, content=answer, prompt_tokens=10, completion_tokens=20)
     return f"{task_id}-a"
+
+
+def worker_process(env: dict, queue: str, threads: int | None = None):
+    """A real worker process for one queue (``conveyor.tasks.worker.run_process``), configured by ``env``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"from conveyor.tasks.worker import run_process; run_process({queue!r}, {threads!r})"
+    env = {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stop_process(proc, timeout: float = 30) -> str:
+    """SIGTERM a worker process, wait for it, return its stderr."""
+    import subprocess
+
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err or ""
