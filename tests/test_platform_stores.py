@@ -107,3 +107,53 @@ def test_rate_limit_refuses_hits_past_the_limit_with_the_wait(app):
     wait = rate.hit("provider", 3, 600)
     assert 0 < wait <= 600
     assert rate.hit("another", 3, 600) == 0.0
+
+
+def test_a_postgres_slot_is_freed_when_its_holder_process_dies(database_url):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.waiting import wait_for
+
+    app = App(Settings(broker="postgres", database_url=database_url))
+    semaphore = build_limits(app).semaphore
+    code = ("import sys, time; from conveyor.app import App; from conveyor.settings import Settings; "
+            "from conveyor.limits import build_limits; "
+            "app = App(Settings(broker='postgres', database_url=sys.argv[1])); "
+            "slot = build_limits(app).semaphore.try_acquire('queue:llm', 1); "
+            "print('held' if slot else 'none', flush=True); time.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    holder = subprocess.Popen([sys.executable, "-c", code, database_url], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert semaphore.try_acquire("queue:llm", 1) is None
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        slot = wait_for(lambda: semaphore.try_acquire("queue:llm", 1), timeout=15, message="the dead holder's slot")
+        slot.release()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.stdout.close()
+        holder.wait()
+    app.close()
+
+
+def test_a_redis_slot_whose_holder_stopped_renewing_expires_after_its_lease(redis_url, database_url):
+    from tests.waiting import wait_for
+
+    app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, llm_slot_lease=0.5))
+    semaphore = build_limits(app).semaphore
+    kept = semaphore.try_acquire("queue:kept", 1)
+    # A holder that died: its slot is in the set, and nobody renews it.
+    assert semaphore._call("acquire", "conveyor:slots:queue:llm", "dead-worker", 1) == 1
+    assert semaphore.try_acquire("queue:llm", 1) is None
+
+    slot = wait_for(lambda: semaphore.try_acquire("queue:llm", 1), timeout=10, message="the lease to expire")
+    assert semaphore.try_acquire("queue:kept", 1) is None  # a live holder's renewals keep its slot past the lease
+    slot.release()
+    kept.release()
+    app.close()
