@@ -144,6 +144,14 @@ def get_run(conn, run_id: str) -> Run:
     return Run(*row)
 
 
+def run_of_task(conn, *, run_id: str, task_id: str) -> tuple[Run, Task]:
+    """The run and its task, as a payload names them; :class:`RecordNotFound` if either is missing or they differ."""
+    run, task = get_run(conn, run_id), get_task(conn, task_id)
+    if run.task_id != task.id:
+        raise RecordNotFound(f"run {run_id!r} is not a run of task {task_id!r}")
+    return run, task
+
+
 def find_run_by_user_message(conn, user_message_id: str) -> str | None:
     row = conn.execute(QUERIES["find_run_by_user_message"], {"user_message_id": user_message_id}).fetchone()
     return row[0] if row else None

@@ -15,11 +15,11 @@ Redis (``redis.py``), Postgres advisory locks and a counter table
 
 from __future__ import annotations
 
-import threading
-import weakref
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
+
+from ..appcache import per_app
 
 if TYPE_CHECKING:
     from ..app import App
@@ -76,10 +76,6 @@ class Limits:
         """Release connections of their own (the Redis ones)."""
 
 
-_limits: "weakref.WeakKeyDictionary[App, Limits]" = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
 def build_limits(app: "App") -> Limits:
     """Limits on the store of ``app``'s broker."""
     settings = app.settings
@@ -97,11 +93,5 @@ def build_limits(app: "App") -> Limits:
     return Limits(LocalSemaphore(), LocalRateLimit())
 
 
-def limits_for(app: "App") -> Limits:
-    """The app's limits, built once per App."""
-    with _lock:
-        limits = _limits.get(app)
-        if limits is None:
-            limits = _limits[app] = build_limits(app)
-            weakref.finalize(app, limits.close)
-        return limits
+limits_for = per_app(build_limits)
+"""The app's limits, built once per App."""

@@ -15,11 +15,11 @@ appends a final entry once, carrying the run's status.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+from ..appcache import per_app
 
 if TYPE_CHECKING:
     from ..app import App
@@ -65,10 +65,6 @@ class StreamBuffer(ABC):
         """Release connections; the default holds none of its own."""
 
 
-_buffers: "weakref.WeakKeyDictionary[App, StreamBuffer]" = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
 def build_buffer(app: "App") -> StreamBuffer:
     """A new buffer on the store that goes with ``app``'s broker."""
     settings = app.settings
@@ -87,11 +83,5 @@ def build_buffer(app: "App") -> StreamBuffer:
     return MemoryStreamBuffer()
 
 
-def buffer_for(app: "App") -> StreamBuffer:
-    """The app's stream buffer, built once per App (the inline one must be shared by workers and readers)."""
-    with _lock:
-        buffer = _buffers.get(app)
-        if buffer is None:
-            buffer = _buffers[app] = build_buffer(app)
-            weakref.finalize(app, buffer.close)  # its Redis connections go with its App
-        return buffer
+buffer_for = per_app(build_buffer)
+"""The app's stream buffer, built once per App (the inline one must be shared by workers and readers)."""

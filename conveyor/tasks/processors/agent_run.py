@@ -47,12 +47,9 @@ def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) ->
     buffer = buffer_for(app)
     with app.pool.connection() as conn:
         try:
-            run = records.get_run(conn, payload.run_id)
-            task = records.get_task(conn, payload.task_id)
+            run, task = records.run_of_task(conn, run_id=payload.run_id, task_id=payload.task_id)
         except RecordNotFound as exc:
             raise PermanentError(str(exc)) from None
-        if run.task_id != task.id:
-            raise PermanentError(f"run {run.id!r} belongs to another task than {task.id!r}")
         if run.terminal:
             # An earlier attempt finished it; make sure its stream ended and its round was finalized.
             if run.status == "completed":

@@ -30,12 +30,9 @@ def finalize_run(payload: RunFinalize, ctx: JobContext) -> dict[str, int] | None
     """Enqueue the round's charge, memory extraction and indexing; returns how many were new."""
     with ctx.app.pool.connection() as conn:
         try:
-            run = records.get_run(conn, payload.run_id)
-            task = records.get_task(conn, payload.task_id)
+            run, task = records.run_of_task(conn, run_id=payload.run_id, task_id=payload.task_id)
         except RecordNotFound as exc:
             raise PermanentError(str(exc)) from None
-        if run.task_id != task.id:
-            raise PermanentError(f"run {run.id!r} belongs to another task than {task.id!r}")
         if run.status != "completed":
             # Nothing to charge or learn from a run that did not finish.
             log_event("finalize_skipped", queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt,
