@@ -8,6 +8,7 @@ import os
 import signal
 
 import httpx
+import pytest
 
 from conveyor.app import App
 from conveyor.providers.base import ChatMessage
@@ -15,7 +16,7 @@ from conveyor.providers.local import reply_chunks
 from conveyor.rounds import start_round
 from conveyor.settings import Settings
 from conveyor.streams import buffer_for
-from tests.platform_support import (completed_round, make_task, parse_sse, run_status, serve, stop_process,
+from tests.platform_support import (broker_params, completed_round, make_task, parse_sse, run_status, serve, stop_process,
                                     worker_process)
 from tests.waiting import wait_for
 
@@ -26,8 +27,8 @@ FROM memory_extractions e
 """
 
 
-def _env(clean_env, redis_url, database_url, **extra) -> dict:
-    clean_env.setenv("CONVEYOR_BROKER", "redis")
+def _env(clean_env, broker, redis_url, database_url, **extra) -> dict:
+    clean_env.setenv("CONVEYOR_BROKER", broker)
     clean_env.setenv("REDIS_URL", redis_url)
     clean_env.setenv("DATABASE_URL", database_url)
     clean_env.setenv("CONVEYOR_LOG_LEVEL", "WARNING")
@@ -36,11 +37,13 @@ def _env(clean_env, redis_url, database_url, **extra) -> dict:
     return dict(os.environ)
 
 
-def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clean_env, redis_url, database_url):
+@pytest.mark.parametrize("broker", broker_params("redis", "postgres"))
+def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clean_env, broker, redis_url,
+                                                                            database_url):
     cap, jobs = 2, 8
-    env = _env(clean_env, redis_url, database_url, llm_global_concurrency=cap, local_chunk_delay=0.04,
+    env = _env(clean_env, broker, redis_url, database_url, llm_global_concurrency=cap, local_chunk_delay=0.04,
                queues__llm__concurrency=2)
-    app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url))
+    app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url))
     for n in range(jobs):
         message_id = completed_round(app, task_id=f"t{n}", user_id=f"u{n}", question=f"notes about topic{n}",
                                      answer=f"topic{n}: kept in a notebook")
@@ -64,10 +67,11 @@ def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clea
     app.close()
 
 
-def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_env, redis_url, database_url):
-    env = _env(clean_env, redis_url, database_url, local_chunk_delay=0.08, heartbeat_timeout=2,
-               maintenance_interval=0.3)
-    app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, stream_poll_interval=0.02))
+@pytest.mark.parametrize("broker", broker_params("redis", "postgres"))
+def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_env, broker, redis_url, database_url):
+    env = _env(clean_env, broker, redis_url, database_url, local_chunk_delay=0.08, heartbeat_timeout=2,
+               maintenance_interval=0.3, pg_recovery_seconds=0.3)
+    app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url, stream_poll_interval=0.02))
     make_task(app, "t1", user_id="frank")
     content = "Draft the incident review for the outage on tuesday"
     expected = reply_chunks([ChatMessage("user", content)])
