@@ -56,11 +56,11 @@ def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) ->
                 buffer.end(run.id, "completed")
                 _enqueue_finalize(ctx, run)
             return
-        records.start_run(conn, run.id)
+        if records.start_run(conn, run.id) is None:
+            return  # another attempt ended it between our read and now; it finalizes its own round
         messages = _context(conn, task, run, whole_conversation)
 
     generation = provider_for(app).stream(messages)
-    seq = 0
     try:
         for seq, text in enumerate(generation, 1):
             buffer.append(run.id, seq, text)
