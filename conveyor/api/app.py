@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 #: (agent runs, schedules) is one line here; its module defines an ``APIRouter``
 #: and reaches the conveyor App through :func:`conveyor.api.deps.conveyor_app`.
 ROUTERS = (
+    "conveyor.api.runs:router",
+    "conveyor.api.resources:router",
     "conveyor.api.admin:router",
     "conveyor.api.dashboard:router",
     "conveyor.api.metrics:router",
@@ -43,6 +45,11 @@ def create_app(app: "App") -> FastAPI:
     @api.exception_handler(AdminError)
     async def admin_error(request: Request, exc: AdminError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=_ADMIN_STATUS.get(type(exc), 400))
+
+    @api.exception_handler(NotImplementedError)
+    async def unsupported(request: Request, exc: NotImplementedError) -> JSONResponse:
+        broker = app.settings.broker_name
+        return JSONResponse({"detail": f"the {broker} broker does not support this operation yet"}, status_code=501)
 
     @api.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
