@@ -45,6 +45,17 @@ def settings(**overrides) -> Settings:
     return Settings(**values)
 
 
+def broker_app(request, broker: str, **overrides) -> App:
+    """An App on ``broker`` ("redis", "postgres", "inline"), with this test's private servers."""
+    if broker == "redis":
+        overrides.update(redis_url=request.getfixturevalue("redis_url"))
+    elif broker == "postgres":
+        # Short poll, recovery and lease, as the core suite's harness uses.
+        overrides.update(database_url=request.getfixturevalue("database_url"), pg_poll_seconds=0.5,
+                         pg_recovery_seconds=0.5, pg_lease_seconds=2)
+    return App(settings(broker=broker, **overrides))
+
+
 def redis_app(redis_url: str, **overrides) -> App:
     return App(settings(broker="redis", redis_url=redis_url, **overrides))
 

@@ -7,21 +7,18 @@ import time
 import pytest
 
 from conveyor.app import App
-from tests.obs_support import running as run_workers, settings
+from tests.obs_support import broker_app as make_app, running as run_workers
 from tests.waiting import wait_for
 
 QUEUE = "indexing"
 
-#: Every broker this suite runs on; the postgres broker joins by adding its name.
-BROKERS = ["redis", "inline"]
+#: Every broker this suite runs on.
+BROKERS = ["redis", "postgres", "inline"]
 
 
 @pytest.fixture(params=BROKERS)
-def broker_app(request, redis_url):
-    if request.param == "redis":
-        app = App(settings(broker="redis", redis_url=redis_url))
-    else:
-        app = App(settings(broker="inline"))
+def broker_app(request):
+    app = make_app(request, request.param)
     yield app
     app.close()
 

@@ -8,20 +8,20 @@ import pytest
 
 from conveyor.app import App
 from tests.obs_support import CliProcess, cli_env, registry_text, running, samples, settings, value
+from tests.obs_support import broker_app as make_app
 from tests.servers import free_port
 from tests.waiting import wait_for
 
 QUEUE = "indexing"
 
-#: Every broker this suite runs on; the postgres broker joins by adding its name.
-BROKERS = ["redis", "inline"]
+#: Every broker this suite runs on.
+BROKERS = ["redis", "postgres", "inline"]
 JOB = "obs.work"
 
 
 @pytest.fixture(params=BROKERS)
-def broker_app(request, redis_url):
-    overrides = {"broker": "redis", "redis_url": redis_url} if request.param == "redis" else {"broker": "inline"}
-    app = App(settings(**overrides))
+def broker_app(request):
+    app = make_app(request, request.param)
     yield app
     app.close()
 
