@@ -13,6 +13,12 @@ def register(sub) -> None:
 
 
 def cmd_api(args) -> int:
+    run_api(args.host, args.port)
+    return 0
+
+
+def run_api(host: str, port: int) -> None:
+    """Serve the API until SIGTERM/SIGINT (also the entry point of ``conveyor up``'s API process)."""
     import uvicorn
 
     from ..api import create_app
@@ -21,15 +27,14 @@ def cmd_api(args) -> int:
 
     app = App()
     configure_logging(app.settings.log_level)
-    log_event("api_started", queue=None, job=None, job_id=None, attempt=None, host=args.host, port=args.port,
+    log_event("api_started", queue=None, job=None, job_id=None, attempt=None, host=host, port=port,
               broker=app.settings.broker_name, admin="token" if app.settings.admin_token else "closed")
     # Logging stays conveyor's JSON (log_config=None); no access log, as request lines carry no job ids.
-    config = uvicorn.Config(create_app(app), host=args.host, port=args.port, log_config=None, access_log=False)
+    config = uvicorn.Config(create_app(app), host=host, port=port, log_config=None, access_log=False)
     try:
         _serve(config)
     finally:
         app.close()
-    return 0
 
 
 def _serve(config) -> None:
