@@ -72,13 +72,13 @@ def _crash_loop(app, worker, database_url):
     wait_for(lambda: app.broker.get_job(crasher.id).state == "failed", timeout=90,
              message="the crash-looping job to be failed")
     record = app.broker.get_job(crasher.id)
-    # Redis finds the budget spent at the next start, which it counts too;
-    # Postgres's recovery fails the row as it takes it back from the dead worker.
-    extra_start = 1 if app.settings.broker_name == "redis" else 0
-    assert record.attempts == app.queues["nudge"].max_attempts + extra_start
-    assert "worker died" in record.error
+    # Redis finds the spent budget when the job starts once more; Postgres's
+    # recovery pass finds it before handing the job out again.
+    max_attempts = app.queues["nudge"].max_attempts
+    assert max_attempts <= record.attempts <= max_attempts + 1
+    assert record.error.startswith("WorkerLost")
     assert [d["token"] for d in probe_dead(database_url)] == ["crasher"]
-    assert len(worker.events("worker_died")) >= app.queues["nudge"].max_attempts
+    assert len(worker.events("worker_died")) >= max_attempts
     healthy = app.jobs.enqueue("test.probe.nudge", {"token": "healthy"})
     wait_for(lambda: app.broker.get_job(healthy.id).state == "completed", timeout=30,
              message="the restarted worker group to serve other jobs")

@@ -414,8 +414,9 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
 
     def _retry(self, message: Message, delay: int | None) -> Message:
         delivery = message.options["pg_delivery"]
-        stored = _without_delivery(message)
+        # Middleware may stamp the message before it is stored (metrics' ready time).
         self.emit_before("enqueue", message, delay)
+        stored = _without_delivery(message)
         seconds = (delay or 0) / 1000
         try:
             self._write_retry(message.message_id, delivery, stored.encode().decode(), seconds,

@@ -1,4 +1,4 @@
-"""The Postgres broker's read side: job records and queue counts for ``conveyor status``, the API and the dashboard.
+"""The Postgres broker's read side and operator actions: job records, queue counts, pause, retry, delete.
 
 Part of :class:`~conveyor.brokers.postgres.PostgresBroker` (a mixin); it
 returns the plain dataclasses of ``base.py`` and never prints payloads.
@@ -20,12 +20,13 @@ _LISTS = {
 
 
 class RecordsMixin:
-    """Reads and pause/resume; needs the broker's ``_read``."""
+    """Reads, pause/resume and the dashboard's retry/delete; needs the broker's ``_read``."""
 
     def queue_counts(self, queue: str) -> QueueCounts:
-        waiting, delayed, active, failed, completed_total, failed_total, paused = self._read(
+        waiting, delayed, active, failed, completed_total, failed_total, paused, oldest = self._read(
             "counts", {"queue": queue}, "one")
-        return QueueCounts(queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused)
+        return QueueCounts(queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused,
+                           oldest)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         row = self._read("get_job", {"id": job_id}, "one")
@@ -43,6 +44,20 @@ class RecordsMixin:
 
     def resume_queue(self, queue: str) -> None:
         self._read("resume", {"queue": queue, "channel": CHANNEL}, "none")
+
+    # -- operator actions --------------------------------------------------------
+
+    def retry_job(self, job_id: str) -> bool:
+        retried, _ = self._read("retry_failed", {"id": job_id, "queue": None, "channel": CHANNEL}, "one")
+        return retried > 0
+
+    def retry_failed(self, queue: str) -> int:
+        retried, _ = self._read("retry_failed", {"id": None, "queue": queue, "channel": CHANNEL}, "one")
+        return retried
+
+    def delete_job(self, job_id: str) -> bool:
+        # A worker that claimed the job holds it (in_progress): only unheld jobs go.
+        return self._read("delete_job", {"id": job_id}, "one") is not None
 
 
 _STATES = {"pending": "waiting", "in_progress": "active", "done": "completed", "failed": "failed"}
