@@ -205,11 +205,6 @@ class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
         # would take the claims of a worker it cannot see.
         if not self._listener.ready.wait(POOL_TIMEOUT):
             raise ConnectionClosed(f"Postgres is unavailable: {self._listener.last_error}")
-        if self._last_recovery == -math.inf:
-            # At start-up, before the first claim: jobs of workers that died
-            # while nothing was running come back now, not a recovery interval later.
-            with contextlib.suppress(*DB_ERRORS):
-                self.maintain()
         return PostgresConsumer(self, queue_name, prefetch, timeout)
 
     def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
