@@ -59,7 +59,7 @@ class App:
         """A psycopg connection pool on the database, opened on first use."""
         with self._lock:
             if self._pool is None:
-                from .ledger.db import open_pool
+                from .db import open_pool
 
                 self._pool = open_pool(self.database_url)
             return self._pool
