@@ -67,6 +67,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def consumer_class(self):
         return _Consumer
 
+    def close(self) -> None:
+        """Drop the Redis connections: Dramatiq's RedisBroker leaves its pool's sockets open."""
+        self.client.connection_pool.disconnect()
+
     # -- enqueue -------------------------------------------------------------
 
     def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
