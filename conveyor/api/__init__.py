@@ -1,0 +1,1 @@
+"""conveyor's HTTP side: FastAPI routers composed in ``conveyor/api/app.py``."""
