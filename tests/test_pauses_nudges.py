@@ -22,8 +22,9 @@ from tests.sched_jobs import make_app, runs
 from tests.waiting import wait_for
 
 
-@pytest.fixture
-def app(database_url, redis_url):
+@pytest.fixture(params=["redis", "inline"])
+def app(request, database_url):
+    redis_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
     app = make_app(database_url, redis_url)
     yield app
     app.close()
