@@ -15,6 +15,7 @@ from conveyor.api import builds as builds_api
 from conveyor.builds.store import BuildStore
 from conveyor.secrets import looks_encrypted
 from tests.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
+from tests.waiting import wait_for
 
 SECRET = "sk-live-7f3a9c1e5b2d4f60"
 ROTATED_OUT = "pw-from-a-removed-key-93ab"
@@ -31,6 +32,9 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
     # The script proves it got the value (its sha256) and tries to print it.
     script = 'echo "key is $API_KEY"; printf %s "$API_KEY" | sha256sum; echo "old is ${OLD_PASSWORD:-unset}"\n'
     archive = make_zip(make_tree(workdir / "src", {"agent.py": "run()\n"}, script), workdir / "src.zip")
+    # A failing build that prints the secret: the error travels to the row, the agent, the job record, the logs.
+    leaky = make_zip(make_tree(workdir / "leaky", {"a.py": "\n"}, 'echo "bad key $API_KEY" >&2; exit 1\n'),
+                     workdir / "leaky.zip")
     # A value encrypted under a key the workers no longer have: dropped with a warning, the build goes on.
     stale = Fernet(Fernet.generate_key()).encrypt(ROTATED_OUT.encode()).decode()
     caplog.set_level(logging.DEBUG)
@@ -44,6 +48,9 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
     accepted = client.post("/api/builds", json=body, headers=auth)
     assert accepted.status_code == 202
     build_id = accepted.json()["build_id"]
+    failing = client.post("/api/builds", headers=auth, json={**body, "agent_id": "agent-leaky",
+                                                             "archive_path": str(leaky)})
+    assert failing.status_code == 202
     # The stale value goes straight into a job, as an older producer would have enqueued it.
     with app.pool.connection() as conn:
         conn.execute("INSERT INTO agents (id, owner_id) VALUES ('agent-s2', 'u1')")
@@ -51,8 +58,12 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
     app.jobs.enqueue("agent.build", {"kind": "upload", "build_id": "b-stale", "owner_id": "u1", "agent_id": "agent-s2",
                                      "archive_path": str(archive), "env": {"OLD_PASSWORD": stale}})
     store = BuildStore(app.pool)
-    record, stale_record = finished(store, build_id, "b-stale")
+    record, stale_record, failed = finished(store, build_id, "b-stale", failing.json()["build_id"])
     assert record.status == stale_record.status == "succeeded"
+    assert failed.status == "failed" and "bad key ***" in failed.error
+    assert "bad key ***" in store.target("agent", "agent-leaky").status_reason
+    wait_for(lambda: app.broker.get_job(failing.json()["job_id"]).state == "failed", timeout=10,
+             message="the failed job's record")
     assert "key is ***" in record.log
     assert hashlib.sha256(SECRET.encode()).hexdigest() in record.log  # the script saw the real value
     assert "old is unset" in stale_record.log
@@ -60,7 +71,8 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
                if r.name == "conveyor.events" and '"secret_dropped"' in r.getMessage()]
     assert [(d["variable"], d["job"]) for d in dropped] == [("OLD_PASSWORD", "agent.build")]
 
-    responses = [accepted.text, bad.text,
+    responses = [accepted.text, bad.text, failing.text,
+                 client.get(f"/api/builds/{failed.id}", headers=auth).text,
                  client.get(f"/api/builds/{build_id}", headers=auth).text,
                  client.get("/api/builds/b-stale", headers=auth).text,
                  client.get("/api/deployments/agent/agent-s", headers=auth).text]

@@ -53,14 +53,23 @@ def test_a_paused_run_resumes_after_its_delay_unless_cancelled(app, events):
         pause_run(app, run_id="run-3", delay=1, resume_job="test.record", resume_payload={"note": ""})
     assert app.broker.queue_counts("scheduling").delayed == 2
 
+    # A pause longer than the broker's delay window: its job wakes early and defers itself again.
+    long = pause_run(app, run_id="run-4", delay=0, resume_job="test.record", resume_payload={"note": "later"})
+    with app.pool.connection() as conn:
+        conn.execute("UPDATE run_pauses SET resume_at = now() + interval '30 days' WHERE id = %s", (long.id,))
+
     assert cancel_run(app, "run-2") == [dropped.id]
     workers = InlineWorkers(app, ["scheduling", "indexing"]).start()
     try:
         wait_for(lambda: runs(app) == [{"note": "resume-run-1"}]
-                 and app.broker.get_job(dropped.job_id).state == "completed", timeout=20,
-                 message="run-1 resumed and run-2's resume handled")
+                 and app.broker.get_job(dropped.job_id).state == "completed"
+                 and app.broker.get_job(long.job_id).state == "delayed", timeout=20,
+                 message="run-1 resumed, run-2's resume handled, run-4's deferred")
     finally:
         workers.stop()
+    assert get_pause(app, long.id)["status"] == "waiting"
+    deferred = app.broker.get_job(long.job_id)
+    assert deferred.eta - deferred.enqueued_at > 6 * 24 * 3600  # one 7-day hop (the broker's limit), not 30 days
     assert get_pause(app, kept.id)["status"] == "resumed"
     assert get_pause(app, dropped.id)["status"] == "cancelled"
     (skip,) = events("skipped")

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from ..errors import EnqueueError, InvalidSchedule
-from ..tasks.jobqueue import MAX_DELAY_SECONDS, validate_payload
+from ..errors import InvalidSchedule
+from ..tasks.jobqueue import MAX_DELAY_SECONDS
+from .followups import checked_follow_up
 from .schedules import QUERIES, db_now
 
 if TYPE_CHECKING:
@@ -52,19 +53,13 @@ def schedule_nudge(app: "App", *, task_id: str, at: datetime, job: str, payload:
     """Nudge ``task_id`` at ``at`` by enqueueing ``job`` with ``payload`` then (validated now)."""
     if at.tzinfo is None:
         raise InvalidSchedule("a nudge's time must carry a time zone")
-    job_type = app.job_types.get(job)
-    if job_type is None:
-        raise InvalidSchedule(f"unknown nudge job {job!r}")
-    try:
-        checked = validate_payload(job, job_type.payload, payload)
-    except EnqueueError as exc:
-        raise InvalidSchedule(str(exc)) from None
+    checked = checked_follow_up(app, job, payload, "nudge")
     key = key or f"{task_id}:{at.isoformat()}:{job}"
     with app.pool.connection() as conn:
         moment = db_now(conn, now)
         row = conn.execute(QUERIES["nudge_insert"], {
             "id": f"ndg_{uuid.uuid4().hex}", "task_id": task_id, "key": key, "fire_at": at, "job": job,
-            "payload": Jsonb(checked.model_dump(mode="json"))}).fetchone()
+            "payload": Jsonb(checked)}).fetchone()
         created = row is not None
         if not created:
             row = conn.execute(QUERIES["nudge_by_key"], {"key": key}).fetchone()

@@ -24,8 +24,9 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from ..errors import EnqueueError, InvalidSchedule, ScheduleError
-from ..tasks.jobqueue import MAX_DELAY_SECONDS, validate_payload
+from ..errors import InvalidSchedule, ScheduleError
+from ..tasks.jobqueue import MAX_DELAY_SECONDS
+from .followups import checked_follow_up
 from .schedules import QUERIES, db_now
 
 if TYPE_CHECKING:
@@ -57,20 +58,14 @@ def pause_run(app: "App", *, run_id: str, resume_job: str, resume_payload: dict[
     """
     if delay < 0:
         raise InvalidSchedule("a pause's delay cannot be negative")
-    job_type = app.job_types.get(resume_job)
-    if job_type is None:
-        raise InvalidSchedule(f"unknown resume job {resume_job!r}")
-    try:
-        checked = validate_payload(resume_job, job_type.payload, resume_payload)
-    except EnqueueError as exc:
-        raise InvalidSchedule(str(exc)) from None
+    checked = checked_follow_up(app, resume_job, resume_payload, "resume")
     pause_id = f"pse_{uuid.uuid4().hex}"
     with app.pool.connection() as conn:
         resume_at = db_now(conn, now) + timedelta(seconds=delay)
         try:
             conn.execute(QUERIES["pause_insert"], {
                 "id": pause_id, "run_id": run_id, "task_id": task_id, "reason": reason, "resume_at": resume_at,
-                "resume_job": resume_job, "resume_payload": Jsonb(checked.model_dump(mode="json"))})
+                "resume_job": resume_job, "resume_payload": Jsonb(checked)})
         except psycopg.errors.UniqueViolation:
             raise ScheduleError(f"run {run_id} is already paused") from None
     ref = app.jobs.enqueue(JOB, {"pause_id": pause_id}, key=resume_key(pause_id),

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from ...errors import InvalidPayload, PermanentError, RetryLater, UnknownJob
 from ...logs import log_event
+from ...scheduling.followups import defer_if_early, enqueue_follow_up
 from ...scheduling.nudges import nudge_key
 from ...scheduling.payloads import NudgeFire
-from ...scheduling.schedules import QUERIES, db_now
-from ...tasks.jobqueue import MAX_DELAY_SECONDS
+from ...scheduling.schedules import QUERIES
 from ..context import JobContext
 from ..registry import job
-from .resume import EARLY_TOLERANCE
 
 
 @job("nudge.fire", queue="nudge", payload=NudgeFire)
@@ -31,13 +29,9 @@ def fire_nudge(payload: NudgeFire, ctx: JobContext) -> None:
             conn.execute(QUERIES["nudge_skipped"], {"id": payload.nudge_id, "reason": reason})
             log_event("skipped", **ids, nudge_id=payload.nudge_id, task_id=task_id, reason=reason)
             return
-        early = (fire_at - db_now(conn, None)).total_seconds()
-        if early > EARLY_TOLERANCE:
-            raise RetryLater(f"nudge is due at {fire_at.isoformat()}", delay=min(early, MAX_DELAY_SECONDS))
-        try:
-            ref = ctx.app.jobs.enqueue(nudge_job, nudge_payload, key=f"{nudge_key(payload.nudge_id)}:send")
-        except (UnknownJob, InvalidPayload) as exc:
-            raise PermanentError(f"cannot send nudge {payload.nudge_id}: {exc}") from None
+        defer_if_early(conn, fire_at, f"nudge {payload.nudge_id}")
+        ref = enqueue_follow_up(ctx.app, nudge_job, nudge_payload, f"{nudge_key(payload.nudge_id)}:send",
+                                f"send nudge {payload.nudge_id}")
         conn.execute(QUERIES["nudge_sent"], {"id": payload.nudge_id, "job_id": ref.id})
     log_event("nudge_sent", **ids, nudge_id=payload.nudge_id, task_id=task_id, nudge_job=nudge_job,
               nudge_job_id=ref.id)

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from ...errors import InvalidPayload, PermanentError, RetryLater, UnknownJob
 from ...logs import log_event
+from ...scheduling.followups import defer_if_early, enqueue_follow_up
 from ...scheduling.pauses import resume_key
 from ...scheduling.payloads import WaitAndResume
-from ...scheduling.schedules import QUERIES, db_now
-from ...tasks.jobqueue import MAX_DELAY_SECONDS
+from ...scheduling.schedules import QUERIES
 from ..context import JobContext
 from ..registry import job
-
-#: A job delivered up to this many seconds before its time runs anyway (clocks of hosts differ a little).
-EARLY_TOLERANCE = 1.0
 
 
 @job("wait_and_resume", queue="scheduling", payload=WaitAndResume)
@@ -29,14 +25,9 @@ def wait_and_resume(payload: WaitAndResume, ctx: JobContext) -> None:
             reason = "the run was cancelled" if status == "cancelled" else "the run was already resumed"
             log_event("skipped", **ids, pause_id=payload.pause_id, run_id=run_id, reason=reason)
             return
-        early = (resume_at - db_now(conn, None)).total_seconds()
-        if early > EARLY_TOLERANCE:
-            # Longer than the broker's delay window: sleep on in another hop.
-            raise RetryLater(f"resumes at {resume_at.isoformat()}", delay=min(early, MAX_DELAY_SECONDS))
-        try:
-            ref = ctx.app.jobs.enqueue(resume_job, resume_payload, key=f"{resume_key(payload.pause_id)}:run")
-        except (UnknownJob, InvalidPayload) as exc:
-            raise PermanentError(f"cannot resume run {run_id}: {exc}") from None
+        defer_if_early(conn, resume_at, f"run {run_id}'s resume")
+        ref = enqueue_follow_up(ctx.app, resume_job, resume_payload, f"{resume_key(payload.pause_id)}:run",
+                                f"resume run {run_id}")
         conn.execute(QUERIES["pause_resumed"], {"id": payload.pause_id, "job_id": ref.id})
     log_event("run_resumed", **ids, pause_id=payload.pause_id, run_id=run_id, resume_job=resume_job,
               resume_job_id=ref.id)
