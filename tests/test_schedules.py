@@ -170,11 +170,11 @@ def test_schedule_fire_enqueues_the_job_and_skips_paused_or_deleted_schedules(ap
     assert len(fired) == 3
     schedules.pause(paused.id)
     schedules.delete(gone.id)
+    caplog.set_level(logging.INFO, logger="conveyor.events")
     workers = InlineWorkers(app, ["scheduling", "indexing"]).start()
     try:
-        with caplog.at_level(logging.INFO, logger="conveyor.events"):
-            wait_for(lambda: runs(app) == [{"note": "live"}] and len(schedules.fires(paused.id)) == 1
-                     and len(_events(caplog, "skipped")) == 2, timeout=20, message="fires handled")
+        wait_for(lambda: runs(app) == [{"note": "live"}] and len(schedules.fires(paused.id)) == 1
+                 and len(_events(caplog, "skipped")) == 2, timeout=20, message="fires handled")
     finally:
         workers.stop()
     (live_fire,) = schedules.fires(live.id)
