@@ -171,3 +171,38 @@ def _alive(pid: int) -> bool:
 def _events(caplog, name: str) -> list[dict]:
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "conveyor.events"]
     return [e for e in lines if e["event"] == name]
+
+
+def test_a_running_build_heartbeats_and_a_duplicate_delivery_neither_builds_twice_nor_restarts_it(
+        build_app, workers, workdir, caplog):
+    app = build_app()
+    store = BuildStore(app.pool)
+    caplog.set_level(logging.INFO, logger="conveyor.events")
+    workers(app)
+    gate = workdir / "gate"
+    gate.mkdir()
+    tree = make_tree(workdir / "src", {"a.py": "x\n"},
+                     f"echo started; touch {gate}/started; while [ ! -e {gate}/open ]; do sleep 0.05; done\n")
+    fields = {"owner_id": "u", "agent_id": "ag-hb", "archive_path": str(make_zip(tree, workdir / "s.zip"))}
+    ticket = request_build(app, "upload", fields)
+    wait_for(lambda: (gate / "started").exists(), timeout=30, message="the build script to start")
+    beat = store.get(ticket.build_id).heartbeat_at
+    running = wait_for(lambda: (r := store.get(ticket.build_id)).heartbeat_at > beat and r, timeout=10,
+                       message="a later heartbeat")
+    assert running.status == "building" and "started" in running.log  # the log so far is saved with each beat
+
+    # The same build delivered again while the first worker is alive and beating (no key: a broker's redelivery),
+    # and the same build requested again: neither starts a second build.
+    duplicate = app.jobs.enqueue("agent.build", app.broker.get_job(ticket.job_id).payload)
+    assert request_build(app, "upload", fields, build_id=ticket.build_id) == type(ticket)(ticket.build_id,
+                                                                                       ticket.job_id, True)
+    wait_for(lambda: _events(caplog, "retry"), timeout=10, message="the duplicate to defer itself")
+    assert store.get(ticket.build_id).claim == 1
+    (gate / "open").touch()
+    (done,) = finished(store, ticket.build_id)
+    # The duplicate comes back once the heartbeat would be stale, reads the outcome, and ends.
+    wait_for(lambda: app.broker.get_job(duplicate.id).state == "completed", timeout=30,
+             message="the duplicate to finish from the outcome")
+    assert done.status == "succeeded" and done.claim == 1
+    assert [e for _, e, _ in store.events(ticket.build_id)] == ["claimed", "succeeded"]
+    assert any(e["reason"] == "build already succeeded" for e in _events(caplog, "skipped"))

@@ -1,21 +1,11 @@
 -- Named queries of conveyor.builds.store. Agents and connectors have one
 -- query each per operation; the store picks by the build's target kind.
 
--- name: agent_upsert
-INSERT INTO agents (id, owner_id, status)
-VALUES (%(id)s, %(owner_id)s, CASE WHEN %(deploys)s::boolean THEN 'building' ELSE 'pending' END)
-ON CONFLICT (id) DO UPDATE
-    SET status = CASE WHEN %(deploys)s::boolean THEN 'building' ELSE agents.status END,
-        status_reason = CASE WHEN %(deploys)s::boolean THEN NULL ELSE agents.status_reason END,
-        updated_at = now()
+-- name: agent_ensure
+INSERT INTO agents (id, owner_id) VALUES (%(id)s, %(owner_id)s) ON CONFLICT (id) DO NOTHING
 
--- name: connector_upsert
-INSERT INTO connectors (id, owner_id, status)
-VALUES (%(id)s, %(owner_id)s, CASE WHEN %(deploys)s::boolean THEN 'building' ELSE 'pending' END)
-ON CONFLICT (id) DO UPDATE
-    SET status = CASE WHEN %(deploys)s::boolean THEN 'building' ELSE connectors.status END,
-        status_reason = CASE WHEN %(deploys)s::boolean THEN NULL ELSE connectors.status_reason END,
-        updated_at = now()
+-- name: connector_ensure
+INSERT INTO connectors (id, owner_id) VALUES (%(id)s, %(owner_id)s) ON CONFLICT (id) DO NOTHING
 
 -- name: agent_lock
 SELECT id, owner_id, status, status_reason, repo_url, repo_branch FROM agents WHERE id = %(id)s FOR UPDATE
@@ -49,6 +39,7 @@ UPDATE connectors
 INSERT INTO builds (id, kind, agent_id, connector_id, owner_id)
 VALUES (%(id)s, %(kind)s, %(agent_id)s::text, %(connector_id)s::text, %(owner_id)s)
 ON CONFLICT (id) DO NOTHING
+RETURNING id
 
 -- name: build_set_job
 UPDATE builds SET job_id = %(job_id)s WHERE id = %(id)s AND job_id IS NULL

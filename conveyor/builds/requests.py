@@ -41,7 +41,7 @@ def request_build(app: "App", kind: str, fields: Mapping[str, Any], *, env: Mapp
                   build_id: str | None = None) -> BuildTicket:
     """Validate, encrypt ``env`` (plain values in, Fernet tokens out), record and enqueue one build.
 
-    Requesting the same ``build_id`` again returns the first job. Raises
+    Requesting the same ``build_id`` again changes nothing and returns the first job. Raises
     :class:`~conveyor.errors.InvalidPayload` (naming fields, never values) or
     :class:`~conveyor.errors.SecretKeyError`; then nothing was recorded.
     """
@@ -50,7 +50,10 @@ def request_build(app: "App", kind: str, fields: Mapping[str, Any], *, env: Mapp
     payload = validate_payload(JOB, BuildPayload, data)
     request = payload.root
     store = BuildStore(app.pool)
-    store.create(request)
+    if not store.create(request):
+        # Requested before: that request's job and outcome stand.
+        existing = store.get(request.build_id)
+        return BuildTicket(request.build_id, (existing.job_id if existing else None) or "", True)
     try:
         ref = app.jobs.enqueue(JOB, payload, key=build_key(request.build_id))
     except EnqueueError as exc:

@@ -86,17 +86,23 @@ class BuildStore:
 
     # -- producer side -------------------------------------------------------
 
-    def create(self, request: BuildVariant) -> None:
-        """The build's row (once per build id) and its target, moved to ``building`` when the build deploys."""
+    def create(self, request: BuildVariant) -> bool:
+        """The build's row and its target, moved to ``building`` when the build deploys.
+
+        Once per build id: False (and nothing changed) when the build exists already.
+        """
         kind = request.target_kind
         with self.pool.connection() as conn, conn.transaction():
-            conn.execute(QUERIES[f"{kind}_upsert"],
-                         {"id": request.target_id, "owner_id": request.owner_id, "deploys": request.deploys})
-            conn.execute(QUERIES["build_insert"], {
+            conn.execute(QUERIES[f"{kind}_ensure"], {"id": request.target_id, "owner_id": request.owner_id})
+            created = conn.execute(QUERIES["build_insert"], {
                 "id": request.build_id, "kind": request.kind, "owner_id": request.owner_id,
                 "agent_id": request.target_id if kind == "agent" else None,
                 "connector_id": request.target_id if kind == "connector" else None,
-            })
+            }).fetchone() is not None
+            if created and request.deploys:
+                conn.execute(QUERIES[f"{kind}_set_status"], {"id": request.target_id, "status": "building",
+                                                            "reason": None, "repo_url": None, "repo_branch": None})
+            return created
 
     def set_job(self, build_id: str, job_id: str) -> None:
         with self.pool.connection() as conn:
