@@ -9,6 +9,8 @@ import os
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from conveyor.app import App
 from conveyor.builds.requests import request_build
 from conveyor.builds.store import BuildStore
@@ -33,8 +35,9 @@ def members(app: App, sha256: str) -> dict[str, bytes]:
         return {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}
 
 
-def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, workdir):
-    app = build_app()
+@pytest.mark.parametrize("broker", ["redis", "inline"])
+def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, workdir, broker):
+    app = build_app(broker=broker)
     store = BuildStore(app.pool)
     workers(app)
     script = "echo building; mkdir -p dist && cp agent.py dist/agent.py\n"
