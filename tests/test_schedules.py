@@ -12,7 +12,7 @@ import pytest
 from conveyor.errors import InvalidSchedule, ScheduleNotFound
 from conveyor.scheduling.cron import Cron
 from conveyor.scheduling.scheduler import Scheduler, fire_key
-from conveyor.scheduling.schedules import QUERIES, Schedules
+from conveyor.scheduling.schedules import Schedules
 from conveyor.tasks.worker import InlineWorkers
 from tests.sched_jobs import make_app, runs
 from tests.waiting import wait_for
