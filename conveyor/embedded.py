@@ -32,6 +32,9 @@ How pgserver runs the server, which this module relies on:
   every directory above the data directory readable and traversable by all
   (``chmod go+rx``). Under ``/root`` that would open up root's home, so we
   refuse such a data directory instead and say what to do.
+
+The handle list, start-up lock and per-process cache used below are pgserver
+internals, so the dependency is pinned to 0.1.x.
 """
 
 from __future__ import annotations
@@ -104,6 +107,13 @@ def stop_embedded(data_dir: Path) -> None:
     """
     pgserver = _pgserver()
     pgdata = _pgdata(data_dir)
+    # Drop this process's handle, so its exit does not try to stop the
+    # server again and a later start_embedded starts a fresh one.
+    handle = pgserver.PostgresServer._instances.pop(pgdata, None)
+    if handle is not None:
+        atexit.unregister(handle._cleanup)
+        with pgserver.PostgresServer._lock:
+            pgserver.utils.DiskList(pgdata / ".handle_pids.json").get_and_remove(os.getpid())
     if not _is_running(pgserver.utils.PostmasterInfo.read_from_pgdata(pgdata)):
         return
     user = ROOT_RUNS_AS if os.geteuid() == 0 else None

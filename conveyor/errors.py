@@ -47,6 +47,10 @@ class BrokerUnavailable(EnqueueError):
     """The broker could not be reached; the job was not enqueued and its key is free."""
 
 
+class TransactionalEnqueueUnsupported(EnqueueError):
+    """``connection=`` was given but the broker keeps jobs outside Postgres (only the postgres broker can)."""
+
+
 # -- running ------------------------------------------------------------------
 
 
@@ -67,6 +71,10 @@ class RetryLater(JobError):
     def __init__(self, message: str = "retry later", *, delay: float) -> None:
         super().__init__(message)
         self.delay = delay
+
+
+class InjectedFault(JobError):
+    """A failure injected on purpose (``CONVEYOR_FAULT_RATE``) to exercise retries."""
 
 
 class MalformedMessage(PermanentError):
@@ -114,3 +122,30 @@ class UnknownAccount(LedgerError):
 
 class DatabaseUnavailable(ConveyorError):
     """Postgres could not be reached."""
+
+
+# -- agent platform -----------------------------------------------------------
+
+
+class PlatformError(ConveyorError):
+    """The agent platform refused a request about its records."""
+
+
+class RecordNotFound(PlatformError):
+    """No task, run or resource has this ID."""
+
+
+class RecordConflict(PlatformError):
+    """The record exists with other content, or is in a state that forbids the change."""
+
+
+class ProviderError(JobError):
+    """The model provider failed in a way a retry may fix (5xx, dropped connection, timeout)."""
+
+
+class ProviderRejected(PermanentError):
+    """The model provider refused the request (4xx other than 429): a retry cannot help."""
+
+
+class ProviderRateLimited(RetryLater):
+    """The model provider, or conveyor's own rate limit, said: not now. Run again after ``delay``."""

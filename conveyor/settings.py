@@ -18,9 +18,14 @@ from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BrokerName = Literal["redis", "postgres", "inline"]
+ProviderName = Literal["local", "openai"]
 
 
 def _default_data_dir() -> Path:
+    # As root, pgserver runs Postgres as its own system user and opens every
+    # parent directory to it: never do that to /root, use /var/lib instead.
+    if os.geteuid() == 0:
+        return Path("/var/lib/conveyor")
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "conveyor"
 
@@ -92,6 +97,11 @@ class Settings(BaseSettings):
     pg_recovery_seconds: float = Field(
         10, gt=0, description="Postgres broker: interval of the dead-worker recovery pass."
     )
+    pg_lease_seconds: float = Field(
+        15, gt=0,
+        description="Postgres broker: seconds without a heartbeat (sent every third of it) before a "
+                    "worker's jobs go back to the queue; with the recovery interval, at most 25 s by default.",
+    )
     price_per_1k_tokens: Decimal = Field(
         Decimal("0.002"), ge=0, description="Credits charged per 1000 tokens."
     )
@@ -102,6 +112,7 @@ class Settings(BaseSettings):
     imports: str = Field("", description="Comma-separated modules that register more job types.")
     log_level: str = Field("INFO", description="Log level of conveyor's JSON logs.")
     redis_namespace: str = Field("conveyor", description="Prefix of every Redis key.")
+    # -- schedules and builds ---------------------------------------------------
     scheduler_interval: float = Field(
         5, gt=0, description="Seconds between the scheduler's passes over due schedules."
     )
@@ -117,6 +128,41 @@ class Settings(BaseSettings):
     build_time_limits: dict[str, float] = Field(
         default_factory=dict,
         description="Per build kind time limit overrides, seconds: CONVEYOR_BUILD_TIME_LIMITS__<KIND>.",
+    )
+    # -- agent platform ---------------------------------------------------------
+    provider: ProviderName = Field(
+        "local", description="Model provider: local (deterministic, no network) | openai (OpenAI-compatible HTTP)."
+    )
+    openai_base_url: str = Field(
+        "https://api.openai.com/v1", description="openai provider: base URL of the chat-completions API."
+    )
+    openai_api_key: SecretStr | None = Field(None, description="openai provider: API key (never logged).")
+    openai_model: str = Field("gpt-4o-mini", description="openai provider: model name.")
+    provider_timeout: float = Field(60, gt=0, description="Seconds the HTTP provider waits for a response or chunk.")
+    provider_retry_after: float = Field(
+        5, gt=0, description="Seconds to wait after a 429 that names no Retry-After."
+    )
+    local_chunk_delay: float = Field(
+        0, ge=0, le=10, description="local provider: seconds between streamed chunks (simulates a model)."
+    )
+    llm_global_concurrency: int = Field(
+        2, ge=1, le=1000, description="llm queue: jobs running at once across every worker (fleet-wide)."
+    )
+    llm_slot_lease: float = Field(
+        30, gt=0, description="Seconds an llm slot outlives a worker that died holding it (Redis deployments)."
+    )
+    provider_rate_limit: int = Field(
+        0, ge=0, description="Provider requests allowed per window by llm jobs; 0: unlimited."
+    )
+    provider_rate_window: float = Field(60, gt=0, description="Seconds of the provider rate-limit window.")
+    stream_retention: float = Field(
+        24 * 3600, gt=0, description="Seconds a run's streamed chunks are kept in Redis after the last one."
+    )
+    stream_poll_interval: float = Field(
+        0.1, gt=0, le=5, description="Seconds between an SSE reader's looks for new chunks."
+    )
+    fault_rate: float = Field(
+        0, ge=0, le=1, description="Share of first attempts of platform jobs that fail on purpose (demo/chaos)."
     )
     queues: dict[str, QueueOverride] = Field(
         default_factory=dict,

@@ -86,6 +86,8 @@ def pg_template(pg_server: PostgresServer) -> str:
     pg_server.drop_database(TEMPLATE_DB)
     pg_server.create_database(TEMPLATE_DB)
     migrate(pg_server.url(TEMPLATE_DB))
+    with pg_server.connect(TEMPLATE_DB) as conn:  # the tables tests/jobs.py writes to
+        conn.execute((Path(__file__).parent / "jobs.sql").read_text())
     # A copy fails while anyone is connected to its source.
     pg_server.terminate_connections(TEMPLATE_DB)
     return TEMPLATE_DB

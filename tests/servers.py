@@ -116,7 +116,7 @@ class _Server:
         """Shut down cleanly (SIGTERM) and wait; idempotent."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
-            self._reap()
+            self._proc = None
             return
         proc.send_signal(signal.SIGTERM)
         try:
@@ -124,7 +124,7 @@ class _Server:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        self._reap()
+        self._proc = None
 
     def kill(self) -> None:
         """Crash the server (SIGKILL) and wait for it to be gone; idempotent."""
@@ -132,7 +132,7 @@ class _Server:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
-        self._reap()
+        self._proc = None
 
     def close(self) -> None:
         """Stop the server and remove its temporary directory; idempotent."""
@@ -186,9 +186,6 @@ class _Server:
                 **kwargs,
             )
 
-    def _reap(self) -> None:
-        self._proc = None
-
     def _wait_until(self, ready, what: str) -> None:
         """Poll `ready()` until true; fail fast if the process died."""
         deadline = time.monotonic() + START_TIMEOUT
@@ -229,11 +226,11 @@ class RedisServer(_Server):
                  executable: str | None = None) -> None:
         super().__init__(tmpdir)
         self.executable = executable or shutil.which("redis-server") or "/usr/bin/redis-server"
-        if not os.access(self.executable, os.X_OK):
-            raise ServerStartError(
-                "redis-server not found; install it (Debian: apt-get install redis-server)"
-            )
         try:
+            if not os.access(self.executable, os.X_OK):
+                raise ServerStartError(
+                    "redis-server not found; install it (Debian: apt-get install redis-server)"
+                )
             self._start_first_time()
         except BaseException:
             self.close()
@@ -309,8 +306,8 @@ class PostgresServer(_Server):
     The constructor runs initdb (trust auth, superuser `postgres`) and starts
     the server; durability is traded for speed (`fsync`, `synchronous_commit`,
     `full_page_writes` off). Note that with `synchronous_commit=off` a commit
-    made just before `kill()` may be lost; a crash test that needs every
-    commit pass `settings={"synchronous_commit": "on"}`.
+    made just before `kill()` may be lost; a crash test that counts on every
+    commit can pass `settings={"synchronous_commit": "on"}`.
 
     As root, PostgreSQL refuses to run, so initdb and postgres run as the
     `postgres` system user (override with `system_user`) and `tmpdir` is
@@ -369,7 +366,7 @@ class PostgresServer(_Server):
         """
         proc = self._proc
         if proc is None or proc.poll() is not None:
-            self._reap()
+            self._proc = None
             return
         children = _child_pids(proc.pid)
         super().kill()

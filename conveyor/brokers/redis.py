@@ -59,6 +59,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     # -- plumbing -----------------------------------------------------------
 
+    def close(self) -> None:
+        """Close the connection pool (Dramatiq's RedisBroker leaves it to the garbage collector)."""
+        self.client.close()
+        self.client.connection_pool.disconnect()
+
     def _call(self, command: str, queue: str, *args: Any, client: Any = None) -> Any:
         argv = [command, now_ms(), queue, self.broker_id, *args]
         return self._jobs(keys=[self.namespace], args=argv, client=client)
@@ -66,10 +71,6 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     @property
     def consumer_class(self):
         return _Consumer
-
-    def close(self) -> None:
-        """Drop the Redis connections: Dramatiq's RedisBroker leaves its pool's sockets open."""
-        self.client.connection_pool.disconnect()
 
     # -- enqueue -------------------------------------------------------------
 
@@ -200,6 +201,10 @@ def _record(job_id: str, raw: dict) -> JobRecord | None:
 class _Consumer(_RedisConsumer):
     """Dramatiq's consumer on conveyor's script; an undecodable message fails alone."""
 
+    def __init__(self, broker, queue_name, prefetch, timeout) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)
+        self.wake_key = f"{broker.namespace}:wake:{queue_name}"
+
     def ack(self, message: SafeMessageProxy) -> None:
         self._post("ack", message, self.broker.retention_ms)
 
@@ -239,9 +244,13 @@ class _Consumer(_RedisConsumer):
                 if room > 0:
                     fetched = self.message_cache = self.broker._call("fetch", self.queue_name, room)
                 if not fetched:
-                    # Long-poll progressively up to the idle timeout, as Dramatiq does.
+                    # Wait for an enqueue's wake-up, at most the (growing) idle backoff: a
+                    # lost wake-up costs one backoff, never a job.
                     self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
-                    time.sleep(backoff_ms / 1000)
+                    if room > 0:
+                        self.broker.client.blpop([self.wake_key], timeout=backoff_ms / 1000)
+                    else:
+                        time.sleep(backoff_ms / 1000)
                     return None
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None

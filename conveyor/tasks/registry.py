@@ -38,6 +38,10 @@ JOB_TYPES: dict[str, JobType] = {}
 #: Modules holding conveyor's own job types, imported by :func:`load_job_types`.
 BUILTIN_MODULES = (
     "conveyor.tasks.processors.credit",
+    "conveyor.tasks.processors.agent_run",
+    "conveyor.tasks.processors.finalize",
+    "conveyor.tasks.processors.memory",
+    "conveyor.tasks.processors.indexing",
     "conveyor.tasks.processors.schedule",
     "conveyor.tasks.processors.resume",
     "conveyor.tasks.processors.nudge",

@@ -14,6 +14,8 @@
 --   $ns:totals:$queue     hash completed / failed, never reset
 --   $ns:dedup:$key        job id that holds the key, with a TTL
 --   $ns:paused            set of paused queue names
+--   $ns:wake:$queue       a short list idle consumers block on (BLPOP), so a
+--                         new message starts in milliseconds, not a poll later
 --
 -- ARGV: command, now_ms, queue, worker_id, then the command's arguments.
 
@@ -92,6 +94,10 @@ if command == "enqueue" then
     end
     redis.call("hset", messages_key, rid, data)
     redis.call("rpush", queue_key, rid)
+    -- Wake one idle consumer; the list is capped so nobody waiting is harmless.
+    local wake_key = ns .. ":wake:" .. queue
+    redis.call("lpush", wake_key, 1)
+    redis.call("ltrim", wake_key, 0, 63)
     local record = job_key(id)
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)

@@ -1,0 +1,31 @@
+# conveyor's everyday commands. `make test` is what CI runs (.ci/run).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: venv test demo bench
+
+# The venv is (re)installed only when pyproject.toml is newer than the stamp.
+venv: $(VENV)/.installed
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed
+	$(BIN)/python -m pip install -e '.[bench]'
+	touch $@
+
+test: venv
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: venv
+	$(BIN)/conveyor demo
+
+bench: $(VENV)/.installed-bench
+	$(BIN)/python -m bench

@@ -1,0 +1,163 @@
+"""Building apps and workers for tests, the same way on every broker."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+
+from conveyor.app import App
+from conveyor.settings import Settings
+from conveyor.tasks.queues import QUEUES
+from conveyor.tasks.worker import InlineWorkers, ProcessWorker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Fast retries and recovery for tests: settings, never longer sleeps.
+FAST_QUEUES = {q: {"min_backoff": 0.05, "max_backoff": 0.2} for q in QUEUES}
+
+FAST = {
+    "heartbeat_timeout": 2,
+    "maintenance_interval": 0.2,
+    "shutdown_timeout": 20,
+    "pg_poll_seconds": 0.5,
+    "pg_recovery_seconds": 0.5,
+    "pg_lease_seconds": 2,
+    "imports": "tests.jobs",
+}
+
+
+def make_settings(broker: str, redis_url: str | None, database_url: str, **overrides) -> Settings:
+    values = {**FAST, "broker": broker, "redis_url": redis_url, "database_url": database_url,
+              "queues": FAST_QUEUES, **overrides}
+    return Settings(**values)
+
+
+@contextlib.contextmanager
+def running(app: App, *queues: str) -> Iterator[None]:
+    """Workers for ``queues`` inside this process, stopped (drained) at the end."""
+    if app.settings.broker_name == "inline":
+        workers = InlineWorkers(app, list(queues)).start()
+        try:
+            yield
+        finally:
+            workers.stop()
+        return
+    started = [ProcessWorker(app, q) for q in queues]
+    for worker in started:
+        worker.start()
+    try:
+        yield
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+def env_for(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment a subprocess needs to run with ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")
+           and k not in ("REDIS_URL", "DATABASE_URL", "JOB_FAILURE_WEBHOOK_URL")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        CONVEYOR_BROKER=settings.broker_name,
+        DATABASE_URL=settings.database_url or "",
+        CONVEYOR_IMPORTS=settings.imports,
+        CONVEYOR_HEARTBEAT_TIMEOUT=str(settings.heartbeat_timeout),
+        CONVEYOR_MAINTENANCE_INTERVAL=str(settings.maintenance_interval),
+        CONVEYOR_SHUTDOWN_TIMEOUT=str(settings.shutdown_timeout),
+        CONVEYOR_PG_POLL_SECONDS=str(settings.pg_poll_seconds),
+        CONVEYOR_PG_RECOVERY_SECONDS=str(settings.pg_recovery_seconds),
+        CONVEYOR_PG_LEASE_SECONDS=str(settings.pg_lease_seconds),
+    )
+    if settings.redis_url:
+        env["REDIS_URL"] = settings.redis_url
+    for queue, override in settings.queues.items():
+        for field, value in override.model_dump(exclude_none=True).items():
+            env[f"CONVEYOR_QUEUES__{queue.upper()}__{field.upper()}"] = str(value)
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    """``conveyor worker`` as a subprocess; its children's pids are read from its JSON log."""
+
+    def __init__(self, settings: Settings, queues: str, processes: int = 1, log: Path | None = None,
+                 **extra_env: str) -> None:
+        self.log = log
+        self._log_file = open(log, "wb") if log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", "worker", "--queues", queues, "--processes", str(processes)],
+            env=env_for(settings, **extra_env), stdout=subprocess.DEVNULL, stderr=self._log_file,
+            cwd=ROOT, start_new_session=True,
+        )
+
+    def events(self, name: str | None = None) -> list[dict]:
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if name is None or row.get("event") == name:
+                    out.append(row)
+        return out
+
+    def child_pids(self) -> list[int]:
+        """Pids of children currently running (started and not stopped)."""
+        started = [e["pid"] for e in self.events("worker_started")]
+        alive = []
+        for pid in started:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        return alive
+
+    def terminate(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            if self._log_file is not subprocess.DEVNULL:
+                self._log_file.close()
+
+
+def probe_runs(database_url: str, token_prefix: str = "") -> list[dict]:
+    with psycopg.connect(database_url) as conn:
+        cur = conn.execute(
+            "SELECT token, job_id, attempt, pid, started_at, finished_at FROM probe_runs "
+            "WHERE token LIKE %s ORDER BY id", (token_prefix + "%",))
+        names = [c.name for c in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def probe_dead(database_url: str) -> list[dict]:
+    with psycopg.connect(database_url) as conn:
+        cur = conn.execute("SELECT job_id, token, error FROM probe_dead")
+        return [dict(zip(("job_id", "token", "error"), row)) for row in cur.fetchall()]
+
+
+def peak_concurrency(runs: list[dict]) -> int:
+    """The most runs overlapping at any instant, from their start and finish times."""
+    points = []
+    for run in runs:
+        points.append((run["started_at"], 1))
+        points.append((run["finished_at"], -1))
+    peak = current = 0
+    for _, delta in sorted(points, key=lambda p: (p[0], p[1])):
+        current += delta
+        peak = max(peak, current)
+    return peak

@@ -1,0 +1,93 @@
+"""Job types for tests, loaded into workers with CONVEYOR_IMPORTS=tests.jobs.
+
+``test.probe.<queue>`` records every start and finish in ``probe_runs`` and can
+sleep, fail, fail permanently or kill its own process, so tests can observe
+from outside what ran where and how often.
+With TEST_FLAKY_CREDIT_PERCENT=N, the real credit.consume fails on its first
+attempt for N % of tasks (chosen by a stable hash of the task id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import replace
+
+from conveyor.errors import PermanentError
+from conveyor.ledger import credits
+from conveyor.tasks.payloads import CreditConsume, Payload
+from conveyor.tasks.queues import QUEUES
+from conveyor.tasks.registry import JOB_TYPES, job, load_job_types, on_final_failure
+
+INSERT_RUN = "INSERT INTO probe_runs (token, job_id, attempt, pid) VALUES (%s, %s, %s, %s) RETURNING id"
+FINISH_RUN = "UPDATE probe_runs SET finished_at = clock_timestamp() WHERE id = %s"
+INSERT_DEAD = "INSERT INTO probe_dead (job_id, token, error) VALUES (%s, %s, %s)"
+
+
+class Probe(Payload):
+    token: str
+    sleep: float = 0
+    fail_times: int = 0
+    permanent: bool = False
+    crash_times: int = 0
+    api_key: str | None = None
+
+    secret_fields = frozenset({"api_key"})
+
+
+def probe(payload: Probe, ctx) -> None:
+    if ctx.attempt <= payload.crash_times:
+        os._exit(17)  # dies like a segfault would: no cleanup, no ack
+    with ctx.app.pool.connection() as conn:
+        run_id = conn.execute(INSERT_RUN, (payload.token, ctx.job_id, ctx.attempt, os.getpid())).fetchone()[0]
+    if payload.sleep:
+        time.sleep(payload.sleep)
+    if payload.permanent:
+        raise PermanentError(f"probe {payload.token} can never work")
+    if ctx.attempt <= payload.fail_times:
+        raise RuntimeError(f"probe {payload.token} fails on attempt {ctx.attempt}")
+    with ctx.app.pool.connection() as conn:
+        conn.execute(FINISH_RUN, (run_id,))
+
+
+def probe_dead(payload: Probe | None, error: str, ctx) -> None:
+    with ctx.app.pool.connection() as conn:
+        conn.execute(INSERT_DEAD, (ctx.job_id, payload.token if payload else None, error))
+
+
+for _queue in QUEUES:
+    job(f"test.probe.{_queue}", queue=_queue, payload=Probe)(probe)
+    on_final_failure(f"test.probe.{_queue}")(probe_dead)
+
+
+class SlowCredit(CreditConsume):
+    sleep: float = 0
+
+
+@job("test.slow_credit", queue="critical", payload=SlowCredit)
+def slow_credit(payload: SlowCredit, ctx) -> None:
+    """A charge that takes a while, so a test can kill its worker mid-job."""
+    with ctx.app.pool.connection() as conn:
+        conn.execute(INSERT_RUN, (payload.message_id, ctx.job_id, ctx.attempt, os.getpid()))
+    time.sleep(payload.sleep)
+    with ctx.app.pool.connection() as conn:
+        credits.consume(conn, user_id=payload.user_id, task_id=payload.task_id, message_id=payload.message_id,
+                        total_tokens=payload.total_tokens, price_per_1k=ctx.app.settings.price_per_1k_tokens)
+
+
+def flaky(task_id: str, percent: int) -> bool:
+    return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % 100 < percent
+
+
+_PERCENT = int(os.environ.get("TEST_FLAKY_CREDIT_PERCENT", "0"))
+if _PERCENT:
+    load_job_types()
+    _real = JOB_TYPES["credit.consume"]
+
+    def _flaky_consume(payload, ctx):
+        if ctx.attempt == 1 and flaky(payload.task_id, _PERCENT):
+            raise ConnectionError(f"injected transient failure for task {payload.task_id}")
+        return _real.run(payload, ctx)
+
+    JOB_TYPES["credit.consume"] = replace(_real, run=_flaky_consume)

@@ -1,0 +1,15 @@
+-- Tables the test job types write to; created in the template database.
+CREATE TABLE probe_runs (
+    id          BIGSERIAL PRIMARY KEY,
+    token       TEXT NOT NULL,
+    job_id      TEXT NOT NULL,
+    attempt     INT NOT NULL,
+    pid         INT NOT NULL,
+    started_at  TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    finished_at TIMESTAMPTZ
+);
+CREATE TABLE probe_dead (
+    job_id  TEXT NOT NULL,
+    token   TEXT,
+    error   TEXT NOT NULL
+);
