@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tarfile
@@ -15,7 +16,7 @@ from cryptography.fernet import Fernet
 from conveyor.app import App
 from conveyor.builds.store import BuildStore
 from conveyor.settings import QueueOverride, Settings
-from conveyor.tasks.worker import InlineWorkers
+from tests.harness import running
 from tests.waiting import wait_for
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
@@ -89,6 +90,7 @@ def build_app(database_url, redis_url, workdir):
         settings = dict(broker="redis", redis_url=redis_url, database_url=database_url, data_dir=workdir / "data",
                         secret_key=KEY, admin_token="admin-token", shutdown_timeout=5,
                         build_heartbeat_interval=0.2, build_stale_after=2,
+                        pg_poll_seconds=0.2, pg_recovery_seconds=0.5, pg_lease_seconds=2,
                         queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1)})
         settings.update(overrides)
         app = App(Settings(**settings))
@@ -102,16 +104,9 @@ def build_app(database_url, redis_url, workdir):
 
 @pytest.fixture
 def workers():
-    running = []
-
-    def start(app: App) -> InlineWorkers:
-        group = InlineWorkers(app, ["agent"]).start()
-        running.append(group)
-        return group
-
-    yield start
-    for group in running:
-        group.stop()
+    """start(app): agent-queue workers in this process, on the app's broker, stopped after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda app: stack.enter_context(running(app, "agent"))
 
 
 def finished(store: BuildStore, *build_ids: str, timeout: float = 30):

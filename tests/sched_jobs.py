@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from psycopg.types.json import Jsonb
 
 from conveyor.tasks.payloads import Id, Payload
@@ -30,15 +31,26 @@ def runs(app) -> list[dict]:
         return [row[0] for row in conn.execute("SELECT payload FROM test_job_runs ORDER BY id")]
 
 
-def make_app(database_url: str, redis_url: str | None = None, **settings):
-    """An App on the test's database and Redis (inline broker without Redis), with the test job loaded
-    and the table it writes to."""
+def make_app(database_url: str, redis_url: str | None = None, broker: str | None = None, **settings):
+    """An App on the test's database and ``broker`` (default: redis with a Redis URL, else inline), with the
+    test job loaded and the table it writes to."""
     from conveyor.app import App
     from conveyor.settings import Settings
 
-    broker = "redis" if redis_url else "inline"
+    broker = broker or ("redis" if redis_url else "inline")
+    settings = {"shutdown_timeout": 5, "pg_poll_seconds": 0.2, "pg_recovery_seconds": 0.5, "pg_lease_seconds": 2,
+                **settings}
     app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url, imports="tests.sched_jobs",
-                       shutdown_timeout=5, **settings))
+                       **settings))
     with app.pool.connection() as conn:
         conn.execute(RECORDS_DDL)
     return app
+
+
+@pytest.fixture(params=["redis", "postgres", "inline"])
+def any_broker_app(request, database_url):
+    """An App (see make_app) on each broker in turn."""
+    redis_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    app = make_app(database_url, redis_url, broker=request.param)
+    yield app
+    app.close()

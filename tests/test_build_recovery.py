@@ -18,13 +18,17 @@ from tests.waiting import wait_for
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("broker", ["redis", "postgres"])
 def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_outcome(
-        database_url, redis_url, clean_env, workdir):  # noqa: F811
+        database_url, request, clean_env, workdir, broker):  # noqa: F811
+    if broker == "redis":
+        clean_env.setenv("REDIS_URL", request.getfixturevalue("redis_url"))
     for name, value in {
-        "REDIS_URL": redis_url, "DATABASE_URL": database_url, "CONVEYOR_BROKER": "redis",
+        "DATABASE_URL": database_url, "CONVEYOR_BROKER": broker,
         "CONVEYOR_DATA_DIR": str(workdir / "data"), "CONVEYOR_SECRET_KEY": KEY,
         # Short heartbeats, so the dead worker's message and build are recovered within seconds.
         "CONVEYOR_HEARTBEAT_TIMEOUT": "1.5", "CONVEYOR_MAINTENANCE_INTERVAL": "0.3",
+        "CONVEYOR_PG_LEASE_SECONDS": "1.5", "CONVEYOR_PG_RECOVERY_SECONDS": "0.3", "CONVEYOR_PG_POLL_SECONDS": "0.2",
         "CONVEYOR_BUILD_HEARTBEAT_INTERVAL": "0.2", "CONVEYOR_BUILD_STALE_AFTER": "1",
         "CONVEYOR_SHUTDOWN_TIMEOUT": "5",
     }.items():

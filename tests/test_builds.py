@@ -1,4 +1,4 @@
-"""agent.build end to end on Redis and Postgres: every variant, rollback, terminal failure, secrets kept out."""
+"""agent.build end to end: every variant (on each broker), rollback, terminal failure, heartbeats, duplicates."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def members(app: App, sha256: str) -> dict[str, bytes]:
         return {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}
 
 
-@pytest.mark.parametrize("broker", ["redis", "inline"])
+@pytest.mark.parametrize("broker", ["redis", "postgres", "inline"])
 def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, workdir, broker):
-    app = build_app(broker=broker)
+    app = build_app(broker=broker, redis_url=None) if broker != "redis" else build_app()
     store = BuildStore(app.pool)
     workers(app)
     script = "echo building; mkdir -p dist && cp agent.py dist/agent.py\n"

@@ -17,17 +17,14 @@ from conveyor.scheduling.nudges import (
     schedule_nudge,
 )
 from conveyor.scheduling.pauses import cancel_run, get_pause, pause_run
-from conveyor.tasks.worker import InlineWorkers
-from tests.sched_jobs import make_app, runs
+from tests.harness import running
+from tests.sched_jobs import any_broker_app, runs  # noqa: F401 (fixture)
 from tests.waiting import wait_for
 
 
-@pytest.fixture(params=["redis", "inline"])
-def app(request, database_url):
-    redis_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
-    app = make_app(database_url, redis_url)
-    yield app
-    app.close()
+@pytest.fixture
+def app(any_broker_app):
+    return any_broker_app
 
 
 @pytest.fixture
@@ -59,14 +56,11 @@ def test_a_paused_run_resumes_after_its_delay_unless_cancelled(app, events):
         conn.execute("UPDATE run_pauses SET resume_at = now() + interval '30 days' WHERE id = %s", (long.id,))
 
     assert cancel_run(app, "run-2") == [dropped.id]
-    workers = InlineWorkers(app, ["scheduling", "indexing"]).start()
-    try:
+    with running(app, "scheduling", "indexing"):
         wait_for(lambda: runs(app) == [{"note": "resume-run-1"}]
                  and app.broker.get_job(dropped.job_id).state == "completed"
                  and app.broker.get_job(long.job_id).state == "delayed", timeout=20,
                  message="run-1 resumed, run-2's resume handled, run-4's deferred")
-    finally:
-        workers.stop()
     assert get_pause(app, long.id)["status"] == "waiting"
     deferred = app.broker.get_job(long.job_id)
     assert deferred.eta - deferred.enqueued_at > 6 * 24 * 3600  # one 7-day hop (the broker's limit), not 30 days
@@ -94,15 +88,12 @@ def test_a_superseded_nudge_is_skipped_with_its_reason(app, events):
     note_task_closed(app, "t-closed")
     note_user_reply(app, "t-quiet", at=datetime.now(UTC) - timedelta(hours=1))  # before the nudge was set
     assert cancel_nudge(app, cancelled.id)
-    workers = InlineWorkers(app, ["nudge", "indexing"]).start()
-    try:
+    with running(app, "nudge", "indexing"):
         wait_for(lambda: runs(app) == [{"note": "nudge-quiet"}] and len(events("skipped")) == 3, timeout=20,
                  message="nudges resolved")
         # A second delivery of a nudge already sent does nothing.
         app.jobs.enqueue("nudge.fire", {"nudge_id": sent.id})
         wait_for(lambda: len(events("skipped")) == 4, timeout=20, message="duplicate nudge skipped")
-    finally:
-        workers.stop()
     assert runs(app) == [{"note": "nudge-quiet"}]
     states = {n.id: (get_nudge(app, n.id)["status"], get_nudge(app, n.id)["skip_reason"])
               for n in (sent, replied, closed, cancelled)}

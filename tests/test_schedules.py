@@ -13,8 +13,8 @@ from conveyor.errors import InvalidSchedule, ScheduleNotFound
 from conveyor.scheduling.cron import Cron
 from conveyor.scheduling.scheduler import Scheduler, fire_key
 from conveyor.scheduling.schedules import Schedules
-from conveyor.tasks.worker import InlineWorkers
-from tests.sched_jobs import make_app, runs
+from tests.harness import running
+from tests.sched_jobs import any_broker_app, make_app, runs  # noqa: F401 (fixture)
 from tests.waiting import wait_for
 
 T0 = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
@@ -61,8 +61,10 @@ def test_bad_cron_zone_policy_job_or_payload_is_refused_at_creation(apps, databa
         schedules.get("sch_missing")
 
 
-def test_two_schedulers_racing_fire_each_occurrence_once(apps, database_url, redis_url):
-    first, second = apps(database_url, redis_url), apps(database_url, redis_url)
+@pytest.mark.parametrize("broker", ["redis", "postgres"])
+def test_two_schedulers_racing_fire_each_occurrence_once(apps, database_url, request, broker):
+    redis_url = request.getfixturevalue("redis_url") if broker == "redis" else None
+    first, second = apps(database_url, redis_url, broker=broker), apps(database_url, redis_url, broker=broker)
     schedules = Schedules(first)
     ids = [schedules.create(cron="* * * * *", job="test.record", payload={"note": f"s{i}"}, now=T0).id
            for i in range(30)]
@@ -160,8 +162,8 @@ def test_dst_zone_fires_each_wall_time_once_across_both_changes(apps, database_u
     assert len(day) == 23
 
 
-def test_schedule_fire_enqueues_the_job_and_skips_paused_or_deleted_schedules(apps, database_url, caplog):
-    app = apps(database_url)
+def test_schedule_fire_enqueues_the_job_and_skips_paused_or_deleted_schedules(any_broker_app, caplog):
+    app = any_broker_app
     schedules = Schedules(app)
     live = schedules.create(cron="* * * * *", job="test.record", payload={"note": "live"}, now=T0)
     paused = schedules.create(cron="* * * * *", job="test.record", payload={"note": "paused"}, now=T0)
@@ -171,12 +173,9 @@ def test_schedule_fire_enqueues_the_job_and_skips_paused_or_deleted_schedules(ap
     schedules.pause(paused.id)
     schedules.delete(gone.id)
     caplog.set_level(logging.INFO, logger="conveyor.events")
-    workers = InlineWorkers(app, ["scheduling", "indexing"]).start()
-    try:
+    with running(app, "scheduling", "indexing"):
         wait_for(lambda: runs(app) == [{"note": "live"}] and len(schedules.fires(paused.id)) == 1
                  and len(_events(caplog, "skipped")) == 2, timeout=20, message="fires handled")
-    finally:
-        workers.stop()
     (live_fire,) = schedules.fires(live.id)
     assert live_fire["status"] == "enqueued" and live_fire["fire_time"] == T0 + timedelta(minutes=1)
     (paused_fire,) = schedules.fires(paused.id)
