@@ -17,7 +17,8 @@ from fastapi import APIRouter, Body, Depends, HTTPException, status
 from ..builds.requests import request_build
 from ..builds.store import BuildStore
 from ..errors import EnqueueError, SecretKeyError
-from .schedules import conveyor_app, require_admin
+from .runs import conveyor_app
+from .schedules import require_admin
 
 router = APIRouter(prefix="/api", tags=["builds"], dependencies=[Depends(require_admin)])
 

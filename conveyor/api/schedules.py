@@ -1,7 +1,7 @@
 """/api/schedules: create, list, show, pause, resume and delete cron schedules (admin token required).
 
 The routes read the process's :class:`~conveyor.app.App` from
-``request.app.state.conveyor``. Schedules enqueue arbitrary jobs, so every
+``request.app.state.conveyor`` (:func:`conveyor.api.runs.conveyor_app`). Schedules enqueue arbitrary jobs, so every
 route needs ``Authorization: Bearer $CONVEYOR_ADMIN_TOKEN``; with no token
 configured they are closed.
 """
@@ -16,11 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InvalidSchedule, ScheduleNotFound
 from ..scheduling.schedules import Schedule, Schedules
-
-
-def conveyor_app(request: Request):
-    """The App this API process serves, set by the API's factory as ``app.state.conveyor``."""
-    return request.app.state.conveyor
+from .runs import conveyor_app
 
 
 def require_admin(request: Request, app=Depends(conveyor_app)) -> None:
