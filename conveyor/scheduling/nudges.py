@@ -9,9 +9,10 @@ from the user after the nudge was set, or the task's closing, makes it
 (key ``nudge:{id}:send``) and marks it ``sent``, in one transaction, so a
 second delivery of nudge.fire does nothing.
 
-Until the agent platform's tasks and messages tables are the source, the
-producer reports replies and closings with :func:`note_user_reply` and
-:func:`note_task_closed` (table ``task_activity``).
+A user message in the platform's ``messages`` counts as a reply. The
+platform's tasks have no closed state, so producers report closings with
+:func:`note_task_closed` (and replies made elsewhere with
+:func:`note_user_reply`), in table ``task_activity``.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ the resume time. When it runs, the processor locks the row by its id: if
 the pause is still ``waiting`` it enqueues the run's resume job (key
 ``resume:{pause_id}:run``) and marks it ``resumed``, in one transaction;
 if the run was cancelled meanwhile (:func:`cancel_run`) it skips, with the
-reason logged. Cancelling therefore needs no access to the broker's delayed
-queue: the delayed job stays, and does nothing when it comes due.
+reason logged; likewise when the platform's ``runs`` row says the run was
+cancelled or ended by another path. Cancelling therefore needs no access to
+the broker's delayed queue: the delayed job stays, and does nothing when it
+comes due.
 
 Delays longer than the broker's delay window (7 days) work too: the job
 wakes at the window's end and re-defers itself without spending an attempt.

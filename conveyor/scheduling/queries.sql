@@ -59,7 +59,14 @@ VALUES (%(id)s, %(run_id)s, %(task_id)s::text, %(reason)s, %(resume_at)s, %(resu
 UPDATE run_pauses SET job_id = %(job_id)s WHERE id = %(id)s
 
 -- name: pause_lock
-SELECT run_id, status, resume_job, resume_payload, resume_at FROM run_pauses WHERE id = %(id)s FOR UPDATE
+-- The pause, and its run's status when the run is one of the platform's.
+SELECT p.run_id, p.status, p.resume_job, p.resume_payload, p.resume_at, r.status
+  FROM run_pauses p LEFT JOIN runs r ON r.id = p.run_id
+ WHERE p.id = %(id)s
+   FOR UPDATE OF p
+
+-- name: pause_cancel
+UPDATE run_pauses SET status = 'cancelled', resolved_at = now() WHERE id = %(id)s
 
 -- name: pause_resumed
 UPDATE run_pauses SET status = 'resumed', resumed_job_id = %(job_id)s, resolved_at = now() WHERE id = %(id)s
@@ -98,10 +105,14 @@ UPDATE nudges SET job_id = %(job_id)s WHERE id = %(id)s
 
 -- name: nudge_lock
 -- The task's state, read by id: has the user replied since the nudge was
--- set, or was the task closed? (Unify with the platform's tasks/messages.)
+-- set (a user message in the platform's messages, or a reply noted in
+-- task_activity), or was the task closed?
 SELECT n.task_id, n.status, n.fire_at, n.job, n.payload,
        a.closed_at IS NOT NULL AS task_closed,
-       coalesce(a.last_user_reply_at > n.created_at, false) AS user_replied
+       coalesce(a.last_user_reply_at > n.created_at, false)
+         OR EXISTS (SELECT 1 FROM messages m
+                     WHERE m.task_id = n.task_id AND m.role = 'user' AND m.created_at > n.created_at)
+         AS user_replied
   FROM nudges n LEFT JOIN task_activity a ON a.task_id = n.task_id
  WHERE n.id = %(id)s
    FOR UPDATE OF n

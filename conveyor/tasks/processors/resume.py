@@ -10,6 +10,9 @@ from ...scheduling.schedules import QUERIES
 from ..context import JobContext
 from ..registry import job
 
+#: Statuses of the platform's runs (table runs) after which a pause is not resumed.
+ENDED = ("cancelled", "completed", "failed")
+
 
 @job("wait_and_resume", queue="scheduling", payload=WaitAndResume)
 def wait_and_resume(payload: WaitAndResume, ctx: JobContext) -> None:
@@ -20,10 +23,16 @@ def wait_and_resume(payload: WaitAndResume, ctx: JobContext) -> None:
         if row is None:
             log_event("skipped", **ids, pause_id=payload.pause_id, reason="pause no longer exists")
             return
-        run_id, status, resume_job, resume_payload, resume_at = row
+        run_id, status, resume_job, resume_payload, resume_at, run_status = row
         if status != "waiting":
             reason = "the run was cancelled" if status == "cancelled" else "the run was already resumed"
             log_event("skipped", **ids, pause_id=payload.pause_id, run_id=run_id, reason=reason)
+            return
+        if run_status in ENDED:
+            # Ended on the platform's side (cancelled there, say) without cancel_run: nothing to resume.
+            conn.execute(QUERIES["pause_cancel"], {"id": payload.pause_id})
+            log_event("skipped", **ids, pause_id=payload.pause_id, run_id=run_id,
+                      reason="the run was cancelled" if run_status == "cancelled" else f"the run already {run_status}")
             return
         defer_if_early(conn, resume_at, f"run {run_id}'s resume")
         ref = enqueue_follow_up(ctx.app, resume_job, resume_payload, f"{resume_key(payload.pause_id)}:run",
