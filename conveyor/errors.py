@@ -120,6 +120,25 @@ class UnknownAccount(LedgerError):
     """No account exists for this user."""
 
 
+# -- operating (admin API and dashboard) ---------------------------------------
+
+
+class AdminError(ConveyorError):
+    """An operator's action (retry, delete, pause) could not be carried out."""
+
+
+class UnknownQueue(AdminError):
+    """No queue has this name."""
+
+
+class JobNotFound(AdminError):
+    """No job has this id (never existed, deleted, or past its retention)."""
+
+
+class JobStateConflict(AdminError):
+    """The job is not in a state that allows this action (retry a job that has not failed, delete a running one)."""
+
+
 class DatabaseUnavailable(ConveyorError):
     """Postgres could not be reached."""
 

@@ -105,13 +105,38 @@ class Settings(BaseSettings):
     price_per_1k_tokens: Decimal = Field(
         Decimal("0.002"), ge=0, description="Credits charged per 1000 tokens."
     )
-    admin_token: SecretStr | None = Field(None, description="Bearer token for /admin routes.")
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token for /admin and /api/admin; unset: those routes are closed (403)."
+    )
     secret_key: SecretStr | None = Field(
         None, description="Fernet key(s) for payload secrets, comma-separated: the first encrypts, all decrypt."
     )
     imports: str = Field("", description="Comma-separated modules that register more job types.")
     log_level: str = Field("INFO", description="Log level of conveyor's JSON logs.")
     redis_namespace: str = Field("conveyor", description="Prefix of every Redis key.")
+    public_url: str | None = Field(
+        None, description="Base URL of `conveyor api` as users reach it; failure alerts link to the dashboard."
+    )
+    webhook_format: Literal["slack", "discord", "generic"] | None = Field(
+        None, description="slack | discord | generic body for JOB_FAILURE_WEBHOOK_URL; unset: guessed from the URL."
+    )
+    webhook_timeout: float = Field(5, gt=0, description="Seconds one failure-webhook POST may take.")
+    webhook_attempts: int = Field(5, ge=1, le=20, description="POSTs per failure alert before it is given up.")
+    webhook_backoff: float = Field(
+        1, ge=0, description="Seconds before the second POST of an alert; doubles after each failed one."
+    )
+    webhook_queue_size: int = Field(
+        1000, ge=1, description="Failure alerts a worker holds while the receiver is slow; more are dropped."
+    )
+    metrics_port: int = Field(
+        9191, ge=0, le=65535, description="Port of a worker supervisor's Prometheus /metrics; 0 turns it off."
+    )
+    metrics_host: str = Field("0.0.0.0", description="Address a worker supervisor's /metrics listens on.")
+    metrics_dir: Path | None = Field(
+        None,
+        description="Multi-process metrics directory of a worker supervisor (emptied at start); "
+        "default: a new temporary directory.",
+    )
     # -- schedules and builds ---------------------------------------------------
     scheduler_interval: float = Field(
         5, gt=0, description="Seconds between the scheduler's passes over due schedules."

@@ -1,4 +1,4 @@
-"""Build secrets reach the build script and nothing else: no log, API response, job record or table."""
+"""Build secrets reach the build script and nothing else: no log, API response, dashboard, webhook, job record or table."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import logging
 
 import redis
 from cryptography.fernet import Fernet
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from conveyor.api import builds as builds_api
+from conveyor.api.app import create_app
 from conveyor.builds.store import BuildStore
 from conveyor.secrets import looks_encrypted
 from tests.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
+from tests.obs_support import Receiver
 from tests.waiting import wait_for
 
 SECRET = "sk-live-7f3a9c1e5b2d4f60"
@@ -23,9 +24,10 @@ ROTATED_OUT = "pw-from-a-removed-key-93ab"
 
 def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, workers, workdir, caplog,  # noqa: F811
                                                                      database_url, redis_url):
-    app = build_app()
-    api = FastAPI()
-    api.state.conveyor = app
+    receiver = Receiver()
+    app = build_app(job_failure_webhook_url=receiver.url, webhook_format="generic", webhook_backoff=0.05)
+    # The whole API (admin routes, dashboard) plus the builds router.
+    api = create_app(app)
     api.include_router(builds_api.router)
     client = TestClient(api)
     auth = {"Authorization": "Bearer admin-token"}
@@ -64,6 +66,8 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
     assert "bad key ***" in store.target("agent", "agent-leaky").status_reason
     wait_for(lambda: app.broker.get_job(failing.json()["job_id"]).state == "failed", timeout=10,
              message="the failed job's record")
+    wait_for(receiver.count, timeout=20, message="the failure alert")
+    receiver.close()
     assert "key is ***" in record.log
     assert hashlib.sha256(SECRET.encode()).hexdigest() in record.log  # the script saw the real value
     assert "old is unset" in stale_record.log
@@ -75,7 +79,16 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
                  client.get(f"/api/builds/{failed.id}", headers=auth).text,
                  client.get(f"/api/builds/{build_id}", headers=auth).text,
                  client.get("/api/builds/b-stale", headers=auth).text,
-                 client.get("/api/deployments/agent/agent-s", headers=auth).text]
+                 client.get("/api/deployments/agent/agent-s", headers=auth).text,
+                 client.get(f"/admin/jobs/{failing.json()['job_id']}", headers=auth).text]
+    # The admin API shows the jobs' payloads with env redacted; the dashboard likewise.
+    admin_views = [client.get(f"/api/admin/jobs/{ref.json()['job_id']}", headers=auth).json()
+                   for ref in (accepted, failing)]
+    assert all(view["payload"]["env"] == "[redacted]" for view in admin_views)
+    # The failure alert sent to chat says why, masked.
+    alerts = [r["body"] for r in receiver.requests]
+    assert any("bad key ***" in alert for alert in alerts)
+    responses += [json.dumps(admin_views), *alerts]
     # The job record (what the dashboard and the failure webhook read) holds the ciphertext only,
     # under the payload's secret_fields; the dashboard and webhook must redact those.
     job = app.broker.get_job(accepted.json()["job_id"])

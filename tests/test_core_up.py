@@ -9,7 +9,10 @@ import subprocess
 import sys
 import tempfile
 
+import httpx
+
 from tests.harness import ROOT
+from tests.servers import free_port
 from tests.waiting import wait_for
 
 
@@ -17,8 +20,10 @@ def test_up_then_enqueue_in_another_shell_moves_the_balance_once(clean_env, embe
     home = tempfile.mkdtemp(prefix="conveyor-home-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")
            and k not in ("REDIS_URL", "DATABASE_URL")}
+    port = free_port()
     env.update(HOME=home, PYTHONPATH=str(ROOT), CONVEYOR_DATA_DIR=str(embedded_data_dir),
-               CONVEYOR_SHUTDOWN_TIMEOUT="20")
+               CONVEYOR_SHUTDOWN_TIMEOUT="20", CONVEYOR_API_PORT=str(port), CONVEYOR_ADMIN_TOKEN="up-token",
+               CONVEYOR_METRICS_PORT="0")
     log = tmp_path / "up.log"
 
     def conveyor(*args):
@@ -42,7 +47,18 @@ def test_up_then_enqueue_in_another_shell_moves_the_balance_once(clean_env, embe
         wait_for(lambda: conveyor("ledger", "balance", "newcomer").stdout.strip() == "-0.010000",
                  timeout=60, message="the charge to be applied by the embedded stack")
         assert conveyor("ledger", "verify").returncode == 0
+        metrics = wait_for(lambda: _get(f"http://127.0.0.1:{port}/api/admin/queue-metrics", "up-token"),
+                           message="the API that conveyor up started")
+        assert metrics["critical"]["completedTotal"] == 1
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(60)
     assert code == 0, log.read_text()[-3000:]
+
+
+def _get(url: str, token: str):
+    try:
+        response = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    except httpx.TransportError:
+        return None
+    return response.json() if response.status_code == 200 else None

@@ -17,8 +17,8 @@ from fastapi import APIRouter, Body, Depends, HTTPException, status
 from ..builds.requests import request_build
 from ..builds.store import BuildStore
 from ..errors import EnqueueError, SecretKeyError
-from .runs import conveyor_app
-from .schedules import require_admin
+from .auth import require_admin
+from .deps import conveyor_app
 
 router = APIRouter(prefix="/api", tags=["builds"], dependencies=[Depends(require_admin)])
 

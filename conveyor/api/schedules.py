@@ -1,33 +1,20 @@
 """/api/schedules: create, list, show, pause, resume and delete cron schedules (admin token required).
 
-The routes read the process's :class:`~conveyor.app.App` from
-``request.app.state.conveyor`` (:func:`conveyor.api.runs.conveyor_app`). Schedules enqueue arbitrary jobs, so every
-route needs ``Authorization: Bearer $CONVEYOR_ADMIN_TOKEN``; with no token
-configured they are closed.
+Schedules enqueue arbitrary jobs, so every route needs the admin token
+(:func:`conveyor.api.auth.require_admin`): closed when none is configured.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InvalidSchedule, ScheduleNotFound
 from ..scheduling.schedules import Schedule, Schedules
-from .runs import conveyor_app
-
-
-def require_admin(request: Request, app=Depends(conveyor_app)) -> None:
-    """401 unless the request carries the admin token; closed when none is configured."""
-    token = app.settings.admin_token
-    if token is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "admin routes are closed: CONVEYOR_ADMIN_TOKEN is not set")
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "a valid admin bearer token is required",
-                            headers={"WWW-Authenticate": "Bearer"})
+from .auth import require_admin
+from .deps import conveyor_app
 
 
 router = APIRouter(prefix="/api/schedules", tags=["schedules"], dependencies=[Depends(require_admin)])
