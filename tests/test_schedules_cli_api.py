@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from conveyor.api import schedules as schedules_api
 from conveyor.scheduling.schedules import Schedules
-from tests.sched_jobs import make_app
+from tests.sched_jobs import make_app, runs
 
 
 def conveyor(*args: str) -> subprocess.CompletedProcess:
@@ -134,3 +134,34 @@ def test_two_scheduler_processes_fire_each_due_occurrence_once_and_stop_on_sigte
             handle.close()
             log.unlink()
     assert codes == [0, 0]
+
+
+def test_conveyor_up_runs_the_scheduler_with_the_workers(database_url, redis_url, clean_env):
+    import signal
+    import tempfile
+    from pathlib import Path
+
+    from tests.waiting import wait_for
+
+    for name, value in {"DATABASE_URL": database_url, "REDIS_URL": redis_url, "CONVEYOR_BROKER": "redis",
+                        "CONVEYOR_IMPORTS": "tests.sched_jobs", "CONVEYOR_SCHEDULER_INTERVAL": "0.1",
+                        "CONVEYOR_METRICS_PORT": "0", "CONVEYOR_SHUTDOWN_TIMEOUT": "10"}.items():
+        clean_env.setenv(name, value)
+    app = make_app(database_url, redis_url)
+    schedule = Schedules(app).create(cron="0 0 1 1 *", job="test.record", payload={"note": "from-up"})
+    with app.pool.connection() as conn:
+        conn.execute("UPDATE schedules SET next_fire_at = now() - interval '1 second'")
+    log = Path(tempfile.mkstemp(prefix="conveyor-up-")[1])
+    with log.open("wb") as out:
+        up = subprocess.Popen([sys.executable, "-m", "conveyor", "up", "--port", "0"], stdout=subprocess.DEVNULL,
+                              stderr=out)
+        try:
+            wait_for(lambda: runs(app) == [{"note": "from-up"}], timeout=90,
+                     message="the schedule's job to run under conveyor up")
+            assert Schedules(app).fires(schedule.id)[0]["status"] == "enqueued"
+        finally:
+            up.send_signal(signal.SIGTERM)
+            code = up.wait(timeout=60)
+            app.close()
+    assert code == 0, log.read_text()[-2000:]
+    log.unlink()

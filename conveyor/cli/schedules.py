@@ -48,27 +48,44 @@ def _app():
 
 
 def cmd_scheduler(args) -> int:
-    import signal
-    import threading
-
     from ..scheduling.scheduler import Scheduler
 
     app = _app()
     if args.interval is not None:
         app.settings = app.settings.model_copy(update={"scheduler_interval": args.interval})
-    scheduler = Scheduler(app)
     if args.once:
-        fired = scheduler.tick()
+        fired = Scheduler(app).tick()
         print(json.dumps({"fired": len([f for f in fired if not f.deduplicated]), "deduplicated":
                           len([f for f in fired if f.deduplicated])}))
         app.close()
         return 0
+    _run_until_signal(app)
+    return 0
+
+
+def run_scheduler() -> None:
+    """Fire due schedules until SIGTERM/SIGINT: the entry point of ``conveyor up``'s scheduler process."""
+    from ..app import App
+    from ..logs import configure_logging
+
+    app = App()
+    configure_logging(app.settings.log_level)
+    _run_until_signal(app)
+
+
+def _run_until_signal(app) -> None:
+    import signal
+    import threading
+
+    from ..scheduling.scheduler import Scheduler
+
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    scheduler.run(stop)
-    app.close()
-    return 0
+    try:
+        Scheduler(app).run(stop)
+    finally:
+        app.close()
 
 
 def cmd_create(args) -> int:
