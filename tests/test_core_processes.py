@@ -31,27 +31,6 @@ def settings(request, clean_env, redis_url, database_url):
     return make_settings(request.param, redis_url, database_url)
 
 
-@pytest.fixture
-def app(settings):
-    app = App(settings)
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def workers(settings, tmp_path):
-    started = []
-
-    def start(queues: str, processes: int = 1, **env) -> WorkerProcess:
-        worker = WorkerProcess(settings, queues, processes, log=tmp_path / f"worker-{len(started)}.log", **env)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.terminate()
-
-
 def ledger(database_url):
     with psycopg.connect(database_url) as conn:
         entries = conn.execute("SELECT count(*) FROM credit_entries").fetchone()[0]
