@@ -1,0 +1,155 @@
+"""``python -m bench``: run every measurement, repetitions interleaved, and write ``bench/RESULTS.md``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .credit import KINDS as CREDIT_KINDS
+from .credit import measure_credit
+from .peers import PEERS
+from .report import Results, render
+from .runner import MeasurementFailed, measure_latency, measure_throughput
+from .servers import Servers
+
+DEFAULT_OUTPUT = Path(__file__).with_name("RESULTS.md")
+
+#: The issue's run: 20,000 jobs, 2 processes x 8 threads, 500 latency jobs 10 ms apart, 3 repetitions.
+FULL = {"jobs": 20_000, "reps": 3, "latency_jobs": 500, "credit_ops": 5_000}
+#: A smoke run of about a minute: proves everything works, judges nothing.
+QUICK = {"jobs": 2_000, "reps": 1, "latency_jobs": 100, "credit_ops": 500}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run (2,000 jobs, 1 repetition)")
+    p.add_argument("--jobs", type=int, help=f"jobs per throughput run (default {FULL['jobs']:,})")
+    p.add_argument("--reps", type=int, help=f"repetitions of every measurement (default {FULL['reps']})")
+    p.add_argument("--latency-jobs", type=int, help=f"timed jobs per latency run (default {FULL['latency_jobs']})")
+    p.add_argument("--interval-ms", type=float, default=10.0, help="ms between latency jobs (default 10)")
+    p.add_argument("--credit-ops", type=int, help=f"charges per credit run (default {FULL['credit_ops']:,})")
+    p.add_argument("--processes", type=int, default=2, help="worker processes per peer (default 2)")
+    p.add_argument("--threads", type=int, default=8, help="threads (concurrency) per process (default 8)")
+    p.add_argument("--only", help="comma-separated peers and/or 'credit' to run; default all: "
+                   + ", ".join([*PEERS, "credit"]))
+    p.add_argument("--skip", default="", help="comma-separated scenarios to leave out: throughput, latency, credit")
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"report path (default {DEFAULT_OUTPUT})")
+    return p
+
+
+def make_plan(args: argparse.Namespace) -> dict:
+    base = QUICK if args.quick else FULL
+    plan = {key: getattr(args, key) or value for key, value in base.items()}
+    selected = [s.strip() for s in (args.only or "").split(",") if s.strip()]
+    unknown = sorted(set(selected) - {*PEERS, "credit"})
+    if unknown:
+        raise SystemExit(f"bench: unknown --only entries {unknown}; known: {', '.join([*PEERS, 'credit'])}")
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    plan.update(
+        quick=args.quick,
+        interval_ms=args.interval_ms,
+        processes=args.processes,
+        threads=args.threads,
+        peers_considered=[p for p in PEERS if not selected or p in selected],
+        credit=(not selected or "credit" in selected) and "credit" not in skip,
+        throughput="throughput" not in skip,
+        latency="latency" not in skip,
+    )
+    return plan
+
+
+def say(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def run(plan: dict, servers: Servers) -> Results:
+    """Every selected measurement, ``reps`` times, each repetition running every peer once."""
+    results = Results(plan=plan)
+    results.server_versions = server_versions(servers)
+    peers = []
+    for name in plan["peers_considered"]:
+        reason = PEERS[name].unavailable()
+        if reason:
+            results.skipped[name] = reason
+            say(f"{name}: {reason}")
+        else:
+            peers.append(PEERS[name])
+    if any(p.name.startswith("conveyor") for p in peers) or plan["credit"]:
+        from .peers.conveyor_peer import middleware_names
+
+        results.conveyor_middleware = middleware_names({"broker": "redis", "redis_url": servers.redis_url,
+                                                        "database_url": servers.admin_url})
+    common = {"processes": plan["processes"], "threads": plan["threads"]}
+    started = time.monotonic()
+    for rep in range(1, plan["reps"] + 1):
+        if plan["throughput"]:
+            for peer in peers:
+                _attempt(results, f"throughput/{peer.name} rep {rep}", results.throughput, peer.name,
+                         lambda: measure_throughput(peer, servers, jobs=plan["jobs"], tag=f"t{rep}", **common),
+                         lambda r: f"{r.rate:,.0f} jobs/s, enqueue {r.enqueue_rate:,.0f}/s, "
+                                   f"RSS {max(r.peak_rss_kb) // 1024} MiB")
+        if plan["latency"]:
+            for peer in peers:
+                _attempt(results, f"latency/{peer.name} rep {rep}", results.latency, peer.name,
+                         lambda: measure_latency(peer, servers, jobs=plan["latency_jobs"],
+                                                 interval=plan["interval_ms"] / 1000, tag=f"l{rep}", **common),
+                         lambda r: f"p50 {r.percentile(50):.2f} p95 {r.percentile(95):.2f} "
+                                   f"p99 {r.percentile(99):.2f} ms")
+        if plan["credit"]:
+            for kind in CREDIT_KINDS:
+                _attempt(results, f"credit/{kind} rep {rep}", results.credit, kind,
+                         lambda: measure_credit(kind, servers, ops=plan["credit_ops"], tag=f"c{rep}{kind}", **common),
+                         lambda r: f"{r.rate:,.0f} charges/s" + ("" if r.verified else " LEDGER NOT VERIFIED"))
+        servers.drop_databases()
+    results.wall_seconds = time.monotonic() - started
+    return results
+
+
+def _attempt(results: Results, label: str, into: dict, key: str, measure, summary) -> None:
+    """One measurement; a failure is recorded and reported, never turned into a figure."""
+    say(f"{label} ...")
+    try:
+        outcome = measure()
+    except MeasurementFailed as exc:
+        results.failures.append(f"{label}: {exc}".replace("\n", " / ")[:1500])
+        say(f"{label} FAILED: {exc}")
+        return
+    except Exception:
+        text = traceback.format_exc()
+        results.failures.append(f"{label}: {text.strip().splitlines()[-1]}")
+        say(f"{label} FAILED:\n{text}")
+        return
+    into.setdefault(key, []).append(outcome)
+    say(f"{label}: {summary(outcome)}")
+
+
+def server_versions(servers: Servers) -> dict:
+    out = {}
+    try:
+        out["redis-server"] = subprocess.run(["redis-server", "--version"], capture_output=True, text=True,
+                                             timeout=10).stdout.split()[2].removeprefix("v=")
+    except (OSError, IndexError, subprocess.SubprocessError):
+        out["redis-server"] = "unknown"
+    with servers.pg.connect() as conn:
+        number = conn.info.server_version  # e.g. 150010
+        out["postgres"] = f"{number // 10000}.{number % 10000}"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    plan = make_plan(args)
+    say(f"plan: {plan['jobs']:,} jobs x {plan['reps']} rep(s), peers: {', '.join(plan['peers_considered'])}"
+        + (", credit" if plan["credit"] else ""))
+    with Servers.start() as servers:
+        say(f"private Redis at {servers.redis_url}, Postgres on port {servers.pg.port}")
+        results = run(plan, servers)
+    results.load_after = os.getloadavg()
+    args.output.write_text(render(results))
+    say(f"wrote {args.output} ({results.wall_seconds / 60:.1f} min)")
+    return 1 if results.failures else 0
