@@ -14,6 +14,8 @@
 --   $ns:totals:$queue     hash completed / failed, never reset
 --   $ns:dedup:$key        job id that holds the key, with a TTL
 --   $ns:paused            set of paused queue names
+--   $ns:wake:$queue       at most one token: idle consumers of the queue
+--                         BLPOP it instead of sleeping blind (redis.py)
 --
 -- ARGV: command, now_ms, queue, worker_id, then the command's arguments.
 
@@ -37,8 +39,7 @@ local xmessages_key = xqueue_key .. ".msgs"
 local heartbeats_key = ns .. ":__heartbeats__"
 local acks_key = ns .. ":__acks__." .. worker .. "." .. queue
 local totals_key = ns .. ":totals:" .. canonical
-
-local STATES = {"waiting", "delayed", "active", "completed", "failed"}
+local wake_key = ns .. ":wake:" .. canonical
 
 local function job_key(id)
     return ns .. ":job:" .. id
@@ -48,15 +49,19 @@ local function index_key(state)
     return ns .. ":idx:" .. canonical .. ":" .. state
 end
 
--- Move a job record to a state, keeping exactly one index entry for it.
-local function set_state(id, state)
-    for _, s in ipairs(STATES) do
-        if s ~= state then
-            redis.call("zrem", index_key(s), id)
-        end
+-- Move a job record to a state, keeping exactly one index entry for it,
+-- and set any further fields ({name, value, ...}) in the same write.
+-- Every state change goes through here, so the record's "state" names the
+-- one index that holds the job: only that entry is removed (one ZREM, not
+-- one per state: this runs at every enqueue, start and ack).
+local function set_state(id, state, fields)
+    local record = job_key(id)
+    local previous = redis.call("hget", record, "state")
+    if previous and previous ~= state then
+        redis.call("zrem", index_key(previous), id)
     end
     redis.call("zadd", index_key(state), now, id)
-    redis.call("hset", job_key(id), "state", state, "updated_at", now)
+    redis.call("hset", record, "state", state, "updated_at", now, unpack(fields or {}))
 end
 
 -- True when the job record still points at this delivery: an older
@@ -67,6 +72,17 @@ end
 
 local function heartbeat()
     redis.call("zadd", heartbeats_key, now, worker)
+end
+
+-- Leave a token for the queue's idle consumers: one of them wakes at once
+-- instead of at the end of its back-off. One token is enough (whoever
+-- takes it fetches a batch and passes the token on if work remains), so
+-- tokens never pile up however many enqueues find the queue empty.
+local function wake()
+    if not is_delay_queue then
+        redis.call("rpush", wake_key, "1")
+        redis.call("ltrim", wake_key, 0, 0)
+    end
 end
 
 local function dead_letter(rid, data)
@@ -91,7 +107,10 @@ if command == "enqueue" then
         redis.call("set", dedup_key, id, "PX", dedup_ttl)
     end
     redis.call("hset", messages_key, rid, data)
-    redis.call("rpush", queue_key, rid)
+    -- Into an empty queue: its consumers may all be idle.
+    if redis.call("rpush", queue_key, rid) == 1 then
+        wake()
+    end
     local record = job_key(id)
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
@@ -130,6 +149,9 @@ elseif command == "fetch" then
             table.insert(out, data)
         end
     end
+    if #out > 0 and redis.call("llen", queue_key) > 0 then
+        wake()  -- more than this consumer could take: wake the next idle one
+    end
     return out
 
 -- start(rid, id) -> attempt number, counting every start of the job,
@@ -141,8 +163,7 @@ elseif command == "start" then
         return 0
     end
     local attempt = redis.call("hincrby", job_key(id), "attempts", 1)
-    set_state(id, "active")
-    redis.call("hset", job_key(id), "started_at", now, "worker", worker)
+    set_state(id, "active", {"started_at", now, "worker", worker})
     return attempt
 
 -- ack(rid, id, retention_ms): the delivery is done. A delay-queue ack
@@ -154,8 +175,7 @@ elseif command == "ack" then
         redis.call("hdel", messages_key, rid)
     end
     if not is_delay_queue and is_current(id, rid) then
-        set_state(id, "completed")
-        redis.call("hset", job_key(id), "finished_at", now)
+        set_state(id, "completed", {"finished_at", now})
         redis.call("hdel", job_key(id), "error")
         redis.call("pexpire", job_key(id), retention)
         redis.call("hincrby", totals_key, "completed", 1)
@@ -173,8 +193,7 @@ elseif command == "nack" then
         end
     end
     if is_current(id, rid) then
-        set_state(id, "failed")
-        redis.call("hset", job_key(id), "finished_at", now, "error", err)
+        set_state(id, "failed", {"finished_at", now, "error", err})
         redis.call("pexpire", job_key(id), retention)
         redis.call("hincrby", totals_key, "failed", 1)
     end
@@ -201,6 +220,7 @@ elseif command == "requeue" then
             redis.call("lpush", queue_key, rid)
         end
     end
+    wake()
     return 1
 
 -- maintain(heartbeat_timeout_ms, retention_ms, dead_message_ttl_ms) -> ids of recovered jobs.
@@ -230,6 +250,9 @@ elseif command == "maintain" then
         if #redis.call("keys", ns .. ":__acks__." .. dead .. ".*") == 0 then
             redis.call("zrem", heartbeats_key, dead)
         end
+    end
+    if #recovered > 0 then
+        wake()
     end
     for _, state in ipairs({"completed", "failed"}) do
         redis.call("zremrangebyscore", index_key(state), 0, now - retention)
