@@ -8,38 +8,14 @@ import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from .credit import KINDS as CREDIT_KINDS
 from .credit import measure_credit
+from .options import FULL, QUICK, build_parser
 from .peers import PEERS
 from .report import Results, render
 from .runner import MeasurementFailed, measure_latency, measure_throughput
 from .servers import Servers
-
-DEFAULT_OUTPUT = Path(__file__).with_name("RESULTS.md")
-
-#: The issue's run: 20,000 jobs, 2 processes x 8 threads, 500 latency jobs 10 ms apart, 3 repetitions.
-FULL = {"jobs": 20_000, "reps": 3, "latency_jobs": 500, "credit_ops": 5_000}
-#: A smoke run of about a minute: proves everything works, judges nothing.
-QUICK = {"jobs": 2_000, "reps": 1, "latency_jobs": 100, "credit_ops": 500}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="a ~1 minute smoke run (2,000 jobs, 1 repetition)")
-    p.add_argument("--jobs", type=int, help=f"jobs per throughput run (default {FULL['jobs']:,})")
-    p.add_argument("--reps", type=int, help=f"repetitions of every measurement (default {FULL['reps']})")
-    p.add_argument("--latency-jobs", type=int, help=f"timed jobs per latency run (default {FULL['latency_jobs']})")
-    p.add_argument("--interval-ms", type=float, default=10.0, help="ms between latency jobs (default 10)")
-    p.add_argument("--credit-ops", type=int, help=f"charges per credit run (default {FULL['credit_ops']:,})")
-    p.add_argument("--processes", type=int, default=2, help="worker processes per peer (default 2)")
-    p.add_argument("--threads", type=int, default=8, help="threads (concurrency) per process (default 8)")
-    p.add_argument("--only", help="comma-separated peers and/or 'credit' to run; default all: "
-                   + ", ".join([*PEERS, "credit"]))
-    p.add_argument("--skip", default="", help="comma-separated scenarios to leave out: throughput, latency, credit")
-    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"report path (default {DEFAULT_OUTPUT})")
-    return p
 
 
 def make_plan(args: argparse.Namespace) -> dict:
@@ -142,7 +118,11 @@ def server_versions(servers: Servers) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_from_args(build_parser().parse_args(argv))
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run with parsed options (``conveyor bench`` parses them itself); exit code 1 if anything failed."""
     plan = make_plan(args)
     say(f"plan: {plan['jobs']:,} jobs x {plan['reps']} rep(s), peers: {', '.join(plan['peers_considered'])}"
         + (", credit" if plan["credit"] else ""))

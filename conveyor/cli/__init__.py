@@ -14,6 +14,7 @@ from ..settings import env_help
 COMMAND_MODULES = (
     "conveyor.cli.core",
     "conveyor.cli.ledger",
+    "conveyor.cli.bench",
 )
 
 
