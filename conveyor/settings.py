@@ -21,6 +21,10 @@ BrokerName = Literal["redis", "postgres", "inline"]
 
 
 def _default_data_dir() -> Path:
+    # As root, pgserver runs Postgres as its own system user and opens every
+    # parent directory to it: never do that to /root, use /var/lib instead.
+    if os.geteuid() == 0:
+        return Path("/var/lib/conveyor")
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "conveyor"
 

@@ -137,3 +137,16 @@ def test_paused_queue_is_not_claimed_until_resumed(app, database_url):
         assert app.broker.queue_counts("indexing").paused
         app.broker.resume_queue("indexing")
         wait_for(lambda: finished(app, ref.id), message="the resumed queue's job")
+
+
+def test_time_limit_stops_a_job_that_runs_too_long(clean_env, redis_url, database_url, request):
+    app = App(make_settings("redis", redis_url, database_url,
+                            queues={"indexing": {"time_limit": 0.5, "max_attempts": 1}}))
+    try:
+        with running(app, "indexing"):
+            ref = app.jobs.enqueue("test.probe.indexing", {"token": "slow", "sleep": 5})
+            record = wait_for(lambda: finished(app, ref.id), timeout=20, message="the time limit to end the job")
+        assert record.state == "failed" and "TimeLimitExceeded" in record.error
+        assert probe_runs(database_url, "slow")[0]["finished_at"] is None
+    finally:
+        app.close()

@@ -59,6 +59,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     # -- plumbing -----------------------------------------------------------
 
+    def close(self) -> None:
+        """Close the connection pool (Dramatiq's RedisBroker leaves it to the garbage collector)."""
+        self.client.close()
+        self.client.connection_pool.disconnect()
+
     def _call(self, command: str, queue: str, *args: Any, client: Any = None) -> Any:
         argv = [command, now_ms(), queue, self.broker_id, *args]
         return self._jobs(keys=[self.namespace], args=argv, client=client)
@@ -194,17 +199,11 @@ def _record(job_id: str, raw: dict) -> JobRecord | None:
 
 
 class _Consumer(_RedisConsumer):
-    """Dramatiq's consumer on conveyor's script; an undecodable message fails alone.
-
-    An idle consumer waits on its queue's wake-up token (``BLPOP``) rather
-    than sleeping blind, so a job enqueued into an empty queue starts
-    within a round trip instead of after up to the consumer's back-off.
-    """
+    """Dramatiq's consumer on conveyor's script; an undecodable message fails alone."""
 
     def __init__(self, broker, queue_name, prefetch, timeout) -> None:
         super().__init__(broker, queue_name, prefetch, timeout)
-        # Delay queues are fetched for their eta, not woken by enqueues.
-        self.wake_key = None if queue_name.endswith(".DQ") else f"{broker.namespace}:wake:{queue_name}"
+        self.wake_key = f"{broker.namespace}:wake:{queue_name}"
 
     def ack(self, message: SafeMessageProxy) -> None:
         self._post("ack", message, self.broker.retention_ms)
@@ -245,24 +244,16 @@ class _Consumer(_RedisConsumer):
                 if room > 0:
                     fetched = self.message_cache = self.broker._call("fetch", self.queue_name, room)
                 if not fetched:
-                    # Back off progressively up to the idle timeout, as Dramatiq does.
+                    # Wait for an enqueue's wake-up, at most the (growing) idle backoff: a
+                    # lost wake-up costs one backoff, never a job.
                     self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
-                    self._idle(backoff_ms / 1000, has_room=room > 0)
+                    if room > 0:
+                        self.broker.client.blpop([self.wake_key], timeout=backoff_ms / 1000)
+                    else:
+                        time.sleep(backoff_ms / 1000)
                     return None
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
-
-    def _idle(self, seconds: float, *, has_room: bool) -> None:
-        """Wait before the next fetch: woken by an enqueue when there is room for a job, blind otherwise.
-
-        A consumer whose prefetch is full waits for its own threads, not for
-        work: it must not take the token an idle consumer is waiting for.
-        """
-        if has_room and self.wake_key is not None:
-            # BLPOP's timeout 0 would block forever: never pass less than 1 ms.
-            self.broker.client.blpop([self.wake_key], timeout=max(seconds, 0.001))
-        else:
-            time.sleep(seconds)
 
     @property
     def outstanding_message_count(self) -> int:

@@ -122,7 +122,8 @@ class Supervisor:
                     child.process = None
                     # A child that lived long was fine before it died: restart at once.
                     child.failures = 0 if now - child.started > 60 else child.failures + 1
-                    child.restart_at = now + min(RESTART_BACKOFF_MAX, 0.5 * (2 ** child.failures) - 0.5)
+                    delay = 0.0 if child.failures == 0 else min(RESTART_BACKOFF_MAX, 0.25 * 2 ** (child.failures - 1))
+                    child.restart_at = now + delay
                     log_event("worker_died", level="error", queue=child.queue, job=None, job_id=None,
                               attempt=None, exitcode=code, restart_in_s=round(child.restart_at - now, 2))
                 if child.process is None and now >= child.restart_at:

@@ -14,8 +14,8 @@
 --   $ns:totals:$queue     hash completed / failed, never reset
 --   $ns:dedup:$key        job id that holds the key, with a TTL
 --   $ns:paused            set of paused queue names
---   $ns:wake:$queue       at most one token: idle consumers of the queue
---                         BLPOP it instead of sleeping blind (redis.py)
+--   $ns:wake:$queue       a short list idle consumers block on (BLPOP), so a
+--                         new message starts in milliseconds, not a poll later
 --
 -- ARGV: command, now_ms, queue, worker_id, then the command's arguments.
 
@@ -39,7 +39,6 @@ local xmessages_key = xqueue_key .. ".msgs"
 local heartbeats_key = ns .. ":__heartbeats__"
 local acks_key = ns .. ":__acks__." .. worker .. "." .. queue
 local totals_key = ns .. ":totals:" .. canonical
-local wake_key = ns .. ":wake:" .. canonical
 
 local function job_key(id)
     return ns .. ":job:" .. id
@@ -74,17 +73,6 @@ local function heartbeat()
     redis.call("zadd", heartbeats_key, now, worker)
 end
 
--- Leave a token for the queue's idle consumers: one of them wakes at once
--- instead of at the end of its back-off. One token is enough (whoever
--- takes it fetches a batch and passes the token on if work remains), so
--- tokens never pile up however many enqueues find the queue empty.
-local function wake()
-    if not is_delay_queue then
-        redis.call("rpush", wake_key, "1")
-        redis.call("ltrim", wake_key, 0, 0)
-    end
-end
-
 local function dead_letter(rid, data)
     redis.call("zadd", xqueue_key, now, rid)
     redis.call("hset", xmessages_key, rid, data)
@@ -107,10 +95,11 @@ if command == "enqueue" then
         redis.call("set", dedup_key, id, "PX", dedup_ttl)
     end
     redis.call("hset", messages_key, rid, data)
-    -- Into an empty queue: its consumers may all be idle.
-    if redis.call("rpush", queue_key, rid) == 1 then
-        wake()
-    end
+    redis.call("rpush", queue_key, rid)
+    -- Wake one idle consumer; the list is capped so nobody waiting is harmless.
+    local wake_key = ns .. ":wake:" .. queue
+    redis.call("lpush", wake_key, 1)
+    redis.call("ltrim", wake_key, 0, 63)
     local record = job_key(id)
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
@@ -148,9 +137,6 @@ elseif command == "fetch" then
             table.insert(out, rid)
             table.insert(out, data)
         end
-    end
-    if #out > 0 and redis.call("llen", queue_key) > 0 then
-        wake()  -- more than this consumer could take: wake the next idle one
     end
     return out
 
@@ -220,7 +206,6 @@ elseif command == "requeue" then
             redis.call("lpush", queue_key, rid)
         end
     end
-    wake()
     return 1
 
 -- maintain(heartbeat_timeout_ms, retention_ms, dead_message_ttl_ms) -> ids of recovered jobs.
@@ -250,9 +235,6 @@ elseif command == "maintain" then
         if #redis.call("keys", ns .. ":__acks__." .. dead .. ".*") == 0 then
             redis.call("zrem", heartbeats_key, dead)
         end
-    end
-    if #recovered > 0 then
-        wake()
     end
     for _, state in ipairs({"completed", "failed"}) do
         redis.call("zremrangebyscore", index_key(state), 0, now - retention)
