@@ -47,6 +47,10 @@ class BrokerUnavailable(EnqueueError):
     """The broker could not be reached; the job was not enqueued and its key is free."""
 
 
+class TransactionalEnqueueUnsupported(EnqueueError):
+    """``connection=`` was given but the broker keeps jobs outside Postgres (only the postgres broker can)."""
+
+
 # -- running ------------------------------------------------------------------
 
 

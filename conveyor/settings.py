@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     pg_recovery_seconds: float = Field(
         10, gt=0, description="Postgres broker: interval of the dead-worker recovery pass."
     )
+    pg_lease_seconds: float = Field(
+        15, gt=0,
+        description="Postgres broker: seconds without a heartbeat (sent every third of it) before a "
+                    "worker's jobs go back to the queue; with the recovery interval, at most 25 s by default.",
+    )
     price_per_1k_tokens: Decimal = Field(
         Decimal("0.002"), ge=0, description="Credits charged per 1000 tokens."
     )

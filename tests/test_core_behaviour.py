@@ -12,7 +12,7 @@ from conveyor.app import App
 from tests.harness import make_settings, peak_concurrency, probe_dead, probe_runs, running
 from tests.waiting import wait_for
 
-BROKERS = ["redis", "inline"]
+BROKERS = ["redis", "postgres", "inline"]
 
 
 @pytest.fixture(params=BROKERS)

@@ -97,6 +97,9 @@ class ConveyorBroker:
     #: True when jobs survive the process (redis, postgres); False for inline.
     persistent: bool = True
 
+    #: True when ``enqueue_jobs`` takes ``connection=``: jobs enqueued in the caller's transaction (postgres).
+    transactional_enqueue: bool = False
+
     def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
         """Enqueue messages, each atomically with its key: a key held by an existing job returns that job."""
         raise NotImplementedError

@@ -9,7 +9,7 @@ from dramatiq import Message
 from pydantic import BaseModel, ValidationError
 
 from ..brokers.base import EnqueueItem, JobRef
-from ..errors import InvalidPayload, PayloadTooLarge, UnknownJob
+from ..errors import InvalidPayload, PayloadTooLarge, TransactionalEnqueueUnsupported, UnknownJob
 from .payloads import Payload
 
 if TYPE_CHECKING:
@@ -41,19 +41,32 @@ class JobQueue:
     def __init__(self, app: "App") -> None:
         self.app = app
 
-    def enqueue(self, job: str, payload: Any, *, key: str | None = None, delay: float | None = None) -> JobRef:
+    def enqueue(self, job: str, payload: Any, *, key: str | None = None, delay: float | None = None,
+                connection: Any = None) -> JobRef:
         """Enqueue one job. With ``key``, a second enqueue within ``CONVEYOR_DEDUP_TTL`` returns the first job.
+
+        With ``connection`` (a psycopg connection to the broker's database;
+        postgres broker only), the job is enqueued inside that connection's
+        transaction: it exists if and only if the transaction commits.
 
         Raises :class:`~conveyor.errors.EnqueueError` subclasses; when one is raised nothing was enqueued.
         """
-        return self.enqueue_many([JobRequest(job, payload, key, delay)])[0]
+        return self.enqueue_many([JobRequest(job, payload, key, delay)], connection=connection)[0]
 
-    def enqueue_many(self, requests: Iterable[JobRequest | Mapping[str, Any]]) -> list[JobRef]:
+    def enqueue_many(self, requests: Iterable[JobRequest | Mapping[str, Any]], *,
+                     connection: Any = None) -> list[JobRef]:
         """Enqueue a batch in one round trip. Every payload is validated before anything is sent."""
+        broker = self.app.broker
+        if connection is not None and not broker.transactional_enqueue:
+            raise TransactionalEnqueueUnsupported(
+                f"the {self.app.settings.broker_name} broker cannot enqueue inside a database transaction "
+                f"(connection=...); only CONVEYOR_BROKER=postgres keeps jobs in Postgres")
         items = [self.prepare(r if isinstance(r, JobRequest) else JobRequest(**r)) for r in requests]
         if not items:
             return []
-        return self.app.broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
+        if connection is not None:
+            return broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl, connection=connection)
+        return broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
 
     def prepare(self, request: JobRequest) -> EnqueueItem:
         """Validate one request and build its message, or raise a clear error naming job and field."""

@@ -1,0 +1,255 @@
+-- Named queries of the Postgres broker (postgres.py, postgres_consumer.py,
+-- postgres_listen.py). The table is described in
+-- conveyor/ledger/migrations/0010_jobs.sql.
+
+-- name: enqueue
+-- Insert a batch of jobs; a row whose id or key is taken is skipped (the
+-- caller then looks the key's holder up). One NOTIFY per queue that got a
+-- job, sent when the enqueue's transaction commits, wakes idle workers.
+WITH ins AS (
+    INSERT INTO conveyor_jobs AS j (id, queue, job, priority, max_attempts, job_key, key_expires_at,
+                                    message, error, available_at)
+    SELECT i.id, i.queue, i.job, i.priority, i.max_attempts, i.job_key,
+           CASE WHEN i.job_key IS NOT NULL THEN now() + make_interval(secs => %(dedup_ttl)s) END,
+           i.message::jsonb, i.error, now() + make_interval(secs => i.delay)
+    FROM unnest(%(ids)s::text[], %(queues)s::text[], %(jobs)s::text[], %(priorities)s::int[],
+                %(max_attempts)s::int[], %(keys)s::text[], %(messages)s::text[], %(errors)s::text[],
+                %(delays)s::float8[])
+         AS i(id, queue, job, priority, max_attempts, job_key, message, error, delay)
+    ON CONFLICT DO NOTHING
+    RETURNING j.id, j.queue
+), woke AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM ins) q
+)
+SELECT ins.id, (SELECT count(*) FROM woke) FROM ins
+
+-- name: key_holders
+-- Who holds these keys, and whether their hold is still within the dedup TTL.
+SELECT job_key, id, key_expires_at > now() AS live
+FROM conveyor_jobs WHERE job_key = ANY(%(keys)s::text[])
+
+-- name: release_expired_keys
+UPDATE conveyor_jobs SET job_key = NULL
+WHERE job_key = ANY(%(keys)s::text[]) AND key_expires_at <= now()
+
+-- name: claim
+-- Claim up to `limit` runnable jobs in one statement: lock them skipping
+-- rows other workers hold, mark them in progress, stamp the pick time and
+-- the worker, count the delivery. FIFO by available time within priority.
+WITH picked AS (
+    SELECT id FROM conveyor_jobs
+    WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
+    ORDER BY priority, available_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE conveyor_jobs j
+SET status = 'in_progress', delivery = j.delivery + 1, worker_id = %(worker)s, picked_at = now()
+FROM picked WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.job, j.delivery, j.priority, j.available_at, j.message::text
+
+-- name: next_due
+-- Seconds until the queue's next pending job is runnable (NULL: none, or
+-- the queue is paused). At most 0 when one is runnable already: rows
+-- another worker had locked during the claim, or just turned due.
+SELECT extract(epoch FROM min(available_at) - now())::float8
+FROM conveyor_jobs
+WHERE queue = %(queue)s AND status = 'pending'
+  AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
+
+-- name: start
+-- A claimed job starts: count the attempt. No row when the job was deleted
+-- or this delivery is no longer the current one.
+UPDATE conveyor_jobs SET attempt = attempt + 1, started_at = now()
+WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
+RETURNING attempt
+
+-- name: finish
+-- Apply a batch of outcomes of current deliveries: done, failed (with the
+-- error) or pending (handed back unstarted). Outcomes of superseded
+-- deliveries match no row. Totals move in the same statement.
+WITH f AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(deliveries)s::int[], %(statuses)s::text[], %(errors)s::text[])
+        AS f(id, delivery, status, error)
+), moved AS (
+    UPDATE conveyor_jobs j
+    SET status = f.status,
+        error = CASE WHEN f.status = 'pending' THEN j.error ELSE f.error END,
+        completed_at = CASE WHEN f.status = 'pending' THEN NULL ELSE now() END,
+        worker_id = NULL,
+        picked_at = CASE WHEN f.status = 'pending' THEN NULL ELSE j.picked_at END
+    FROM f
+    WHERE j.id = f.id AND j.delivery = f.delivery AND j.status = 'in_progress'
+    RETURNING j.queue, j.status
+), totals AS (
+    INSERT INTO conveyor_queue_totals AS t (queue, slot, completed, failed)
+    SELECT queue, %(slot)s, count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'failed')
+    FROM moved WHERE status <> 'pending' GROUP BY queue
+    ON CONFLICT (queue, slot) DO UPDATE
+        SET completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed
+)
+SELECT count(*) FROM moved
+
+-- name: retry
+-- The current delivery failed and runs again after `delay` seconds (a
+-- retry's backoff, or RetryLater): back to pending with its new message.
+WITH r AS (
+    UPDATE conveyor_jobs
+    SET status = 'pending', available_at = now() + make_interval(secs => %(delay)s),
+        message = %(message)s::jsonb, error = %(error)s, worker_id = NULL, picked_at = NULL
+    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
+    RETURNING queue
+)
+SELECT pg_notify(%(channel)s, queue) FROM r
+
+-- name: fail_malformed
+-- A claimed row whose message cannot be decoded fails alone. Returns
+-- whether this call claimed the job's final failure.
+WITH old AS (
+    SELECT id, final_failure_at IS NULL AS unclaimed FROM conveyor_jobs
+    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
+    FOR UPDATE
+), moved AS (
+    UPDATE conveyor_jobs j
+    SET status = 'failed', error = %(error)s, completed_at = now(), worker_id = NULL,
+        final_failure_at = coalesce(j.final_failure_at, now())
+    FROM old WHERE j.id = old.id
+    RETURNING j.queue, old.unclaimed
+), totals AS (
+    INSERT INTO conveyor_queue_totals AS t (queue, slot, failed)
+    SELECT queue, %(slot)s, 1 FROM moved
+    ON CONFLICT (queue, slot) DO UPDATE SET failed = t.failed + 1
+)
+SELECT unclaimed FROM moved
+
+-- name: claim_final_failure
+UPDATE conveyor_jobs SET final_failure_at = now()
+WHERE id = %(id)s AND final_failure_at IS NULL
+RETURNING id
+
+-- name: listen
+-- The channel is postgres.py's CHANNEL; the enqueue's NOTIFY names the queue.
+LISTEN conveyor_jobs
+
+-- name: heartbeat
+INSERT INTO conveyor_workers (id, hostname, pid, queues, heartbeat_at)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, now())
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), queues = EXCLUDED.queues
+
+-- name: forget_worker
+DELETE FROM conveyor_workers WHERE id = %(id)s
+
+-- name: recover
+-- Rows held by workers whose heartbeat is older than the lease (or who
+-- are gone): back to pending, or failed when their attempts are spent.
+-- SKIP LOCKED and the re-check of status and worker under the row lock
+-- make concurrent passes take each row once. Returns the moved rows;
+-- run_hook marks the failures whose final-failure hook this pass claimed.
+WITH stuck AS (
+    SELECT j.id, j.final_failure_at IS NULL AS unclaimed,
+           coalesce(j.attempt >= j.max_attempts
+                    + coalesce((j.message -> 'options' ->> 'deferrals')::int, 0), false) AS spent
+    FROM conveyor_jobs j
+    WHERE j.status = 'in_progress'
+      AND NOT EXISTS (SELECT 1 FROM conveyor_workers w
+                      WHERE w.id = j.worker_id
+                        AND w.heartbeat_at >= now() - make_interval(secs => %(lease)s))
+    ORDER BY j.picked_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+), moved AS (
+    UPDATE conveyor_jobs j
+    SET status = CASE WHEN s.spent THEN 'failed' ELSE 'pending' END,
+        error = CASE WHEN s.spent
+                     THEN 'WorkerLost: its worker stopped heartbeating during attempt '
+                          || j.attempt || ', the last one'
+                     ELSE j.error END,
+        completed_at = CASE WHEN s.spent THEN now() END,
+        final_failure_at = CASE WHEN s.spent THEN coalesce(j.final_failure_at, now()) ELSE j.final_failure_at END,
+        worker_id = NULL, picked_at = NULL
+    FROM stuck s WHERE j.id = s.id
+    RETURNING j.id, j.queue, j.job, j.status, s.spent AND s.unclaimed AS run_hook, j.attempt, j.error,
+              j.message::text
+), totals AS (
+    INSERT INTO conveyor_queue_totals AS t (queue, slot, failed)
+    SELECT queue, %(slot)s, count(*) FROM moved WHERE status = 'failed' GROUP BY queue
+    ON CONFLICT (queue, slot) DO UPDATE SET failed = t.failed + EXCLUDED.failed
+)
+SELECT id, queue, job, status, run_hook, attempt, error, message FROM moved
+
+-- name: release_orphans
+-- Rows this live worker holds but no longer knows about (a claim whose
+-- answer was lost with its connection): back to pending.
+UPDATE conveyor_jobs SET status = 'pending', worker_id = NULL, picked_at = NULL
+WHERE status = 'in_progress' AND worker_id = %(worker)s
+  AND picked_at < now() - make_interval(secs => %(lease)s)
+  AND id <> ALL(%(held)s::text[])
+RETURNING id, queue
+
+-- name: forget_dead_workers
+DELETE FROM conveyor_workers
+WHERE heartbeat_at < now() - make_interval(secs => %(after)s)
+
+-- name: prune
+-- Finished jobs older than the retention, a batch at a time.
+DELETE FROM conveyor_jobs WHERE id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE status IN ('done', 'failed') AND completed_at < now() - make_interval(secs => %(retention)s)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+
+-- name: counts
+SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS waiting,
+       count(*) FILTER (WHERE status = 'pending' AND available_at > now()) AS delayed,
+       count(*) FILTER (WHERE status = 'in_progress') AS active,
+       (SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'failed') AS failed,
+       (SELECT coalesce(sum(completed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS completed_total,
+       (SELECT coalesce(sum(failed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS failed_total,
+       EXISTS (SELECT 1 FROM conveyor_paused_queues WHERE queue = %(queue)s) AS paused
+FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pending', 'in_progress')
+
+-- name: get_job
+SELECT id, queue, job, status, available_at > now() AS delayed, attempt, job_key, message -> 'args' -> 0,
+       error, created_at, started_at, completed_at, available_at
+FROM conveyor_jobs WHERE id = %(id)s
+
+-- name: list_waiting
+SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
+       error, created_at, started_at, completed_at, available_at
+FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
+ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: list_delayed
+SELECT id, queue, job, status, true, attempt, job_key, message -> 'args' -> 0,
+       error, created_at, started_at, completed_at, available_at
+FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at > now()
+ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: list_active
+SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
+       error, created_at, started_at, completed_at, available_at
+FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'in_progress'
+ORDER BY picked_at DESC LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: list_finished
+SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
+       error, created_at, started_at, completed_at, available_at
+FROM conveyor_jobs WHERE queue = %(queue)s AND status = %(status)s
+ORDER BY completed_at DESC LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: pause
+INSERT INTO conveyor_paused_queues (queue) VALUES (%(queue)s) ON CONFLICT DO NOTHING
+
+-- name: resume
+-- Resuming wakes the queue's workers at once.
+WITH gone AS (DELETE FROM conveyor_paused_queues WHERE queue = %(queue)s RETURNING queue)
+SELECT pg_notify(%(channel)s, %(queue)s)
+
+-- name: unfinished
+-- Jobs of a queue not yet done or failed (broker.join).
+SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pending', 'in_progress')
+
+-- name: flush
+DELETE FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending'

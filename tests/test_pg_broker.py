@@ -1,0 +1,295 @@
+"""The Postgres broker inside one process: claims, wake-ups, keys, transactions, recovery.
+
+Queue behaviour shared with the other brokers (ack, retry, delay, dedup,
+concurrency, pause) is in test_core_behaviour.py; this file covers what is
+particular to one table being the queue. Crashes are simulated in the data
+(an aged heartbeat, a row moved by hand), never slept on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+import psycopg
+import pytest
+from dramatiq import Message
+
+from conveyor.app import App
+from conveyor.errors import TransactionalEnqueueUnsupported
+from tests.harness import make_settings, probe_dead, probe_runs, running
+from tests.waiting import wait_for
+
+
+@pytest.fixture
+def make_app(clean_env, database_url):
+    apps = []
+
+    def make(**overrides) -> App:
+        app = App(make_settings("postgres", None, database_url, **overrides))
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+@pytest.fixture
+def app(make_app):
+    return make_app()
+
+
+def sql(database_url: str, query: str, params=None) -> list[tuple]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def finished(app, job_id):
+    record = app.broker.get_job(job_id)
+    return record if record and record.state in ("completed", "failed") else None
+
+
+def raw_insert(database_url: str, queue: str, job: str, message: str) -> str:
+    """A row written without the broker: no NOTIFY, no validation."""
+    job_id = str(uuid.uuid4())
+    sql(database_url, "INSERT INTO conveyor_jobs (id, queue, job, message) VALUES (%s, %s, %s, %s::jsonb)",
+        (job_id, queue, job, message))
+    return job_id
+
+
+def probe_message(job_id: str, queue: str, token: str) -> str:
+    message = Message(queue_name=queue, actor_name=f"test.probe.{queue}", args=({"token": token},), kwargs={},
+                      options={}, message_id=job_id)
+    return message.encode().decode()
+
+
+# -- claim ----------------------------------------------------------------------
+
+
+def test_claim_takes_a_fifo_batch_up_to_the_prefetch_and_marks_it_in_progress(app, database_url):
+    refs = [app.jobs.enqueue("test.probe.indexing", {"token": f"fifo-{i}"}) for i in range(6)]
+    consumer = app.broker.consume("indexing", prefetch=4, timeout=1000)
+    try:
+        first = next(consumer)
+        rows = sql(database_url, "SELECT id, worker_id, delivery, picked_at IS NOT NULL FROM conveyor_jobs "
+                                 "WHERE status = 'in_progress' ORDER BY picked_at")
+        assert len(rows) == 4, "one claim takes the whole room of the prefetch"
+        assert {r[1] for r in rows} == {app.broker.worker_id}
+        assert all(r[2] == 1 and r[3] for r in rows)
+        got = [first] + [next(consumer) for _ in range(3)]
+        assert [m.message_id for m in got] == [r.id for r in refs[:4]], "first enqueued, first claimed"
+        assert app.broker.get_job(refs[4].id).state == "waiting"
+        consumer.requeue(got)  # what a stopping worker does with messages it never started
+    finally:
+        consumer.close()
+    assert app.broker.queue_counts("indexing").waiting == 6
+
+
+def test_outcome_of_a_superseded_delivery_changes_nothing(app, database_url):
+    ref = app.jobs.enqueue("test.probe.indexing", {"token": "twice"})
+    consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)
+    try:
+        old = next(consumer)
+        # Its worker is declared dead and another worker claims the job again.
+        sql(database_url, "UPDATE conveyor_jobs SET status = 'pending', worker_id = NULL WHERE id = %s", (ref.id,))
+        consumer.held.clear()
+        new = next(consumer)
+        assert (old.options["pg_delivery"], new.options["pg_delivery"]) == (1, 2)
+        assert app.broker.start_job(old) == 0, "a superseded delivery does not start"
+        assert app.broker.start_job(new) == 1
+        consumer.ack(old)
+        app.broker._outbox.write(app.broker)
+        assert app.broker.get_job(ref.id).state == "active"
+        consumer.ack(new)
+        app.broker._outbox.write(app.broker)
+        assert app.broker.get_job(ref.id).state == "completed"
+    finally:
+        consumer.close()
+
+
+def test_start_of_a_deleted_job_returns_zero(app, database_url):
+    ref = app.jobs.enqueue("test.probe.indexing", {"token": "deleted"})
+    consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)
+    try:
+        message = next(consumer)
+        sql(database_url, "DELETE FROM conveyor_jobs WHERE id = %s", (ref.id,))
+        assert app.broker.start_job(message) == 0
+    finally:
+        consumer.close()
+
+
+def test_malformed_row_fails_alone_with_a_clear_error_and_its_hook_runs(app, database_url):
+    with running(app, "critical"):
+        bad = raw_insert(database_url, "critical", "test.probe.critical", json.dumps({"not": "a message"}))
+        good = app.jobs.enqueue("test.probe.critical", {"token": "after-malformed"})
+        wait_for(lambda: finished(app, good.id), message="the good job")
+        record = wait_for(lambda: finished(app, bad), message="the malformed row to fail")
+    assert record.state == "failed"
+    assert record.error.startswith("MalformedMessage: the stored message cannot be decoded")
+    assert app.broker.get_job(good.id).state == "completed"
+    assert [(d["job_id"], d["token"]) for d in probe_dead(database_url)] == [(bad, None)]
+    assert app.broker.queue_counts("critical").failed_total == 1
+
+
+# -- wake-ups -------------------------------------------------------------------------
+
+
+def test_notify_wakes_an_idle_worker_long_before_the_poll(make_app, database_url):
+    app = make_app(pg_poll_seconds=60)
+    with running(app, "critical"):
+        first = app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})
+        wait_for(lambda: finished(app, first.id), timeout=10)
+        # The consumer now sleeps until a notification or a minute from now.
+        ref = app.jobs.enqueue("test.probe.critical", {"token": "woken"})
+        wait_for(lambda: finished(app, ref.id), timeout=10, message="the NOTIFY to wake the worker")
+
+
+def test_job_inserted_without_a_notification_is_picked_up_by_the_poll(make_app, database_url):
+    app = make_app(pg_poll_seconds=1)
+    with running(app, "critical"):
+        first = app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})
+        wait_for(lambda: finished(app, first.id), timeout=10)
+        job_id = str(uuid.uuid4())
+        raw_insert_id = sql(
+            database_url,
+            "INSERT INTO conveyor_jobs (id, queue, job, message) VALUES (%s, 'critical', 'test.probe.critical', "
+            "%s::jsonb) RETURNING id", (job_id, probe_message(job_id, "critical", "silent")))[0][0]
+        record = wait_for(lambda: finished(app, raw_insert_id), timeout=10, message="the poll to find the row")
+    assert record.state == "completed"
+    assert [r["job_id"] for r in probe_runs(database_url, "silent")] == [job_id]
+
+
+# -- keys -----------------------------------------------------------------------------------
+
+
+def test_key_is_free_again_once_its_job_is_gone_or_its_ttl_is_over(app, database_url):
+    first = app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1")
+    assert app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1") == type(first)(first.id, True)
+
+    sql(database_url, "UPDATE conveyor_jobs SET key_expires_at = now() - interval '1 second' WHERE id = %s",
+        (first.id,))
+    second = app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1")
+    assert not second.deduplicated and second.id != first.id
+    assert app.broker.get_job(first.id).key is None, "the expired holder gave its key up"
+
+    sql(database_url, "DELETE FROM conveyor_jobs WHERE id = %s", (second.id,))
+    third = app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1")
+    assert not third.deduplicated and third.id not in (first.id, second.id)
+
+
+# -- transactional enqueue -------------------------------------------------------------------
+
+
+def test_enqueue_in_a_rolled_back_transaction_leaves_no_job(app, database_url):
+    with psycopg.connect(database_url) as conn:
+        with conn.transaction():
+            ref = app.jobs.enqueue("test.probe.critical", {"token": "rolled-back"}, key="tx:1", connection=conn)
+            assert app.broker.get_job(ref.id) is None, "invisible until the transaction commits"
+            raise psycopg.Rollback()
+    assert app.broker.get_job(ref.id) is None
+    assert not app.jobs.enqueue("test.probe.critical", {"token": "again"}, key="tx:1").deduplicated
+
+
+def test_enqueue_in_a_committed_transaction_runs_exactly_once(make_app, database_url):
+    app = make_app(pg_poll_seconds=60)  # only the NOTIFY sent at commit can wake the worker in time
+    with running(app, "critical"):
+        warm = app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})
+        wait_for(lambda: finished(app, warm.id), timeout=10)
+        with psycopg.connect(database_url) as conn:
+            with conn.transaction():
+                conn.execute("INSERT INTO probe_dead (job_id, error) VALUES ('tx-marker', 'same transaction')")
+                ref = app.jobs.enqueue("test.probe.critical", {"token": "committed"}, key="tx:2", connection=conn)
+                again = app.jobs.enqueue("test.probe.critical", {"token": "committed"}, key="tx:2",
+                                         connection=conn)
+        record = wait_for(lambda: finished(app, ref.id), timeout=10, message="the committed job")
+    assert record.state == "completed"
+    assert again == type(again)(ref.id, True)
+    assert len(probe_runs(database_url, "committed")) == 1
+    assert sql(database_url, "SELECT count(*) FROM probe_dead WHERE job_id = 'tx-marker'") == [(1,)]
+
+
+def test_transactional_enqueue_is_refused_by_brokers_outside_postgres(clean_env, database_url):
+    app = App(make_settings("inline", None, database_url))
+    with psycopg.connect(database_url) as conn, pytest.raises(TransactionalEnqueueUnsupported, match="postgres"):
+        app.jobs.enqueue("test.probe.critical", {"token": "x"}, connection=conn)
+
+
+# -- recovery ------------------------------------------------------------------------------------
+
+
+def _strand(database_url: str, ids: list[str], worker: str, heartbeat_age: str, *, spent: bool = False) -> None:
+    """Make ``ids`` held by ``worker``, whose last heartbeat was ``heartbeat_age`` ago."""
+    sql(database_url, "INSERT INTO conveyor_workers (id, hostname, pid, heartbeat_at) "
+                      "VALUES (%s, 'test', 0, now() - %s::interval) ON CONFLICT (id) DO NOTHING",
+        (worker, heartbeat_age))
+    sql(database_url, "UPDATE conveyor_jobs SET status = 'in_progress', worker_id = %s, delivery = 1, "
+                      "picked_at = now(), attempt = CASE WHEN %s THEN max_attempts ELSE 1 END WHERE id = ANY(%s)",
+        (worker, spent, ids))
+
+
+def test_two_replicas_recovering_at_once_take_each_stuck_row_once(make_app, database_url):
+    first, second = make_app(), make_app()
+    refs = first.jobs.enqueue_many([{"job": "test.probe.nudge", "payload": {"token": f"stuck-{i}"}}
+                                    for i in range(60)])
+    ids = [r.id for r in refs]
+    spent, retry, alive = ids[:10], ids[10:50], ids[50:]
+    _strand(database_url, spent, "dead-worker", "1 hour", spent=True)
+    _strand(database_url, retry, "dead-worker", "1 hour")
+    _strand(database_url, alive, "live-worker", "0 seconds")
+
+    results, barrier = {}, threading.Barrier(2)
+
+    def run(name, app):
+        barrier.wait()
+        results[name] = app.broker.maintain()
+
+    threads = [threading.Thread(target=run, args=(n, a)) for n, a in (("first", first), ("second", second))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    requeued = [job_id for result in results.values() for job_id in result.get("nudge", [])]
+    assert sorted(requeued) == sorted(retry), "each stuck row with attempts left is requeued exactly once"
+    dead = probe_dead(database_url)
+    assert sorted(d["job_id"] for d in dead) == sorted(spent), "each spent row's hook runs exactly once"
+    states = dict(sql(database_url, "SELECT id, status FROM conveyor_jobs"))
+    assert {states[i] for i in spent} == {"failed"} and {states[i] for i in retry} == {"pending"}
+    assert {states[i] for i in alive} == {"in_progress"}, "a live worker's rows are left alone"
+    counts = first.broker.queue_counts("nudge")
+    assert (counts.waiting, counts.active, counts.failed, counts.failed_total) == (40, 10, 10, 10)
+    assert "WorkerLost" in first.broker.get_job(spent[0]).error
+
+
+def test_recovered_job_runs_again_and_completes(make_app, database_url):
+    app = make_app(pg_lease_seconds=1)
+    ref = app.jobs.enqueue("test.probe.scheduling", {"token": "orphan"})
+    _strand(database_url, [ref.id], "vanished-worker", "1 minute")
+    with running(app, "scheduling"):
+        record = wait_for(lambda: finished(app, ref.id), timeout=20, message="recovery and a second run")
+    assert (record.state, record.attempts) == ("completed", 2), "the lost run counts as an attempt"
+
+
+def test_prune_deletes_only_finished_rows_older_than_the_retention(make_app, database_url):
+    app = make_app(retention=3600)
+    old_done, old_failed, new_done, waiting = (
+        app.jobs.enqueue("test.probe.llm", {"token": f"p{i}"}).id for i in range(4))
+    sql(database_url, "UPDATE conveyor_jobs SET status = 'done', completed_at = now() - interval '2 hours' "
+                      "WHERE id = %s", (old_done,))
+    sql(database_url, "UPDATE conveyor_jobs SET status = 'failed', completed_at = now() - interval '2 hours' "
+                      "WHERE id = %s", (old_failed,))
+    sql(database_url, "UPDATE conveyor_jobs SET status = 'done', completed_at = now() WHERE id = %s", (new_done,))
+    assert app.broker.prune() == 2
+    assert sorted(r[0] for r in sql(database_url, "SELECT id FROM conveyor_jobs")) == sorted([new_done, waiting])
+
+
+def test_totals_survive_a_new_broker(make_app, database_url):
+    app = make_app()
+    with running(app, "critical"):
+        ref = app.jobs.enqueue("test.probe.critical", {"token": "counted"})
+        wait_for(lambda: finished(app, ref.id))
+    app.close()
+    assert make_app().broker.queue_counts("critical").completed_total == 1
