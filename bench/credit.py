@@ -47,6 +47,8 @@ class CreditRun:
     ops: int
     seconds: float
     verified: bool
+    worker_cpu_s: float  # the client processes (conveyor workers, or the threads calling the function / SQL)
+    server_cpu_s: float  # Redis and Postgres with its backends
 
     @property
     def rate(self) -> float:
@@ -204,6 +206,7 @@ def measure_credit(kind: str, servers, *, ops: int, processes: int, threads: int
                       target=credit_child, target_name=kind)
     try:
         with running(workers):
+            cpu_before, server_before = workers.cpu_seconds(), servers.cpu_seconds()
             started = time.perf_counter()
             workers.release()
             deadline = started + 60 + ops / 20
@@ -214,10 +217,12 @@ def measure_credit(kind: str, servers, *, ops: int, processes: int, threads: int
                 workers.check_alive()
                 time.sleep(POLL_SECONDS)
             seconds = time.perf_counter() - started
+            cpu = workers.cpu_seconds() - cpu_before
+            server_cpu = servers.cpu_seconds() - server_before
     finally:
         if producer is not None:
             producer.close()
-    return CreditRun(ops, seconds, _verify(url, ops))
+    return CreditRun(ops, seconds, _verify(url, ops), cpu, server_cpu)
 
 
 def _credit_request(k: int, tag: str):

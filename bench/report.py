@@ -156,6 +156,13 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def _absent(results: Results, scenario: str) -> str:
+    """Why a row has no figures: the scenario was skipped, or its runs failed."""
+    if not results.plan.get(scenario, True):
+        return "not run (--skip / --only)"
+    return "failed (see Failures)"
+
+
 def _peer_rows(results: Results, backend: str, row: Callable) -> list[list[str]]:
     rows = []
     for name, peer in PEERS.items():
@@ -204,7 +211,7 @@ def render(results: Results) -> str:
         def row(name):
             runs = results.throughput.get(name, [])
             if not runs:
-                return ["failed (see below)", "", "", "", ""]
+                return [_absent(results, "throughput"), "", "", "", ""]
             return [
                 spread([r.rate for r in runs]),
                 spread([r.enqueue_rate for r in runs]),
@@ -222,7 +229,7 @@ def render(results: Results) -> str:
         def row(name):
             runs = results.latency.get(name, [])
             if not runs:
-                return ["failed (see below)", "", "", ""]
+                return [_absent(results, "latency"), "", "", ""]
             return [spread([r.percentile(p) for r in runs], "{:.2f}") for p in (50, 95, 99)] + [
                 str(min(len(r.seconds) for r in runs))]
 
@@ -239,12 +246,16 @@ def render(results: Results) -> str:
     for kind in CREDIT_KINDS:
         runs = results.credit.get(kind, [])
         if not runs:
-            rows.append([labels[kind], "not measured", "", ""])
+            rows.append([labels[kind], _absent(results, "credit"), "", "", "", ""])
             continue
         rate = [r.rate for r in runs]
         vs = f"{statistics.median(rate) / statistics.median(sql):.2f}x" if sql else "—"
-        rows.append([labels[kind], spread(rate), vs, "yes" if all(r.verified for r in runs) else "**NO**"])
-    lines += _table(["path", "charges/s", "vs raw SQL", "ledger verified"], rows)
+        rows.append([labels[kind], spread(rate), vs,
+                     spread([r.worker_cpu_s / r.ops * 1000 for r in runs], "{:.3f}"),
+                     spread([r.server_cpu_s / r.ops * 1000 for r in runs], "{:.3f}"),
+                     "yes" if all(r.verified for r in runs) else "**NO**"])
+    lines += _table(["path", "charges/s", "vs raw SQL", "client CPU ms/charge", "Redis + Postgres CPU ms/charge",
+                     "ledger verified"], rows)
     lines += ["", "## How each peer ran", ""]
     for name, peer in PEERS.items():
         if name in plan["peers_considered"]:
