@@ -73,6 +73,10 @@ class RetryLater(JobError):
         self.delay = delay
 
 
+class InjectedFault(JobError):
+    """A failure injected on purpose (``CONVEYOR_FAULT_RATE``) to exercise retries."""
+
+
 class MalformedMessage(PermanentError):
     """A message in a queue could not be decoded or its payload no longer validates."""
 
@@ -88,5 +92,51 @@ class UnknownAccount(LedgerError):
     """No account exists for this user."""
 
 
+# -- operating (admin API and dashboard) ---------------------------------------
+
+
+class AdminError(ConveyorError):
+    """An operator's action (retry, delete, pause) could not be carried out."""
+
+
+class UnknownQueue(AdminError):
+    """No queue has this name."""
+
+
+class JobNotFound(AdminError):
+    """No job has this id (never existed, deleted, or past its retention)."""
+
+
+class JobStateConflict(AdminError):
+    """The job is not in a state that allows this action (retry a job that has not failed, delete a running one)."""
+
+
 class DatabaseUnavailable(ConveyorError):
     """Postgres could not be reached."""
+
+
+# -- agent platform -----------------------------------------------------------
+
+
+class PlatformError(ConveyorError):
+    """The agent platform refused a request about its records."""
+
+
+class RecordNotFound(PlatformError):
+    """No task, run or resource has this ID."""
+
+
+class RecordConflict(PlatformError):
+    """The record exists with other content, or is in a state that forbids the change."""
+
+
+class ProviderError(JobError):
+    """The model provider failed in a way a retry may fix (5xx, dropped connection, timeout)."""
+
+
+class ProviderRejected(PermanentError):
+    """The model provider refused the request (4xx other than 429): a retry cannot help."""
+
+
+class ProviderRateLimited(RetryLater):
+    """The model provider, or conveyor's own rate limit, said: not now. Run again after ``delay``."""

@@ -18,6 +18,7 @@ from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BrokerName = Literal["redis", "postgres", "inline"]
+ProviderName = Literal["local", "openai"]
 
 
 def _default_data_dir() -> Path:
@@ -104,11 +105,71 @@ class Settings(BaseSettings):
     price_per_1k_tokens: Decimal = Field(
         Decimal("0.002"), ge=0, description="Credits charged per 1000 tokens."
     )
-    admin_token: SecretStr | None = Field(None, description="Bearer token for /admin routes.")
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token for /admin and /api/admin; unset: those routes are closed (403)."
+    )
     secret_key: SecretStr | None = Field(None, description="Fernet key(s) for payload secrets.")
     imports: str = Field("", description="Comma-separated modules that register more job types.")
     log_level: str = Field("INFO", description="Log level of conveyor's JSON logs.")
     redis_namespace: str = Field("conveyor", description="Prefix of every Redis key.")
+    public_url: str | None = Field(
+        None, description="Base URL of `conveyor api` as users reach it; failure alerts link to the dashboard."
+    )
+    webhook_format: Literal["slack", "discord", "generic"] | None = Field(
+        None, description="slack | discord | generic body for JOB_FAILURE_WEBHOOK_URL; unset: guessed from the URL."
+    )
+    webhook_timeout: float = Field(5, gt=0, description="Seconds one failure-webhook POST may take.")
+    webhook_attempts: int = Field(5, ge=1, le=20, description="POSTs per failure alert before it is given up.")
+    webhook_backoff: float = Field(
+        1, ge=0, description="Seconds before the second POST of an alert; doubles after each failed one."
+    )
+    webhook_queue_size: int = Field(
+        1000, ge=1, description="Failure alerts a worker holds while the receiver is slow; more are dropped."
+    )
+    metrics_port: int = Field(
+        9191, ge=0, le=65535, description="Port of a worker supervisor's Prometheus /metrics; 0 turns it off."
+    )
+    metrics_host: str = Field("0.0.0.0", description="Address a worker supervisor's /metrics listens on.")
+    metrics_dir: Path | None = Field(
+        None,
+        description="Multi-process metrics directory of a worker supervisor (emptied at start); "
+        "default: a new temporary directory.",
+    )
+    # -- agent platform ---------------------------------------------------------
+    provider: ProviderName = Field(
+        "local", description="Model provider: local (deterministic, no network) | openai (OpenAI-compatible HTTP)."
+    )
+    openai_base_url: str = Field(
+        "https://api.openai.com/v1", description="openai provider: base URL of the chat-completions API."
+    )
+    openai_api_key: SecretStr | None = Field(None, description="openai provider: API key (never logged).")
+    openai_model: str = Field("gpt-4o-mini", description="openai provider: model name.")
+    provider_timeout: float = Field(60, gt=0, description="Seconds the HTTP provider waits for a response or chunk.")
+    provider_retry_after: float = Field(
+        5, gt=0, description="Seconds to wait after a 429 that names no Retry-After."
+    )
+    local_chunk_delay: float = Field(
+        0, ge=0, le=10, description="local provider: seconds between streamed chunks (simulates a model)."
+    )
+    llm_global_concurrency: int = Field(
+        2, ge=1, le=1000, description="llm queue: jobs running at once across every worker (fleet-wide)."
+    )
+    llm_slot_lease: float = Field(
+        30, gt=0, description="Seconds an llm slot outlives a worker that died holding it (Redis deployments)."
+    )
+    provider_rate_limit: int = Field(
+        0, ge=0, description="Provider requests allowed per window by llm jobs; 0: unlimited."
+    )
+    provider_rate_window: float = Field(60, gt=0, description="Seconds of the provider rate-limit window.")
+    stream_retention: float = Field(
+        24 * 3600, gt=0, description="Seconds a run's streamed chunks are kept in Redis after the last one."
+    )
+    stream_poll_interval: float = Field(
+        0.1, gt=0, le=5, description="Seconds between an SSE reader's looks for new chunks."
+    )
+    fault_rate: float = Field(
+        0, ge=0, le=1, description="Share of first attempts of platform jobs that fail on purpose (demo/chaos)."
+    )
     queues: dict[str, QueueOverride] = Field(
         default_factory=dict,
         description="Per-queue overrides: CONVEYOR_QUEUES__<QUEUE>__<FIELD>.",

@@ -29,6 +29,7 @@ FAST = {
     "shutdown_timeout": 20,
     "pg_poll_seconds": 0.5,
     "pg_recovery_seconds": 0.5,
+    "pg_lease_seconds": 2,
     "imports": "tests.jobs",
 }
 
@@ -73,6 +74,7 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
         CONVEYOR_SHUTDOWN_TIMEOUT=str(settings.shutdown_timeout),
         CONVEYOR_PG_POLL_SECONDS=str(settings.pg_poll_seconds),
         CONVEYOR_PG_RECOVERY_SECONDS=str(settings.pg_recovery_seconds),
+        CONVEYOR_PG_LEASE_SECONDS=str(settings.pg_lease_seconds),
     )
     if settings.redis_url:
         env["REDIS_URL"] = settings.redis_url

@@ -23,7 +23,7 @@ from tests.harness import ROOT, WorkerProcess, env_for, make_settings, probe_dea
 from tests.jobs import flaky
 from tests.waiting import wait_for
 
-BROKERS = ["redis"]
+BROKERS = ["redis", "postgres"]
 
 
 @pytest.fixture(params=BROKERS)
@@ -93,10 +93,13 @@ def _crash_loop(app, worker, database_url):
     wait_for(lambda: app.broker.get_job(crasher.id).state == "failed", timeout=90,
              message="the crash-looping job to be failed")
     record = app.broker.get_job(crasher.id)
-    assert record.attempts == app.queues["nudge"].max_attempts + 1
-    assert "worker died" in record.error
+    # Redis finds the spent budget when the job starts once more; Postgres's
+    # recovery pass finds it before handing the job out again.
+    max_attempts = app.queues["nudge"].max_attempts
+    assert max_attempts <= record.attempts <= max_attempts + 1
+    assert record.error.startswith("WorkerLost")
     assert [d["token"] for d in probe_dead(database_url)] == ["crasher"]
-    assert len(worker.events("worker_died")) >= app.queues["nudge"].max_attempts
+    assert len(worker.events("worker_died")) >= max_attempts
     healthy = app.jobs.enqueue("test.probe.nudge", {"token": "healthy"})
     wait_for(lambda: app.broker.get_job(healthy.id).state == "completed", timeout=30,
              message="the restarted worker group to serve other jobs")

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 from dramatiq.middleware import CurrentMessage, TimeLimit
 
 from .middleware.events import Events
+from .middleware.metrics import Metrics
 from .middleware.retries import Retries
+from .middleware.webhook import FailureWebhook
 
 if TYPE_CHECKING:
     from ..app import App
@@ -15,11 +17,15 @@ if TYPE_CHECKING:
 
 def build_middleware(app: "App") -> list:
     """The middleware every broker runs, in order (``after_*`` hooks run in reverse)."""
+    metrics = Metrics()
     return [
         Retries(on_final_failure=app.final_failure),
         TimeLimit(),
         CurrentMessage(),
         Events(),
+        # After Retries: a message Retries skips never reaches Metrics' before_process_message.
+        metrics,
+        FailureWebhook(app.settings, app.job_types, metrics),
     ]
 
 

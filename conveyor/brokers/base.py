@@ -49,6 +49,8 @@ class QueueCounts:
     completed_total: int = 0
     failed_total: int = 0
     paused: bool = False
+    #: UNIX seconds since which the oldest waiting job has waited to be claimed; None when none waits.
+    oldest_waiting_at: float | None = None
 
 
 @dataclass
@@ -140,4 +142,38 @@ class ConveyorBroker:
 
     def resume_queue(self, queue: str) -> None:
         """Undo :meth:`pause_queue`."""
+        raise NotImplementedError
+
+    # -- operator actions (admin API and dashboard) ---------------------------
+
+    def retry_job(self, job_id: str) -> bool:
+        """Put one *failed* job back in its queue, as waiting, with a fresh attempt budget.
+
+        In one atomic step: the job leaves the dead letters, its attempt count
+        goes back to 0 (else the retries middleware would count the earlier
+        attempts against it and fail it at once), its final-failure claim is
+        released (so if it fails for good again, its hooks and the failure
+        webhook run again), and its record shows ``waiting``. The last error
+        stays on the record until the job completes.
+
+        Returns False, changing nothing, when no failed job has this id
+        (unknown, expired, or in another state).
+        """
+        raise NotImplementedError
+
+    def retry_failed(self, queue: str) -> int:
+        """:meth:`retry_job` for every failed job of ``queue``; returns how many were retried.
+
+        Each job moves atomically; the whole batch need not be one transaction.
+        """
+        raise NotImplementedError
+
+    def delete_job(self, job_id: str) -> bool:
+        """Remove a job that is not running: its record, its message, its index entries.
+
+        Works in every state but ``active``. A deleted job never runs, even if
+        a worker had already prefetched it (``start_job`` then returns 0) or
+        holds it until its delay passes; its dedup key is free again.
+        Returns False, changing nothing, when the job is unknown or active.
+        """
         raise NotImplementedError

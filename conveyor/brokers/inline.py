@@ -33,6 +33,8 @@ class InlineBroker(ConveyorBroker, StubBroker):
         self._keys: dict[str, tuple[str, float]] = {}
         self._totals: dict[str, dict[str, int]] = defaultdict(lambda: {"completed": 0, "failed": 0})
         self._final: set[str] = set()
+        self._deleted: set[str] = set()
+        self._waiting_since: dict[str, float] = {}
         self.paused: set[str] = set()
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 100):
@@ -41,6 +43,8 @@ class InlineBroker(ConveyorBroker, StubBroker):
 
     def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
         with self._lock:
+            if message.message_id in self._deleted:
+                return message  # a deleted job coming back from its delay: drop it
             sent = super().enqueue(message, delay=delay)
             record = self.records.get(message.message_id)
             if record is None:
@@ -49,6 +53,8 @@ class InlineBroker(ConveyorBroker, StubBroker):
                     state="waiting", key=message.options.get("key"), payload=(message.args or [{}])[0],
                     enqueued_at=time.time())
             record.state = "delayed" if delay is not None else "waiting"
+            if delay is None:
+                self._waiting_since[record.id] = time.time()
             record.eta = sent.options.get("eta", 0) / 1000 if delay is not None else None
             if message.options.get("last_error"):
                 record.error = message.options["last_error"]
@@ -76,6 +82,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 return 0
             record.attempts += 1
             record.state = "active"
+            self._waiting_since.pop(record.id, None)
             record.started_at = time.time()
             return record.attempts
 
@@ -110,8 +117,11 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 if record.queue == queue:
                     states[record.state] += 1
             totals = self._totals[queue]
+            since = [self._waiting_since[r.id] for r in self.records.values()
+                     if r.queue == queue and r.state == "waiting" and r.id in self._waiting_since]
             return QueueCounts(queue, states["waiting"], states["delayed"], states["active"], states["failed"],
-                               totals["completed"], totals["failed"], queue in self.paused)
+                               totals["completed"], totals["failed"], queue in self.paused,
+                               min(since) if since else None)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._lock:
@@ -129,6 +139,51 @@ class InlineBroker(ConveyorBroker, StubBroker):
 
     def resume_queue(self, queue: str) -> None:
         self.paused.discard(queue)
+
+    def retry_job(self, job_id: str) -> bool:
+        with self._lock:
+            record = self.records.get(job_id)
+            if record is None or record.state != "failed":
+                return False
+            message = self._take_dead_letter(record)
+            record.attempts = 0
+            record.finished_at = None
+            record.eta = None
+            self._final.discard(job_id)
+            self.enqueue(message)
+            return True
+
+    def retry_failed(self, queue: str) -> int:
+        with self._lock:
+            ids = [r.id for r in self.records.values() if r.queue == queue and r.state == "failed"]
+            return sum(self.retry_job(job_id) for job_id in ids)
+
+    def delete_job(self, job_id: str) -> bool:
+        with self._lock:
+            record = self.records.get(job_id)
+            if record is None or record.state == "active":
+                return False
+            if record.state == "failed":
+                self._take_dead_letter(record)
+            # A waiting or delayed message stays in its in-memory queue: the
+            # tombstone makes start_job skip it and enqueue drop it.
+            self._deleted.add(job_id)
+            del self.records[job_id]
+            self._waiting_since.pop(job_id, None)
+            if record.key and self._keys.get(record.key, ("",))[0] == job_id:
+                del self._keys[record.key]
+            return True
+
+    def _take_dead_letter(self, record: JobRecord) -> Message:
+        """The failed job's message, out of the dead letters (rebuilt from the record if absent)."""
+        letters = self.dead_letters_by_queue[record.queue]
+        for i, proxy in enumerate(letters):
+            if proxy.message_id == record.id:
+                del letters[i]
+                return proxy._message
+        options = {"key": record.key} if record.key else {}
+        return Message(queue_name=record.queue, actor_name=record.job, args=(record.payload,), kwargs={},
+                       options=options, message_id=record.id)
 
 
 class _Consumer:

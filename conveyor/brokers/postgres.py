@@ -374,8 +374,9 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def _retry(self, message: Message, delay: int | None) -> Message:
         delivery = message.options["pg_delivery"]
-        stored = _without_delivery(message)
+        # Middleware may stamp the message before it is stored (metrics' ready time).
         self.emit_before("enqueue", message, delay)
+        stored = _without_delivery(message)
         seconds = (delay or 0) / 1000
         try:
             self._write_retry(message.message_id, delivery, stored.encode().decode(), seconds,
@@ -496,9 +497,10 @@ class PostgresBroker(ConveyorBroker, Broker):
             raise DatabaseUnavailable(f"Postgres is unavailable: {exc}") from exc
 
     def queue_counts(self, queue: str) -> QueueCounts:
-        waiting, delayed, active, failed, completed_total, failed_total, paused = self._read(
+        waiting, delayed, active, failed, completed_total, failed_total, paused, oldest = self._read(
             "counts", {"queue": queue}, "one")
-        return QueueCounts(queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused)
+        return QueueCounts(queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused,
+                           oldest)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         row = self._read("get_job", {"id": job_id}, "one")
@@ -518,6 +520,18 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def resume_queue(self, queue: str) -> None:
         self._read("resume", {"queue": queue, "channel": CHANNEL}, "none")
+
+    def retry_job(self, job_id: str) -> bool:
+        retried, _ = self._read("retry_failed", {"id": job_id, "queue": None, "channel": CHANNEL}, "one")
+        return retried > 0
+
+    def retry_failed(self, queue: str) -> int:
+        retried, _ = self._read("retry_failed", {"id": None, "queue": queue, "channel": CHANNEL}, "one")
+        return retried
+
+    def delete_job(self, job_id: str) -> bool:
+        # A worker that claimed the job holds it (in_progress): only unheld jobs go.
+        return self._read("delete_job", {"id": job_id}, "one") is not None
 
 
 _STATES = {"pending": "waiting", "in_progress": "active", "done": "completed", "failed": "failed"}

@@ -207,7 +207,9 @@ SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS w
        (SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'failed') AS failed,
        (SELECT coalesce(sum(completed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS completed_total,
        (SELECT coalesce(sum(failed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS failed_total,
-       EXISTS (SELECT 1 FROM conveyor_paused_queues WHERE queue = %(queue)s) AS paused
+       EXISTS (SELECT 1 FROM conveyor_paused_queues WHERE queue = %(queue)s) AS paused,
+       extract(epoch FROM min(available_at) FILTER (WHERE status = 'pending' AND available_at <= now()))::float8
+           AS oldest_waiting_at
 FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pending', 'in_progress')
 
 -- name: get_job
@@ -253,3 +255,22 @@ SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pendi
 
 -- name: flush
 DELETE FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending'
+
+-- name: retry_failed
+-- An operator retries failed jobs (one by id, or all of a queue): back to
+-- pending now, with a fresh attempt budget and the final-failure claim
+-- released, so a second final failure runs its hooks again. The error
+-- stays until the job completes. Idle workers of the queues are woken.
+WITH r AS (
+    UPDATE conveyor_jobs
+    SET status = 'pending', attempt = 0, available_at = now(), completed_at = NULL, final_failure_at = NULL
+    WHERE status = 'failed' AND (id = %(id)s OR (%(id)s::text IS NULL AND queue = %(queue)s))
+    RETURNING queue
+), woke AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM r) q
+)
+SELECT count(*), (SELECT count(*) FROM woke) FROM r
+
+-- name: delete_job
+-- An operator deletes a job that no worker holds; its key goes with it.
+DELETE FROM conveyor_jobs WHERE id = %(id)s AND status <> 'in_progress' RETURNING id

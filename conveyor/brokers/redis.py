@@ -37,6 +37,10 @@ _SCRIPT = (Path(__file__).parent / "redis" / "jobs.lua").read_text()
 
 _MS = 1000  # settings are in seconds, Dramatiq's Redis broker counts milliseconds
 
+#: Failed jobs moved per script call by retry_failed: each call blocks Redis
+#: while it runs, so a queue with many failures is retried in slices.
+RETRY_BATCH = 500
+
 
 class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     """Dramatiq's RedisBroker plus keyed enqueue, attempts and job records."""
@@ -144,9 +148,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 pipe.zcard(f"{ns}:idx:{queue}:{state}")
             pipe.hmget(f"{ns}:totals:{queue}", "completed", "failed")
             pipe.sismember(f"{ns}:paused", queue)
-            waiting, delayed, active, failed, (completed_total, failed_total), paused = pipe.execute()
+            # The waiting index is scored by when each job became waiting: the first is the oldest.
+            pipe.zrange(f"{ns}:idx:{queue}:waiting", 0, 0, withscores=True)
+            waiting, delayed, active, failed, (completed_total, failed_total), paused, oldest = pipe.execute()
         return QueueCounts(
-            queue, waiting, delayed, active, failed, int(completed_total or 0), int(failed_total or 0), bool(paused)
+            queue, waiting, delayed, active, failed, int(completed_total or 0), int(failed_total or 0), bool(paused),
+            oldest[0][1] / _MS if oldest else None,
         )
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -167,6 +174,29 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     def resume_queue(self, queue: str) -> None:
         self.client.srem(f"{self.namespace}:paused", queue)
+
+    # -- operator actions ----------------------------------------------------
+
+    def _job_queue(self, job_id: str) -> str | None:
+        queue = self.client.hget(f"{self.namespace}:job:{job_id}", "queue")
+        return queue.decode() if queue else None
+
+    def retry_job(self, job_id: str) -> bool:
+        queue = self._job_queue(job_id)
+        # The script re-checks state and queue: the record may change between the two calls.
+        return bool(queue) and bool(self._call("retry", queue, job_id))
+
+    def retry_failed(self, queue: str) -> int:
+        total = 0
+        while True:
+            retried, looked_at = self._call("retry_failed", queue, RETRY_BATCH)
+            total += int(retried)
+            if int(looked_at) < RETRY_BATCH:
+                return total
+
+    def delete_job(self, job_id: str) -> bool:
+        queue = self._job_queue(job_id)
+        return bool(queue) and bool(self._call("delete", queue, job_id, self.retention_ms))
 
 
 def _record(job_id: str, raw: dict) -> JobRecord | None:

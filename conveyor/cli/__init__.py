@@ -14,6 +14,8 @@ from ..settings import env_help
 COMMAND_MODULES = (
     "conveyor.cli.core",
     "conveyor.cli.ledger",
+    "conveyor.cli.demo",
+    "conveyor.cli.api",
     "conveyor.cli.bench",
 )
 

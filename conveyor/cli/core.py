@@ -34,8 +34,11 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("up", help="everything on one machine: all worker groups (embedded Postgres by default)")
+    p = sub.add_parser("up", help="everything on one machine: worker groups for all queues and the API "
+                                  "(embedded Postgres when nothing is configured)")
     env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, default=1, help="processes per queue")
+    env_flag(p, "--host", env="CONVEYOR_API_HOST", default="127.0.0.1", help="API address")
+    env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, default=8000, help="API port (0: no API)")
     p.set_defaults(func=cmd_up)
 
 
@@ -82,7 +85,13 @@ def cmd_worker(args) -> int:
         from ..ledger.migrate import migrate
 
         migrate(app.database_url)  # the embedded default must be ready before the children start
-    return Supervisor(queues, args.processes, args.threads, app.settings.shutdown_timeout).run()
+    return Supervisor(queues, args.processes, args.threads, app.settings.shutdown_timeout,
+                      **_metrics_options(app.settings)).run()
+
+
+def _metrics_options(settings) -> dict:
+    return {"metrics_port": settings.metrics_port, "metrics_host": settings.metrics_host,
+            "metrics_dir": str(settings.metrics_dir) if settings.metrics_dir else None}
 
 
 def cmd_up(args) -> int:
@@ -94,6 +103,10 @@ def cmd_up(args) -> int:
     where = "embedded Postgres in " + str(app.settings.data_dir) if app.settings.embedded else "configured services"
     migrate(app.database_url)
     print(f"conveyor up: broker={broker}, database={where}, queues={', '.join(app.queues)}", file=sys.stderr)
+    if args.port:
+        print(f"API and dashboard: http://{args.host}:{args.port}/admin/queues "
+              f"(admin {'needs CONVEYOR_ADMIN_TOKEN' if app.settings.admin_token else 'closed: set CONVEYOR_ADMIN_TOKEN'})",
+              file=sys.stderr)
     print("Ctrl-C or SIGTERM stops it after in-flight jobs finish.", file=sys.stderr, flush=True)
     if broker == "inline":
         import signal
@@ -108,7 +121,11 @@ def cmd_up(args) -> int:
         stop.wait()
         workers.stop()
         return 0
-    return Supervisor(list(app.queues), args.processes, None, app.settings.shutdown_timeout).run()
+    from .api import run_api
+
+    services = (("api", run_api, (args.host, args.port)),) if args.port else ()
+    return Supervisor(list(app.queues), args.processes, None, app.settings.shutdown_timeout,
+                      services=services, **_metrics_options(app.settings)).run()
 
 
 def cmd_enqueue(args) -> int:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..db import connect
+from ..db import connect, load_queries
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+QUERIES = load_queries(Path(__file__).with_name("migrate.sql"))
 
 #: Arbitrary but fixed: the advisory lock id every conveyor migrator takes.
 _LOCK_ID = 0x636F6E76  # "conv"
@@ -31,21 +32,18 @@ def migrate(database_url: str) -> list[str]:
     """Apply pending migrations; return the names applied by this call."""
     applied_now = []
     with connect(database_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_ID,))
+        conn.execute(QUERIES["lock"], {"lock": _LOCK_ID})
         try:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS conveyor_migrations ("
-                " name TEXT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-            )
-            done = {row[0] for row in conn.execute("SELECT name FROM conveyor_migrations")}
+            conn.execute(QUERIES["create_table"])
+            done = {row[0] for row in conn.execute(QUERIES["applied"])}
             for path in migration_files():
                 if path.name in done:
                     continue
                 with conn.transaction():
                     conn.execute(path.read_text())
-                    conn.execute("INSERT INTO conveyor_migrations (name) VALUES (%s)", (path.name,))
+                    conn.execute(QUERIES["record"], {"name": path.name})
                 logger.info("applied migration %s", path.name)
                 applied_now.append(path.name)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_ID,))
+            conn.execute(QUERIES["unlock"], {"lock": _LOCK_ID})
     return applied_now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
@@ -20,7 +21,7 @@ def declare_actors(broker: dramatiq.Broker, app: "App") -> None:
     """Declare every job type of ``app`` as an actor on ``broker``, with its queue's settings."""
     for job_type in app.job_types.values():
         queue = app.queues[job_type.queue]
-        dramatiq.Actor(
+        actor = dramatiq.Actor(
             _runner(job_type, app),
             broker=broker,
             actor_name=job_type.name,
@@ -33,6 +34,9 @@ def declare_actors(broker: dramatiq.Broker, app: "App") -> None:
                 "max_backoff": queue.max_backoff,
             },
         )
+        # Dramatiq's actor logs its arguments (the payload, secrets included) at DEBUG:
+        # never let that line out, whatever the log level.
+        actor.logger.setLevel(logging.INFO)
 
 
 def load_payload(job_type: JobType, data: Any):

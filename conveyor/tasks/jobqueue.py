@@ -65,8 +65,16 @@ class JobQueue:
         if not items:
             return []
         if connection is not None:
-            return broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl, connection=connection)
-        return broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
+            refs = broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl, connection=connection)
+        else:
+            refs = broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
+        # Middleware may count what was enqueued and what was a duplicate (metrics). Inside the
+        # caller's transaction they count when sent, even if that transaction rolls back later.
+        for middleware in broker.middleware:
+            hook = getattr(middleware, "after_enqueue_jobs", None)
+            if hook:
+                hook(broker, items, refs)
+        return refs
 
     def prepare(self, request: JobRequest) -> EnqueueItem:
         """Validate one request and build its message, or raise a clear error naming job and field."""

@@ -36,7 +36,13 @@ class JobType:
 JOB_TYPES: dict[str, JobType] = {}
 
 #: Modules holding conveyor's own job types, imported by :func:`load_job_types`.
-BUILTIN_MODULES = ("conveyor.tasks.processors.credit",)
+BUILTIN_MODULES = (
+    "conveyor.tasks.processors.credit",
+    "conveyor.tasks.processors.agent_run",
+    "conveyor.tasks.processors.finalize",
+    "conveyor.tasks.processors.memory",
+    "conveyor.tasks.processors.indexing",
+)
 
 
 def job(name: str, *, queue: str, payload: type[Payload], time_limit: float | None = None,

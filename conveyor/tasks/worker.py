@@ -14,7 +14,8 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable
 
 from dramatiq import Worker
 
@@ -88,29 +89,52 @@ def run_process(queue: str, threads: int | None = None) -> None:
 
 @dataclass
 class _Child:
-    queue: str
-    threads: int | None
+    """One supervised process: a queue's worker, or a service such as the API."""
+
+    name: str
+    target: Callable
+    args: tuple = ()
     process: multiprocessing.Process | None = None
     started: float = 0.0
     failures: int = 0
     restart_at: float = 0.0
-    history: list = field(default_factory=list)
 
 
 class Supervisor:
-    """Starts ``processes`` worker processes per queue and keeps them running."""
+    """Starts ``processes`` worker processes per queue, plus any ``services``, and keeps them running.
+
+    ``services`` are ``(name, function, args)`` run in processes of their own
+    (``conveyor up`` adds the API and the scheduler this way).
+    """
 
     def __init__(self, queues: list[str], processes: int = 1, threads: int | None = None,
-                 shutdown_timeout: float = 600) -> None:
+                 shutdown_timeout: float = 600, *, metrics_port: int = 0, metrics_host: str = "0.0.0.0",
+                 metrics_dir: str | None = None, services: tuple[tuple[str, Callable, tuple], ...] = ()) -> None:
         self.ctx = multiprocessing.get_context("spawn")
-        self.children = [_Child(q, threads) for q in queues for _ in range(processes)]
+        self.children = [_Child(q, run_process, (q, threads)) for q in queues for _ in range(processes)]
+        self.children += [_Child(name, target, args) for name, target, args in services]
         self.shutdown_timeout = shutdown_timeout
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.metrics_dir = metrics_dir
         self._stopping = threading.Event()
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code (0 after a clean drain)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stopping.set())
+        from ..brokers.middleware.metrics import WorkerMetrics
+
+        # Before any child starts: they inherit PROMETHEUS_MULTIPROC_DIR, emptied of an earlier run's counts.
+        self.metrics = WorkerMetrics(self.metrics_dir)
+        if self.metrics_port:
+            self.metrics.serve(self.metrics_host, self.metrics_port)
+        try:
+            return self._supervise()
+        finally:
+            self.metrics.close()
+
+    def _supervise(self) -> int:
         for child in self.children:
             self._spawn(child)
         while not self._stopping.wait(0.2):
@@ -119,20 +143,20 @@ class Supervisor:
                 if child.process is not None and not child.process.is_alive():
                     code = child.process.exitcode
                     child.process.join()
+                    self.metrics.process_died(child.process.pid)
                     child.process = None
                     # A child that lived long was fine before it died: restart at once.
                     child.failures = 0 if now - child.started > 60 else child.failures + 1
                     delay = 0.0 if child.failures == 0 else min(RESTART_BACKOFF_MAX, 0.25 * 2 ** (child.failures - 1))
                     child.restart_at = now + delay
-                    log_event("worker_died", level="error", queue=child.queue, job=None, job_id=None,
+                    log_event("worker_died", level="error", queue=child.name, job=None, job_id=None,
                               attempt=None, exitcode=code, restart_in_s=round(child.restart_at - now, 2))
                 if child.process is None and now >= child.restart_at:
                     self._spawn(child)
         return self._shutdown()
 
     def _spawn(self, child: _Child) -> None:
-        child.process = self.ctx.Process(target=run_process, args=(child.queue, child.threads),
-                                         name=f"conveyor-worker-{child.queue}")
+        child.process = self.ctx.Process(target=child.target, args=child.args, name=f"conveyor-{child.name}")
         child.process.start()
         child.started = time.monotonic()
 
@@ -148,6 +172,8 @@ class Supervisor:
         for process in stuck:
             process.kill()
             process.join()
+        for process in live:
+            self.metrics.process_died(process.pid)
         return 1 if stuck else 0
 
 

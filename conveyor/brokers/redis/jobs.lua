@@ -14,6 +14,8 @@
 --   $ns:totals:$queue     hash completed / failed, never reset
 --   $ns:dedup:$key        job id that holds the key, with a TTL
 --   $ns:paused            set of paused queue names
+--   $ns:deleted:$id       tombstone of a deleted job (TTL: the retention),
+--                         so a worker holding its message never revives it
 --   $ns:wake:$queue       a short list idle consumers block on (BLPOP), so a
 --                         new message starts in milliseconds, not a poll later
 --
@@ -79,6 +81,32 @@ local function dead_letter(rid, data)
     redis.call("hdel", messages_key, rid)
 end
 
+-- A failed job of this queue goes back to the tail of the queue with a
+-- fresh attempt budget and its final-failure claim released; its message
+-- comes back from the dead letters (or from the record's copy).
+local function retry_one(id)
+    local record = job_key(id)
+    if redis.call("hget", record, "state") ~= "failed" or redis.call("hget", record, "queue") ~= canonical then
+        return false
+    end
+    local rid = redis.call("hget", record, "rid")
+    local data = redis.call("hget", xmessages_key, rid) or redis.call("hget", record, "payload")
+    if not data then
+        return false
+    end
+    redis.call("zrem", xqueue_key, rid)
+    redis.call("hdel", xmessages_key, rid)
+    redis.call("hset", messages_key, rid, data)
+    redis.call("rpush", queue_key, rid)
+    redis.call("lpush", ns .. ":wake:" .. canonical, 1)
+    redis.call("ltrim", ns .. ":wake:" .. canonical, 0, 63)
+    redis.call("hset", record, "attempts", 0)
+    redis.call("hdel", record, "final_failure", "finished_at", "eta")
+    redis.call("persist", record)
+    set_state(id, "waiting")
+    return true
+end
+
 -- enqueue(rid, id, data, job, key, dedup_ttl_ms, eta_ms, error)
 -- Returns {id, deduplicated}. With a key, the key is taken and the
 -- message pushed in one step, so a crash can never leave a reserved key
@@ -86,6 +114,11 @@ end
 if command == "enqueue" then
     local rid, id, data, job, key = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
     local dedup_ttl, eta, err = ARGV[10], ARGV[11], ARGV[12]
+    -- A deleted job's message may still come back (a worker held it until
+    -- its delay passed): drop it instead of bringing the job back.
+    if redis.call("exists", ns .. ":deleted:" .. id) == 1 then
+        return {id, 0}
+    end
     if key ~= "" then
         local dedup_key = ns .. ":dedup:" .. key
         local holder = redis.call("get", dedup_key)
@@ -245,6 +278,53 @@ elseif command == "maintain" then
         redis.call("hdel", xmessages_key, rid)
     end
     return recovered
+
+-- retry_failed(batch) -> {retried, looked_at}: up to `batch` jobs of the
+-- queue's failed index go back to the queue (see retry_one). Index
+-- entries whose record expired are dropped. The caller repeats while
+-- looked_at == batch.
+elseif command == "retry_failed" then
+    local batch = tonumber(ARGV[5])
+    local ids = redis.call("zrange", index_key("failed"), 0, batch - 1)
+    local retried = 0
+    for _, id in ipairs(ids) do
+        if retry_one(id) then
+            retried = retried + 1
+        else
+            redis.call("zrem", index_key("failed"), id)
+        end
+    end
+    return {retried, #ids}
+
+-- retry(id) -> 1 when the failed job went back to its queue, else 0.
+elseif command == "retry" then
+    return retry_one(ARGV[5]) and 1 or 0
+
+-- delete(id, retention_ms) -> 1 when the job was removed, 0 when it is
+-- unknown or running. Its message is taken out of whichever list holds it.
+elseif command == "delete" then
+    local id, retention = ARGV[5], tonumber(ARGV[6])
+    local record = job_key(id)
+    local state = redis.call("hget", record, "state")
+    if not state or state == "active" or redis.call("hget", record, "queue") ~= canonical then
+        return 0
+    end
+    local rid = redis.call("hget", record, "rid")
+    if rid then
+        local delay_key = ns .. ":" .. canonical .. ".DQ"
+        for _, list in ipairs({queue_key, delay_key}) do
+            redis.call("lrem", list, 0, rid)
+            redis.call("hdel", list .. ".msgs", rid)
+        end
+        redis.call("zrem", xqueue_key, rid)
+        redis.call("hdel", xmessages_key, rid)
+    end
+    for _, s in ipairs(STATES) do
+        redis.call("zrem", index_key(s), id)
+    end
+    redis.call("del", record)
+    redis.call("set", ns .. ":deleted:" .. id, now, "PX", retention)
+    return 1
 end
 
 return redis.error_reply("unknown command " .. command)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...brokers.middleware.metrics import record_ledger_consumption
 from ...ledger import credits
 from ...logs import log_event
 from ..context import JobContext
@@ -15,6 +16,7 @@ def consume_credits(payload: CreditConsume, ctx: JobContext) -> None:
         result = credits.consume(conn, user_id=payload.user_id, task_id=payload.task_id,
                                  message_id=payload.message_id, total_tokens=payload.total_tokens,
                                  price_per_1k=ctx.app.settings.price_per_1k_tokens)
+    record_ledger_consumption(ctx, result.applied)
     if not result.applied:
         log_event("ledger_duplicate", queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt,
                   reference=credits.consume_reference(payload.task_id, payload.message_id))

@@ -1,0 +1,9 @@
+"""conveyor's HTTP side: ``conveyor api`` serves the admin API and dashboard, ``/metrics`` and the OpenAPI spec.
+
+:func:`~conveyor.api.app.create_app` builds the FastAPI application from
+the routers listed in :data:`~conveyor.api.app.ROUTERS`.
+"""
+
+from .app import ROUTERS, create_app
+
+__all__ = ["ROUTERS", "create_app"]

@@ -1,0 +1,122 @@
+"""``/api/admin``: queue metrics, jobs, and the operator's actions, as JSON.
+
+Every route needs the admin token (see :mod:`conveyor.api.auth`). Field
+names are camelCase, as dashboards built on other queues expect
+(``completedTotal``). Routes only render what the read layer
+(:mod:`conveyor.api.inspector`) returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from .auth import require_admin
+from .deps import inspector
+from .inspector import MAX_PAGE, Inspector
+
+router = APIRouter(prefix="/api/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+
+State = Literal["waiting", "delayed", "active", "completed", "failed"]
+
+
+class _Out(BaseModel):
+    # Read straight from the read layer's dataclasses (from_attributes), written camelCase.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, from_attributes=True)
+
+
+class QueueMetrics(_Out):
+    """One queue's numbers. ``completedTotal``/``failedTotal`` count since the broker's data began."""
+
+    active: int
+    waiting: int
+    delayed: int
+    failed: int
+    completed_total: int
+    failed_total: int
+    paused: bool
+
+
+
+class Job(_Out):
+    """A job: its payload's secret fields are redacted, its error scrubbed of secret values. Times are UNIX seconds."""
+
+    id: str
+    queue: str
+    job: str
+    state: State
+    attempts: int
+    max_attempts: int | None
+    key: str | None
+    payload: dict[str, Any]
+    error: str | None
+    enqueued_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    eta: float | None
+    wait_seconds: float | None
+    run_seconds: float | None
+
+
+
+class JobList(_Out):
+    """A page of jobs, newest first; pass ``nextCursor`` as ``cursor`` for the next page (null: last page)."""
+
+    queue: str
+    state: State
+    jobs: list[Job]
+    next_cursor: str | None
+
+
+
+class Retried(_Out):
+    retried: int
+
+
+class Deleted(_Out):
+    deleted: str
+
+
+@router.get("/queue-metrics", response_model=dict[str, QueueMetrics], summary="Counts of every queue")
+def queue_metrics(inspect: Inspector = Depends(inspector)) -> dict[str, QueueMetrics]:
+    return {q.name: QueueMetrics.model_validate(q) for q in inspect.queues()}
+
+
+@router.get("/jobs", response_model=JobList, summary="Jobs of a queue in a state, newest first")
+def list_jobs(queue: str, state: State, limit: int = Query(50, ge=1, le=MAX_PAGE), cursor: str | None = None,
+              inspect: Inspector = Depends(inspector)) -> JobList:
+    return JobList.model_validate(inspect.jobs(queue, state, limit=limit, cursor=cursor))
+
+
+@router.get("/jobs/{job_id}", response_model=Job, summary="One job")
+def get_job(job_id: str, inspect: Inspector = Depends(inspector)) -> Job:
+    return Job.model_validate(inspect.job(job_id))
+
+
+@router.post("/jobs/{job_id}/retry", response_model=Job, summary="Retry a failed job (409 if it has not failed)")
+def retry_job(job_id: str, inspect: Inspector = Depends(inspector)) -> Job:
+    return Job.model_validate(inspect.retry(job_id))
+
+
+@router.delete("/jobs/{job_id}", response_model=Deleted, summary="Delete a job that is not running (409 if it is)")
+def delete_job(job_id: str, inspect: Inspector = Depends(inspector)) -> Deleted:
+    inspect.delete(job_id)
+    return Deleted(deleted=job_id)
+
+
+@router.post("/queues/{queue}/retry-failed", response_model=Retried, summary="Retry every failed job of a queue")
+def retry_failed(queue: str, inspect: Inspector = Depends(inspector)) -> Retried:
+    return Retried(retried=inspect.retry_failed(queue))
+
+
+@router.post("/queues/{queue}/pause", response_model=QueueMetrics, summary="Workers stop taking jobs from the queue")
+def pause(queue: str, inspect: Inspector = Depends(inspector)) -> QueueMetrics:
+    return QueueMetrics.model_validate(inspect.pause(queue))
+
+
+@router.post("/queues/{queue}/resume", response_model=QueueMetrics, summary="Workers take jobs from the queue again")
+def resume(queue: str, inspect: Inspector = Depends(inspector)) -> QueueMetrics:
+    return QueueMetrics.model_validate(inspect.resume(queue))

@@ -1,0 +1,98 @@
+"""Resource routes: store a resource's text (indexed by a resource.index job) and search the index.
+
+``PUT /api/resources/{resource_id}`` stores the text and enqueues its
+indexing (202); the same text again is a no-op. ``GET
+/api/resources/search?q=`` is Postgres full-text search over the indexed
+chunks, best first.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from pydantic import BaseModel, Field
+
+from .. import records
+from ..errors import EnqueueError, RecordNotFound
+from ..tasks.payloads import Id, ResourceIndex
+from .runs import IdPath, conveyor_app
+
+router = APIRouter(prefix="/api/resources", tags=["resources"])
+
+
+class PutResource(BaseModel):
+    user_id: Id
+    task_id: Id | None = None
+    title: str = Field("", max_length=500)
+    body: str = Field(min_length=1, max_length=5_000_000)
+
+
+class ResourceAccepted(BaseModel):
+    resource_id: str
+    version: str
+    job_id: str
+    deduplicated: bool
+
+
+class ResourceState(BaseModel):
+    id: str
+    user_id: str
+    task_id: str | None
+    title: str
+    version: str
+    indexed_version: str | None
+    indexed: bool
+
+
+class SearchResult(BaseModel):
+    resource_id: str
+    title: str
+    seq: int
+    snippet: str
+    rank: float
+
+
+class SearchResults(BaseModel):
+    query: str
+    results: list[SearchResult]
+
+
+@router.get("/search", response_model=SearchResults)
+def search(q: Annotated[str, Query(min_length=1, max_length=500, description="words, \"a phrase\", -not, or")],
+           user_id: Annotated[Id | None, Query()] = None,
+           limit: Annotated[int, Query(ge=1, le=100)] = 20,
+           app=Depends(conveyor_app)) -> SearchResults:
+    """Full-text search over every indexed resource (or one user's), best match first."""
+    with app.pool.connection() as conn:
+        hits = records.search_resources(conn, q, user_id=user_id, limit=limit)
+    return SearchResults(query=q, results=[SearchResult(**hit.__dict__) for hit in hits])
+
+
+@router.put("/{resource_id}", status_code=202, response_model=ResourceAccepted,
+            responses={503: {"description": "the broker is unavailable; stored but not yet indexed"}})
+def put_resource(resource_id: IdPath, body: PutResource, response: Response,
+                 app=Depends(conveyor_app)) -> ResourceAccepted:
+    """Store the resource's text and enqueue its indexing; unchanged text enqueues nothing new."""
+    with app.pool.connection() as conn:
+        version = records.upsert_resource(conn, id=resource_id, user_id=body.user_id, task_id=body.task_id,
+                                          title=body.title, body=body.body)
+    payload = ResourceIndex(resource_id=resource_id, version=version)
+    try:
+        ref = app.jobs.enqueue("resource.index", payload, key=payload.idempotency_key())
+    except EnqueueError as exc:
+        raise HTTPException(503, str(exc)) from None
+    response.headers["Location"] = f"/api/resources/{resource_id}"
+    return ResourceAccepted(resource_id=resource_id, version=version, job_id=ref.id, deduplicated=ref.deduplicated)
+
+
+@router.get("/{resource_id}", response_model=ResourceState, responses={404: {"description": "no such resource"}})
+def get_resource(resource_id: IdPath, app=Depends(conveyor_app)) -> ResourceState:
+    """The resource's current version and whether that version is indexed (its body is not returned)."""
+    with app.pool.connection() as conn:
+        try:
+            r = records.get_resource(conn, resource_id)
+        except RecordNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+    return ResourceState(id=r.id, user_id=r.user_id, task_id=r.task_id, title=r.title, version=r.version,
+                         indexed_version=r.indexed_version, indexed=r.indexed_version == r.version)

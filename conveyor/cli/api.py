@@ -1,0 +1,53 @@
+"""api: the HTTP side (admin API and dashboard, /metrics, OpenAPI) on uvicorn."""
+
+from __future__ import annotations
+
+from . import env_flag
+
+
+def register(sub) -> None:
+    p = sub.add_parser("api", help="admin API and /admin/queues dashboard, /metrics, OpenAPI (/docs)")
+    env_flag(p, "--host", env="CONVEYOR_API_HOST", default="127.0.0.1", help="address to listen on")
+    env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, default=8000, help="port to listen on")
+    p.set_defaults(func=cmd_api)
+
+
+def cmd_api(args) -> int:
+    run_api(args.host, args.port)
+    return 0
+
+
+def run_api(host: str, port: int) -> None:
+    """Serve the API until SIGTERM/SIGINT (also the entry point of ``conveyor up``'s API process)."""
+    import uvicorn
+
+    from ..api import create_app
+    from ..app import App
+    from ..logs import configure_logging, log_event
+
+    app = App()
+    configure_logging(app.settings.log_level)
+    log_event("api_started", queue=None, job=None, job_id=None, attempt=None, host=host, port=port,
+              broker=app.settings.broker_name, admin="token" if app.settings.admin_token else "closed")
+    # Logging stays conveyor's JSON (log_config=None); no access log, as request lines carry no job ids.
+    config = uvicorn.Config(create_app(app), host=host, port=port, log_config=None, access_log=False)
+    try:
+        _serve(config)
+    finally:
+        app.close()
+
+
+def _serve(config) -> None:
+    """Run uvicorn until SIGTERM/SIGINT; after its graceful shutdown the command exits 0.
+
+    uvicorn re-raises the signal once it has shut down, which would make a
+    clean stop look like a crash to whoever supervises it (compose, systemd).
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    Server(config).run()

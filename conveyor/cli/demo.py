@@ -1,0 +1,357 @@
+"""``conveyor demo``: a bounded, realistic, self-checking run of the whole platform.
+
+On whatever is configured (by default the embedded Postgres, nothing
+installed) it starts worker processes for every queue, starts N agent
+rounds and reads their streams as a client would, lets the end-of-round
+jobs run (charges, memory extraction, indexing), sends deliberate
+duplicate finalizes and injects transient failures
+(``CONVEYOR_FAULT_RATE``), shows live per-queue progress, then checks the
+outcome and exits non-zero if any check fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+from . import env_flag
+
+#: What the demo's users ask: realistic prompts, each starting one round.
+PROMPTS = (
+    "Plan the postgres migration for friday and list the risks",
+    "Summarise the customer feedback about invoices from this week",
+    "Draft the incident review for the outage on tuesday",
+    "Prepare the onboarding checklist for the new python engineers",
+    "Compare the pricing of the three cloud vendors for storage",
+    "Write release notes for the dashboard redesign",
+    "Find the flaky tests in the payments service and propose fixes",
+    "Outline the quarterly roadmap for the search team",
+)
+
+#: Credits the demo user starts with.
+STARTING_CREDITS = Decimal("100")
+
+QUEUES_SHOWN = ("agent", "critical", "llm", "indexing", "scheduling", "nudge")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="a bounded, self-checking run of the whole platform (embedded by default)")
+    env_flag(p, "--runs", env="CONVEYOR_DEMO_RUNS", type=int, default=20, help="agent rounds to run")
+    env_flag(p, "--duplicates", env="CONVEYOR_DEMO_DUPLICATES", type=int, default=None,
+             help="rounds that get two extra, unkeyed finalizes (default: a quarter of the runs)")
+    env_flag(p, "--fault-rate", env="CONVEYOR_FAULT_RATE", type=float, default=0.2,
+             help="share of first attempts that fail on purpose")
+    env_flag(p, "--timeout", env="CONVEYOR_DEMO_TIMEOUT", type=float, default=100,
+             help="seconds before the demo gives up and fails")
+    env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, default=1, help="worker processes per queue")
+    p.set_defaults(func=cmd_demo)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Progress:
+    """What the live view and the checks read; refreshed from the database and the broker."""
+
+    runs: dict[str, tuple] = field(default_factory=dict)
+    chunks: int = 0
+    charges: int = 0
+    extractions: int = 0
+    memories: int = 0
+    indexed: int = 0
+    index_chunks: int = 0
+
+
+def cmd_demo(args) -> int:
+    if args.runs < 1:
+        print("conveyor: error: --runs must be at least 1", file=sys.stderr)
+        return 2
+    # The demo runs on the deterministic local model, whatever is configured: it must not spend money.
+    os.environ["CONVEYOR_PROVIDER"] = "local"
+    os.environ["CONVEYOR_FAULT_RATE"] = str(args.fault_rate)
+    os.environ.setdefault("CONVEYOR_LOCAL_CHUNK_DELAY", "0.01")
+
+    from rich.console import Console
+
+    from ..app import App
+    from ..ledger.migrate import migrate
+    from ..logs import configure_logging
+
+    console = Console(stderr=False)
+    app = App()
+    configure_logging("WARNING")
+    started = time.monotonic()
+    where = f"embedded Postgres in {app.settings.data_dir}" if app.settings.embedded else "DATABASE_URL"
+    console.print(f"[bold]conveyor demo[/]: {args.runs} rounds on broker [cyan]{app.settings.broker_name}[/], "
+                  f"records in {where}, fault rate {args.fault_rate:g}")
+    migrate(app.database_url)
+
+    demo = Demo(app, args, console)
+    try:
+        demo.start_workers()
+        demo.run()
+    finally:
+        demo.stop_workers()
+    checks = demo.check(time.monotonic() - started)
+    app.close()
+    return 0 if all(c.ok for c in checks) else 1
+
+
+class Demo:
+    def __init__(self, app, args, console) -> None:
+        self.app, self.args, self.console = app, args, console
+        self.id = f"demo-{uuid.uuid4().hex[:8]}"
+        self.user_id = f"{self.id}-user"
+        duplicates = args.duplicates if args.duplicates is not None else max(1, args.runs // 4)
+        self.duplicates_wanted = min(duplicates, args.runs)
+        self.duplicated: set[str] = set()
+        self.read_upto: dict[str, int] = {}
+        self.stream_entries: dict[str, list] = {}
+        self.timed_out = False
+        self.baseline: dict[str, tuple[int, int]] = {}
+        self.workers = None
+        self.inline = None
+        self.log_path = Path(tempfile.gettempdir()) / f"conveyor-{self.id}-workers.log"
+
+    # -- workers ------------------------------------------------------------------
+
+    def start_workers(self) -> None:
+        broker = self.app.settings.broker_name
+        self.baseline = {q: (c.completed_total, c.failed_total)
+                         for q in QUEUES_SHOWN for c in [self.app.broker.queue_counts(q)]}
+        if broker == "inline":
+            from ..tasks.worker import InlineWorkers
+
+            self.inline = InlineWorkers(self.app).start()
+            self.console.print("workers: every queue, inside this process (inline broker)")
+            return
+        log = open(self.log_path, "w")
+        # `conveyor worker`: a Supervisor with one group per queue, as in production.
+        self.workers = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", "worker", "--processes", str(self.args.processes)],
+            stdout=log, stderr=log, env={**os.environ, "CONVEYOR_LOG_LEVEL": "INFO"})
+        log.close()
+        self.console.print(f"workers: {len(QUEUES_SHOWN) * self.args.processes} processes "
+                           f"(pid {self.workers.pid}), logs in {self.log_path}")
+
+    def stop_workers(self) -> None:
+        if self.inline is not None:
+            self.inline.stop()
+        if self.workers is not None and self.workers.poll() is None:
+            self.workers.terminate()
+            try:
+                self.workers.wait(30)
+            except subprocess.TimeoutExpired:
+                self.workers.kill()
+                self.workers.wait()
+
+    # -- the workload ---------------------------------------------------------------
+
+    def run(self) -> None:
+        from rich.live import Live
+
+        from .. import records
+        from ..ledger import credits
+        from ..rounds import start_round
+
+        with self.app.pool.connection() as conn:
+            credits.top_up(conn, user_id=self.user_id, amount=STARTING_CREDITS, reference=self.id)
+            for n in range(self.args.runs):
+                records.create_task(conn, id=f"{self.id}-task{n}", user_id=self.user_id,
+                                    kind="task" if n % 2 else "chat", title=f"Demo task {n}",
+                                    instructions="Answer in three short lines.")
+        self.run_ids = [start_round(self.app, task_id=f"{self.id}-task{n}", content=PROMPTS[n % len(PROMPTS)]).run_id
+                        for n in range(self.args.runs)]
+        deadline = time.monotonic() + self.args.timeout
+        progress = self.refresh()
+        with Live(self.view(progress), console=self.console, refresh_per_second=4) as live:
+            while not self.done(progress):
+                if time.monotonic() > deadline:
+                    self.timed_out = True
+                    break
+                time.sleep(0.25)
+                progress = self.refresh()
+                live.update(self.view(progress))
+        self.console.print()
+        self.progress = progress
+
+    def refresh(self) -> Progress:
+        from ..db import load_queries
+        from ..streams import buffer_for
+
+        queries = _queries()
+        progress = Progress()
+        with self.app.pool.connection() as conn:
+            progress.runs = {row[0]: row for row in conn.execute(queries["runs"], {"user_id": self.user_id})}
+            progress.charges = conn.execute(queries["charges"], {"user_id": self.user_id}).fetchone()[0]
+            progress.extractions, _ = conn.execute(queries["extractions"], {"user_id": self.user_id}).fetchone()
+            progress.memories = conn.execute(queries["memories"], {"user_id": self.user_id}).fetchone()[0]
+            progress.indexed, progress.index_chunks = conn.execute(queries["indexed"],
+                                                                   {"user_id": self.user_id}).fetchone()
+        # Read each stream as a client would: only what is new since the last look.
+        buffer = buffer_for(self.app)
+        for run_id in self.run_ids:
+            entries = self.stream_entries.setdefault(run_id, [])
+            if entries and entries[-1].kind == "end":
+                continue
+            entries.extend(buffer.read(run_id, entries[-1].seq if entries else 0))
+        progress.chunks = sum(1 for es in self.stream_entries.values() for e in es if e.kind == "chunk")
+        # Deliberate duplicates: finalize some finished rounds twice more, with no key to stop it.
+        for run_id, row in progress.runs.items():
+            if len(self.duplicated) >= self.duplicates_wanted:
+                break
+            if row[1] == "completed" and row[4] and run_id not in self.duplicated:
+                task_id = self.id + "-task" + str(self.run_ids.index(run_id))
+                for _ in range(2):
+                    self.app.jobs.enqueue("run.finalize", {"task_id": task_id, "run_id": run_id})
+                self.duplicated.add(run_id)
+        return progress
+
+    def done(self, progress: Progress) -> bool:
+        n = self.args.runs
+        if len(progress.runs) < n or any(row[1] not in ("completed", "failed", "cancelled")
+                                         for row in progress.runs.values()):
+            return False
+        if len(self.duplicated) < self.duplicates_wanted and \
+                sum(row[1] == "completed" for row in progress.runs.values()) >= self.duplicates_wanted:
+            return False
+        if not all(es and es[-1].kind == "end" for es in self.stream_entries.values()):
+            return False
+        completed = sum(row[1] == "completed" for row in progress.runs.values())
+        if (progress.charges, progress.extractions, progress.indexed) != (completed,) * 3:
+            return False
+        counts = [self.app.broker.queue_counts(q) for q in QUEUES_SHOWN]
+        return all(c.waiting + c.delayed + c.active == 0 for c in counts)
+
+    # -- the view ---------------------------------------------------------------------
+
+    def view(self, progress: Progress):
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table(title=f"conveyor demo {self.id}", title_justify="left")
+        for column in ("queue", "waiting", "delayed", "active", "completed", "failed"):
+            table.add_column(column, justify="left" if column == "queue" else "right")
+        for queue in QUEUES_SHOWN:
+            c = self.app.broker.queue_counts(queue)
+            done, failed = self.baseline.get(queue, (0, 0))
+            table.add_row(queue, str(c.waiting), str(c.delayed), str(c.active), str(c.completed_total - done),
+                          str(c.failed_total - failed))
+        runs_done = sum(row[1] == "completed" for row in progress.runs.values())
+        line = (f"rounds {runs_done}/{self.args.runs} completed · {progress.chunks} chunks streamed · "
+                f"{progress.charges} charged · {progress.extractions} extracted ({progress.memories} memories) · "
+                f"{progress.indexed} indexed · {len(self.duplicated)} duplicate finalizes sent ×2")
+        return Group(table, line)
+
+    # -- the checks ---------------------------------------------------------------------
+
+    def check(self, elapsed: float) -> list[Check]:
+        from rich.table import Table
+
+        from .. import records
+        from ..ledger import credits
+        from ..tasks.faults import chosen
+
+        progress = getattr(self, "progress", None) or self.refresh()
+        queries = _queries()
+        n = self.args.runs
+        runs = progress.runs
+        completed = [r for r in runs.values() if r[1] == "completed"]
+        checks = [Check("finished in time", not self.timed_out,
+                        f"{elapsed:.1f}s" + (f" (gave up after {self.args.timeout:g}s)" if self.timed_out else ""))]
+        checks.append(Check("runs completed", len(completed) == n, f"{len(completed)}/{n}"))
+
+        whole = 0
+        with self.app.pool.connection() as conn:
+            for run_id, row in runs.items():
+                entries = self.stream_entries.get(run_id, [])
+                reply = conn.execute(queries["reply"], {"id": row[3]}).fetchone()
+                text = "".join(e.data for e in entries if e.kind == "chunk")
+                if ([e.seq for e in entries] == list(range(1, len(entries) + 1)) and entries
+                        and entries[-1].kind == "end" and reply and reply[0] == text):
+                    whole += 1
+            checks.append(Check("streams complete, no chunk twice, reply == stream", whole == n, f"{whole}/{n}"))
+            charges = conn.execute(queries["charges"], {"user_id": self.user_id}).fetchone()[0]
+            checks.append(Check("charges == unique rounds", charges == len(completed),
+                                f"{charges} charges for {len(completed)} rounds, "
+                                f"{2 * len(self.duplicated)} duplicate finalizes"))
+            mismatches = credits.verify(conn)
+            balance = credits.balance(conn, self.user_id)
+            spent = sum((e[2] for e in credits.entries(conn, self.user_id) if e[1] == "consume"), Decimal(0))
+            checks.append(Check("balances == entries (ledger verify)",
+                                not mismatches and balance == STARTING_CREDITS + spent,
+                                f"{len(mismatches)} mismatches; balance {balance} = {STARTING_CREDITS} top-up {spent} charged"))
+            extractions, memories_found = conn.execute(queries["extractions"], {"user_id": self.user_id}).fetchone()
+            memories = conn.execute(queries["memories"], {"user_id": self.user_id}).fetchone()[0]
+            checks.append(Check("memories written", extractions == len(completed) and memories > 0,
+                                f"{extractions} extractions, {memories} memories"))
+            indexed, index_chunks = conn.execute(queries["indexed"], {"user_id": self.user_id}).fetchone()
+            hits = records.search_resources(conn, "task", user_id=self.user_id, limit=100)
+            checks.append(Check("index rows written and searchable",
+                                indexed == len(completed) and index_chunks > 0 and len(hits) > 0,
+                                f"{indexed} resources, {index_chunks} chunks, search 'task': {len(hits)} hits"))
+
+        rate = self.args.fault_rate
+        faulted = [rid for rid in runs if chosen(rate, f"run:{rid}")]
+        rerun = [rid for rid in faulted if runs[rid][2] >= 2]
+        checks.append(Check("injected run faults retried and recovered", len(rerun) == len(faulted),
+                            f"{len(faulted)} runs chosen to fail once, {len(rerun)} re-ran"))
+        retries, failures = self.job_outcomes()
+        checks.append(Check("no job failed for good", failures == 0,
+                            f"{retries} retries and deferrals across all jobs, {failures} failures"))
+
+        table = Table(title="summary", title_justify="left")
+        table.add_column("check")
+        table.add_column("", justify="center")
+        table.add_column("detail")
+        for c in checks:
+            table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+        self.console.print(table)
+        if all(c.ok for c in checks):
+            self.console.print(f"[bold green]all checks passed[/] in {elapsed:.1f}s")
+        else:
+            self.console.print(f"[bold red]{sum(not c.ok for c in checks)} check(s) failed[/]"
+                               + (f"; worker logs: {self.log_path}" if self.workers else ""))
+        return checks
+
+    def job_outcomes(self) -> tuple[int, int]:
+        """(retries and deferrals, jobs failed for good) over this demo's jobs, from the broker's records."""
+        from ..tasks.processors.finalize import round_resource_id
+
+        retries = failures = 0
+        broker = self.app.broker
+        ids = {self.user_id, *self.run_ids,
+               *(round_resource_id(row[3]) for row in getattr(self, "progress", Progress()).runs.values())}
+        for queue in QUEUES_SHOWN:
+            for state in ("completed", "failed"):
+                limit = 20 * self.args.runs + 100
+                for record in broker.list_jobs(queue, state, limit=limit):
+                    if not any(v in ids or str(v).startswith(self.id) for v in record.payload.values()):
+                        continue
+                    retries += max(0, record.attempts - 1)
+                    failures += state == "failed"
+        return retries, failures
+
+
+def _queries() -> dict[str, str]:
+    from ..db import load_queries
+
+    global _QUERIES
+    if _QUERIES is None:
+        _QUERIES = load_queries(Path(__file__).with_name("demo.sql"))
+    return _QUERIES
+
+
+_QUERIES: dict[str, str] | None = None

@@ -1,0 +1,34 @@
+"""Model providers: one interface (:class:`~conveyor.providers.base.Provider`), one module per backend.
+
+``local`` is deterministic and needs no network (the default; the demo and
+the tests use it); ``openai`` speaks the OpenAI-compatible chat-completions
+API over HTTP with streaming. ``CONVEYOR_PROVIDER`` picks one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..appcache import per_app
+from .base import ChatMessage, Completion, Generation, Provider, Usage
+
+if TYPE_CHECKING:
+    from ..app import App
+
+__all__ = ["ChatMessage", "Completion", "Generation", "Provider", "Usage", "provider_for"]
+
+def build_provider(settings) -> Provider:
+    """A new provider as ``settings`` configure it."""
+    if settings.provider == "openai":
+        from .openai import OpenAIProvider
+
+        return OpenAIProvider.from_settings(settings)
+    from .local import LocalProvider
+
+    return LocalProvider(chunk_delay=settings.local_chunk_delay)
+
+
+@per_app
+def provider_for(app: "App") -> Provider:
+    """The app's provider, built once per App (an HTTP provider keeps its connection pool)."""
+    return build_provider(app.settings)

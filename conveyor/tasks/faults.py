@@ -1,0 +1,27 @@
+"""Failures injected on purpose (``CONVEYOR_FAULT_RATE``), so the demo and chaos tests exercise retries.
+
+A job is chosen by a digest of its key, not at random, so which jobs fail
+is known in advance; only a first attempt ever fails, so every chosen
+job recovers on its retry. The rate is 0 unless configured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..errors import InjectedFault
+from .context import JobContext
+
+
+def chosen(rate: float, key: str) -> bool:
+    """Whether the job with ``key`` is one that fails its first attempt at ``rate``."""
+    if rate <= 0:
+        return False
+    draw = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+    return draw < rate
+
+
+def maybe_fail(ctx: JobContext, key: str, where: str) -> None:
+    """Raise :class:`~conveyor.errors.InjectedFault` on the first attempt of a chosen job."""
+    if ctx.attempt == 1 and chosen(ctx.app.settings.fault_rate, key):
+        raise InjectedFault(f"fault injected {where} (CONVEYOR_FAULT_RATE={ctx.app.settings.fault_rate:g})")

@@ -1,0 +1,38 @@
+"""Job types for the observability tests (loaded with CONVEYOR_IMPORTS=tests.obs_jobs).
+
+``obs.work`` carries a secret field, so tests can check it never shows;
+it fails on purpose while told to, and can be slowed down.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import ClassVar
+
+from conveyor.errors import JobError
+from conveyor.tasks.context import JobContext
+from conveyor.tasks.payloads import Payload
+from conveyor.tasks.registry import job
+
+
+class ObsWork(Payload):
+    secret_fields: ClassVar[frozenset[str]] = frozenset({"api_key"})
+
+    n: int = 0
+    api_key: str = ""
+    #: Fail while a file exists at this path ("" never).
+    fail_while: str = ""
+    #: Fail the first N attempts.
+    fail_first: int = 0
+    #: Always fail.
+    fail: bool = False
+    sleep: float = 0
+
+
+@job("obs.work", queue="indexing", payload=ObsWork, max_attempts=3)
+def work(payload: ObsWork, ctx: JobContext) -> None:
+    if payload.sleep:
+        time.sleep(payload.sleep)
+    if payload.fail or ctx.attempt <= payload.fail_first or (payload.fail_while and os.path.exists(payload.fail_while)):
+        raise JobError(f"obs.work {payload.n} failed on purpose (attempt {ctx.attempt})")

@@ -1,0 +1,132 @@
+"""Helpers for the agent-platform tests: workers in this process, a real HTTP server for the API."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import uvicorn
+from dramatiq import Worker
+from fastapi import FastAPI
+
+from conveyor import records
+from conveyor.api import resources, runs
+from tests.servers import free_port
+from tests.waiting import wait_for
+
+#: The queues a round's jobs run on.
+ROUND_QUEUES = ("agent", "critical", "llm", "indexing")
+
+
+@contextlib.contextmanager
+def workers(app, queues=ROUND_QUEUES, threads: int = 4) -> Iterator[Worker]:
+    """One Dramatiq worker in this process consuming ``queues`` of ``app``'s broker."""
+    app.broker.emit_after("process_boot")
+    worker = Worker(app.broker, queues=set(queues), worker_threads=threads, worker_timeout=100)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop(timeout=10_000)
+
+
+def api_app(app) -> FastAPI:
+    """A FastAPI app with the platform's routers, as ``create_app`` composes them."""
+    api = FastAPI()
+    api.state.conveyor = app
+    api.include_router(runs.router)
+    api.include_router(resources.router)
+    return api
+
+
+@contextlib.contextmanager
+def serve(app) -> Iterator[str]:
+    """The platform routers on a real uvicorn server on a loopback port; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(api_app(app), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=15, message="uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def make_task(app, task_id: str, *, user_id: str = "u1", kind: str = "chat", title: str = "",
+              instructions: str = "") -> records.Task:
+    with app.pool.connection() as conn:
+        return records.create_task(conn, id=task_id, user_id=user_id, kind=kind, title=title,
+                                   instructions=instructions)
+
+
+def run_status(app, run_id: str) -> records.Run:
+    with app.pool.connection() as conn:
+        return records.get_run(conn, run_id)
+
+
+def parse_sse(lines) -> Iterator[dict]:
+    """Events of an SSE body (an iterable of lines): {"id", "event", "data"}; comments skipped."""
+    event: dict = {}
+    for line in lines:
+        if line == "":
+            if "data" in event or "event" in event:
+                yield event
+            event = {}
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            event[name] = value[1:] if value.startswith(" ") else value
+
+
+def completed_round(app, *, task_id: str, user_id: str, question: str, answer: str) -> str:
+    """A task with one finished round, written straight to the records; returns the assistant message id."""
+    make_task(app, task_id, user_id=user_id)
+    with app.pool.connection() as conn:
+        records.add_message(conn, id=f"{task_id}-q", task_id=task_id, role="user", content=question)
+        records.create_run(conn, id=f"{task_id}-run", task_id=task_id, job="chat.run",
+                           user_message_id=f"{task_id}-q", assistant_message_id=f"{task_id}-a")
+        run = records.get_run(conn, f"{task_id}-run")
+        records.complete_run(conn, run, content=answer, prompt_tokens=10, completion_tokens=20)
+    return f"{task_id}-a"
+
+
+def worker_process(env: dict, queue: str, threads: int | None = None):
+    """A real worker process for one queue (``conveyor.tasks.worker.run_process``), configured by ``env``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"from conveyor.tasks.worker import run_process; run_process({queue!r}, {threads!r})"
+    env = {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stop_process(proc, timeout: float = 30) -> str:
+    """SIGTERM a worker process, wait for it, return its stderr."""
+    import subprocess
+
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err or ""
+
+
+def broker_params(*names: str) -> list:
+    """pytest params for brokers; postgres is skipped until its broker module exists."""
+    import importlib.util
+
+    import pytest
+
+    missing = importlib.util.find_spec("conveyor.brokers.postgres") is None
+    return [pytest.param(n, marks=pytest.mark.skipif(missing, reason="the Postgres broker is not built yet"))
+            if n == "postgres" else n for n in names]
