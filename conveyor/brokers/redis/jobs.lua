@@ -42,6 +42,9 @@ local heartbeats_key = ns .. ":__heartbeats__"
 local acks_key = ns .. ":__acks__." .. worker .. "." .. queue
 local totals_key = ns .. ":totals:" .. canonical
 
+-- Every state a record can be in (a deleted job leaves all their indexes).
+local STATES = {"waiting", "delayed", "active", "completed", "failed"}
+
 local function job_key(id)
     return ns .. ":job:" .. id
 end
