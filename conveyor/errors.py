@@ -81,6 +81,34 @@ class MalformedMessage(PermanentError):
     """A message in a queue could not be decoded or its payload no longer validates."""
 
 
+class BuildFailed(PermanentError):
+    """A build can never succeed as requested (its build script failed, its archive is bad,
+    its rollback target does not exist): the build and its agent or connector end ``failed``."""
+
+
+class BuildTimeout(JobError):
+    """A build ran past its kind's time limit; it is retried while attempts remain."""
+
+
+# -- schedules and secrets ----------------------------------------------------
+
+
+class ScheduleError(ConveyorError):
+    """A schedule, a pause or a nudge could not be created or changed."""
+
+
+class InvalidSchedule(ScheduleError):
+    """A bad cron expression, time zone, misfire policy, job or payload; nothing was created."""
+
+
+class ScheduleNotFound(ScheduleError):
+    """No schedule has this id."""
+
+
+class SecretKeyError(ConfigurationError):
+    """``CONVEYOR_SECRET_KEY`` is missing where secrets must be encrypted, or is not a Fernet key."""
+
+
 # -- ledger -------------------------------------------------------------------
 
 

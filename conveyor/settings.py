@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(
         default_factory=_default_data_dir,
-        description="Where the embedded Postgres keeps its data.",
+        description="Where the embedded Postgres, build artifacts and build work trees live.",
     )
     dedup_ttl: float = Field(
         24 * 3600, gt=0, description="Seconds a job key makes a second enqueue a no-op."
@@ -108,7 +108,9 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for /admin and /api/admin; unset: those routes are closed (403)."
     )
-    secret_key: SecretStr | None = Field(None, description="Fernet key(s) for payload secrets.")
+    secret_key: SecretStr | None = Field(
+        None, description="Fernet key(s) for payload secrets, comma-separated: the first encrypts, all decrypt."
+    )
     imports: str = Field("", description="Comma-separated modules that register more job types.")
     log_level: str = Field("INFO", description="Log level of conveyor's JSON logs.")
     redis_namespace: str = Field("conveyor", description="Prefix of every Redis key.")
@@ -134,6 +136,23 @@ class Settings(BaseSettings):
         None,
         description="Multi-process metrics directory of a worker supervisor (emptied at start); "
         "default: a new temporary directory.",
+    )
+    # -- schedules and builds ---------------------------------------------------
+    scheduler_interval: float = Field(
+        5, gt=0, description="Seconds between the scheduler's passes over due schedules."
+    )
+    scheduler_misfire_grace: float = Field(
+        60, ge=0, description="Seconds late a cron fire may be and still count as on time (misfire policy 'skip')."
+    )
+    build_heartbeat_interval: float = Field(
+        10, gt=0, description="Seconds between a running build's heartbeats (builds.heartbeat_at)."
+    )
+    build_stale_after: float = Field(
+        60, gt=0, description="Seconds without a heartbeat before a build may be taken over by another worker."
+    )
+    build_time_limits: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per build kind time limit overrides, seconds: CONVEYOR_BUILD_TIME_LIMITS__<KIND>.",
     )
     # -- agent platform ---------------------------------------------------------
     provider: ProviderName = Field(
@@ -184,6 +203,20 @@ class Settings(BaseSettings):
         unknown = sorted(set(value) - set(QUEUES))
         if unknown:
             raise ValueError(f"unknown queue(s) {unknown}; known: {sorted(QUEUES)}")
+        return value
+
+    @field_validator("build_time_limits")
+    @classmethod
+    def _known_build_kinds(cls, value: dict[str, float]) -> dict[str, float]:
+        from .builds.payloads import BUILD_KINDS
+
+        value = {kind.lower(): limit for kind, limit in value.items()}
+        unknown = sorted(set(value) - set(BUILD_KINDS))
+        if unknown:
+            raise ValueError(f"unknown build kind(s) {unknown}; known: {sorted(BUILD_KINDS)}")
+        bad = sorted(kind for kind, limit in value.items() if limit <= 0)
+        if bad:
+            raise ValueError(f"build time limits must be positive: {bad}")
         return value
 
     @property

@@ -156,3 +156,33 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         if name in CONFIG_VARS or name.startswith(CONFIG_PREFIX):
             monkeypatch.delenv(name)
     return monkeypatch
+
+
+# -- apps and worker processes, for modules that define a `settings` fixture ---
+
+
+@pytest.fixture
+def app(settings):
+    """An App on the module's `settings`, closed after the test."""
+    from conveyor.app import App
+
+    app = App(settings)
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def workers(settings, tmp_path):
+    """Factory: `workers(queues, processes=1, **env)` starts `conveyor worker`; all are stopped after."""
+    from tests.harness import WorkerProcess
+
+    started = []
+
+    def start(queues: str, processes: int = 1, **env):
+        worker = WorkerProcess(settings, queues, processes, log=tmp_path / f"worker-{len(started)}.log", **env)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.terminate()

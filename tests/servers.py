@@ -80,6 +80,9 @@ class _Server:
 
     name = "server"
 
+    #: The signal of a clean shutdown.
+    STOP_SIGNAL = signal.SIGTERM
+
     def __init__(self, tmpdir: str | os.PathLike[str] | None = None) -> None:
         self.tmpdir = Path(tmpdir or tempfile.mkdtemp(prefix=f"conveyor-{self.name}-"))
         self.tmpdir.mkdir(parents=True, exist_ok=True)
@@ -113,17 +116,16 @@ class _Server:
         self._spawn_and_wait()
 
     def stop(self) -> None:
-        """Shut down cleanly (SIGTERM) and wait; idempotent."""
+        """Shut down cleanly (``STOP_SIGNAL``) and wait; killed after STOP_TIMEOUT; idempotent."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
             self._proc = None
             return
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(self.STOP_SIGNAL)
         try:
             proc.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            self.kill()
         self._proc = None
 
     def kill(self) -> None:
@@ -315,6 +317,11 @@ class PostgresServer(_Server):
     """
 
     name = "postgres"
+
+    #: Fast shutdown, pg_ctl's default: open sessions are ended, then a
+    #: checkpoint. SIGTERM (smart) would wait for every client to leave, and
+    #: pooled clients never do.
+    STOP_SIGNAL = signal.SIGINT
 
     #: Server settings for tests. max_connections leaves room for many worker
     #: processes and pools in one test session.

@@ -139,8 +139,9 @@ def test_paused_queue_is_not_claimed_until_resumed(app, database_url):
         wait_for(lambda: finished(app, ref.id), message="the resumed queue's job")
 
 
-def test_time_limit_stops_a_job_that_runs_too_long(clean_env, redis_url, database_url, request):
-    app = App(make_settings("redis", redis_url, database_url,
+@pytest.mark.parametrize("broker", BROKERS)
+def test_time_limit_stops_a_job_that_runs_too_long(broker, clean_env, redis_url, database_url):
+    app = App(make_settings(broker, redis_url, database_url,
                             queues={"indexing": {"time_limit": 0.5, "max_attempts": 1}}))
     try:
         with running(app, "indexing"):

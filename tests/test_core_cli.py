@@ -12,9 +12,9 @@ from tests.harness import ROOT, WorkerProcess, env_for, make_settings
 from tests.waiting import wait_for
 
 
-@pytest.fixture
-def settings(clean_env, redis_url, database_url):
-    return make_settings("redis", redis_url, database_url)
+@pytest.fixture(params=["redis", "postgres"])
+def settings(request, clean_env, redis_url, database_url):
+    return make_settings(request.param, redis_url, database_url)
 
 
 def conveyor(settings, *args, stdin=None):

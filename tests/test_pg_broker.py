@@ -17,7 +17,7 @@ import pytest
 from dramatiq import Message
 
 from conveyor.app import App
-from conveyor.errors import TransactionalEnqueueUnsupported
+from conveyor.errors import BrokerUnavailable, TransactionalEnqueueUnsupported
 from tests.harness import make_settings, probe_dead, probe_runs, running
 from tests.waiting import wait_for
 
@@ -86,6 +86,20 @@ def test_claim_takes_a_fifo_batch_up_to_the_prefetch_and_marks_it_in_progress(ap
     finally:
         consumer.close()
     assert app.broker.queue_counts("indexing").waiting == 6
+
+
+def test_a_long_history_stays_out_of_the_claim_path(app, database_url):
+    sql(database_url, "INSERT INTO conveyor_jobs (id, queue, job, status, message, completed_at) "
+                      "SELECT 'old-' || i, 'indexing', 'test.probe.indexing', 'done', '{}', now() "
+                      "FROM generate_series(1, 20000) i")
+    app.jobs.enqueue("test.probe.indexing", {"token": "fresh"})
+    sql(database_url, "ANALYZE conveyor_jobs")
+    from conveyor.brokers.postgres import QUERIES
+
+    with psycopg.connect(database_url) as conn:  # EXPLAIN only: nothing is claimed
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN " + QUERIES["claim"], {"queue": "indexing", "limit": 16, "worker": "w"}).fetchall())
+    assert "conveyor_jobs_pending" in plan, plan
 
 
 def test_outcome_of_a_superseded_delivery_changes_nothing(app, database_url):
@@ -160,6 +174,17 @@ def test_job_inserted_without_a_notification_is_picked_up_by_the_poll(make_app, 
         record = wait_for(lambda: finished(app, raw_insert_id), timeout=10, message="the poll to find the row")
     assert record.state == "completed"
     assert [r["job_id"] for r in probe_runs(database_url, "silent")] == [job_id]
+
+
+def test_postgres_down_gives_a_clear_error_and_enqueues_nothing(app, pg_server):
+    pg_server.stop()
+    try:
+        with pytest.raises(BrokerUnavailable, match="nothing was enqueued"):
+            app.jobs.enqueue("test.probe.critical", {"token": "down"}, key="down:1")
+    finally:
+        pg_server.start()
+    ref = app.jobs.enqueue("test.probe.critical", {"token": "down"}, key="down:1")
+    assert not ref.deduplicated and app.broker.queue_counts("critical").waiting == 1
 
 
 # -- keys -----------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 ROUTERS = (
     "conveyor.api.runs:router",
     "conveyor.api.resources:router",
+    "conveyor.api.schedules:router",
+    "conveyor.api.builds:router",
     "conveyor.api.admin:router",
     "conveyor.api.dashboard:router",
     "conveyor.api.metrics:router",

@@ -13,10 +13,12 @@ and the wake-ups and heartbeats in ``postgres_listen.py``.
   SKIP LOCKED``), FIFO by available time within priority; a **start**
   counts the attempt; outcomes are written in batches.
 - **Delays and retries** are the available time of the same row.
-- **Recovery** (:meth:`maintain`, every ``CONVEYOR_PG_RECOVERY_SECONDS``):
-  rows of workers whose heartbeat is older than ``CONVEYOR_PG_LEASE_SECONDS``
-  go back to pending, or fail when their attempts are spent, and then their
-  job type's final-failure hook runs once.
+- **Recovery** (:meth:`maintain`, every ``CONVEYOR_PG_RECOVERY_SECONDS``,
+  in ``postgres_recovery.py``): rows of workers whose heartbeat is older
+  than ``CONVEYOR_PG_LEASE_SECONDS`` go back to pending, or fail when their
+  attempts are spent, and then their job type's final-failure hook runs once.
+- **Records** (``postgres_records.py``): the rows are the job records, listed
+  by queue and state; totals live in a small counters table.
 """
 
 from __future__ import annotations
@@ -43,14 +45,13 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from ..db import load_queries
 from ..errors import BrokerUnavailable, DatabaseUnavailable
 from ..logs import log_event
-from .base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts, describe_error
+from .base import ConveyorBroker, EnqueueItem, JobRef
 from .postgres_consumer import DELIVERY_OPTIONS, Outbox, PostgresConsumer, _Retry
-from .postgres_listen import Listener
+from .postgres_listen import CHANNEL, Listener
+from .postgres_records import RecordsMixin
+from .postgres_recovery import RecoveryMixin
 
 QUERIES = load_queries(Path(__file__).with_name("postgres.sql"))
-
-#: The NOTIFY channel; its payload is the queue name. ``LISTEN`` in postgres.sql names it too.
-CHANNEL = "conveyor_jobs"
 
 #: Connections per broker pool: a worker process's threads each need one
 #: briefly to start a job; producers one per concurrent enqueue.
@@ -65,24 +66,22 @@ START_GRACE = 5.0
 #: Rounds of insert / look up / release an expired key, for keys raced by other enqueuers.
 KEY_ROUNDS = 5
 
-#: Rows per recovery or prune statement, and statements per pass: both stay off the hot path.
-BATCH = 1000
-BATCHES_PER_PASS = 10
-
-#: Seconds between prune passes (the retention is days; no need to hurry).
-PRUNE_INTERVAL = 60.0
-
-#: Seconds after which a worker row that stopped heartbeating is forgotten.
-FORGET_WORKERS_AFTER = 24 * 3600.0
-
 #: Slots of conveyor_queue_totals (see the migration).
 TOTAL_SLOTS = 8
+
+#: Whether a worker's own writes (claims, starts, outcomes, retries) wait for
+#: the WAL flush. They do not: each of them, lost in a Postgres crash, only
+#: makes a job run once more (a claim or an outcome undone) or counts one
+#: attempt less, which at-least-once delivery and idempotent processors
+#: already cover; waiting would add an fsync to every start of every job.
+#: Enqueues, final failures and recovery always commit synchronously.
+WORKER_SYNCHRONOUS_COMMIT = False
 
 #: Errors that mean "Postgres is not reachable right now"; anything else is a bug or bad data.
 DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, PoolClosed)
 
 
-class PostgresBroker(ConveyorBroker, Broker):
+class PostgresBroker(RecoveryMixin, RecordsMixin, ConveyorBroker, Broker):
     """Dramatiq broker plus conveyor's job interface, on one Postgres table.
 
     ``on_dead(broker, message, error)`` runs a job's final failure found by
@@ -109,7 +108,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._on_dead = on_dead or _retries_callback(self.middleware)
         self._lock = threading.RLock()
-        self._pool: ConnectionPool | None = None
+        self._pools: dict[bool, ConnectionPool] = {}  # fast -> pool
         self._pool_checked = -math.inf
         self._listener = self._new_listener()
         self._consumed: set[str] = set()
@@ -131,33 +130,38 @@ class PostgresBroker(ConveyorBroker, Broker):
                                keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
 
     @contextlib.contextmanager
-    def _conn(self) -> Iterator[psycopg.Connection]:
+    def _conn(self, *, fast: bool = False) -> Iterator[psycopg.Connection]:
         """A pooled autocommit connection. No ping on checkout: a connection a
-        Postgres restart broke fails once, and the pool is then checked."""
+        Postgres restart broke fails once, and the pool is then checked.
+
+        ``fast`` connections commit asynchronously (see WORKER_SYNCHRONOUS_COMMIT).
+        """
+        fast = fast and not WORKER_SYNCHRONOUS_COMMIT
         with self._lock:
-            if self._pool is None:
-                self._pool = ConnectionPool(self.database_url, min_size=1, max_size=POOL_MAX, open=False,
-                                            name="conveyor-pg-broker", kwargs={"autocommit": True},
-                                            timeout=POOL_TIMEOUT, reconnect_timeout=60)
-                self._pool.open(wait=False)
-            pool = self._pool
+            pool = self._pools.get(fast)
+            if pool is None:
+                pool = self._pools[fast] = ConnectionPool(
+                    self.database_url, min_size=1, max_size=POOL_MAX, open=False, kwargs={"autocommit": True},
+                    name="conveyor-pg-worker" if fast else "conveyor-pg-broker", timeout=POOL_TIMEOUT,
+                    reconnect_timeout=60, configure=_worker_session if fast else None)
+                pool.open(wait=False)
         with pool.connection() as conn:
             yield conn
 
     def _pool_trouble(self) -> None:
-        """After a connection error: replace the pool's broken connections (at most once a second)."""
+        """After a connection error: replace the pools' broken connections (at most once a second)."""
         now = time.monotonic()
-        pool = self._pool
-        if pool is None or now - self._pool_checked < 1.0:
+        if now - self._pool_checked < 1.0:
             return
         self._pool_checked = now
-        try:
-            pool.check()
-        except Exception:  # the pool reconnects by itself; checking is only a shortcut
-            pass
+        for pool in list(self._pools.values()):
+            try:
+                pool.check()
+            except Exception:  # the pool reconnects by itself; checking is only a shortcut
+                pass
 
-    def _execute(self, name: str, params: dict | None = None, *, fetch: str = "none") -> Any:
-        with self._conn() as conn:
+    def _execute(self, name: str, params: dict | None = None, *, fetch: str = "none", fast: bool = False) -> Any:
+        with self._conn(fast=fast) as conn:
             cur = conn.execute(QUERIES[name], params or {})
             if fetch == "one":
                 return cur.fetchone()
@@ -167,6 +171,16 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def _slot(self) -> int:
         return random.randrange(TOTAL_SLOTS)
+
+    def _read(self, name: str, params: dict, fetch: str) -> Any:
+        """Run a statement that is safe to repeat; once more on a fresh connection if the first one was broken."""
+        for attempt in (1, 2):
+            try:
+                return self._execute(name, params, fetch=fetch)
+            except DB_ERRORS as exc:
+                self._pool_trouble()
+                if attempt == 2 or isinstance(exc, PoolTimeout):  # no connection for seconds: not a stale one
+                    raise DatabaseUnavailable(f"Postgres is unavailable: {exc}") from exc
 
     # -- Dramatiq's Broker -------------------------------------------------------
 
@@ -217,8 +231,8 @@ class PostgresBroker(ConveyorBroker, Broker):
             with contextlib.suppress(*DB_ERRORS):
                 self._execute("forget_worker", {"id": self.worker_id})
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
             pool.close(timeout=5)
 
     def flush(self, queue_name: str) -> None:
@@ -242,20 +256,37 @@ class PostgresBroker(ConveyorBroker, Broker):
                      connection: psycopg.Connection | None = None) -> list[JobRef]:
         """Insert jobs; with ``connection``, inside the caller's transaction (a savepoint if one is open)."""
         rows = [self._row(item) for item in items]
-        try:
-            if connection is not None:
+        if connection is not None:
+            try:
                 with connection.transaction():
                     refs = self._insert(connection, rows, dedup_ttl)
-            else:
-                with self._conn() as conn, conn.transaction():
-                    refs = self._insert(conn, rows, dedup_ttl)
-        except DB_ERRORS as exc:
-            self._pool_trouble()
-            raise BrokerUnavailable(f"Postgres is unavailable, nothing was enqueued: {exc}") from exc
+            except DB_ERRORS as exc:
+                raise BrokerUnavailable(f"Postgres is unavailable, nothing was enqueued: {exc}") from exc
+        else:
+            refs = self._insert_on_own_connection(rows, dedup_ttl)
         for item, ref in zip(items, refs):
             if not ref.deduplicated:
                 self.emit_after("enqueue", item.message, item.delay_ms)
         return refs
+
+    def _insert_on_own_connection(self, rows: list[dict], dedup_ttl: float) -> list[JobRef]:
+        # A pooled connection a Postgres restart broke fails before anything
+        # was sent: then try once more. A failure at COMMIT is ambiguous and
+        # is reported, never repeated (without a key it could enqueue twice).
+        attempt = 1
+        while True:
+            committing = False
+            try:
+                with self._conn() as conn:
+                    with conn.transaction():
+                        refs = self._insert(conn, rows, dedup_ttl)
+                        committing = True
+                return refs
+            except DB_ERRORS as exc:
+                self._pool_trouble()
+                if committing or attempt == 2 or isinstance(exc, PoolTimeout):
+                    raise BrokerUnavailable(f"Postgres is unavailable, nothing was enqueued: {exc}") from exc
+                attempt += 1
 
     def _row(self, item: EnqueueItem) -> dict:
         message = item.message
@@ -279,7 +310,9 @@ class PostgresBroker(ConveyorBroker, Broker):
         refs: list[JobRef | None] = [None] * len(rows)
         todo = list(range(len(rows)))
         for _ in range(KEY_ROUNDS):
-            batch = [rows[i] for i in todo]
+            # Keys in one order in every transaction: two batches racing for
+            # the same keys then wait on each other instead of deadlocking.
+            batch = sorted((rows[i] for i in todo), key=lambda r: r["key"] or "")
             inserted = {row[0] for row in conn.execute(QUERIES["enqueue"], _enqueue_params(batch, dedup_ttl))}
             skipped = []
             for i in todo:
@@ -318,7 +351,8 @@ class PostgresBroker(ConveyorBroker, Broker):
         deadline = time.monotonic() + START_GRACE
         while True:
             try:
-                row = self._execute("start", {"id": message.message_id, "delivery": delivery}, fetch="one")
+                row = self._execute("start", {"id": message.message_id, "delivery": delivery}, fetch="one",
+                                    fast=True)
                 return row[0] if row else 0
             except DB_ERRORS as exc:
                 self._pool_trouble()
@@ -347,12 +381,13 @@ class PostgresBroker(ConveyorBroker, Broker):
         return self._listener.beating(within=self.lease / 2)
 
     def _claim_rows(self, queue: str, limit: int) -> list[tuple]:
-        rows = self._execute("claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all")
+        rows = self._execute("claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all",
+                             fast=True)
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: FIFO within priority
         return [(r[0], r[1], r[2], r[3], r[6]) for r in rows]
 
     def _next_due(self, queue: str) -> float | None:
-        return self._execute("next_due", {"queue": queue}, fetch="one")[0]
+        return self._execute("next_due", {"queue": queue}, fetch="one", fast=True)[0]
 
     def _hold(self, job_id: str, delivery: int) -> None:
         with self._lock:
@@ -370,7 +405,7 @@ class PostgresBroker(ConveyorBroker, Broker):
             "ids": [k[0] for k in keys], "deliveries": [k[1] for k in keys],
             "statuses": [outcomes[k][0] for k in keys], "errors": [outcomes[k][1] for k in keys],
             "slot": self._slot(),
-        })
+        }, fast=True)
 
     def _retry(self, message: Message, delay: int | None) -> Message:
         delivery = message.options["pg_delivery"]
@@ -392,163 +427,11 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def _write_retry(self, job_id: str, delivery: int, message: str, delay: float, error: str | None) -> None:
         self._execute("retry", {"id": job_id, "delivery": delivery, "delay": delay, "message": message,
-                                "error": error, "channel": CHANNEL})
-
-    def _fail_malformed(self, job_id: str, queue: str, job: str, delivery: int, exc: Exception) -> None:
-        cause = getattr(exc, "error", None) or exc  # DecodeError wraps the decoder's error
-        error = f"MalformedMessage: the stored message cannot be decoded ({describe_error(cause, 500)})"
-        row = self._execute("fail_malformed", {"id": job_id, "delivery": delivery, "error": error,
-                                               "slot": self._slot()}, fetch="one")
-        with self._lock:
-            self._held.pop(job_id, None)
-        log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=None, error=error)
-        if row and row[0]:
-            self._run_on_dead(job_id, queue, job, None, 0, error)
-
-    def _run_on_dead(self, job_id: str, queue: str, job: str, text: str | None, attempt: int, error: str) -> None:
-        message = None
-        if text is not None:
-            with contextlib.suppress(Exception):
-                message = dataclasses.replace(Message.decode(text.encode()), message_id=job_id, queue_name=queue)
-        if message is None:  # the hook gets no payload
-            message = Message(queue_name=queue, actor_name=job, args=(), kwargs={}, options={}, message_id=job_id)
-        message.options["attempt"] = attempt
-        if self._on_dead is None:
-            return
-        try:
-            self._on_dead(self, message, error)
-        except Exception as exc:
-            log_event("error", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt,
-                      error=f"final-failure handling raised {type(exc).__name__}: {exc}")
+                                "error": error, "channel": CHANNEL}, fast=True)
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         conn.execute(QUERIES["heartbeat"], {"id": self.worker_id, "hostname": socket.gethostname(),
                                             "pid": os.getpid(), "queues": sorted(self._consumed)})
-
-    # -- recovery --------------------------------------------------------------------
-
-    def maintain(self) -> dict[str, list[str]]:
-        """Recovery (every ``CONVEYOR_PG_RECOVERY_SECONDS``) and pruning (every minute).
-
-        Safe from many processes at once: each stuck row is taken by one pass.
-        Skipped while this process's own connection came back less than a
-        lease ago: after a Postgres restart every worker's heartbeat looks
-        stale until each has had the time to write one.
-        """
-        if not self._maintaining.acquire(blocking=False):
-            return {}
-        try:
-            now = time.monotonic()
-            recovered: dict[str, list[str]] = {}
-            up_since = self._listener.up_since
-            settled = up_since is not None and now - up_since >= self.lease
-            if now - self._last_recovery >= self.recovery_seconds and settled:
-                self._last_recovery = now
-                recovered = self.recover()
-            if now - self._last_prune >= PRUNE_INTERVAL:
-                self._last_prune = now
-                self.prune()
-                self._execute("forget_dead_workers", {"after": FORGET_WORKERS_AFTER})
-            return recovered
-        finally:
-            self._maintaining.release()
-
-    def recover(self) -> dict[str, list[str]]:
-        """One recovery pass now; returns the ids put back to pending, by queue."""
-        requeued: dict[str, list[str]] = {}
-        for _ in range(BATCHES_PER_PASS):
-            rows = self._execute("recover", {"lease": self.lease, "limit": BATCH, "slot": self._slot()},
-                                 fetch="all")
-            for job_id, queue, job, status, run_hook, attempt, error, text in rows:
-                if status == "pending":
-                    requeued.setdefault(queue, []).append(job_id)
-                    continue
-                log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt, error=error)
-                if run_hook:
-                    self._run_on_dead(job_id, queue, job, text, attempt, error)
-            if len(rows) < BATCH:
-                break
-        if self._listener.ready.is_set():
-            with self._lock:
-                held = set(self._held)
-            held |= self._outbox.job_ids()
-            for job_id, queue in self._execute("release_orphans", {"worker": self.worker_id, "lease": self.lease,
-                                                                   "held": sorted(held)}, fetch="all"):
-                requeued.setdefault(queue, []).append(job_id)
-        return requeued
-
-    def prune(self) -> int:
-        """Delete finished jobs older than the retention, in batches; returns how many."""
-        total = 0
-        for _ in range(BATCHES_PER_PASS):
-            count = self._execute("prune", {"retention": self.retention, "limit": BATCH})
-            total += count
-            if count < BATCH:
-                break
-        return total
-
-    # -- reading -----------------------------------------------------------------------
-
-    def _read(self, name: str, params: dict, fetch: str) -> Any:
-        try:
-            return self._execute(name, params, fetch=fetch)
-        except DB_ERRORS as exc:
-            self._pool_trouble()
-            raise DatabaseUnavailable(f"Postgres is unavailable: {exc}") from exc
-
-    def queue_counts(self, queue: str) -> QueueCounts:
-        waiting, delayed, active, failed, completed_total, failed_total, paused, oldest = self._read(
-            "counts", {"queue": queue}, "one")
-        return QueueCounts(queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused,
-                           oldest)
-
-    def get_job(self, job_id: str) -> JobRecord | None:
-        row = self._read("get_job", {"id": job_id}, "one")
-        return _record(row) if row else None
-
-    def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
-        if state not in JOB_STATES:
-            raise ValueError(f"unknown state {state!r}; states: {', '.join(JOB_STATES)}")
-        name, status = {"waiting": ("list_waiting", None), "delayed": ("list_delayed", None),
-                         "active": ("list_active", None), "completed": ("list_finished", "done"),
-                         "failed": ("list_finished", "failed")}[state]
-        rows = self._read(name, {"queue": queue, "status": status, "limit": limit, "offset": offset}, "all")
-        return [_record(row) for row in rows]
-
-    def pause_queue(self, queue: str) -> None:
-        self._read("pause", {"queue": queue}, "none")
-
-    def resume_queue(self, queue: str) -> None:
-        self._read("resume", {"queue": queue, "channel": CHANNEL}, "none")
-
-    def retry_job(self, job_id: str) -> bool:
-        retried, _ = self._read("retry_failed", {"id": job_id, "queue": None, "channel": CHANNEL}, "one")
-        return retried > 0
-
-    def retry_failed(self, queue: str) -> int:
-        retried, _ = self._read("retry_failed", {"id": None, "queue": queue, "channel": CHANNEL}, "one")
-        return retried
-
-    def delete_job(self, job_id: str) -> bool:
-        # A worker that claimed the job holds it (in_progress): only unheld jobs go.
-        return self._read("delete_job", {"id": job_id}, "one") is not None
-
-
-_STATES = {"pending": "waiting", "in_progress": "active", "done": "completed", "failed": "failed"}
-
-
-def _record(row: tuple) -> JobRecord:
-    (job_id, queue, job, status, delayed, attempt, key, payload, error,
-     created_at, started_at, completed_at, available_at) = row
-    state = "delayed" if status == "pending" and delayed else _STATES[status]
-    return JobRecord(
-        id=job_id, queue=queue, job=job, state=state, attempts=attempt, key=key,
-        payload=payload if isinstance(payload, dict) else {}, error=error,
-        enqueued_at=created_at.timestamp(), started_at=started_at.timestamp() if started_at else None,
-        finished_at=completed_at.timestamp() if completed_at else None,
-        eta=available_at.timestamp() if state == "delayed" else None,
-    )
-
 
 def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
     return {
@@ -563,6 +446,10 @@ def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
 def _without_delivery(message: Message) -> Message:
     options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
     return dataclasses.replace(message, options=options)
+
+
+def _worker_session(conn: psycopg.Connection) -> None:
+    conn.execute(QUERIES["worker_session"])
 
 
 def _listen(conn: psycopg.Connection) -> None:

@@ -128,6 +128,11 @@ UPDATE conveyor_jobs SET final_failure_at = now()
 WHERE id = %(id)s AND final_failure_at IS NULL
 RETURNING id
 
+-- name: worker_session
+-- Worker-side writes commit without waiting for the WAL flush (postgres.py,
+-- WORKER_SYNCHRONOUS_COMMIT says why that is safe).
+SET synchronous_commit = off
+
 -- name: listen
 -- The channel is postgres.py's CHANNEL; the enqueue's NOTIFY names the queue.
 LISTEN conveyor_jobs
@@ -162,7 +167,7 @@ WITH stuck AS (
     UPDATE conveyor_jobs j
     SET status = CASE WHEN s.spent THEN 'failed' ELSE 'pending' END,
         error = CASE WHEN s.spent
-                     THEN 'WorkerLost: its worker stopped heartbeating during attempt '
+                     THEN 'WorkerLost: the worker died (stopped heartbeating) during attempt '
                           || j.attempt || ', the last one'
                      ELSE j.error END,
         completed_at = CASE WHEN s.spent THEN now() END,

@@ -128,6 +128,8 @@ class PostgresConsumer(Consumer):
         self.wake = broker._listener.subscribe(self.queue)
         self.draining = True  # claim at once on start: jobs may be waiting
         self.poll_at = 0.0
+        #: After a short claim: look up the next delayed job before sleeping (not before handing out the claim).
+        self.check_due = False
 
     def __next__(self) -> SafeMessageProxy | None:
         try:
@@ -139,29 +141,29 @@ class PostgresConsumer(Consumer):
     def _next(self) -> SafeMessageProxy | None:
         deadline = time.monotonic() + self.timeout
         while True:
-            self.wake.event.clear()
-            self.broker._outbox.write(self.broker)
             if self.ready:
                 return self.ready.popleft()
+            self.wake.event.clear()
+            # Outcomes left by the worker threads meanwhile, all in one statement.
+            self.broker._outbox.write(self.broker)
             now = time.monotonic()
             room = self.prefetch - len(self.held)
             can_claim = room > 0 and self.broker._may_claim()
             if can_claim and (self.draining or self.wake.notified or now >= self.poll_at):
                 self.wake.arm()
                 claimed = self._claim(room)
-                if claimed < room:
-                    # Short claim: the queue is empty for now. Sleep until a
-                    # notification, the poll, or the next delayed job.
-                    self.draining = False
-                    self.poll_at = now + self.broker.poll_seconds
-                    due = self.broker._next_due(self.queue)
-                    if due is not None:
-                        # The margin keeps a wake-up from landing a hair before the row turns due.
-                        self.poll_at = min(self.poll_at, time.monotonic() + max(due, 0.0) + DUE_MARGIN)
-                else:
-                    self.draining = True
-                if self.ready:
-                    return self.ready.popleft()
+                # A short claim means the queue is empty for now: sleep until a
+                # notification, the poll, or the next delayed job turns due.
+                self.draining = claimed == room
+                self.check_due = not self.draining
+                self.poll_at = now + self.broker.poll_seconds
+                continue
+            if self.check_due and can_claim:
+                self.check_due = False
+                due = self.broker._next_due(self.queue)
+                if due is not None:
+                    # The margin keeps a wake-up from landing a hair before the row turns due.
+                    self.poll_at = min(self.poll_at, time.monotonic() + max(due, 0.0) + DUE_MARGIN)
                 continue
             # Full, or not allowed to claim (no heartbeat): only an outcome or the deadline can change that.
             until = min(deadline, self.poll_at) if can_claim else deadline

@@ -21,6 +21,9 @@ import psycopg
 
 from ..logs import log_event
 
+#: The NOTIFY channel; the payload is the queue name. ``LISTEN`` in postgres.sql names it too.
+CHANNEL = "conveyor_jobs"
+
 #: Longest wait between two reconnection attempts (s).
 RECONNECT_MAX_DELAY = 2.0
 
@@ -119,7 +122,7 @@ class Listener(threading.Thread):
                 self._wake(None)
                 delay = 0.1
                 self._listen(conn)
-            except psycopg.Error as exc:
+            except Exception as exc:  # psycopg.Error mostly; anything else must not end the heartbeat for good
                 if self.up_since is not None:
                     log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                               error=f"postgres listener lost its connection: {type(exc).__name__}: {exc}")

@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "conveyor.cli.ledger",
     "conveyor.cli.demo",
     "conveyor.cli.api",
+    "conveyor.cli.schedules",
     "conveyor.cli.bench",
 )
 

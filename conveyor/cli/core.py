@@ -34,8 +34,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("up", help="everything on one machine: worker groups for all queues and the API "
-                                  "(embedded Postgres when nothing is configured)")
+    p = sub.add_parser("up", help="everything on one machine: worker groups for all queues, the scheduler and "
+                                  "the API (embedded Postgres when nothing is configured)")
     env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, default=1, help="processes per queue")
     env_flag(p, "--host", env="CONVEYOR_API_HOST", default="127.0.0.1", help="API address")
     env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, default=8000, help="API port (0: no API)")
@@ -117,13 +117,21 @@ def cmd_up(args) -> int:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        from ..scheduling.scheduler import Scheduler
+
         workers = InlineWorkers(app).start()
+        scheduler = threading.Thread(target=Scheduler(app).run, args=(stop,), name="conveyor-scheduler")
+        scheduler.start()
         stop.wait()
+        scheduler.join()
         workers.stop()
         return 0
     from .api import run_api
+    from .schedules import run_scheduler
 
-    services = (("api", run_api, (args.host, args.port)),) if args.port else ()
+    services = (("scheduler", run_scheduler, ()),)
+    if args.port:
+        services += (("api", run_api, (args.host, args.port)),)
     return Supervisor(list(app.queues), args.processes, None, app.settings.shutdown_timeout,
                       services=services, **_metrics_options(app.settings)).run()
 

@@ -42,6 +42,10 @@ BUILTIN_MODULES = (
     "conveyor.tasks.processors.finalize",
     "conveyor.tasks.processors.memory",
     "conveyor.tasks.processors.indexing",
+    "conveyor.tasks.processors.schedule",
+    "conveyor.tasks.processors.resume",
+    "conveyor.tasks.processors.nudge",
+    "conveyor.tasks.processors.build",
 )
 
 

@@ -58,7 +58,9 @@ class ProcessWorker:
 
     def _maintain_loop(self) -> None:
         interval = self.app.settings.maintenance_interval
-        while not self._stop.wait(interval):
+        wait = 0.0  # the first pass at start-up: jobs of workers that died while none ran come back at once
+        while not self._stop.wait(wait):
+            wait = interval
             try:
                 recovered = self.broker.maintain()
             except Exception as exc:  # the broker may be down for a while: keep trying

@@ -1,0 +1,64 @@
+"""/api/builds: request an agent or connector build (202) and read its outcome (admin token required).
+
+A build request names a ``kind`` (upload, update, rollback, standalone_build,
+github_clone, mcp_upload) and its fields, plus ``env``: variables whose
+values are encrypted before the job is enqueued. No response ever contains
+an env value, and a bad request is answered with field names only (FastAPI's
+default 422 would echo the input, secrets included, so the body is
+validated here instead).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, status
+
+from ..builds.requests import request_build
+from ..builds.store import BuildStore
+from ..errors import EnqueueError, SecretKeyError
+from .auth import require_admin
+from .deps import conveyor_app
+
+router = APIRouter(prefix="/api", tags=["builds"], dependencies=[Depends(require_admin)])
+
+
+@router.post("/builds", status_code=status.HTTP_202_ACCEPTED)
+def create_build(body: Any = Body(..., description="{kind, ...the variant's fields, env: {NAME: value}}"),
+                 app=Depends(conveyor_app)) -> dict[str, Any]:
+    if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
+        raise HTTPException(422, "the body is a JSON object with a 'kind'")
+    fields = dict(body)
+    kind, env, build_id = fields.pop("kind"), fields.pop("env", None) or {}, fields.pop("build_id", None)
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise HTTPException(422, "env maps variable names to string values")
+    try:
+        ticket = request_build(app, kind, fields, env=env, build_id=build_id)
+    except SecretKeyError as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
+    except EnqueueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return {"build_id": ticket.build_id, "job_id": ticket.job_id, "status": "queued",
+            "status_url": f"/api/builds/{ticket.build_id}"}
+
+
+@router.get("/builds/{build_id}")
+def get_build(build_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+    store = BuildStore(app.pool)
+    record = store.get(build_id)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no build {build_id!r}")
+    events = [{"claim": c, "event": e, "detail": d} for c, e, d in store.events(build_id)]
+    return {**record.as_dict(), "events": events}
+
+
+@router.get("/deployments/{target_kind}/{target_id}")
+def get_deployment(target_kind: str, target_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+    if target_kind not in ("agent", "connector"):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "target kind is agent or connector")
+    store = BuildStore(app.pool)
+    target = store.target(target_kind, target_id)
+    if target is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no {target_kind} {target_id!r}")
+    return {"target": target.__dict__, "deployment": store.deployment(target_kind, target_id),
+            "versions": [{"version": v, "artifact_sha256": a} for v, a in store.versions(target_kind, target_id)]}

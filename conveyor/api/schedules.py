@@ -1,0 +1,92 @@
+"""/api/schedules: create, list, show, pause, resume and delete cron schedules (admin token required).
+
+Schedules enqueue arbitrary jobs, so every route needs the admin token
+(:func:`conveyor.api.auth.require_admin`): closed when none is configured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Response, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import InvalidSchedule, ScheduleNotFound
+from ..scheduling.schedules import Schedule, Schedules
+from .auth import require_admin
+from .deps import conveyor_app
+
+
+router = APIRouter(prefix="/api/schedules", tags=["schedules"], dependencies=[Depends(require_admin)])
+
+
+class ScheduleIn(BaseModel):
+    """A schedule to create. Cron, zone, policy, job and payload are all checked before it is stored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str = Field(description="five-field cron expression, or an alias such as @daily")
+    job: str = Field(description="the job each occurrence enqueues")
+    payload: dict[str, Any] = Field(default_factory=dict, description="the job's payload")
+    timezone: str = Field("UTC", description="IANA zone the cron expression is read in")
+    name: str | None = Field(None, description="unique name, usable instead of the id")
+    misfire_policy: str = Field("once", description="once (default) | skip | all: what happens after downtime")
+    enabled: bool = True
+
+
+def _out(schedule: Schedule) -> dict[str, Any]:
+    return schedule.as_dict()
+
+
+def _errors(exc: Exception) -> HTTPException:
+    if isinstance(exc, ScheduleNotFound):
+        return HTTPException(status.HTTP_404_NOT_FOUND, str(exc))
+    return HTTPException(422, str(exc))
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_schedule(body: ScheduleIn, app=Depends(conveyor_app)) -> dict[str, Any]:
+    try:
+        return _out(Schedules(app).create(**body.model_dump()))
+    except InvalidSchedule as exc:
+        raise _errors(exc) from None
+
+
+@router.get("")
+def list_schedules(limit: int = 100, offset: int = 0, app=Depends(conveyor_app)) -> list[dict[str, Any]]:
+    return [_out(s) for s in Schedules(app).list(limit=min(max(limit, 1), 1000), offset=max(offset, 0))]
+
+
+@router.get("/{schedule_id}")
+def get_schedule(schedule_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+    schedules = Schedules(app)
+    try:
+        schedule = schedules.get(schedule_id)
+    except ScheduleNotFound as exc:
+        raise _errors(exc) from None
+    return {**_out(schedule), "fires": schedules.fires(schedule.id)[-50:]}
+
+
+@router.post("/{schedule_id}/pause")
+def pause_schedule(schedule_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+    try:
+        return _out(Schedules(app).pause(schedule_id))
+    except ScheduleNotFound as exc:
+        raise _errors(exc) from None
+
+
+@router.post("/{schedule_id}/resume")
+def resume_schedule(schedule_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+    try:
+        return _out(Schedules(app).resume(schedule_id))
+    except (ScheduleNotFound, InvalidSchedule) as exc:
+        raise _errors(exc) from None
+
+
+@router.delete("/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_schedule(schedule_id: str, app=Depends(conveyor_app)) -> Response:
+    try:
+        Schedules(app).delete(schedule_id)
+    except ScheduleNotFound as exc:
+        raise _errors(exc) from None
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

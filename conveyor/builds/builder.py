@@ -1,0 +1,131 @@
+"""The builder interface: fetch a source, run its build script, package it as a content-addressed artifact.
+
+:class:`~conveyor.builds.local.LocalBuilder` is the real implementation on
+this host's disk. Another builder (a remote BuildKit, object storage for
+artifacts) implements the same five methods; the agent.build processor and
+its executors only talk to this interface.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BuildTimeout
+
+#: A build's log keeps its last this many characters (the builds row is not a log store).
+LOG_LIMIT = 64 * 1024
+
+#: What a secret value is replaced with in a build's log and errors.
+MASK = "***"
+
+
+@dataclass(frozen=True)
+class ArchiveSource:
+    """An uploaded archive: .zip, .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class DirectorySource:
+    """A directory on the build host."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class GitSource:
+    """A git repository; ``ref`` is a branch or tag (None: the default branch)."""
+
+    url: str
+    ref: str | None = None
+
+
+Source = ArchiveSource | DirectorySource | GitSource
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A packaged build, named by the sha256 of its bytes."""
+
+    sha256: str
+    path: Path
+    size: int
+
+
+class Deadline:
+    """A variant's time limit, checked between steps and handed to subprocesses as their timeout."""
+
+    def __init__(self, seconds: float, kind: str) -> None:
+        self.seconds = seconds
+        self.kind = kind
+        self._end = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        """Seconds left; raises :class:`BuildTimeout` when there are none."""
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise BuildTimeout(f"{self.kind} build exceeded its time limit of {self.seconds:g}s")
+        return left
+
+    def check(self) -> None:
+        self.remaining()
+
+
+class BuildLog:
+    """A build's log: thread-safe, bounded, with every secret value masked before it is stored."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        # Longest first, so a secret that contains another is masked whole.
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._lock = threading.Lock()
+        self._text = ""
+
+    def mask(self, text: str) -> str:
+        """``text`` with every secret value replaced by ``***``."""
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
+        return text
+
+    def write(self, line: str) -> None:
+        line = self.mask(line.rstrip("\n")) + "\n"
+        with self._lock:
+            self._text = (self._text + line)[-LOG_LIMIT:]
+
+    @property
+    def text(self) -> str:
+        with self._lock:
+            return self._text
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(self.text.splitlines()[-lines:])
+
+
+class Builder(ABC):
+    """Turns sources into artifacts. Every method honours ``deadline`` and writes what it does to ``log``."""
+
+    @abstractmethod
+    def workspace(self, build_id: str, claim: int) -> AbstractContextManager[Path]:
+        """A fresh, empty working directory for one claim of a build, removed afterwards."""
+
+    @abstractmethod
+    def fetch(self, source: Source, dest: Path, deadline: Deadline, log: BuildLog) -> str | None:
+        """Put the source tree in ``dest`` (which must not exist); return the git commit when there is one."""
+
+    @abstractmethod
+    def run_build_script(self, tree: Path, env: dict[str, str], deadline: Deadline, log: BuildLog) -> None:
+        """Run the tree's build script, if it has one, with ``env``; a failing script raises BuildFailed."""
+
+    @abstractmethod
+    def package(self, tree: Path, deadline: Deadline, log: BuildLog) -> Artifact:
+        """Package ``tree`` reproducibly; the same tree always gives the same sha256."""
+
+    @abstractmethod
+    def artifact(self, sha256: str) -> Artifact | None:
+        """The stored artifact with this digest, or None."""

@@ -1,0 +1,1 @@
+"""Time: cron schedules and the scheduler that fires them, paused runs that resume, and nudges."""

@@ -1,0 +1,118 @@
+"""Source trees, archives, git repositories and fixtures for the build tests."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from cryptography.fernet import Fernet
+
+from conveyor.app import App
+from conveyor.builds.store import BuildStore
+from conveyor.settings import QueueOverride, Settings
+from tests.harness import running
+from tests.waiting import wait_for
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent",
+           "PATH": "/usr/bin:/bin"}
+
+
+def make_tree(path: Path, files: dict[str, str], script: str | None = None) -> Path:
+    """A directory holding ``files`` and, with ``script``, a .conveyor-build script."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    if script is not None:
+        (path / ".conveyor-build").write_text(script)
+    return path
+
+
+def make_zip(tree: Path, dest: Path) -> Path:
+    with zipfile.ZipFile(dest, "w") as zf:
+        for file in sorted(tree.rglob("*")):
+            if file.is_file():
+                zf.write(file, file.relative_to(tree).as_posix())
+    return dest
+
+
+def make_tgz(tree: Path, dest: Path) -> Path:
+    with tarfile.open(dest, "w:gz") as tf:
+        for file in sorted(tree.rglob("*")):
+            tf.add(file, file.relative_to(tree).as_posix(), recursive=False)
+    return dest
+
+
+def make_repo(tree: Path, branch: str = "main") -> str:
+    """Make ``tree`` a git repository with one commit on ``branch``; return the commit."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tree, env=GIT_ENV, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "--quiet", "--initial-branch", branch)
+    git("add", "-A")
+    git("commit", "--quiet", "-m", "source")
+    return git("rev-parse", "HEAD")
+
+
+def commit_change(tree: Path, name: str, text: str) -> str:
+    (tree / name).write_text(text)
+    subprocess.run(["git", "add", "-A"], cwd=tree, env=GIT_ENV, check=True)
+    subprocess.run(["git", "commit", "--quiet", "-m", "change"], cwd=tree, env=GIT_ENV, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, env=GIT_ENV, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+KEY = Fernet.generate_key().decode()
+
+
+@pytest.fixture
+def workdir():
+    # mkdtemp under /tmp, like the other fixtures: tmp_path's parent is not always enterable.
+    path = Path(tempfile.mkdtemp(prefix="conveyor-builds-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def build_app(database_url, redis_url, workdir):
+    """An App with a data dir, a secret key, fast retries and short heartbeats; make(**overrides) for more."""
+    made = []
+
+    def make(**overrides) -> App:
+        settings = dict(broker="redis", redis_url=redis_url, database_url=database_url, data_dir=workdir / "data",
+                        secret_key=KEY, admin_token="admin-token", shutdown_timeout=5,
+                        build_heartbeat_interval=0.2, build_stale_after=2,
+                        pg_poll_seconds=0.2, pg_recovery_seconds=0.5, pg_lease_seconds=2,
+                        queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1)})
+        settings.update(overrides)
+        app = App(Settings(**settings))
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        app.close()
+
+
+@pytest.fixture
+def workers():
+    """start(app): agent-queue workers in this process, on the app's broker, stopped after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda app: stack.enter_context(running(app, "agent"))
+
+
+def finished(store: BuildStore, *build_ids: str, timeout: float = 30):
+    """Wait until every build has an outcome; return their records."""
+    def done():
+        records = [store.get(b) for b in build_ids]
+        return records if all(r and r.status in ("succeeded", "failed") for r in records) else None
+
+    return wait_for(done, timeout=timeout, message=f"builds {build_ids} finished")
