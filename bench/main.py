@@ -28,6 +28,7 @@ def make_plan(args: argparse.Namespace) -> dict:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     plan.update(
         quick=args.quick,
+        pg_durable=args.pg_durable,
         interval_ms=args.interval_ms,
         processes=args.processes,
         threads=args.threads,
@@ -126,7 +127,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     plan = make_plan(args)
     say(f"plan: {plan['jobs']:,} jobs x {plan['reps']} rep(s), peers: {', '.join(plan['peers_considered'])}"
         + (", credit" if plan["credit"] else ""))
-    with Servers.start() as servers:
+    with Servers.start(pg_durable=plan["pg_durable"]) as servers:
         say(f"private Redis at {servers.redis_url}, Postgres on port {servers.pg.port}")
         results = run(plan, servers)
     results.load_after = os.getloadavg()

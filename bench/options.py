@@ -30,6 +30,8 @@ def build_parser(prog: str = "python -m bench", add_help: bool = True) -> argpar
     p.add_argument("--only", help="comma-separated peers (conveyor-redis, dramatiq-redis, celery-redis, "
                    "conveyor-postgres, dramatiq-postgres, procrastinate) and/or 'credit'; default: all")
     p.add_argument("--skip", default="", help="comma-separated scenarios to leave out: throughput, latency, credit")
+    p.add_argument("--pg-durable", action="store_true",
+                   help="run Postgres durable (fsync, synchronous_commit on) instead of the test suite's fast settings")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"report path (default {DEFAULT_OUTPUT})")
     return p
 

@@ -190,7 +190,8 @@ def render(results: Results) -> str:
         f"{results.load_after[0] if results.load_after else float('nan'):.2f} (1 min)",
         f"- run: {plan['jobs']:,} jobs per throughput run, {plan['processes']} processes x {plan['threads']} threads,"
         f" {plan['latency_jobs']} latency jobs one every {plan['interval_ms']:g} ms, {plan['credit_ops']:,}"
-        f" credit charges; conveyor at {git_revision()}"
+        f" credit charges; Postgres {'durable' if plan.get('pg_durable') else 'fsync off'};"
+        f" conveyor at {git_revision()}"
         + (" (**--quick smoke run: too small to judge targets by**)" if plan.get("quick") else ""),
         "",
         "## Targets",
@@ -266,8 +267,13 @@ def render(results: Results) -> str:
                         else " (no metrics middleware exists on this branch yet)") + ".")
     lines.append(f"- conveyor's event logs: INFO, JSON lines written to a file per worker process "
                  f"(a real disk write per line, as in production).")
-    lines.append("- Redis and Postgres are private servers started for the run; Postgres runs with fsync and "
-                 "synchronous_commit off (the test suite's settings), the same for every Postgres peer.")
+    if plan.get("pg_durable"):
+        lines.append("- Redis and Postgres are private servers started for the run; Postgres is **durable** "
+                     "(fsync, synchronous_commit, full_page_writes on: every commit waits for the disk).")
+    else:
+        lines.append("- Redis and Postgres are private servers started for the run; Postgres runs with fsync and "
+                     "synchronous_commit off (the test suite's settings), the same for every Postgres peer "
+                     "(`--pg-durable` runs it durable, as in production).")
     for note in results.notes:
         lines.append(f"- {note}")
     if results.failures:

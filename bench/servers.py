@@ -18,34 +18,38 @@ from tests.servers import PostgresServer, RedisServer
 
 from . import procstat
 
-#: Our Postgres runs with the test suite's settings: fsync and synchronous
-#: commit off. Every Postgres peer gets the same, so the ratios hold; the
-#: absolute rates are higher than on a durable server.
-PG_SETTINGS = dict(PostgresServer.SETTINGS)
+#: By default our Postgres runs with the test suite's settings: fsync and
+#: synchronous commit off, the same for every Postgres peer. A durable server
+#: (``--pg-durable``) makes every commit wait for the disk, as production does:
+#: brokers that commit once per job fall behind those that batch.
+DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 
 
 class Servers:
     """A private Redis and Postgres; ``fresh_database`` gives each measurement its own database."""
 
-    def __init__(self, redis_url: str, pg: PostgresServer, run_dir: Path, owned: tuple = ()) -> None:
+    def __init__(self, redis_url: str, pg: PostgresServer, run_dir: Path, owned: tuple = (),
+                 pg_durable: bool = False) -> None:
         self.redis_url = redis_url
         self.pg = pg
+        self.pg_durable = pg_durable
         self.run_dir = run_dir
         self._owned = owned
         self._made: list[str] = []
         self._numbers = itertools.count(1)
 
     @classmethod
-    def start(cls) -> "Servers":
+    def start(cls, pg_durable: bool = False) -> "Servers":
         """Start both servers (a few seconds: initdb)."""
         run_dir = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
         redis_server = RedisServer(tempfile.mkdtemp(prefix="conveyor-bench-redis-"))
         try:
-            pg = PostgresServer(tempfile.mkdtemp(prefix="conveyor-bench-pg-"))
+            pg = PostgresServer(tempfile.mkdtemp(prefix="conveyor-bench-pg-"),
+                                settings=DURABLE if pg_durable else None)
         except BaseException:
             redis_server.close()
             raise
-        return cls(redis_server.url, pg, run_dir, owned=(redis_server, pg))
+        return cls(redis_server.url, pg, run_dir, owned=(redis_server, pg), pg_durable=pg_durable)
 
     @property
     def admin_url(self) -> str:
