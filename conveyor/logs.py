@@ -24,8 +24,26 @@ def log_event(event: str, *, level: str = "info", queue: str | None, job: str | 
     lvl = _LEVELS[level]
     if not logger.isEnabledFor(lvl):
         return
-    record = {"event": event, "queue": queue, "job": job, "job_id": job_id, "attempt": attempt, **fields}
-    logger.log(lvl, "%s", json.dumps(record, default=str, separators=(",", ":")))
+    line = _EventLine({"event": event, "queue": queue, "job": job, "job_id": job_id, "attempt": attempt, **fields})
+    # What Logger.log does, minus its stack walk for the caller's file and
+    # line, which no conveyor formatter prints: a worker logs twice per job.
+    logger.handle(logger.makeRecord(logger.name, lvl, "(unknown file)", 0, "%s", (line,), None))
+
+
+class _EventLine:
+    """An event's fields, turned into JSON only when a handler formats the line.
+
+    :class:`JsonFormatter` merges the fields directly (one encoding per
+    line); any other formatter gets the JSON text through ``%s``.
+    """
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return json.dumps(self.fields, default=str, separators=(",", ":"))
 
 
 class JsonFormatter(logging.Formatter):
@@ -37,11 +55,15 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
         }
-        message = record.getMessage()
-        if record.name == logger.name and message.startswith("{"):
-            out.update(json.loads(message))
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 1 and isinstance(args[0], _EventLine):
+            out.update(args[0].fields)
         else:
-            out["message"] = message
+            message = record.getMessage()
+            if record.name == logger.name and message.startswith("{"):
+                out.update(json.loads(message))
+            else:
+                out["message"] = message
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str, separators=(",", ":"))

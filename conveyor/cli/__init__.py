@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "conveyor.cli.demo",
     "conveyor.cli.api",
     "conveyor.cli.schedules",
+    "conveyor.cli.bench",
 )
 
 

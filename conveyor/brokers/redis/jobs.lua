@@ -42,6 +42,7 @@ local heartbeats_key = ns .. ":__heartbeats__"
 local acks_key = ns .. ":__acks__." .. worker .. "." .. queue
 local totals_key = ns .. ":totals:" .. canonical
 
+-- Every state a record can be in (a deleted job leaves all their indexes).
 local STATES = {"waiting", "delayed", "active", "completed", "failed"}
 
 local function job_key(id)
@@ -52,15 +53,19 @@ local function index_key(state)
     return ns .. ":idx:" .. canonical .. ":" .. state
 end
 
--- Move a job record to a state, keeping exactly one index entry for it.
-local function set_state(id, state)
-    for _, s in ipairs(STATES) do
-        if s ~= state then
-            redis.call("zrem", index_key(s), id)
-        end
+-- Move a job record to a state, keeping exactly one index entry for it,
+-- and set any further fields ({name, value, ...}) in the same write.
+-- Every state change goes through here, so the record's "state" names the
+-- one index that holds the job: only that entry is removed (one ZREM, not
+-- one per state: this runs at every enqueue, start and ack).
+local function set_state(id, state, fields)
+    local record = job_key(id)
+    local previous = redis.call("hget", record, "state")
+    if previous and previous ~= state then
+        redis.call("zrem", index_key(previous), id)
     end
     redis.call("zadd", index_key(state), now, id)
-    redis.call("hset", job_key(id), "state", state, "updated_at", now)
+    redis.call("hset", record, "state", state, "updated_at", now, unpack(fields or {}))
 end
 
 -- True when the job record still points at this delivery: an older
@@ -180,8 +185,7 @@ elseif command == "start" then
         return 0
     end
     local attempt = redis.call("hincrby", job_key(id), "attempts", 1)
-    set_state(id, "active")
-    redis.call("hset", job_key(id), "started_at", now, "worker", worker)
+    set_state(id, "active", {"started_at", now, "worker", worker})
     return attempt
 
 -- ack(rid, id, retention_ms): the delivery is done. A delay-queue ack
@@ -193,8 +197,7 @@ elseif command == "ack" then
         redis.call("hdel", messages_key, rid)
     end
     if not is_delay_queue and is_current(id, rid) then
-        set_state(id, "completed")
-        redis.call("hset", job_key(id), "finished_at", now)
+        set_state(id, "completed", {"finished_at", now})
         redis.call("hdel", job_key(id), "error")
         redis.call("pexpire", job_key(id), retention)
         redis.call("hincrby", totals_key, "completed", 1)
@@ -212,8 +215,7 @@ elseif command == "nack" then
         end
     end
     if is_current(id, rid) then
-        set_state(id, "failed")
-        redis.call("hset", job_key(id), "finished_at", now, "error", err)
+        set_state(id, "failed", {"finished_at", now, "error", err})
         redis.call("pexpire", job_key(id), retention)
         redis.call("hincrby", totals_key, "failed", 1)
     end

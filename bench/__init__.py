@@ -1,0 +1,1 @@
+"""conveyor's benchmarks against its peers; run with ``python -m bench``."""

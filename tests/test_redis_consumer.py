@@ -1,0 +1,97 @@
+"""The Redis broker's fast paths (from the benchmarks): wake-ups of idle consumers, one index per job record,
+and event lines encoded once."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+
+import pytest
+import redis
+
+from conveyor.app import App
+from conveyor.logs import JsonFormatter, log_event
+from tests.harness import make_settings, running
+from tests.waiting import wait_for
+
+STATES = ("waiting", "delayed", "active", "completed", "failed")
+
+
+@pytest.fixture
+def app(clean_env, redis_url, database_url):
+    app = App(make_settings("redis", redis_url, database_url))
+    yield app
+    app.close()
+
+
+def test_idle_consumer_is_woken_by_an_enqueue_not_by_its_backoff(app, redis_url):
+    consumer = app.broker.consume("critical", prefetch=1, timeout=120_000)
+    # So many misses that the next back-off is a minute or more: only a wake-up can start the job in time.
+    consumer.misses = 30
+    received = []
+
+    def consume():
+        for message in consumer:
+            if message is not None:
+                received.append(message)
+                return
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        wait_for(lambda: any(c.get("cmd") == "blpop" for c in client.client_list()),
+                 message="the consumer to block on its wake-up token")
+        ref = app.jobs.enqueue("test.probe.critical", {"token": "wake"})
+        wait_for(lambda: received, timeout=20, message="the idle consumer to be woken by the enqueue")
+    finally:
+        client.close()
+    assert received[0].message_id == ref.id
+    consumer.close()
+
+
+def test_job_record_sits_in_exactly_one_state_index_through_retry_and_delay(app, redis_url):
+    client = redis.Redis.from_url(redis_url)
+    ns = app.settings.redis_namespace
+
+    def indexes(job_id: str) -> list[str]:
+        return [s for s in STATES if client.zscore(f"{ns}:idx:critical:{s}", job_id) is not None]
+
+    try:
+        later = app.jobs.enqueue("test.probe.critical", {"token": "later"}, delay=3600)
+        assert indexes(later.id) == ["delayed"]
+        with running(app, "critical"):
+            flaky = app.jobs.enqueue("test.probe.critical", {"token": "flaky", "fail_times": 1})
+            wait_for(lambda: app.broker.get_job(flaky.id).state == "completed", message="the retried job to finish")
+        assert app.broker.get_job(flaky.id).attempts == 2
+        assert indexes(flaky.id) == ["completed"]
+        assert indexes(later.id) == ["delayed"]
+        counts = app.broker.queue_counts("critical")
+        assert (counts.waiting, counts.delayed, counts.active, counts.failed) == (0, 1, 0, 0)
+    finally:
+        client.close()
+
+
+def test_event_line_is_one_json_object_and_plain_handlers_get_its_json_text():
+    events = logging.getLogger("conveyor.events")
+    json_out, plain_out = io.StringIO(), io.StringIO()
+    json_handler, plain_handler = logging.StreamHandler(json_out), logging.StreamHandler(plain_out)
+    json_handler.setFormatter(JsonFormatter())
+    old_level = events.level
+    events.setLevel(logging.INFO)
+    events.addHandler(json_handler)
+    events.addHandler(plain_handler)
+    try:
+        log_event("completed", queue="critical", job="credit.consume", job_id="j1", attempt=2, duration_s=0.5)
+    finally:
+        events.removeHandler(json_handler)
+        events.removeHandler(plain_handler)
+        events.setLevel(old_level)
+    line = json.loads(json_out.getvalue())
+    assert {k: line[k] for k in ("level", "logger", "event", "queue", "job", "job_id", "attempt", "duration_s")} == {
+        "level": "info", "logger": "conveyor.events", "event": "completed", "queue": "critical",
+        "job": "credit.consume", "job_id": "j1", "attempt": 2, "duration_s": 0.5}
+    assert json.loads(plain_out.getvalue()) == {"event": "completed", "queue": "critical", "job": "credit.consume",
+                                                "job_id": "j1", "attempt": 2, "duration_s": 0.5}
