@@ -18,11 +18,31 @@ logger = logging.getLogger("conveyor.events")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+#: Set by :func:`configure_logging`: the handler event lines are written to directly.
+_direct: logging.StreamHandler | None = None
+
+
 def log_event(event: str, *, level: str = "info", queue: str | None, job: str | None,
               job_id: str | None, attempt: int | None, **fields: Any) -> None:
     """Write one event line. Extra fields must hold no secret values."""
     lvl = _LEVELS[level]
     if not logger.isEnabledFor(lvl):
+        return
+    handler = _direct
+    if handler is not None and len(logger.root.handlers) == 1 and logger.root.handlers[0] is handler:
+        # A worker writes two lines per job: skip the LogRecord and formatter
+        # machinery and write the same JSON line under the handler's lock.
+        now = time.time()
+        record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z",
+                  "level": level, "logger": logger.name, "event": event, "queue": queue, "job": job,
+                  "job_id": job_id, "attempt": attempt, **fields}
+        text = json.dumps(record, default=str, separators=(",", ":")) + "\n"
+        handler.acquire()
+        try:
+            handler.stream.write(text)
+            handler.stream.flush()
+        finally:
+            handler.release()
         return
     line = _EventLine({"event": event, "queue": queue, "job": job, "job_id": job_id, "attempt": attempt, **fields})
     # What Logger.log does, minus its stack walk for the caller's file and
@@ -69,10 +89,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, separators=(",", ":"))
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Send every log line to stderr as JSON. Dramatiq's own chatter is kept at WARNING."""
-    handler = logging.StreamHandler(sys.stderr)
+def configure_logging(level: str = "INFO", stream: Any = None) -> None:
+    """Send every log line to ``stream`` (stderr) as JSON. Dramatiq's own chatter is kept at WARNING."""
+    global _direct
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
+    _direct = handler
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -11,7 +11,6 @@ Every job is enqueued with a dedup key, as callers of credit.consume do.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 from pathlib import Path
 
@@ -38,12 +37,9 @@ def conveyor_settings(env: dict, **overrides):
 
 def log_to_file(level: str, path: Path) -> None:
     """conveyor's JSON logging, as ``conveyor worker`` sets it up, written to ``path`` instead of stderr."""
-    from conveyor.logs import JsonFormatter, configure_logging
+    from conveyor.logs import configure_logging
 
-    configure_logging(level)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(JsonFormatter())
-    logging.getLogger().handlers[:] = [handler]
+    configure_logging(level, stream=open(path, "a", encoding="utf-8"))
 
 
 def serve_conveyor(env: dict, queue: str, threads: int, ready, go, warm_pool: bool = False) -> None:

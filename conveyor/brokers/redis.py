@@ -8,6 +8,7 @@ recovery each change queue and job record in one atomic step.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -42,6 +43,79 @@ _MS = 1000  # settings are in seconds, Dramatiq's Redis broker counts millisecon
 RETRY_BATCH = 500
 
 
+#: A finished job's ack waits at most this long (s) for the worker's next start to carry it…
+ACK_FLUSH_SECONDS = 0.05
+#: …and at most this many acks wait at once.
+ACK_BATCH = 64
+
+
+class _AckBuffer:
+    """Acks of finished jobs, sent along with the worker's next ``start`` call.
+
+    A busy worker acks a job and starts the next one: carrying the acks in the
+    start's script call halves its Redis calls per job. A flusher thread sends
+    whatever no start picked up within ``ACK_FLUSH_SECONDS``. If the process
+    dies first, those jobs run again after the heartbeat timeout, exactly as
+    a job whose worker died mid-run does: processors are idempotent already.
+    """
+
+    def __init__(self, broker: "RedisBroker") -> None:
+        self.broker = broker
+        self._lock = threading.Lock()
+        self._pending: dict[str, list] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, queue: str, rid: str, job_id: str) -> None:
+        with self._lock:
+            pending = self._pending.setdefault(queue, [])
+            pending += (rid, job_id)
+            full = len(pending) >= 2 * ACK_BATCH
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="conveyor-acks", daemon=True)
+                self._thread.start()
+        if full:
+            self.flush(queue)
+
+    def take(self, queue: str) -> list:
+        with self._lock:
+            return self._pending.pop(queue, [])
+
+    def restore(self, queue: str, items: list) -> None:
+        """Put back acks whose call failed, so the next one carries them."""
+        if items:
+            with self._lock:
+                self._pending[queue] = items + self._pending.get(queue, [])
+
+    def flush(self, queue: str | None = None) -> None:
+        with self._lock:
+            queues = [queue] if queue else list(self._pending)
+        for name in queues:
+            items = self.take(name)
+            if not items:
+                continue
+            try:
+                self.broker._call("acks", name, self.broker.retention_ms, len(items) // 2, *items)
+            except redis.RedisError:
+                self.restore(name, items)
+                raise
+
+    def _run(self) -> None:
+        while not self._stop.wait(ACK_FLUSH_SECONDS):
+            try:
+                self.flush()
+            except redis.RedisError as exc:  # Redis away for a moment: the acks wait for it
+                log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
+                          error=f"acks not sent yet: {type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self.flush()
+        except redis.RedisError:
+            pass  # unacked jobs come back after the heartbeat timeout and run again
+
+
 class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     """Dramatiq's RedisBroker plus keyed enqueue, attempts and job records."""
 
@@ -60,11 +134,13 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         )
         self.retention_ms = int(retention * _MS)
         self._jobs = self.client.register_script(_SCRIPT)
+        self.acks = _AckBuffer(self)
 
     # -- plumbing -----------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connection pool (Dramatiq's RedisBroker leaves it to the garbage collector)."""
+        """Send buffered acks, then close the connection pool (Dramatiq's leaves it to the garbage collector)."""
+        self.acks.close()
         self.client.close()
         self.client.connection_pool.disconnect()
 
@@ -125,7 +201,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     # -- worker side ---------------------------------------------------------
 
     def start_job(self, message: Any) -> int:
-        return int(self._call("start", message.queue_name, message.options["redis_message_id"], message.message_id))
+        queue = message.queue_name
+        acks = self.acks.take(queue)
+        try:
+            return int(self._call("start", queue, message.options["redis_message_id"], message.message_id,
+                                  self.retention_ms, len(acks) // 2, *acks))
+        except redis.RedisError:
+            self.acks.restore(queue, acks)
+            raise
 
     def claim_final_failure(self, message: Any) -> bool:
         return bool(self.client.hsetnx(f"{self.namespace}:job:{message.message_id}", "final_failure", now_ms()))
@@ -236,7 +319,11 @@ class _Consumer(_RedisConsumer):
         self.wake_key = f"{broker.namespace}:wake:{queue_name}"
 
     def ack(self, message: SafeMessageProxy) -> None:
-        self._post("ack", message, self.broker.retention_ms)
+        if self.queue_name.endswith(".DQ"):
+            self._post("ack", message, self.broker.retention_ms)
+            return
+        self.broker.acks.add(self.queue_name, message.options["redis_message_id"], message.message_id)
+        self.queued_message_ids.discard(message.message_id)
 
     def nack(self, message: SafeMessageProxy) -> None:
         error = message.options.get("last_error") or "failed"

@@ -110,6 +110,29 @@ local function retry_one(id)
     return true
 end
 
+-- The delivery is done: drop the message; a current record becomes completed.
+-- A delay-queue ack only means the message moved on to its queue.
+local function ack_one(rid, id, retention)
+    if redis.call("srem", acks_key, rid) > 0 then
+        redis.call("hdel", messages_key, rid)
+    end
+    if not is_delay_queue and is_current(id, rid) then
+        set_state(id, "completed", {"finished_at", now})
+        redis.call("hdel", job_key(id), "error")
+        redis.call("pexpire", job_key(id), retention)
+        redis.call("hincrby", totals_key, "completed", 1)
+    end
+end
+
+-- Acks buffered by the worker ride along with its next call:
+-- ARGV[first] = retention_ms, ARGV[first + 1] = count, then rid, id pairs.
+local function ack_buffered(first)
+    local retention, count = ARGV[first], tonumber(ARGV[first + 1])
+    for i = 0, count - 1 do
+        ack_one(ARGV[first + 2 + 2 * i], ARGV[first + 3 + 2 * i], retention)
+    end
+end
+
 -- enqueue(rid, id, data, job, key, dedup_ttl_ms, eta_ms, error)
 -- Returns {id, deduplicated}. With a key, the key is taken and the
 -- message pushed in one step, so a crash can never leave a reserved key
@@ -176,10 +199,12 @@ elseif command == "fetch" then
     end
     return out
 
--- start(rid, id) -> attempt number, counting every start of the job,
--- including those whose worker died. 0 when the job was deleted.
+-- start(rid, id, retention_ms, n, buffered acks...) -> attempt number,
+-- counting every start of the job, including those whose worker died.
+-- 0 when the job was deleted.
 elseif command == "start" then
     heartbeat()
+    ack_buffered(7)
     local rid, id = ARGV[5], ARGV[6]
     if not is_current(id, rid) then
         return 0
@@ -188,20 +213,16 @@ elseif command == "start" then
     set_state(id, "active", {"started_at", now, "worker", worker})
     return attempt
 
--- ack(rid, id, retention_ms): the delivery is done. A delay-queue ack
--- only means the message moved on to its queue.
+-- acks(retention_ms, n, rid, id, ...): buffered acks with no start to ride on.
+elseif command == "acks" then
+    heartbeat()
+    ack_buffered(5)
+    return 1
+
+-- ack(rid, id, retention_ms): one delivery done, at once (delay queues).
 elseif command == "ack" then
     heartbeat()
-    local rid, id, retention = ARGV[5], ARGV[6], ARGV[7]
-    if redis.call("srem", acks_key, rid) > 0 then
-        redis.call("hdel", messages_key, rid)
-    end
-    if not is_delay_queue and is_current(id, rid) then
-        set_state(id, "completed", {"finished_at", now})
-        redis.call("hdel", job_key(id), "error")
-        redis.call("pexpire", job_key(id), retention)
-        redis.call("hincrby", totals_key, "completed", 1)
-    end
+    ack_one(ARGV[5], ARGV[6], ARGV[7])
     return 1
 
 -- nack(rid, id, retention_ms, error): the job failed for good.
