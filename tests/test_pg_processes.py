@@ -71,10 +71,12 @@ def test_sigkilled_worker_mid_batch_its_jobs_come_back_within_the_lease_and_char
 
     def victim():
         """A worker holding a batch, some of it running."""
-        held = rows(database_url, "SELECT w.pid, w.id, count(*), count(j.started_at) FROM conveyor_jobs j "
+        # Running means its charge has begun: the probe row the job writes first is there.
+        held = rows(database_url, "SELECT w.pid, w.id, count(*), count(p.id) FROM conveyor_jobs j "
                                   "JOIN conveyor_workers w ON w.id = j.worker_id "
+                                  "LEFT JOIN probe_runs p ON p.job_id = j.id::text AND p.pid = w.pid "
                                   "WHERE j.status = 'in_progress' GROUP BY w.pid, w.id ORDER BY 3 DESC")
-        return next((h for h in held if h[2] >= 5 and h[3] >= 3), None)
+        return next((h for h in held if h[2] >= 5 and h[3] >= 2), None)
 
     pid, worker_id, _, _ = wait_for(victim, message="a worker holding a batch")
     os.kill(pid, signal.SIGKILL)
