@@ -207,8 +207,6 @@ def render(results: Results) -> str:
               " CPU is all worker processes (resp. the Redis or Postgres server with its backends) during the"
               " drain, per job.", ""]
     for backend in ("redis", "postgres"):
-        lines += [f"**{backend.capitalize()}**", ""]
-
         def row(name):
             runs = results.throughput.get(name, [])
             if not runs:
@@ -221,9 +219,12 @@ def render(results: Results) -> str:
                 spread([r.server_cpu_s / r.jobs * 1000 for r in runs], "{:.3f}"),
             ]
 
-        lines += _table(["peer", "jobs/s", "bulk enqueue jobs/s", "peak RSS per worker process (MiB)",
-                         "worker CPU ms/job", "server CPU ms/job"], _peer_rows(results, backend, row))
-        lines.append("")
+        rows = _peer_rows(results, backend, row)
+        if rows:
+            lines += [f"**{backend.capitalize()}**", ""]
+            lines += _table(["peer", "jobs/s", "bulk enqueue jobs/s", "peak RSS per worker process (MiB)",
+                             "worker CPU ms/job", "server CPU ms/job"], rows)
+            lines.append("")
     lines += ["## 3. Enqueue-to-start latency (idle workers)", "",
               "Time from just before the enqueue call to the start of the job body, in ms.", ""]
     for backend in ("redis", "postgres"):
@@ -234,8 +235,10 @@ def render(results: Results) -> str:
             return [spread([r.percentile(p) for r in runs], "{:.2f}") for p in (50, 95, 99)] + [
                 str(min(len(r.seconds) for r in runs))]
 
-        lines += _table([f"peer ({backend})", "p50", "p95", "p99", "jobs timed"], _peer_rows(results, backend, row))
-        lines.append("")
+        rows = _peer_rows(results, backend, row)
+        if rows:
+            lines += _table([f"peer ({backend})", "p50", "p95", "p99", "jobs timed"], rows)
+            lines.append("")
     lines += ["## 4. credit.consume end to end vs the SQL it runs", "",
               f"{plan['credit_ops']:,} charges over 100 accounts from {plan['processes']} x {plan['threads']}"
               " threads; timed from the go signal to the last charge applied; ledger verified after each run.", ""]
