@@ -45,9 +45,13 @@ def test_migrate_worker_enqueue_moves_the_balance_once(settings, tmp_path):
     try:
         wait_for(lambda: conveyor(settings, "ledger", "balance", "alice").stdout.strip() == "9.995000",
                  timeout=60, message="the charge to be applied")
-        status = json.loads(conveyor(settings, "status", "--json").stdout)
-        critical = next(q for q in status if q["queue"] == "critical")
-        assert critical["completed_total"] == 1 and critical["waiting"] == 0
+        def critical_status():
+            status = json.loads(conveyor(settings, "status", "--json").stdout)
+            return next(q for q in status if q["queue"] == "critical")
+
+        # The ack lands a moment after the charge (acks are batched).
+        critical = wait_for(lambda: (c := critical_status())["completed_total"] == 1 and c, timeout=30)
+        assert critical["waiting"] == 0
     finally:
         assert worker.terminate() == 0
     assert conveyor(settings, "ledger", "verify").returncode == 0

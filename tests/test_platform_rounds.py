@@ -107,6 +107,10 @@ def test_finalize_twice_charges_once_and_enqueues_nothing_new(app):
         wait_for(lambda: _round_done(app, "bob", accepted["assistant_message_id"]), timeout=60,
                  message="the round's charge, memories and index")
         queues = ("critical", "llm", "indexing")
+        # A job's outcome is in the database a moment before its ack (acks are batched): let the queues settle.
+        wait_for(lambda: all(app.broker.queue_counts(q).completed_total >= 1 for q in queues)
+                 and all(c.waiting + c.delayed + c.active == 0 for c in map(app.broker.queue_counts, queues)),
+                 timeout=30, message="the round's jobs to be acked")
         before = {q: app.broker.queue_counts(q).completed_total for q in queues}
 
         payload = RunFinalize(task_id="t1", run_id=accepted["run_id"])
