@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 
-import uvicorn
 from dramatiq import Worker
-from fastapi import FastAPI
 
 from conveyor import records
-from conveyor.api import resources, runs
-from tests.servers import free_port
-from tests.waiting import wait_for
+from tests.obs_support import api_server
 
 #: The queues a round's jobs run on.
 ROUND_QUEUES = ("agent", "critical", "llm", "indexing")
@@ -31,29 +26,8 @@ def workers(app, queues=ROUND_QUEUES, threads: int = 4) -> Iterator[Worker]:
         worker.stop(timeout=10_000)
 
 
-def api_app(app) -> FastAPI:
-    """A FastAPI app with the platform's routers, as ``create_app`` composes them."""
-    api = FastAPI()
-    api.state.conveyor = app
-    api.include_router(runs.router)
-    api.include_router(resources.router)
-    return api
-
-
-@contextlib.contextmanager
-def serve(app) -> Iterator[str]:
-    """The platform routers on a real uvicorn server on a loopback port; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(api_app(app), host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=15, message="uvicorn to start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(15)
+#: The whole API (``create_app``) on a real uvicorn server; yields its base URL.
+serve = api_server
 
 
 def make_task(app, task_id: str, *, user_id: str = "u1", kind: str = "chat", title: str = "",
