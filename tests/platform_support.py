@@ -93,14 +93,3 @@ def stop_process(proc, timeout: float = 30) -> str:
         proc.kill()
         _, err = proc.communicate()
     return err or ""
-
-
-def broker_params(*names: str) -> list:
-    """pytest params for brokers; postgres is skipped until its broker module exists."""
-    import importlib.util
-
-    import pytest
-
-    missing = importlib.util.find_spec("conveyor.brokers.postgres") is None
-    return [pytest.param(n, marks=pytest.mark.skipif(missing, reason="the Postgres broker is not built yet"))
-            if n == "postgres" else n for n in names]

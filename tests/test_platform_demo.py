@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
@@ -41,8 +40,6 @@ def test_demo_exits_non_zero_when_a_check_fails(clean_env, database_url):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("conveyor.brokers.postgres") is None,
-                    reason="the embedded default needs the Postgres broker")
 def test_demo_on_the_embedded_default_with_nothing_configured(clean_env, embedded_data_dir):
     clean_env.setenv("CONVEYOR_DATA_DIR", str(embedded_data_dir))
     result, elapsed = _demo(clean_env, "--runs", "6")

@@ -16,13 +16,13 @@ from conveyor.settings import Settings
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.processors.finalize import finalize_run
 from conveyor.tasks.payloads import RunFinalize
-from tests.platform_support import broker_params, make_task, parse_sse, run_status, serve, workers
+from tests.platform_support import make_task, parse_sse, run_status, serve, workers
 from tests.waiting import wait_for
 
 PRICE = Decimal("0.002")
 
 
-@pytest.fixture(params=broker_params("redis", "postgres", "inline"))
+@pytest.fixture(params=["redis", "postgres", "inline"])
 def app(request, redis_url, database_url):
     app = App(Settings(broker=request.param, redis_url=redis_url, database_url=database_url,
                        local_chunk_delay=0.03, stream_poll_interval=0.02))

@@ -16,7 +16,7 @@ from conveyor.providers.local import reply_chunks
 from conveyor.rounds import start_round
 from conveyor.settings import Settings
 from conveyor.streams import buffer_for
-from tests.platform_support import (broker_params, completed_round, make_task, parse_sse, run_status, serve, stop_process,
+from tests.platform_support import (completed_round, make_task, parse_sse, run_status, serve, stop_process,
                                     worker_process)
 from tests.waiting import wait_for
 
@@ -37,7 +37,7 @@ def _env(clean_env, broker, redis_url, database_url, **extra) -> dict:
     return dict(os.environ)
 
 
-@pytest.mark.parametrize("broker", broker_params("redis", "postgres"))
+@pytest.mark.parametrize("broker", ["redis", "postgres"])
 def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clean_env, broker, redis_url,
                                                                             database_url):
     cap, jobs = 2, 8
@@ -67,7 +67,7 @@ def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clea
     app.close()
 
 
-@pytest.mark.parametrize("broker", broker_params("redis", "postgres"))
+@pytest.mark.parametrize("broker", ["redis", "postgres"])
 def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_env, broker, redis_url, database_url):
     env = _env(clean_env, broker, redis_url, database_url, local_chunk_delay=0.08, heartbeat_timeout=2,
                maintenance_interval=0.3, pg_recovery_seconds=0.3)
