@@ -29,21 +29,32 @@ How pgserver runs the server, which this module relies on:
   cannot collide with a Postgres on 5432.
 * As root, PostgreSQL refuses to run, so pgserver creates a ``pgserver``
   system user (``useradd``) and runs the server as that user, and it makes
-  every directory above the data directory readable and traversable by all
-  (``chmod go+rx``). Under ``/root`` that would open up root's home, so we
-  refuse such a data directory instead and say what to do.
+  every directory above the data directory and above its binaries readable
+  and traversable by all (``chmod go+rx``). Its binaries live inside the
+  venv, often inside a clone under ``/root`` (0700): that chmod would open
+  up root's home, and without it the server user cannot reach them. So as
+  root we run the server from a copy of pgserver's PostgreSQL install under
+  the data directory (``<data_dir>/pgserver/<version>/``, root's, read-only
+  to the server user), made once per pgserver build and kept, and we refuse
+  a data directory whose parents are not already open (so that chmod is a
+  no-op there), with a message that names one that works.
 
-The handle list, start-up lock and per-process cache used below are pgserver
-internals, so the dependency is pinned to 0.1.x.
+The handle list, start-up lock, per-process cache and the module-level path
+of the binaries used below are pgserver internals, so the dependency is
+pinned to 0.1.x.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
+import hashlib
 import logging
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 import warnings
 from pathlib import Path
 from urllib.parse import quote
@@ -58,7 +69,18 @@ DATABASE = "conveyor"
 #: The system user pgserver runs the server as when we are root.
 ROOT_RUNS_AS = "pgserver"
 
-_exit_hooks: set[Path] = set()
+#: As root: the directory under the data directory that holds the copies of
+#: pgserver's PostgreSQL install, one subdirectory per pgserver build.
+INSTALL_DIR = "pgserver"
+
+#: Data directories root may use when the configured one is closed to the
+#: server user; the first whose parents are all open is named in the error.
+ROOT_DATA_DIR_CANDIDATES = (Path("/var/lib/conveyor"), Path("/srv/conveyor"), Path("/opt/conveyor"))
+
+#: pgserver's chmod on every parent: the bits a parent must already have.
+_OPEN = stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
+
+_PARTIAL = ".partial-"
 
 
 def start_embedded(data_dir: Path) -> str:
@@ -71,12 +93,17 @@ def start_embedded(data_dir: Path) -> str:
     pgserver = _pgserver()
     pgdata = _pgdata(data_dir)
     if os.geteuid() == 0:
-        # The data directory itself is conveyor's own; only what is above it
-        # (and above the binaries) belongs to someone else.
-        _refuse_to_open_up(pgdata.parent.parent, Path(pgserver._commands.POSTGRES_BIN_PATH).parent)
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
+        # The data directory itself is conveyor's own; only what is above it belongs to someone else.
+        _refuse_to_open_up(pgdata.parent)
+        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        _check_root_owned(pgdata.parent)
+        bin_path = _root_install(pgserver, pgdata.parent)
+    else:
+        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        bin_path = _PGSERVER_BIN
     _forget_dead_handles(pgserver, pgdata)
 
+    _use_binaries(pgserver, bin_path)
     try:
         server = pgserver.get_server(pgdata)  # cached per process
         if not _is_running(pgserver.utils.PostmasterInfo.read_from_pgdata(pgdata)):
@@ -86,17 +113,11 @@ def start_embedded(data_dir: Path) -> str:
         raise DatabaseUnavailable(
             f"embedded Postgres in {pgdata} did not start: {exc}; its log: {pgdata / 'log'}"
         ) from exc
-
-    if pgdata not in _exit_hooks:
-        # atexit runs last-registered first: this runs before pgserver's own
-        # hook, so a child that died without unregistering cannot keep the
-        # server up after the last live process leaves.
-        atexit.register(_forget_dead_handles, pgserver, pgdata)
-        _exit_hooks.add(pgdata)
+    _adopt(pgserver, server, pgdata, bin_path)
 
     info = server.get_postmaster_info()
     _ensure_database(_url(info, "postgres"))
-    _log.info("embedded postgres ready: data=%s pid=%s", pgdata, info.pid)
+    _log.info("embedded postgres ready: data=%s pid=%s binaries=%s", pgdata, info.pid, bin_path)
     return _url(info, DATABASE)
 
 
@@ -112,11 +133,19 @@ def stop_embedded(data_dir: Path) -> None:
     handle = pgserver.PostgresServer._instances.pop(pgdata, None)
     if handle is not None:
         atexit.unregister(handle._cleanup)
+        hook = getattr(handle, "_conveyor_exit", None)
+        if hook is not None:
+            atexit.unregister(hook)
         with pgserver.PostgresServer._lock:
             pgserver.utils.DiskList(pgdata / ".handle_pids.json").get_and_remove(os.getpid())
     if not _is_running(pgserver.utils.PostmasterInfo.read_from_pgdata(pgdata)):
         return
-    user = ROOT_RUNS_AS if os.geteuid() == 0 else None
+    user = None
+    bin_path = _PGSERVER_BIN
+    if os.geteuid() == 0:
+        user = ROOT_RUNS_AS
+        bin_path = _root_install(pgserver, pgdata.parent)
+    _use_binaries(pgserver, bin_path)
     try:
         pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=60)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
@@ -126,19 +155,202 @@ def stop_embedded(data_dir: Path) -> None:
     _log.info("embedded postgres stopped: data=%s", pgdata)
 
 
+#: pgserver's own bin directory (inside the venv), read once before we repoint it.
+_PGSERVER_BIN: Path | None = None
+
+
 def _pgserver():
+    global _PGSERVER_BIN
     # platformdirs warns at import when XDG_RUNTIME_DIR is unset (servers,
     # containers) and falls back to /tmp/runtime-<uid>, which is what we want.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import pgserver
         import pgserver._commands
+        import pgserver.postgres_server
         import pgserver.utils
+    if _PGSERVER_BIN is None:
+        _PGSERVER_BIN = Path(pgserver._commands.POSTGRES_BIN_PATH)
     return pgserver
+
+
+def _use_binaries(pgserver, bin_path: Path) -> None:
+    """Point pgserver at ``bin_path``: its commands (initdb, pg_ctl) look the
+    module global up on every call, its server class imported it by name."""
+    pgserver._commands.POSTGRES_BIN_PATH = bin_path
+    pgserver.postgres_server.POSTGRES_BIN_PATH = bin_path
+
+
+def _adopt(pgserver, server, pgdata: Path, bin_path: Path) -> None:
+    """Run pgserver's exit hook of ``server`` through ours, once per handle.
+
+    Ours first drops dead pids, so a child that died without unregistering
+    cannot keep the server up after the last live process leaves, and points
+    pgserver at this server's binaries: another data directory used later in
+    this process may have pointed it elsewhere.
+    """
+    if getattr(server, "_conveyor_exit", None) is not None:
+        return
+    hook = functools.partial(_at_exit, pgserver, server, pgdata, bin_path)
+    atexit.unregister(server._cleanup)
+    atexit.register(hook)
+    server._conveyor_exit = hook
+
+
+def _at_exit(pgserver, server, pgdata: Path, bin_path: Path) -> None:
+    _forget_dead_handles(pgserver, pgdata)
+    _use_binaries(pgserver, bin_path)
+    server._cleanup()
 
 
 def _pgdata(data_dir: Path) -> Path:
     return Path(data_dir).expanduser().resolve() / "postgres"
+
+
+# -- as root: a copy of pgserver's install the server user can reach ----------
+
+
+def _root_install(pgserver, data_dir: Path) -> Path:
+    """The bin directory of root's copy of pgserver's install under ``data_dir``.
+
+    Copied once per pgserver build (the name carries its version and a hash
+    of its file list), into a temporary directory renamed into place only
+    when complete and on disk, so a copy cut short by a crash is never used
+    and a half-copied tree is never run. Copies of other builds are removed
+    once no running server uses them. Everything is root's and read-only to
+    the server user, so it cannot change the programs it runs.
+    """
+    source = _PGSERVER_BIN.parent  # .../site-packages/pgserver/pginstall
+    key = _build_key(source)
+    cache = data_dir / INSTALL_DIR
+    target = cache / key
+    # Same layout as in site-packages: initdb finds pgserver.libs through $ORIGIN/../../../pgserver.libs.
+    bin_path = target / "pgserver" / "pginstall" / "bin"
+    if target.is_dir():
+        _check_root_owned(target)
+        return bin_path
+    with pgserver.PostgresServer._lock:  # machine-wide: one copier at a time
+        _owned_dir(cache)
+        if not target.is_dir():
+            _remove_partial_copies(cache)
+            _copy_install(source, cache, target)
+            _log.info("copied pgserver's PostgreSQL install to %s", target)
+        _check_root_owned(target)
+        _remove_unused_copies(cache, keep=key)
+    return bin_path
+
+
+def _build_key(source: Path) -> str:
+    """``<pgserver version>-<hash>``: a new build (or a reinstall that changed files) gets a new copy."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("pgserver")
+        version, record = dist.version, dist.read_text("RECORD") or ""
+    except metadata.PackageNotFoundError:
+        version, record = "unknown", ""
+    if not record:  # not installed by pip: the files' names, sizes and times
+        record = "\n".join(f"{p.relative_to(source)} {p.stat().st_size} {p.stat().st_mtime_ns}"
+                           for p in sorted(source.rglob("*")) if p.is_file())
+    return f"{version}-{hashlib.sha256(record.encode()).hexdigest()[:12]}"
+
+
+def _copy_install(source: Path, cache: Path, target: Path) -> None:
+    partial = Path(tempfile.mkdtemp(prefix=f"{_PARTIAL}{os.getpid()}-", dir=cache))
+    try:
+        install = partial / "pgserver" / "pginstall"
+        install.mkdir(parents=True)
+        for part in ("bin", "lib", "share"):
+            # Static libraries, pkg-config files and headers are for building, not running.
+            shutil.copytree(source / part, install / part, symlinks=True,
+                            ignore=shutil.ignore_patterns("*.a", "pkgconfig"))
+        libs = source.parent.parent / "pgserver.libs"  # the wheel's bundled libpq, if any
+        if libs.is_dir():
+            shutil.copytree(libs, partial / "pgserver.libs", symlinks=True)
+        _seal(partial)
+        os.rename(partial, target)
+        _fsync_dir(cache)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        if target.is_dir():
+            return  # another copier (another lock file: another XDG_RUNTIME_DIR) won the rename
+        raise
+
+
+def _seal(root: Path) -> None:
+    """Modes readable (and, for programs, runnable) by all, writable by root only; everything on disk."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                continue
+            mode = os.stat(path).st_mode
+            os.chmod(path, 0o755 if mode & stat.S_IXUSR else 0o644)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.chmod(dirpath, 0o755)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_partial_copies(cache: Path) -> None:
+    """Drop copies cut short: their copier is dead (we hold the lock, and its pid is gone)."""
+    import psutil
+
+    for path in cache.glob(f"{_PARTIAL}*"):
+        pid = path.name[len(_PARTIAL):].split("-", 1)[0]
+        if not (pid.isdigit() and psutil.pid_exists(int(pid))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_unused_copies(cache: Path, keep: str) -> None:
+    """Drop copies of other pgserver builds that no running postgres was started from."""
+    import psutil
+
+    old = [p for p in cache.iterdir() if p.name != keep and not p.name.startswith(".") and p.is_dir()]
+    if not old:
+        return
+    in_use = set()
+    for proc in psutil.process_iter(["name", "exe"]):
+        exe = proc.info.get("exe")
+        if proc.info.get("name") == "postgres" and exe:
+            in_use.update(p for p in old if Path(exe).is_relative_to(p))
+    for path in old:
+        if path not in in_use:
+            shutil.rmtree(path, ignore_errors=True)
+            _log.info("removed the copy of another pgserver build: %s", path)
+
+
+def _owned_dir(path: Path) -> None:
+    """Create ``path`` (0755) if missing, then make sure it is root's own directory."""
+    try:
+        path.mkdir(mode=0o755)
+    except FileExistsError:
+        pass
+    _check_root_owned(path)
+    path.chmod(0o755)
+
+
+def _check_root_owned(path: Path) -> None:
+    """Root writes programs here that another user runs: refuse anything but a
+    real directory (not a symlink) that root owns and nobody else may write."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else stat.filemode(st.st_mode)
+        raise ConfigurationError(
+            f"running as root, the embedded Postgres needs {path} to be a directory owned by root that "
+            f"only root can write; it is {kind} owned by uid {st.st_uid}: remove it, or set "
+            f"CONVEYOR_DATA_DIR to a directory of root's")
 
 
 def _is_running(info) -> bool:
@@ -189,19 +401,32 @@ def _forget_dead_handles(pgserver, pgdata: Path) -> None:
             handles.put(alive)
 
 
-def _refuse_to_open_up(*paths: Path) -> None:
-    """Fail if pgserver would have to chmod a closed directory open for others.
+def _closed_parent(path: Path) -> Path | None:
+    """The first existing directory at or above ``path`` that pgserver would have to chmod open."""
+    for parent in reversed([path, *path.parents]):
+        if parent.exists() and parent.stat().st_mode & _OPEN != _OPEN:
+            return parent
+    return None
 
-    The server user needs to pass through every directory above its data and
-    binaries; pgserver grants that with ``chmod go+rx`` on each, which on
-    ``/root`` (0700) would expose root's home to every local user.
+
+def _refuse_to_open_up(data_dir: Path) -> None:
+    """Fail if pgserver would have to chmod a directory above ``data_dir`` open for others.
+
+    The server user needs to pass through every directory above its data;
+    pgserver grants that with ``chmod go+rx`` on each, which on ``/root``
+    (0700) would expose root's home to every local user.
     """
-    for path in paths:
-        for parent in [path, *path.parents]:
-            if parent.exists() and not parent.stat().st_mode & stat.S_IXOTH:
-                raise ConfigurationError(
-                    f"running as root, the embedded Postgres runs as user {ROOT_RUNS_AS!r}, "
-                    f"which cannot enter {parent} (mode {stat.filemode(parent.stat().st_mode)}); "
-                    f"set CONVEYOR_DATA_DIR to a directory outside it (for example "
-                    f"/var/lib/conveyor), set DATABASE_URL, or run as a non-root user"
-                )
+    closed = _closed_parent(data_dir.parent)
+    if closed is None:
+        return
+    works = next((c for c in ROOT_DATA_DIR_CANDIDATES if c != data_dir and _closed_parent(c.parent) is None), None)
+    if works == ROOT_DATA_DIR_CANDIDATES[0]:
+        step = f"unset CONVEYOR_DATA_DIR (as root the default is {works})"
+    elif works:
+        step = f"set CONVEYOR_DATA_DIR={works}"
+    else:
+        step = "set CONVEYOR_DATA_DIR to a directory whose parents all have mode 755"
+    raise ConfigurationError(
+        f"running as root, the embedded Postgres runs as user {ROOT_RUNS_AS!r}, which cannot enter "
+        f"{closed} (mode {stat.filemode(closed.stat().st_mode)}) above the data directory {data_dir}; "
+        f"{step}, set DATABASE_URL to a PostgreSQL you run, or run as a non-root user")

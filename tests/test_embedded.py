@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,3 +67,99 @@ def test_as_root_a_data_dir_behind_a_closed_directory_is_refused_untouched():
         assert closed.stat().st_mode & 0o777 == 0o700
     finally:
         subprocess.run(["rm", "-rf", str(closed)], check=True)
+
+
+_root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only root runs Postgres as another user")
+
+_CHILD = """
+import json, sys
+import pgserver, psutil, psycopg
+from conveyor.embedded import start_embedded
+url = start_embedded(sys.argv[1])
+with psycopg.connect(url) as conn:
+    pid = conn.execute("SELECT 1").fetchone() and conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'").fetchone()[0]
+print(json.dumps({"pgserver": pgserver.__file__, "exe": psutil.Process(pid).exe(), "url": url}))
+"""
+
+
+@_root_only
+def test_as_root_pgserver_installed_inside_a_closed_directory_still_serves(embedded_data_dir):
+    """The README's commands from a clone under /root: pgserver sits in a venv the
+    server user cannot enter. The server runs from root's copy under the data dir."""
+    from importlib.util import find_spec
+
+    site = Path(find_spec("pgserver").origin).resolve().parents[1]  # found, not imported (it warns)
+    closed = Path(tempfile.mkdtemp(prefix="conveyor-clone-"))  # 0700, like /root
+    try:
+        packages = closed / "site-packages"
+        shutil.copytree(site / "pgserver", packages / "pgserver")
+        if (site / "pgserver.libs").is_dir():
+            shutil.copytree(site / "pgserver.libs", packages / "pgserver.libs")
+        modes_before = {p: p.stat().st_mode for p in [closed, *closed.rglob("*")]}
+        env = {**os.environ, "PYTHONPATH": f"{packages}{os.pathsep}{Path(__file__).resolve().parents[1]}"}
+        child = subprocess.run([sys.executable, "-c", _CHILD, str(embedded_data_dir)], cwd=closed,
+                               capture_output=True, text=True, timeout=120, env=env)
+
+        assert child.returncode == 0, child.stderr
+        seen = json.loads(child.stdout)
+        assert Path(seen["pgserver"]).is_relative_to(closed)  # the closed copy was the one imported
+        assert Path(seen["exe"]).is_relative_to(embedded_data_dir / "pgserver")
+        # Nothing in or above the closed directory was opened up.
+        assert {p: p.stat().st_mode for p in [closed, *closed.rglob("*")]} == modes_before
+        # The child was the last user: its exit stopped the server with the copy's pg_ctl.
+        assert not (embedded_data_dir / "postgres" / "postmaster.pid").exists()
+        with pytest.raises(psycopg.OperationalError):
+            _select_one(seen["url"])
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
+
+
+@_root_only
+def test_as_root_the_copy_is_made_once_per_pgserver_build(embedded_data_dir):
+    cache = embedded_data_dir / "pgserver"
+    cache.mkdir(mode=0o755)
+    (cache / "0.0.1-0123456789ab" / "pgserver").mkdir(parents=True)  # another build's copy
+    (cache / ".partial-999999999-x").mkdir()  # a copy cut short by a crash (its pid is gone)
+
+    start_embedded(embedded_data_dir)
+    copies = sorted(p.name for p in cache.iterdir())
+    assert len(copies) == 1 and copies[0].startswith(_pgserver_version() + "-")
+    postgres = cache / copies[0] / "pgserver" / "pginstall" / "bin" / "postgres"
+    stamp = postgres.stat().st_mtime_ns
+    assert postgres.stat().st_uid == 0 and postgres.stat().st_mode & 0o777 == 0o755
+
+    stop_embedded(embedded_data_dir)
+    start_embedded(embedded_data_dir)  # kept: not copied again
+    assert sorted(p.name for p in cache.iterdir()) == copies and postgres.stat().st_mtime_ns == stamp
+
+
+@_root_only
+def test_as_root_a_planted_symlink_for_the_copy_is_refused(embedded_data_dir):
+    elsewhere = Path(tempfile.mkdtemp(prefix="conveyor-elsewhere-"))
+    try:
+        (embedded_data_dir / "pgserver").symlink_to(elsewhere)
+        with pytest.raises(ConfigurationError, match="owned by root"):
+            start_embedded(embedded_data_dir)
+        assert list(elsewhere.iterdir()) == []
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+@_root_only
+def test_as_root_the_refusal_names_a_data_dir_that_works():
+    closed = Path(tempfile.mkdtemp(prefix="conveyor-closed-"))
+    try:
+        with pytest.raises(ConfigurationError) as refused:
+            start_embedded(closed / "data")
+        message = str(refused.value)
+        assert str(closed) in message and "drwx------" in message
+        assert "unset CONVEYOR_DATA_DIR (as root the default is /var/lib/conveyor)" in message
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
+
+
+def _pgserver_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("pgserver")
