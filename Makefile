@@ -1,4 +1,4 @@
-# conveyor's everyday commands. `make test` is what CI runs (.ci/run).
+# conveyor's everyday commands. CI (.ci/run) runs `make demo`, then `make test`.
 
 PYTHON ?= python3
 VENV := .venv
