@@ -168,3 +168,7 @@ class ProviderRejected(PermanentError):
 
 class ProviderRateLimited(RetryLater):
     """The model provider, or conveyor's own rate limit, said: not now. Run again after ``delay``."""
+
+
+class DatabaseRefused(ConveyorError):
+    """Postgres refused a statement for a reason a retry cannot fix: data it cannot store, a constraint, a bug."""

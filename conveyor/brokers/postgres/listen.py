@@ -19,10 +19,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from ..logs import log_event
-
-#: The NOTIFY channel; the payload is the queue name. ``LISTEN`` in postgres.sql names it too.
-CHANNEL = "conveyor_jobs"
+from ...logs import log_event
 
 #: Longest wait between two reconnection attempts (s).
 RECONNECT_MAX_DELAY = 2.0
@@ -55,7 +52,8 @@ class Listener(threading.Thread):
     """LISTEN for enqueues and heartbeat, on one connection of its own.
 
     ``connect()`` returns a new autocommit connection; ``on_connect(conn)``
-    runs the LISTEN; ``heartbeat(conn)`` writes this worker's heartbeat.
+    runs the LISTEN; ``heartbeat(conn)`` writes this worker's heartbeat
+    (``Jobs.connect``, ``Jobs.listen``, ``Jobs.heartbeat``).
     """
 
     def __init__(self, *, connect: Callable[[], psycopg.Connection], on_connect: Callable[[psycopg.Connection], None],
