@@ -87,7 +87,7 @@ async def upload_and_deploy(request: Request, app=Depends(conveyor_app)) -> dict
     cap = app.settings.upload_max_bytes
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > cap + FORM_OVERHEAD:
-        raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"file: the upload is larger than {cap} bytes")
+        raise HTTPException(413, f"file: the upload is larger than {cap} bytes")
     ctype, params = parse_options_header(request.headers.get("content-type"))
     if ctype != b"multipart/form-data" or not params.get(b"boundary"):
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "the body is multipart/form-data")
@@ -99,7 +99,7 @@ async def upload_and_deploy(request: Request, app=Depends(conveyor_app)) -> dict
         parser.finalize()
         upload_id = await run_in_threadpool(form.finish)
     except UploadTooLarge as exc:
-        raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, str(exc)) from None
+        raise HTTPException(413, str(exc)) from None
     except UploadRefused as exc:
         raise HTTPException(422, str(exc)) from None
     except (MultipartParseError, ValueError):

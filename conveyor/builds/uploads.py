@@ -69,7 +69,7 @@ class UploadWriter:
         self.size += len(chunk)
         if self.size > self.max_bytes:
             self.abort()
-            raise UploadTooLarge(f"the upload is larger than {self.max_bytes} bytes")
+            raise UploadTooLarge(f"file: the upload is larger than {self.max_bytes} bytes")
         self._file.write(chunk)
 
     def finish(self) -> str:
