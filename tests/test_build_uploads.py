@@ -15,6 +15,7 @@ import httpx
 from conveyor.builds.store import BuildStore
 from tests.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
 from tests.obs_support import api_server
+from tests.waiting import wait_for
 
 AUTH = {"Authorization": "Bearer admin-token"}
 ROUTE = "/api/agents/upload-and-deploy"
@@ -64,7 +65,8 @@ def test_an_uploaded_zip_is_built_and_deployed_and_an_update_takes_an_upload_too
                              data={"owner_id": "u", "agent_id": "ag-other"})
         (first,) = finished(store, stored.json()["build_id"])
         assert first.status == "succeeded"
-        assert leftovers(app.settings.data_dir) == []  # an upload serves one build, then goes
+        # An upload serves one build, then goes (just after the build's outcome is recorded).
+        wait_for(lambda: leftovers(app.settings.data_dir) == [], timeout=10, message="the used upload to go")
         reused = client.post("/api/builds", headers=AUTH, json={"kind": "update", "owner_id": "u",
                                                                  "agent_id": "ag-up",
                                                                  "upload_id": stored.json()["upload_id"]})
