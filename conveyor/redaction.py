@@ -4,6 +4,10 @@ Two sources of secrets: a payload model's ``secret_fields`` (its values are
 replaced by :data:`REDACTED`), and every ``SecretStr`` the settings hold. Any
 text shown (a job's last error, say) is scrubbed of both, in case a
 processor put one into an exception message.
+
+:class:`Scrubber` is the one implementation: builds scrub their log, their
+error and their events with one (every settings secret plus the build's own
+env values) before anything is stored or logged.
 """
 
 from __future__ import annotations
@@ -42,20 +46,42 @@ def payload_secrets(payload: Any, model: type | None) -> list[str]:
 
 
 def settings_secrets(settings: Any) -> list[str]:
-    """Every secret value the settings hold (admin token, webhook URL, secret keys)."""
+    """Every secret value the settings hold (admin token, webhook URL, secret keys).
+
+    A comma-separated value (``CONVEYOR_SECRET_KEY`` holds several Fernet keys)
+    also gives each of its parts, so one key quoted alone is caught too.
+    """
     values = []
     for name in type(settings).model_fields:
         value = getattr(settings, name, None)
         if isinstance(value, SecretStr) and value.get_secret_value():
-            values.append(value.get_secret_value())
+            whole = value.get_secret_value()
+            values.append(whole)
+            if "," in whole:
+                values += [part.strip() for part in whole.split(",") if part.strip()]
     return values
+
+
+class Scrubber:
+    """Replaces every occurrence of a fixed set of secret values with :data:`REDACTED`."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        # Longest first, so a secret that contains another is replaced whole.
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    @classmethod
+    def for_settings(cls, settings: Any, extra: Iterable[str] = ()) -> "Scrubber":
+        """Every secret of ``settings``, plus ``extra`` (a build's decrypted env values, say)."""
+        return cls([*settings_secrets(settings), *extra])
+
+    def __call__(self, text: str | None) -> str | None:
+        if not text:
+            return text
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return text
 
 
 def scrub(text: str | None, secrets: Iterable[str]) -> str | None:
     """``text`` with every occurrence of each secret replaced by :data:`REDACTED`."""
-    if not text:
-        return text
-    # Longest first, so a secret that contains another is replaced whole.
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
+    return Scrubber(secrets)(text)

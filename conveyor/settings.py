@@ -154,6 +154,37 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Per build kind time limit overrides, seconds: CONVEYOR_BUILD_TIME_LIMITS__<KIND>.",
     )
+    build_source_roots: str = Field(
+        "", description="Comma-separated host directories builds may take archives, directories and git "
+                        "repositories from (Python/CLI producers only; HTTP takes uploads); empty: uploads only.",
+    )
+    build_max_source_bytes: int = Field(
+        2 * 1024 ** 3, gt=0, description="Bytes a build's source tree may hold: unpacked, copied or packaged."
+    )
+    build_max_source_files: int = Field(
+        100_000, gt=0, description="Files and directories a build's source tree may hold."
+    )
+    upload_max_bytes: int = Field(
+        100 * 1024 ** 2, gt=0, description="Largest archive POST /api/agents/upload-and-deploy accepts (413 above)."
+    )
+    build_cpu_seconds: int = Field(600, gt=0, description="CPU seconds each build-script process may use.")
+    build_memory_bytes: int = Field(
+        2 * 1024 ** 3, gt=0, description="Address space each build-script process may map, bytes."
+    )
+    build_max_processes: int = Field(
+        256, gt=0, description="Processes the sandbox user may run at once (build scripts share it)."
+    )
+    build_max_file_bytes: int = Field(
+        1024 ** 3, gt=0, description="Largest file a build script may write, bytes."
+    )
+    build_tmp_bytes: int = Field(256 * 1024 ** 2, gt=0, description="Size of a build script's private /tmp, bytes.")
+    build_network: bool = Field(
+        False, description="Give build scripts the host's network; off: a network namespace with loopback only."
+    )
+    build_sandbox_uid: int = Field(
+        65534, ge=1, description="User a build script runs as when the worker is root (nobody)."
+    )
+    build_sandbox_gid: int = Field(65534, ge=1, description="Group a build script runs as when the worker is root.")
     # -- agent platform ---------------------------------------------------------
     provider: ProviderName = Field(
         "local", description="Model provider: local (deterministic, no network) | openai (OpenAI-compatible HTTP)."
@@ -229,6 +260,11 @@ class Settings(BaseSettings):
     @property
     def import_modules(self) -> list[str]:
         return [m.strip() for m in self.imports.split(",") if m.strip()]
+
+    @property
+    def source_roots(self) -> list[Path]:
+        """The resolved build source roots (CONVEYOR_BUILD_SOURCE_ROOTS)."""
+        return [Path(p.strip()).expanduser().resolve() for p in self.build_source_roots.split(",") if p.strip()]
 
     @property
     def embedded(self) -> bool:

@@ -10,10 +10,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import psutil
 import pytest
 from cryptography.fernet import Fernet
 
 from conveyor.app import App
+from conveyor.builds.requests import BuildTicket, request_build
 from conveyor.builds.store import BuildStore
 from conveyor.settings import QueueOverride, Settings
 from tests.harness import running
@@ -88,6 +90,7 @@ def build_app(database_url, redis_url, workdir):
 
     def make(**overrides) -> App:
         settings = dict(broker="redis", redis_url=redis_url, database_url=database_url, data_dir=workdir / "data",
+                        build_source_roots=str(workdir),
                         secret_key=KEY, admin_token="admin-token", shutdown_timeout=5,
                         build_heartbeat_interval=0.2, build_stale_after=2,
                         pg_poll_seconds=0.2, pg_recovery_seconds=0.5, pg_lease_seconds=2,
@@ -116,3 +119,34 @@ def finished(store: BuildStore, *build_ids: str, timeout: float = 30):
         return records if all(r and r.status in ("succeeded", "failed") for r in records) else None
 
     return wait_for(done, timeout=timeout, message=f"builds {build_ids} finished")
+
+
+def build(app: App, kind: str, fields: dict, **kwargs) -> BuildTicket:
+    """request_build as an operator's own code calls it: host paths allowed (under the workdir, the root)."""
+    return request_build(app, kind, fields, host_paths=True, **kwargs)
+
+
+#: A build script that says it started and waits for the test to open its gate. Both files live in the
+#: claim's workspace, outside the packaged tree: a sandboxed script can write nowhere else.
+GATED = "touch ../started; while [ ! -e ../open ]; do sleep 0.05; done\n"
+
+
+def claim_dir(app: App, build_id: str, claim: int = 1) -> Path:
+    """The workspace of one claim of a build (the sandbox's /tmp/build)."""
+    return Path(app.settings.data_dir).resolve() / "builds" / build_id / str(claim)
+
+
+def open_gate(app: App, build_id: str, claim: int = 1) -> None:
+    (claim_dir(app, build_id, claim) / "open").touch()
+
+
+def sandboxed(marker: str) -> list[psutil.Process]:
+    """Processes still running whose environment holds MARK=<marker> (set through a build's env)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("MARK") == marker:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found

@@ -10,10 +10,9 @@ import sys
 import pytest
 
 from conveyor.app import App
-from conveyor.builds.requests import request_build
 from conveyor.builds.store import BuildStore
 from conveyor.settings import Settings
-from tests.build_sources import KEY, make_tree, make_zip, workdir  # noqa: F401 (fixture)
+from tests.build_sources import GATED, KEY, build, claim_dir, make_tree, make_zip, open_gate, sandboxed, workdir  # noqa: F401
 from tests.waiting import wait_for
 
 
@@ -26,6 +25,7 @@ def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_
     for name, value in {
         "DATABASE_URL": database_url, "CONVEYOR_BROKER": broker,
         "CONVEYOR_DATA_DIR": str(workdir / "data"), "CONVEYOR_SECRET_KEY": KEY,
+        "CONVEYOR_BUILD_SOURCE_ROOTS": str(workdir),
         # Short heartbeats, so the dead worker's message and build are recovered within seconds.
         "CONVEYOR_HEARTBEAT_TIMEOUT": "1.5", "CONVEYOR_MAINTENANCE_INTERVAL": "0.3",
         "CONVEYOR_PG_LEASE_SECONDS": "1.5", "CONVEYOR_PG_RECOVERY_SECONDS": "0.3", "CONVEYOR_PG_POLL_SECONDS": "0.2",
@@ -35,12 +35,10 @@ def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_
         clean_env.setenv(name, value)
     app = App(Settings())
     store = BuildStore(app.pool)
-    gate = workdir / "gate"
-    gate.mkdir()
-    script = f"echo $$ >> {gate}/pids; while [ ! -e {gate}/open ]; do sleep 0.05; done; echo built\n"
+    script = GATED + "echo built\n"
     archive = make_zip(make_tree(workdir / "src", {"agent.py": "run()\n"}, script), workdir / "src.zip")
-    ticket = request_build(app, "upload", {"owner_id": "u1", "agent_id": "agent-k", "archive_path": str(archive)},
-                           env={"TOKEN": "t0k3n-value"})
+    ticket = build(app, "upload", {"owner_id": "u1", "agent_id": "agent-k", "archive_path": str(archive)},
+                   env={"TOKEN": "t0k3n-value", "MARK": "recovery"})
     log = open(workdir / "worker.log", "wb")
     supervisor = subprocess.Popen([sys.executable, "-m", "conveyor", "worker", "--queues", "agent", "--threads", "2"],
                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -48,7 +46,8 @@ def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_
         first = wait_for(lambda: (r := store.get(ticket.build_id)) and r.status == "building" and r, timeout=60,
                          message="the first worker to start building")
         assert first.claim == 1
-        wait_for(lambda: (gate / "pids").exists(), timeout=30, message="the build script to start")
+        wait_for(lambda: (claim_dir(app, ticket.build_id, 1) / "started").exists(), timeout=30,
+                 message="the build script to start")
         worker_pid = int(first.worker.rsplit(":", 1)[1])
         assert worker_pid != supervisor.pid
         os.kill(worker_pid, signal.SIGKILL)
@@ -57,8 +56,11 @@ def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_
         second = wait_for(lambda: (r := store.get(ticket.build_id)) and r.claim == 2 and r.status == "building" and r,
                           timeout=60, message="another worker to take the build over")
         assert second.worker != first.worker
-        wait_for(lambda: len((gate / "pids").read_text().split()) == 2, timeout=30, message="the second build script")
-        (gate / "open").touch()
+        # The dead worker's sandbox died with it (bwrap --die-with-parent); the new claim runs its own.
+        wait_for(lambda: (claim_dir(app, ticket.build_id, 2) / "started").exists(), timeout=30,
+                 message="the second build script")
+        assert len(sandboxed("recovery")) > 0
+        open_gate(app, ticket.build_id, 2)
         done = wait_for(lambda: (r := store.get(ticket.build_id)) and r.status in ("succeeded", "failed") and r,
                         timeout=60, message="the build's outcome")
         wait_for(lambda: app.broker.get_job(ticket.job_id).state == "completed", timeout=30,
@@ -71,12 +73,12 @@ def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_
             supervisor.kill()
             supervisor.wait()
         log.close()
-        (gate / "open").touch()  # lets any orphaned build script end
     try:
         _assert_one_outcome(app, store, ticket, done)
     finally:
         app.close()
     assert supervisor.returncode == 0
+    assert sandboxed("recovery") == []
     assert b"t0k3n-value" not in (workdir / "worker.log").read_bytes()
 
 

@@ -5,24 +5,27 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from conveyor.app import App
-from conveyor.builds.requests import request_build
 from conveyor.builds.store import BuildStore
 from conveyor.settings import QueueOverride
 from tests.build_sources import (  # noqa: F401 (fixtures)
+    GATED,
+    build,
     build_app,
+    claim_dir,
     commit_change,
     finished,
     make_repo,
     make_tgz,
     make_tree,
     make_zip,
+    open_gate,
+    sandboxed,
     workdir,
     workers,
 )
@@ -45,10 +48,10 @@ def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, wo
     first_commit = make_repo(repo)
     plain = make_tree(workdir / "plain", {"server.py": "serve()\n", "lib/util.py": "x = 1\n"})
 
-    clone = request_build(app, "github_clone", {"owner_id": "u1", "agent_id": "agent-1", "repo_url": str(repo)})
-    upload = request_build(app, "upload", {"owner_id": "u1", "agent_id": "agent-2",
+    clone = build(app, "github_clone", {"owner_id": "u1", "agent_id": "agent-1", "repo_url": str(repo)})
+    upload = build(app, "upload", {"owner_id": "u1", "agent_id": "agent-2",
                                            "archive_path": str(make_zip(plain, workdir / "plain.zip"))})
-    mcp = request_build(app, "mcp_upload", {"owner_id": "u1", "connector_id": "conn-1",
+    mcp = build(app, "mcp_upload", {"owner_id": "u1", "connector_id": "conn-1",
                                             "source": {"type": "archive", "path": str(make_tgz(plain, workdir / "p.tgz"))}})
     clone_rec, upload_rec, mcp_rec = finished(store, clone.build_id, upload.build_id, mcp.build_id)
     assert [r.status for r in (clone_rec, upload_rec, mcp_rec)] == ["succeeded"] * 3
@@ -64,10 +67,10 @@ def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, wo
     assert store.target("connector", "conn-1").status == "active"
 
     second_commit = commit_change(repo, "agent.py", "print('v2')\n")
-    reclone = request_build(app, "update", {"owner_id": "u1", "agent_id": "agent-1", "changelog": "v2 logic"})
-    from_dir = request_build(app, "update", {"owner_id": "u2", "agent_id": "agent-2", "source_dir": str(plain),
+    reclone = build(app, "update", {"owner_id": "u1", "agent_id": "agent-1", "changelog": "v2 logic"})
+    from_dir = build(app, "update", {"owner_id": "u2", "agent_id": "agent-2", "source_dir": str(plain),
                                              "new_version": "2.0"})
-    standalone = request_build(app, "standalone_build", {"owner_id": "u1", "agent_id": "agent-1",
+    standalone = build(app, "standalone_build", {"owner_id": "u1", "agent_id": "agent-1",
                                                          "git_url": f"file://{repo}", "ref": "main"})
     reclone_rec, dir_rec, standalone_rec = finished(store, reclone.build_id, from_dir.build_id, standalone.build_id)
     assert [r.status for r in (reclone_rec, dir_rec, standalone_rec)] == ["succeeded"] * 3
@@ -80,7 +83,7 @@ def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, wo
     assert sorted(v for v, _ in store.versions("agent", "agent-1")) == sorted([clone_rec.version, "v1",
                                                                               standalone_rec.version])
 
-    back = request_build(app, "rollback", {"owner_id": "u1", "agent_id": "agent-1",
+    back = build(app, "rollback", {"owner_id": "u1", "agent_id": "agent-1",
                                            "target_version": clone_rec.version, "reason": "v2 misbehaves"})
     (back_rec,) = finished(store, back.build_id)
     assert back_rec.status == "succeeded"
@@ -99,18 +102,18 @@ def test_rollback_to_a_version_that_never_existed_fails_the_agent_and_keeps_the_
     workers(app)
     one = make_tree(workdir / "one", {"a.py": "1\n"})
     two = make_tree(workdir / "two", {"a.py": "2\n"})
-    v1 = request_build(app, "upload", {"owner_id": "u", "agent_id": "ag", "archive_path": str(make_zip(one, workdir / "1.zip"))})
+    v1 = build(app, "upload", {"owner_id": "u", "agent_id": "ag", "archive_path": str(make_zip(one, workdir / "1.zip"))})
     finished(store, v1.build_id)
-    v2 = request_build(app, "update", {"owner_id": "u", "agent_id": "ag", "source_dir": str(two)})
+    v2 = build(app, "update", {"owner_id": "u", "agent_id": "ag", "source_dir": str(two)})
     finished(store, v2.build_id)
     assert store.deployment("agent", "ag")["version"] == "v2"
-    bad = request_build(app, "rollback", {"owner_id": "u", "agent_id": "ag", "target_version": "v9"})
+    bad = build(app, "rollback", {"owner_id": "u", "agent_id": "ag", "target_version": "v9"})
     (record,) = finished(store, bad.build_id)
     assert record.status == "failed" and "has no version v9 (versions: v1, v2)" in record.error
     agent = store.target("agent", "ag")
     assert agent.status == "failed" and "no version v9" in agent.status_reason
     assert store.deployment("agent", "ag")["version"] == "v2"
-    good = request_build(app, "rollback", {"owner_id": "u", "agent_id": "ag", "target_version": "v1"})
+    good = build(app, "rollback", {"owner_id": "u", "agent_id": "ag", "target_version": "v1"})
     (record,) = finished(store, good.build_id)
     assert record.status == "succeeded" and store.target("agent", "ag").status == "active"
     assert store.deployment("agent", "ag")["version"] == "v1"
@@ -123,25 +126,24 @@ def test_a_build_that_fails_for_good_drives_its_target_to_a_terminal_state_once(
     store = BuildStore(app.pool)
     workers(app)
     broken = make_tree(workdir / "broken", {"a.py": "x\n"}, "echo compiling; echo 'syntax error' >&2; exit 3\n")
-    gate = workdir / "gate"
-    gate.mkdir()
 
     def waits(name: str) -> Path:
-        """A tree whose script records its pid in gate/<name>, then waits until the test opens the gate."""
-        return make_tree(workdir / name, {"a.py": "x\n"},
-                         f"echo $$ >> {gate}/{name}; while [ ! -e {gate}/open ]; do sleep 0.05; done\n")
+        """A tree whose script waits until the test opens the gate in its workspace."""
+        return make_tree(workdir / name, {"a.py": "x\n"}, GATED)
 
     with caplog.at_level(logging.INFO, logger="conveyor.events"):
-        fails = request_build(app, "upload", {"owner_id": "u", "agent_id": "ag-broken",
-                                              "archive_path": str(make_zip(broken, workdir / "b.zip"))})
-        slow_upload = request_build(app, "upload", {"owner_id": "u", "agent_id": "ag-slow",
-                                                    "archive_path": str(make_zip(waits("upload"), workdir / "w.zip"))})
-        slow_mcp = request_build(app, "mcp_upload", {"owner_id": "u", "connector_id": "conn-slow",
-                                                     "source": {"type": "archive",
-                                                                "path": str(make_tgz(waits("mcp"), workdir / "w.tgz"))}})
+        fails = build(app, "upload", {"owner_id": "u", "agent_id": "ag-broken",
+                                      "archive_path": str(make_zip(broken, workdir / "b.zip"))})
+        slow_upload = build(app, "upload", {"owner_id": "u", "agent_id": "ag-slow",
+                                            "archive_path": str(make_zip(waits("upload"), workdir / "w.zip"))},
+                            env={"MARK": "slow-upload"})
+        slow_mcp = build(app, "mcp_upload", {"owner_id": "u", "connector_id": "conn-slow",
+                                             "source": {"type": "archive",
+                                                        "path": str(make_tgz(waits("mcp"), workdir / "w.tgz"))}})
         failed, timed_out = finished(store, fails.build_id, slow_upload.build_id)
-        upload_pids = [int(p) for p in (gate / "upload").read_text().split()]
-        (gate / "open").touch()
+        wait_for(lambda: (claim_dir(app, slow_mcp.build_id) / "started").exists(), timeout=30,
+                 message="the mcp build script to start")
+        open_gate(app, slow_mcp.build_id)
         (mcp,) = finished(store, slow_mcp.build_id)
         wait_for(lambda: len(_events(caplog, "build_failed")) == 2, timeout=10, message="final-failure hooks ran")
 
@@ -151,24 +153,16 @@ def test_a_build_that_fails_for_good_drives_its_target_to_a_terminal_state_once(
     agent = store.target("agent", "ag-broken")
     assert agent.status == "failed" and "exited with status 3" in agent.status_reason
 
-    # Past its kind's own limit (upload: 1 s here) a build is retried, then fails for good, its script killed.
+    # Past its kind's own limit (upload: 1 s here) a build is retried, then fails for good, its sandbox killed.
     assert timed_out.status == "failed" and "upload build exceeded its time limit of 1s" in timed_out.error
     assert [e for _, e, _ in store.events(slow_upload.build_id)] == ["claimed", "released", "claimed", "released",
                                                                       "failed"]
     assert store.target("agent", "ag-slow").status == "failed"
-    assert len(upload_pids) == 2 and not any(_alive(pid) for pid in upload_pids)
+    assert sandboxed("slow-upload") == []
     # The same script under mcp_upload's limit ran until the gate opened, and succeeded.
     assert mcp.status == "succeeded" and store.target("connector", "conn-slow").status == "active"
     assert sorted(e["build_id"] for e in _events(caplog, "build_failed")) == sorted([fails.build_id,
                                                                                       slow_upload.build_id])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _events(caplog, name: str) -> list[dict]:
@@ -182,13 +176,11 @@ def test_a_running_build_heartbeats_and_a_duplicate_delivery_neither_builds_twic
     store = BuildStore(app.pool)
     caplog.set_level(logging.INFO, logger="conveyor.events")
     workers(app)
-    gate = workdir / "gate"
-    gate.mkdir()
-    tree = make_tree(workdir / "src", {"a.py": "x\n"},
-                     f"echo started; touch {gate}/started; while [ ! -e {gate}/open ]; do sleep 0.05; done\n")
+    tree = make_tree(workdir / "src", {"a.py": "x\n"}, "echo started; " + GATED)
     fields = {"owner_id": "u", "agent_id": "ag-hb", "archive_path": str(make_zip(tree, workdir / "s.zip"))}
-    ticket = request_build(app, "upload", fields)
-    wait_for(lambda: (gate / "started").exists(), timeout=30, message="the build script to start")
+    ticket = build(app, "upload", fields)
+    wait_for(lambda: (claim_dir(app, ticket.build_id) / "started").exists(), timeout=30,
+             message="the build script to start")
     beat = store.get(ticket.build_id).heartbeat_at
     running = wait_for(lambda: (r := store.get(ticket.build_id)).heartbeat_at > beat and r, timeout=10,
                        message="a later heartbeat")
@@ -197,11 +189,11 @@ def test_a_running_build_heartbeats_and_a_duplicate_delivery_neither_builds_twic
     # The same build delivered again while the first worker is alive and beating (no key: a broker's redelivery),
     # and the same build requested again: neither starts a second build.
     duplicate = app.jobs.enqueue("agent.build", app.broker.get_job(ticket.job_id).payload)
-    assert request_build(app, "upload", fields, build_id=ticket.build_id) == type(ticket)(ticket.build_id,
+    assert build(app, "upload", fields, build_id=ticket.build_id) == type(ticket)(ticket.build_id,
                                                                                        ticket.job_id, True)
     wait_for(lambda: _events(caplog, "retry"), timeout=10, message="the duplicate to defer itself")
     assert store.get(ticket.build_id).claim == 1
-    (gate / "open").touch()
+    open_gate(app, ticket.build_id)
     (done,) = finished(store, ticket.build_id)
     # The duplicate comes back once the heartbeat would be stale, reads the outcome, and ends.
     wait_for(lambda: app.broker.get_job(duplicate.id).state == "completed", timeout=30,

@@ -6,21 +6,37 @@ values are encrypted before the job is enqueued. No response ever contains
 an env value, and a bad request is answered with field names only (FastAPI's
 default 422 would echo the input, secrets included, so the body is
 validated here instead).
+
+Sources come over HTTP as uploads only: ``POST /api/agents/upload-and-deploy``
+streams a zip to disk (never whole in memory, 413 past
+``CONVEYOR_UPLOAD_MAX_BYTES`` with nothing kept) and enqueues its build;
+``update`` and ``mcp_upload`` take the ``upload_id`` it answers. A request
+naming a host path (``archive_path``, ``source_dir``, a local repository)
+is refused here: that is for operators' own code, under configured roots.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException, status
+from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
+from python_multipart.multipart import MultipartParseError, MultipartParser, parse_options_header
+from starlette.concurrency import run_in_threadpool
 
 from ..builds.requests import request_build
 from ..builds.store import BuildStore
-from ..errors import EnqueueError, SecretKeyError
+from ..builds.uploads import Uploads, UploadWriter
+from ..errors import EnqueueError, SecretKeyError, UploadRefused, UploadTooLarge
 from .auth import require_admin
 from .deps import conveyor_app
 
 router = APIRouter(prefix="/api", tags=["builds"], dependencies=[Depends(require_admin)])
+
+#: Bytes a multipart body may hold beyond its file: boundaries, headers and the small fields.
+FORM_OVERHEAD = 256 * 1024
+#: The upload form's text fields; anything else is refused, naming the field.
+UPLOAD_FIELDS = ("agent_id", "owner_id", "kind", "version", "changelog", "env")
 
 
 @router.post("/builds", status_code=status.HTTP_202_ACCEPTED)
@@ -62,3 +78,134 @@ def get_deployment(target_kind: str, target_id: str, app=Depends(conveyor_app)) 
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no {target_kind} {target_id!r}")
     return {"target": target.__dict__, "deployment": store.deployment(target_kind, target_id),
             "versions": [{"version": v, "artifact_sha256": a} for v, a in store.versions(target_kind, target_id)]}
+
+
+@router.post("/agents/upload-and-deploy", status_code=status.HTTP_202_ACCEPTED)
+async def upload_and_deploy(request: Request, app=Depends(conveyor_app)) -> dict[str, Any]:
+    """multipart/form-data: ``file`` (a zip), ``agent_id``, ``owner_id``; optional ``kind`` (upload, or
+    update for an agent that exists), ``version``, ``changelog``, ``env`` (a JSON object of strings)."""
+    cap = app.settings.upload_max_bytes
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > cap + FORM_OVERHEAD:
+        raise HTTPException(413, f"file: the upload is larger than {cap} bytes")
+    ctype, params = parse_options_header(request.headers.get("content-type"))
+    if ctype != b"multipart/form-data" or not params.get(b"boundary"):
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "the body is multipart/form-data")
+    form = _StreamedForm(Uploads(app.settings.data_dir).writer(cap))
+    try:
+        parser = MultipartParser(params[b"boundary"], form.callbacks(), max_size=cap + FORM_OVERHEAD)
+        async for chunk in request.stream():
+            parser.write(chunk)
+        parser.finalize()
+        upload_id = await run_in_threadpool(form.finish)
+    except UploadTooLarge as exc:
+        raise HTTPException(413, str(exc)) from None
+    except UploadRefused as exc:
+        raise HTTPException(422, str(exc)) from None
+    except (MultipartParseError, ValueError):
+        raise HTTPException(422, "the body is not a well-formed multipart/form-data form") from None
+    finally:
+        form.writer.abort()
+    try:
+        kind, fields, env = _upload_request(form.fields, upload_id)
+        ticket = await run_in_threadpool(request_build, app, kind, fields, env=env)
+    except SecretKeyError as exc:
+        Uploads(app.settings.data_dir).remove(upload_id)
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
+    except (EnqueueError, UploadRefused) as exc:
+        Uploads(app.settings.data_dir).remove(upload_id)
+        raise HTTPException(422, str(exc)) from None
+    return {"build_id": ticket.build_id, "job_id": ticket.job_id, "upload_id": upload_id, "status": "queued",
+            "status_url": f"/api/builds/{ticket.build_id}"}
+
+
+def _upload_request(fields: dict[str, str], upload_id: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(kind, fields, env) of the build an upload form asks for; UploadRefused naming a bad field."""
+    kind = fields.pop("kind", "upload")
+    if kind not in ("upload", "update"):
+        raise UploadRefused("kind: upload or update")
+    try:
+        env = json.loads(fields.pop("env", "{}") or "{}")
+    except ValueError:
+        env = None
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise UploadRefused("env: a JSON object mapping variable names to string values")
+    version = fields.pop("version", None)
+    if version is not None:
+        fields["version" if kind == "upload" else "new_version"] = version
+    if kind == "upload":
+        fields.pop("changelog", None)
+    return kind, {**fields, "upload_id": upload_id}, env
+
+
+class _StreamedForm:
+    """python-multipart callbacks: the ``file`` part goes to disk chunk by chunk, small fields to memory."""
+
+    FIELD_LIMIT = 64 * 1024
+
+    def __init__(self, writer: UploadWriter) -> None:
+        self.writer = writer
+        self.fields: dict[str, str] = {}
+        self._headers: dict[bytes, bytes] = {}
+        self._header = b""
+        self._value = b""
+        self._name: str | None = None
+        self._buffer = bytearray()
+        self._saw_file = False
+        self._done = False
+
+    def callbacks(self) -> dict:
+        return {"on_part_begin": self._begin, "on_header_field": self._field, "on_header_value": self._hvalue,
+                "on_header_end": self._header_end, "on_headers_finished": self._headers_done,
+                "on_part_data": self._data, "on_part_end": self._end}
+
+    def _begin(self) -> None:
+        self._headers, self._header, self._value, self._name = {}, b"", b"", None
+        self._buffer = bytearray()
+
+    def _field(self, data: bytes, start: int, end: int) -> None:
+        self._header += data[start:end]
+
+    def _hvalue(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+
+    def _header_end(self) -> None:
+        self._headers[self._header.lower()] = self._value
+        self._header, self._value = b"", b""
+
+    def _headers_done(self) -> None:
+        _, options = parse_options_header(self._headers.get(b"content-disposition"))
+        name = options.get(b"name", b"").decode("utf-8", "replace")
+        if name == "file":
+            if self._saw_file:
+                raise UploadRefused("file: give one file")
+            self._saw_file = True
+        elif name not in UPLOAD_FIELDS:
+            raise UploadRefused(f"the upload form has no field {name[:64]!r}; its fields: file, "
+                                f"{', '.join(UPLOAD_FIELDS)}")
+        elif name in self.fields:
+            raise UploadRefused(f"{name}: given twice")
+        self._name = name
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        if self._name == "file":
+            self.writer.write(data[start:end])
+        else:
+            self._buffer += data[start:end]
+            if len(self._buffer) > self.FIELD_LIMIT:
+                raise UploadRefused(f"{self._name}: longer than {self.FIELD_LIMIT} bytes")
+
+    def _end(self) -> None:
+        if self._name != "file" and self._name is not None:
+            try:
+                self.fields[self._name] = self._buffer.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UploadRefused(f"{self._name}: not UTF-8 text") from None
+
+    def finish(self) -> str:
+        if not self._saw_file:
+            raise UploadRefused("file: missing (a zip archive)")
+        missing = [name for name in ("agent_id", "owner_id") if not self.fields.get(name)]
+        if missing:
+            raise UploadRefused(f"{', '.join(missing)}: missing")
+        return self.writer.finish()

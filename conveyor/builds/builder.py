@@ -11,23 +11,27 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BuildTimeout
+from ..redaction import Scrubber
 
 #: A build's log keeps its last this many characters (the builds row is not a log store).
 LOG_LIMIT = 64 * 1024
 
-#: What a secret value is replaced with in a build's log and errors.
-MASK = "***"
+
+@dataclass(frozen=True)
+class UploadSource:
+    """An archive stored by the upload route, named by its server-made id."""
+
+    upload_id: str
 
 
 @dataclass(frozen=True)
 class ArchiveSource:
-    """An uploaded archive: .zip, .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz."""
+    """An archive on the build host (under a configured root): .zip, .tar, .tar.gz, .tgz, .tar.bz2, .tar.xz."""
 
     path: str
 
@@ -47,7 +51,7 @@ class GitSource:
     ref: str | None = None
 
 
-Source = ArchiveSource | DirectorySource | GitSource
+Source = UploadSource | ArchiveSource | DirectorySource | GitSource
 
 
 @dataclass(frozen=True)
@@ -79,19 +83,21 @@ class Deadline:
 
 
 class BuildLog:
-    """A build's log: thread-safe, bounded, with every secret value masked before it is stored."""
+    """A build's log: thread-safe, bounded, every secret value scrubbed before it is stored.
 
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
-        # Longest first, so a secret that contains another is masked whole.
-        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+    ``scrubber`` knows every settings secret and the build's env values
+    (:meth:`Scrubber.for_settings`); :meth:`mask` applies it to any other
+    text the build stores (its error, its events).
+    """
+
+    def __init__(self, scrubber: Scrubber | None = None) -> None:
+        self._scrubber = scrubber or Scrubber()
         self._lock = threading.Lock()
         self._text = ""
 
     def mask(self, text: str) -> str:
-        """``text`` with every secret value replaced by ``***``."""
-        for secret in self._secrets:
-            text = text.replace(secret, MASK)
-        return text
+        """``text`` with every secret value replaced by ``[redacted]``."""
+        return self._scrubber(text) or ""
 
     def write(self, line: str) -> None:
         line = self.mask(line.rstrip("\n")) + "\n"

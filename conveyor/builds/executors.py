@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BuildFailed
-from .builder import ArchiveSource, Builder, BuildLog, Deadline, DirectorySource, GitSource, Source
-from .payloads import GithubClone, McpArchive, McpUpload, Rollback, StandaloneBuild, Update, Upload
+from .builder import ArchiveSource, Builder, BuildLog, Deadline, DirectorySource, GitSource, Source, UploadSource
+from .payloads import GithubClone, McpGit, McpUpload, McpUploaded, Rollback, StandaloneBuild, Update, Upload
 from .store import BuildStore, Outcome
 
 
@@ -59,22 +59,25 @@ def build_source(ctx: BuildContext, source: Source) -> tuple[str, str | None]:
 @executor("upload")
 def upload(ctx: BuildContext) -> Outcome:
     request: Upload = ctx.request
-    artifact, _ = build_source(ctx, ArchiveSource(request.archive_path))
+    source = UploadSource(request.upload_id) if request.upload_id else ArchiveSource(request.archive_path)
+    artifact, _ = build_source(ctx, source)
     return Outcome(artifact, request.version, env_names=tuple(sorted(ctx.env)))
 
 
 @executor("update")
 def update(ctx: BuildContext) -> Outcome:
     request: Update = ctx.request
-    if request.archive_path:
-        source: Source = ArchiveSource(request.archive_path)
+    if request.upload_id:
+        source: Source = UploadSource(request.upload_id)
+    elif request.archive_path:
+        source = ArchiveSource(request.archive_path)
     elif request.source_dir:
         source = DirectorySource(request.source_dir)
     else:
         agent = ctx.store.target("agent", request.agent_id)
         if agent is None or not agent.repo_url:
             raise BuildFailed(f"agent {request.agent_id} has no repository to rebuild from; "
-                              "give archive_path or source_dir")
+                              "give upload_id")
         source = GitSource(agent.repo_url, agent.repo_branch)
     if request.changelog:
         ctx.log.write(f"changelog: {request.changelog}")
@@ -119,9 +122,12 @@ def github_clone(ctx: BuildContext) -> Outcome:
 def mcp_upload(ctx: BuildContext) -> Outcome:
     request: McpUpload = ctx.request
     src = request.source
-    source: Source = ArchiveSource(src.path) if isinstance(src, McpArchive) else GitSource(src.url, src.ref)
+    git = isinstance(src, McpGit)
+    if isinstance(src, McpUploaded):
+        source: Source = UploadSource(src.upload_id)
+    else:
+        source = GitSource(src.url, src.ref) if git else ArchiveSource(src.path)
     artifact, commit = build_source(ctx, source)
     version = request.version or (f"git-{commit[:12]}" if commit else None)
     return Outcome(artifact, version, env_names=tuple(sorted(ctx.env)),
-                   repo_url=None if isinstance(src, McpArchive) else src.url,
-                   repo_branch=None if isinstance(src, McpArchive) else src.ref)
+                   repo_url=src.url if git else None, repo_branch=src.ref if git else None)

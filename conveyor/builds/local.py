@@ -1,12 +1,16 @@
 """LocalBuilder: builds on this host, artifacts under ``<data_dir>/artifacts``.
 
-- **Sources**: an archive is unpacked with path checks and a size cap; a
-  directory is copied; a git repository is cloned, and only a local one (a
-  path or a ``file://`` URL) -- this builder never reaches the network.
-- **Build script**: if the tree has an executable-or-not ``.conveyor-build``
-  file at its root, ``sh .conveyor-build`` runs in the tree with the build's
-  decrypted env, in its own process group (killed whole on timeout). Its
-  output goes to the build log with secret values masked.
+- **Sources**: an upload (stored by the upload route under
+  ``<data_dir>/uploads``, named by a server-made id), or an archive, a
+  directory or a local git repository under ``CONVEYOR_BUILD_SOURCE_ROOTS``
+  (resolved, symlinks followed, then checked); nothing else on the host. An
+  archive is unpacked and a directory copied within the size caps
+  (:mod:`conveyor.builds.unpack`); every unusable source gets one message.
+  Only local git repositories are cloned: this builder never reaches the network.
+- **Build script**: if the tree has a ``.conveyor-build`` file at its root,
+  ``sh .conveyor-build`` runs in the sandbox (:mod:`conveyor.builds.sandbox`)
+  with the build's decrypted env and nothing else, its output going to the
+  build log with every secret value scrubbed.
 - **Artifacts**: a reproducible ``.tar.gz`` (sorted entries, zeroed times and
   owners, ``.git`` left out), stored as ``artifacts/sha256/<digest>.tar.gz``:
   the same tree is stored once, whoever builds it.
@@ -25,13 +29,13 @@ import shutil
 import signal
 import subprocess
 import tarfile
-import threading
 import uuid
-import zipfile
 from contextlib import contextmanager
-from pathlib import Path, PurePosixPath
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
-from ..errors import BuildFailed, BuildTimeout
+from ..errors import BuildFailed, BuildTimeout, SourceUnusable
+from ..settings import Settings
 from .builder import (
     ArchiveSource,
     Artifact,
@@ -41,15 +45,17 @@ from .builder import (
     DirectorySource,
     GitSource,
     Source,
+    UploadSource,
 )
+from .paths import inside, safe_name, under_roots
+from .sandbox import Sandbox
+from .unpack import UNUSABLE, Caps, check_tree, copy_tree, unpack
+from .uploads import Uploads
 
 #: The build script a source tree may carry at its root.
 BUILD_SCRIPT = ".conveyor-build"
 
-#: An archive may unpack to at most this many bytes (a zip bomb fails the build, not the disk).
-MAX_SOURCE_BYTES = 2 * 1024 ** 3
-
-#: Variables from the worker's own environment a build script sees; nothing else leaks in.
+#: Variables from the worker's own environment git sees; nothing else leaks in.
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 
 _SHA256_HEX = frozenset("0123456789abcdef")
@@ -58,19 +64,27 @@ _SHA256_HEX = frozenset("0123456789abcdef")
 class LocalBuilder(Builder):
     """A :class:`Builder` on the local disk, rooted at the data directory."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self.root = Path(data_dir).expanduser().resolve()
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root = Path(settings.data_dir).expanduser().resolve()
         self.artifacts = self.root / "artifacts" / "sha256"
         self.work = self.root / "builds"
+        self.uploads = Uploads(self.root)
+        self.roots = settings.source_roots
+        self.caps = Caps(settings.build_max_source_bytes, settings.build_max_source_files)
+        self.sandbox = Sandbox(settings)
+        #: Set once a build script ran: the packaged tree must then be the sandbox user's only.
+        self._script_ran = False
 
     @contextmanager
     def workspace(self, build_id: str, claim: int):
-        build_dir = self.work / build_id
+        self.work.mkdir(parents=True, exist_ok=True)
+        build_dir = inside(self.work, safe_name(build_id, "build_id"))
         # An earlier claim's worker died: its tree is of no use to anyone.
         for old in build_dir.glob("*"):
             if old.name != str(claim):
-                shutil.rmtree(old, ignore_errors=True)
-        path = build_dir / str(claim)
+                shutil.rmtree(inside(build_dir, old.name), ignore_errors=True)
+        path = inside(build_dir, str(int(claim)))
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
         try:
@@ -80,57 +94,39 @@ class LocalBuilder(Builder):
 
     # -- sources --------------------------------------------------------------
 
+    def host_path(self, path: str) -> Path:
+        """``path`` resolved, when it lies under a configured source root; else :class:`SourceUnusable`."""
+        resolved = under_roots(path, self.roots)
+        if resolved is None:
+            raise SourceUnusable(UNUSABLE)
+        return resolved
+
     def fetch(self, source: Source, dest: Path, deadline: Deadline, log: BuildLog) -> str | None:
+        if isinstance(source, UploadSource):
+            log.write(f"unpacking upload {source.upload_id}")
+            unpack(self.uploads.path(source.upload_id), dest, self.caps, deadline)
+            return None
         if isinstance(source, ArchiveSource):
-            self._unpack(Path(source.path), dest, deadline, log)
+            archive = self.host_path(source.path)
+            log.write("unpacking an archive from a source root")
+            unpack(archive, dest, self.caps, deadline)
             return None
         if isinstance(source, DirectorySource):
-            src = Path(source.path)
-            if not src.is_dir():
-                raise BuildFailed(f"source directory {src} does not exist")
-            log.write(f"copying {src}")
-            def copy(a: str, b: str) -> None:
-                deadline.check()
-                shutil.copy2(a, b)
-
-            shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"), copy_function=copy)
+            directory = self.host_path(source.path)
+            log.write("copying a directory from a source root")
+            copy_tree(directory, dest, self.caps, deadline)
             return None
         return self._clone(source, dest, deadline, log)
 
-    def _unpack(self, archive: Path, dest: Path, deadline: Deadline, log: BuildLog) -> None:
-        if not archive.is_file():
-            raise BuildFailed(f"archive {archive} does not exist")
-        log.write(f"unpacking {archive.name}")
-        dest.mkdir(parents=True)
-        if zipfile.is_zipfile(archive):
-            with zipfile.ZipFile(archive) as zf:
-                members = zf.infolist()
-                _check_size(sum(m.file_size for m in members), archive)
-                for member in members:
-                    deadline.check()
-                    _check_member(member.filename, archive)
-                    zf.extract(member, dest)
-            return
-        try:
-            with tarfile.open(archive) as tf:
-                members = tf.getmembers()
-                _check_size(sum(m.size for m in members), archive)
-                for member in members:
-                    deadline.check()
-                    # The "data" filter refuses absolute paths, "..", device files and links out of dest.
-                    tf.extract(member, dest, filter="data")
-        except tarfile.TarError as exc:
-            raise BuildFailed(f"{archive.name} is not a zip or tar archive: {exc}") from None
-
     def _clone(self, source: GitSource, dest: Path, deadline: Deadline, log: BuildLog) -> str:
-        url = source.url
-        if not (url.startswith("file://") or (os.path.isabs(url) and Path(url).exists())):
-            raise BuildFailed("the local builder clones local repositories only (an absolute path or a file:// URL)")
-        argv = ["git", "clone", "--quiet"]
+        repo = self.host_path(_local_repo(source.url))
+        # --no-hardlinks: the workspace is handed to the sandbox user; the source repository must not be.
+        argv = ["git", "clone", "--quiet", "--no-hardlinks"]
         if source.ref:
             argv += ["--branch", source.ref]
-        log.write(f"cloning {url}" + (f" at {source.ref}" if source.ref else ""))
-        self._git("git clone", [*argv, "--", url, str(dest)], deadline, log)
+        log.write("cloning a repository from a source root" + (f" at {source.ref}" if source.ref else ""))
+        self._git("git clone", [*argv, "--", str(repo), str(dest)], deadline, log)
+        check_tree(dest, self.caps)
         commit = self._git("git rev-parse", ["git", "-C", str(dest), "rev-parse", "HEAD"], deadline, log).strip()
         log.write(f"at commit {commit}")
         return commit
@@ -152,45 +148,38 @@ class LocalBuilder(Builder):
 
     def run_build_script(self, tree: Path, env: dict[str, str], deadline: Deadline, log: BuildLog) -> None:
         script = tree / BUILD_SCRIPT
-        if not script.is_file():
+        if not script.is_file() or script.is_symlink():
             log.write(f"no {BUILD_SCRIPT}: packaging the source as it is")
             return
-        run_env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-        run_env.update(HOME=str(tree), **env)
-        log.write(f"running {BUILD_SCRIPT}" + (f" with env {', '.join(sorted(env))}" if env else ""))
-        proc = subprocess.Popen(["sh", BUILD_SCRIPT], cwd=tree, env=run_env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-        reader = threading.Thread(target=_pump, args=(proc.stdout, log), name="conveyor-build-log", daemon=True)
-        reader.start()
-        try:
-            code = proc.wait(timeout=deadline.remaining())
-        except (subprocess.TimeoutExpired, BuildTimeout):
-            _kill_group(proc)
-            raise BuildTimeout(f"{deadline.kind} build exceeded its time limit of {deadline.seconds:g}s "
-                               f"in {BUILD_SCRIPT}") from None
-        except BaseException:
-            # The job's own time limit (or a shutdown) interrupted us: leave no build running.
-            _kill_group(proc)
-            raise
-        finally:
-            reader.join(timeout=5)
+        log.write(f"running {BUILD_SCRIPT} in the sandbox" + (f" with env {', '.join(sorted(env))}" if env else ""))
+        self._script_ran = True
+        code = self.sandbox.run(tree.parent, tree.name, ["sh", BUILD_SCRIPT], env, deadline, log, BUILD_SCRIPT)
         if code != 0:
-            raise BuildFailed(f"{BUILD_SCRIPT} exited with status {code}: {log.tail(5)}")
+            raise BuildFailed(f"{BUILD_SCRIPT} exited with status {_status(code)}: {log.tail(5)}")
 
     # -- artifacts ------------------------------------------------------------
 
     def package(self, tree: Path, deadline: Deadline, log: BuildLog) -> Artifact:
         self.artifacts.mkdir(parents=True, exist_ok=True)
         tmp = self.artifacts / f".tmp-{uuid.uuid4().hex}"
-        files = 0
+        files = entries = total = 0
+        owner = self.sandbox.uid if self._script_ran else None
         try:
             with open(tmp, "wb") as raw, \
                     gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
                     tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for path in _walk(tree):
                     deadline.check()
-                    info = tar.gettarinfo(str(path), arcname=path.relative_to(tree).as_posix())
+                    rel = path.relative_to(tree).as_posix()
+                    info = tar.gettarinfo(str(path), arcname=rel)
+                    if owner is not None and path.lstat().st_uid != owner:
+                        # A hard link to a host file, say: the artifact holds only what the build made.
+                        raise BuildFailed(f"the build tree holds {rel!r}, which the build script did not make")
+                    entries += 1
+                    total += info.size if info.isfile() else 0
+                    if entries > self.caps.max_files or total > self.caps.max_bytes:
+                        raise BuildFailed(f"the built tree is larger than the limits ({self.caps.max_files} "
+                                          f"entries, {self.caps.max_bytes} bytes)")
                     _normalise(info)
                     if info.isfile():
                         with open(path, "rb") as fh:
@@ -214,17 +203,6 @@ class LocalBuilder(Builder):
             return None
         path = self.artifacts / f"{sha256}.tar.gz"
         return Artifact(sha256, path, path.stat().st_size) if path.is_file() else None
-
-
-def _check_size(total: int, archive: Path) -> None:
-    if total > MAX_SOURCE_BYTES:
-        raise BuildFailed(f"{archive.name} unpacks to {total} bytes; the limit is {MAX_SOURCE_BYTES}")
-
-
-def _check_member(name: str, archive: Path) -> None:
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts:
-        raise BuildFailed(f"{archive.name} holds a path outside the source tree: {name!r}")
 
 
 def _walk(tree: Path):
@@ -255,15 +233,20 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _pump(stream, log: BuildLog) -> None:
-    for line in stream:
-        log.write(line)
-    stream.close()
+def _local_repo(url: str) -> str:
+    """The path of a local repository URL (a path or file://...); "" for anything else, which no root holds."""
+    if url.startswith("file://"):
+        parts = urlsplit(url)
+        return unquote(parts.path) if parts.netloc in ("", "localhost") else ""
+    return url if os.path.isabs(url) else ""
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+def _status(code: int) -> str:
+    """An exit status as people read it: 3, or "killed by SIGXCPU" for a limit."""
+    if code < 0 or code > 128:
+        number = -code if code < 0 else code - 128
+        try:
+            return f"{code} (killed by {signal.Signals(number).name})"
+        except ValueError:
+            return str(code)
+    return str(code)

@@ -23,6 +23,8 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, RootModel, S
 
 from ..secrets import looks_encrypted
 from ..tasks.payloads import Id
+from .paths import SafeName
+from .uploads import UploadId
 
 #: A version label: v3, 1.4.0, git-0a1b2c3d4e5f.
 Version = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+\-]*$")]
@@ -39,7 +41,7 @@ def _absolute(path: str) -> str:
     return path
 
 
-#: A file or directory on the build host (or a volume every worker shares).
+#: A file or directory on the build host (or a volume every worker shares), under CONVEYOR_BUILD_SOURCE_ROOTS.
 AbsPath = Annotated[str, StringConstraints(min_length=1, max_length=4096), AfterValidator(_absolute)]
 
 
@@ -55,7 +57,8 @@ class BuildVariant(BaseModel):
     #: ``agent`` or ``connector``: which table the target lives in.
     target_kind: ClassVar[str] = "agent"
 
-    build_id: Id
+    #: Becomes the name of the build's workspace directory: no dots, no slashes.
+    build_id: SafeName
     owner_id: Id
     env: dict[EnvName, str] = Field(default_factory=dict, max_length=200)
 
@@ -73,6 +76,22 @@ class BuildVariant(BaseModel):
         """The id of the agent or connector this build is for."""
         return getattr(self, "agent_id")
 
+    def host_paths(self) -> list[str]:
+        """The fields of this request that name a path on the build host (producers over HTTP may not)."""
+        found = [name for name in ("archive_path", "source_dir") if getattr(self, name, None)]
+        for name in ("git_url", "repo_url"):
+            url = getattr(self, name, None)
+            if url and not is_remote_url(url):
+                found.append(name)
+        return found
+
+
+def is_remote_url(url: str) -> bool:
+    """True for a git URL on another host (https, ssh, git, or user@host:path); False for a path or file://."""
+    if "://" in url:
+        return not url.startswith("file://")
+    return not url.startswith("/") and ":" in url.split("/", 1)[0]
+
 
 class Upload(BuildVariant):
     """A new agent uploaded as an archive (.zip, .tar, .tar.gz): build it and deploy it."""
@@ -81,8 +100,16 @@ class Upload(BuildVariant):
 
     kind: Literal["upload"] = "upload"
     agent_id: Id
-    archive_path: AbsPath
+    #: An archive stored by POST /api/agents/upload-and-deploy.
+    upload_id: UploadId | None = None
+    archive_path: AbsPath | None = None
     version: Version | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Upload":
+        if (self.upload_id is None) == (self.archive_path is None):
+            raise ValueError("give exactly one of upload_id and archive_path")
+        return self
 
 
 
@@ -93,6 +120,7 @@ class Update(BuildVariant):
 
     kind: Literal["update"] = "update"
     agent_id: Id
+    upload_id: UploadId | None = None
     archive_path: AbsPath | None = None
     source_dir: AbsPath | None = None
     new_version: Version | None = None
@@ -101,8 +129,9 @@ class Update(BuildVariant):
 
     @model_validator(mode="after")
     def _one_source(self) -> "Update":
-        if self.archive_path and self.source_dir:
-            raise ValueError("give archive_path or source_dir, not both (neither: rebuild from the agent's repository)")
+        if sum(1 for v in (self.upload_id, self.archive_path, self.source_dir) if v) > 1:
+            raise ValueError("give one of upload_id, archive_path and source_dir "
+                             "(none: rebuild from the agent's repository)")
         return self
 
 
@@ -160,6 +189,14 @@ class McpArchive(BaseModel):
 
 
 
+class McpUploaded(BaseModel):
+    """An MCP server uploaded through the upload route."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["upload"] = "upload"
+    upload_id: UploadId
+
+
 class McpGit(BaseModel):
     """An MCP server in a git repository."""
 
@@ -169,7 +206,7 @@ class McpGit(BaseModel):
     ref: str | None = Field(None, max_length=255)
 
 
-McpSource = Annotated[Union[McpArchive, McpGit], Field(discriminator="type")]
+McpSource = Annotated[Union[McpArchive, McpUploaded, McpGit], Field(discriminator="type")]
 
 
 class McpUpload(BuildVariant):
@@ -186,6 +223,12 @@ class McpUpload(BuildVariant):
     @property
     def target_id(self) -> str:
         return self.connector_id
+
+    def host_paths(self) -> list[str]:
+        src = self.source
+        if isinstance(src, McpArchive) or (isinstance(src, McpGit) and not is_remote_url(src.url)):
+            return [f"source.{'path' if isinstance(src, McpArchive) else 'url'}"]
+        return []
 
 
 #: The variants, in the order of the union. A new variant is added here (and gets an executor).

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EnqueueError
+from ..errors import EnqueueError, InvalidPayload
 from ..secrets import encrypt_env
 from ..tasks.jobqueue import validate_payload
 from .payloads import BuildPayload
@@ -38,17 +38,25 @@ def build_key(build_id: str) -> str:
 
 
 def request_build(app: "App", kind: str, fields: Mapping[str, Any], *, env: Mapping[str, str] | None = None,
-                  build_id: str | None = None) -> BuildTicket:
+                  build_id: str | None = None, host_paths: bool = False) -> BuildTicket:
     """Validate, encrypt ``env`` (plain values in, Fernet tokens out), record and enqueue one build.
 
     Requesting the same ``build_id`` again changes nothing and returns the first job. Raises
     :class:`~conveyor.errors.InvalidPayload` (naming fields, never values) or
     :class:`~conveyor.errors.SecretKeyError`; then nothing was recorded.
+
+    ``host_paths`` lets the request name archives, directories and local repositories on the
+    build host (the worker still takes them only under ``CONVEYOR_BUILD_SOURCE_ROOTS``): for
+    operators' own code and CLI, never for requests from HTTP, which upload instead.
     """
     data = {**fields, "kind": kind, "build_id": build_id or new_build_id(),
             "env": encrypt_env(app.settings, env or {})}
     payload = validate_payload(JOB, BuildPayload, data)
     request = payload.root
+    named = request.host_paths()
+    if named and not host_paths:
+        raise InvalidPayload(JOB, [{"loc": (name,), "msg": "host paths are not accepted here: upload the "
+                                                           "source and give upload_id"} for name in named])
     store = BuildStore(app.pool)
     if not store.create(request):
         # Requested before: that request's job and outcome stand.

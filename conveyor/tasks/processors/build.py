@@ -30,10 +30,12 @@ import threading
 from ...builds.builder import BuildLog, Deadline
 from ...builds.executors import EXECUTORS, BuildContext
 from ...builds.local import LocalBuilder
+from ...builds.uploads import Uploads
 from ...builds.payloads import HARD_TIME_LIMIT, MINUTE, BuildPayload
 from ...builds.store import BuildStore
 from ...errors import BuildFailed, BuildTimeout, JobError, PermanentError, RetryLater
 from ...logs import log_event
+from ...redaction import Scrubber
 from ...secrets import decrypt_env
 from ..context import JobContext
 from ..registry import job, on_final_failure
@@ -59,10 +61,11 @@ def run_build(payload: BuildPayload, ctx: JobContext) -> None:
         _finish_unclaimed(store, request.build_id, settings.build_stale_after, ids)
         return
     env = decrypt_env(settings, request.env, **ids)
-    log = BuildLog(env.values())
+    # Every settings secret and every env value, out of the log, the error, the events and the job record.
+    log = BuildLog(Scrubber.for_settings(settings, env.values()))
     limit = min(settings.build_time_limits.get(request.kind, request.time_limit), MAX_VARIANT_LIMIT)
     log.write(f"{request.kind} build {request.build_id}, claim {claim}, time limit {limit:g}s")
-    builder = LocalBuilder(settings.data_dir)
+    builder = LocalBuilder(settings)
     with _Heartbeat(store, request.build_id, claim, settings.build_heartbeat_interval, log, ids), \
             builder.workspace(request.build_id, claim) as workdir:
         try:
@@ -87,6 +90,19 @@ def run_build(payload: BuildPayload, ctx: JobContext) -> None:
         raise JobError(f"build {request.build_id} is {record.status if record else 'gone'} after recording success")
     log_event("build_succeeded", **ids, build_id=request.build_id, kind=request.kind, version=record.version,
               artifact=record.artifact_sha256)
+    _drop_upload(settings, request)
+
+
+def _upload_id(request) -> str | None:
+    source = getattr(request, "source", None)
+    return getattr(request, "upload_id", None) or getattr(source, "upload_id", None)
+
+
+def _drop_upload(settings, request) -> None:
+    """An upload serves one build: once that build has ended, its archive goes."""
+    upload_id = _upload_id(request)
+    if upload_id:
+        Uploads(settings.data_dir).remove(upload_id)
 
 
 def _finish_unclaimed(store: BuildStore, build_id: str, stale_after: float, ids: dict) -> None:
@@ -110,6 +126,11 @@ def build_failed_for_good(payload: BuildPayload | None, error: str, ctx: JobCont
         log_event("error", level="error", **ids, error="unreadable agent.build payload: no build to fail")
         return
     request = payload.root
+    # The error came from this build's own attempt (already scrubbed) or from the broker; scrub it again here
+    # with the env too, so no path to the table, the agent's status reason or the log can carry a secret.
+    scrub = Scrubber.for_settings(ctx.app.settings, decrypt_env(ctx.app.settings, request.env, **ids).values())
+    error = scrub(error) or ""
+    _drop_upload(ctx.app.settings, request)
     if BuildStore(ctx.app.pool).fail(request.build_id, error):
         log_event("build_failed", level="error", **ids, build_id=request.build_id, kind=request.kind,
                   target=f"{request.target_kind}:{request.target_id}")

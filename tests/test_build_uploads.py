@@ -1,0 +1,134 @@
+"""POST /api/agents/upload-and-deploy over real HTTP: a multipart zip streamed to disk under a server-made id,
+built and deployed; update takes the upload id too; oversize uploads answer 413 with nothing stored, a
+non-zip and a bad form answer 422 naming the field."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import httpx
+
+from conveyor.builds.store import BuildStore
+from tests.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
+from tests.obs_support import api_server
+from tests.waiting import wait_for
+
+AUTH = {"Authorization": "Bearer admin-token"}
+ROUTE = "/api/agents/upload-and-deploy"
+
+
+def leftovers(data_dir: Path) -> list[str]:
+    uploads = Path(data_dir) / "uploads"
+    return sorted(p.name for p in uploads.iterdir()) if uploads.exists() else []
+
+
+def artifact_members(data_dir: Path, sha256: str) -> dict[str, bytes]:
+    with tarfile.open(Path(data_dir) / "artifacts" / "sha256" / f"{sha256}.tar.gz") as tf:
+        return {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}
+
+
+def test_an_uploaded_zip_is_built_and_deployed_and_an_update_takes_an_upload_too(build_app, workers, workdir):  # noqa: F811
+    app = build_app(upload_max_bytes=256 * 1024)
+    store = BuildStore(app.pool)
+    workers(app)
+    v1 = make_zip(make_tree(workdir / "v1", {"agent.py": "print(1)\n"}, "mkdir -p dist && cp agent.py dist/\n"),
+                  workdir / "v1.zip")
+    v2 = make_zip(make_tree(workdir / "v2", {"agent.py": "print(2)\n"}), workdir / "v2.zip")
+    with api_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        assert client.post(ROUTE, files={"file": ("v1.zip", v1.read_bytes())},
+                           data={"owner_id": "u", "agent_id": "ag-up"}).status_code == 401
+        answer = client.post(ROUTE, headers=AUTH, files={"file": ("v1.zip", v1.read_bytes(), "application/zip")},
+                             data={"owner_id": "u", "agent_id": "ag-up", "env": json.dumps({"FLAG": "on"})})
+        assert answer.status_code == 202, answer.text
+        ticket = answer.json()
+        assert ticket["upload_id"].startswith("upl_") and ticket["status_url"] == f"/api/builds/{ticket['build_id']}"
+        (record,) = finished(store, ticket["build_id"])
+        assert record.status == "succeeded" and record.version == "v1"
+        assert artifact_members(app.settings.data_dir, record.artifact_sha256)["dist/agent.py"] == b"print(1)\n"
+        shown = client.get(ticket["status_url"], headers=AUTH).json()
+        assert shown["status"] == "succeeded" and "on" not in json.dumps(shown["events"])
+
+        # An update from an upload: through the form (kind=update) ...
+        answer = client.post(ROUTE, headers=AUTH, files={"file": ("v2.zip", v2.read_bytes())},
+                             data={"owner_id": "u", "agent_id": "ag-up", "kind": "update", "version": "2.0",
+                                   "changelog": "prints 2"})
+        assert answer.status_code == 202, answer.text
+        (record,) = finished(store, answer.json()["build_id"])
+        assert record.status == "succeeded" and record.version == "2.0" and "changelog: prints 2" in record.log
+        assert store.deployment("agent", "ag-up")["version"] == "2.0"
+        # ... or as JSON naming an upload id (here one the upload route stored; it is used up by its build).
+        stored = client.post(ROUTE, headers=AUTH, files={"file": ("v1.zip", v1.read_bytes())},
+                             data={"owner_id": "u", "agent_id": "ag-other"})
+        (first,) = finished(store, stored.json()["build_id"])
+        assert first.status == "succeeded"
+        # An upload serves one build, then goes (just after the build's outcome is recorded).
+        wait_for(lambda: leftovers(app.settings.data_dir) == [], timeout=10, message="the used upload to go")
+        reused = client.post("/api/builds", headers=AUTH, json={"kind": "update", "owner_id": "u",
+                                                                 "agent_id": "ag-up",
+                                                                 "upload_id": stored.json()["upload_id"]})
+        assert reused.status_code == 202
+        (gone,) = finished(store, reused.json()["build_id"])
+        assert gone.status == "failed" and "cannot be used" in gone.error
+        bad_id = client.post("/api/builds", headers=AUTH, json={"kind": "update", "owner_id": "u", "agent_id": "ag-up",
+                                                                 "upload_id": "../../etc/passwd"})
+        assert bad_id.status_code == 422 and "upload_id" in bad_id.text and "passwd" not in bad_id.text
+
+
+def test_oversize_non_zip_and_bad_forms_are_refused_and_nothing_is_stored(build_app, workdir):  # noqa: F811
+    app = build_app(upload_max_bytes=64 * 1024)
+    data = Path(app.settings.data_dir)
+    store = BuildStore(app.pool)
+    big = io.BytesIO()
+    with zipfile.ZipFile(big, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("blob.bin", bytes(range(256)) * 1024)  # 256 KiB, stored
+    fields = {"owner_id": "u", "agent_id": "ag-bad"}
+    with api_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        # Declared too large: refused before the body is read.
+        oversize = client.post(ROUTE, headers=AUTH, files={"file": ("big.zip", big.getvalue())}, data=fields)
+        assert oversize.status_code == 413 and "file" in oversize.text
+        # Streamed without a length (chunked): cut off at the cap while it arrives.
+        request = client.build_request("POST", ROUTE, headers=AUTH, files={"file": ("big.zip", big.getvalue())},
+                                       data=fields)
+        body = request.read()
+        headers = {**AUTH, "content-type": request.headers["content-type"]}
+
+        def chunks():
+            for at in range(0, len(body), 8192):
+                yield body[at:at + 8192]
+
+        streamed = client.post(ROUTE, headers=headers, content=chunks())
+        assert streamed.status_code == 413
+        assert leftovers(data) == []
+
+        not_zip = client.post(ROUTE, headers=AUTH, files={"file": ("a.zip", b"this is not a zip archive\n")},
+                              data=fields)
+        assert not_zip.status_code == 422 and "file" in not_zip.text and "zip" in not_zip.text
+        missing = client.post(ROUTE, headers=AUTH, data=fields, files={"other": ("x", b"y")})
+        assert missing.status_code == 422 and "other" in missing.text
+        control = client.post(ROUTE, headers=AUTH, data={**fields, "version": "1"},
+                              files={"file": ("a.zip", _tiny_zip())}).status_code
+        assert control == 202  # the control: the same form with a good file is taken
+        no_agent = client.post(ROUTE, headers=AUTH, data={"owner_id": "u"}, files={"file": ("a.zip", _tiny_zip())})
+        assert no_agent.status_code == 422 and "agent_id" in no_agent.text
+        bad_env = client.post(ROUTE, headers=AUTH, data={**fields, "env": "[1, 2]"},
+                              files={"file": ("a.zip", _tiny_zip())})
+        assert bad_env.status_code == 422 and "env" in bad_env.text
+        plain = client.post(ROUTE, headers=AUTH, json=fields)
+        assert plain.status_code == 415
+        nul = client.post(ROUTE, headers=AUTH, data={"owner_id": "u", "agent_id": "a\x00b"},
+                          files={"file": ("a.zip", _tiny_zip())})
+        assert nul.status_code == 422 and "agent_id" in nul.text and "Traceback" not in nul.text
+    # Only the one good upload was kept (its build is queued; no worker runs here).
+    assert len(leftovers(data)) == 1 and leftovers(data)[0].startswith("upl_")
+    assert store.target("agent", "ag-bad") is not None
+
+
+def _tiny_zip() -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.writestr("agent.py", "run()\n")
+    return out.getvalue()
