@@ -118,6 +118,10 @@ class FleetStore:
         """The fleet's enqueue totals by (queue, job), since the broker's data began."""
         raise NotImplementedError
 
+    def find_by_key(self, key: str) -> list[str]:
+        """Ids of the jobs whose enqueue key is ``key`` (a key is held by one job while its TTL runs)."""
+        raise NotImplementedError
+
 
 def recovery_after(app: "App") -> float | None:
     """Seconds of silence after which the broker recovers a worker's jobs (None: inline, nothing to recover)."""
@@ -160,6 +164,6 @@ def fleet_store(app: "App") -> FleetStore:
         else:
             from .memory_store import MemoryFleetStore
 
-            store = MemoryFleetStore()
+            store = MemoryFleetStore(broker)
         _stores[broker] = store
     return store

@@ -56,3 +56,7 @@ DELETE FROM conveyor_job_attempts WHERE ctid IN (
 
 -- name: enqueued_totals
 SELECT queue, job, sum(enqueued)::bigint FROM conveyor_enqueue_totals GROUP BY queue, job
+
+-- name: find_by_key
+-- The broker's own key column (0010_jobs.sql): the job that holds the key.
+SELECT id FROM conveyor_jobs WHERE job_key = %(key)s

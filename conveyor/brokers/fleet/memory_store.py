@@ -9,9 +9,13 @@ from collections import defaultdict
 
 from . import AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
 
+#: Jobs whose attempts are kept (this process's memory is the limit, not a retention).
+MAX_JOBS = 10000
+
 
 class MemoryFleetStore(FleetStore):
-    def __init__(self) -> None:
+    def __init__(self, broker) -> None:
+        self.broker = broker
         self._lock = threading.Lock()
         self._workers: dict[str, WorkerInfo] = {}
         self._attempts: dict[str, dict[str, AttemptInfo]] = defaultdict(dict)
@@ -43,6 +47,8 @@ class MemoryFleetStore(FleetStore):
         now = time.time()
         with self._lock:
             for e in events:
+                if e.job_id not in self._attempts and len(self._attempts) >= MAX_JOBS:
+                    del self._attempts[next(iter(self._attempts))]  # the oldest job's history goes first
                 entry = self._attempts[e.job_id].setdefault(e.token, AttemptInfo(e.attempt, e.worker, None))
                 if e.kind == "start":
                     entry.started_at = now - e.age
@@ -63,3 +69,6 @@ class MemoryFleetStore(FleetStore):
     def enqueued_totals(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._enqueued)
+
+    def find_by_key(self, key: str) -> list[str]:
+        return [r.id for r in list(self.broker.records.values()) if r.key == key]

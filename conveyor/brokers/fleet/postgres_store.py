@@ -73,3 +73,6 @@ class PostgresFleetStore(FleetStore):
 
     def enqueued_totals(self) -> dict[tuple[str, str], int]:
         return {(q, j): int(n) for q, j, n in self._run("enqueued_totals", fetch="all")}
+
+    def find_by_key(self, key: str) -> list[str]:
+        return [row[0] for row in self._run("find_by_key", {"key": key}, fetch="all")]

@@ -75,6 +75,11 @@ class RedisFleetStore(FleetStore):
             out[(queue, job)] = int(value)
         return out
 
+    def find_by_key(self, key: str) -> list[str]:
+        # The broker's own dedup entry ($ns:dedup:$key, see redis/jobs.lua): held while the key's TTL runs.
+        job_id = self.client.get(f"{self.ns}:dedup:{key}")
+        return [job_id.decode()] if job_id else []
+
 
 def _fields(info: WorkerInfo) -> list:
     return ["host", info.host, "pid", info.pid, "queues", json.dumps(info.queues), "threads", info.threads,

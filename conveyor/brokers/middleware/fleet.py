@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 #: Seconds between writes of buffered attempt events.
 FLUSH_SECONDS = 0.05
 
+#: Jobs in flight changed: the entry is refreshed this soon (s), not only at the next beat.
+CHANGE_BEAT_SECONDS = 1.0
+
 #: Buffered events beyond this are dropped (oldest first) while the store is away.
 MAX_BUFFER = 10000
 
@@ -64,6 +67,7 @@ class Fleet(Middleware):
         self._thread: threading.Thread | None = None
         self._secrets: list[str] | None = None
         self._warned_at = -1e9
+        self._changed = False
 
     # -- the process --------------------------------------------------------------
 
@@ -117,11 +121,15 @@ class Fleet(Middleware):
 
     def _run(self) -> None:
         interval = beat_interval(self.app)
-        next_beat = time.monotonic() + interval
+        soon = min(interval, CHANGE_BEAT_SECONDS)
+        last = time.monotonic()
         while not self._stop.wait(FLUSH_SECONDS):
             self._flush()
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + interval
+            now = time.monotonic()
+            # Beat on schedule, or sooner (at most every CHANGE_BEAT_SECONDS) when jobs started or ended.
+            if now - last >= interval or (self._changed and now - last >= soon):
+                last = now
+                self._changed = False
                 self._beat()
 
     # -- enqueues ------------------------------------------------------------------
@@ -155,6 +163,7 @@ class Fleet(Middleware):
         with self._lock:
             self._running[id(message)] = (message.message_id, token, q_name(message.queue_name), attempt, now)
             self._events.append((now, AttemptEvent("start", message.message_id, token, attempt, self.worker_id)))
+            self._changed = True
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         if exception is None:
@@ -174,6 +183,7 @@ class Fleet(Middleware):
             if running is None:
                 return
             job_id, token, _, attempt, _ = running
+            self._changed = True
             if outcome == "completed":
                 self._done += 1
             elif outcome == "failed":
