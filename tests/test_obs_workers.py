@@ -11,6 +11,7 @@ import sys
 import httpx
 import pytest
 
+from conveyor.brokers.fleet import fleet_store
 from tests.obs_support import ROOT, SECRET, TOKEN, CliProcess, api_server, cli_env, running
 from tests.obs_support import broker_app as make_app
 from tests.waiting import wait_for
@@ -81,6 +82,9 @@ def test_each_failed_attempt_has_its_scrubbed_traceback_and_the_history_says_whe
     assert "Traceback (most recent call last)" in trace and "_call_the_provider" in trace
     assert "[redacted]" in trace and SECRET not in json.dumps(job)
     assert second["traceback"] is None and second["error"] is None
+    # Scrubbed before it left the worker, not only when shown: the store never held the secret.
+    stored = fleet_store(app).attempts(ref.id)
+    assert stored and all(SECRET not in (a.traceback or "") + (a.error or "") for a in stored)
     page = api.get(f"/admin/jobs/{ref.id}").text
     assert "_call_the_provider" in page and SECRET not in page
 

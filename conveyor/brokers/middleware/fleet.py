@@ -168,10 +168,13 @@ class Fleet(Middleware):
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         if exception is None:
             self._end(message, "completed")
-        elif isinstance(exception, RetryLater):
-            self._end(message, "deferred", describe_error(exception))
+            return
+        secrets = self._secrets_of(message)
+        error = scrub(describe_error(exception), secrets)
+        if isinstance(exception, RetryLater):
+            self._end(message, "deferred", error)
         else:
-            self._end(message, "failed", describe_error(exception), self._traceback(message, exception))
+            self._end(message, "failed", error, self._traceback(exception, secrets))
 
     def after_skip_message(self, broker, message) -> None:
         self._end(message, "skipped")
@@ -191,13 +194,16 @@ class Fleet(Middleware):
             self._events.append((now, AttemptEvent("end", job_id, token, attempt, self.worker_id,
                                                    outcome=outcome, error=error, traceback=trace)))
 
-    def _traceback(self, message, exception: BaseException) -> str:
-        """The formatted traceback, secret values (settings' and the payload's) replaced, its tail kept."""
+    def _secrets_of(self, message) -> list[str]:
+        """Secret values an error of this message may carry: the settings' and the payload's."""
         if self._secrets is None:
             self._secrets = settings_secrets(self.app.settings)
         job_type = self.app.job_types.get(message.actor_name)
         payload = (message.args or [None])[0]
-        secrets = [*self._secrets, *payload_secrets(payload, job_type.payload if job_type else None)]
+        return [*self._secrets, *payload_secrets(payload, job_type.payload if job_type else None)]
+
+    def _traceback(self, exception: BaseException, secrets: list[str]) -> str:
+        """The formatted traceback, secret values replaced, its tail kept."""
         text = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
         text = scrub(text, secrets) or ""
         return text[-TRACEBACK_LIMIT:]
