@@ -36,3 +36,23 @@ def work(payload: ObsWork, ctx: JobContext) -> None:
         time.sleep(payload.sleep)
     if payload.fail or ctx.attempt <= payload.fail_first or (payload.fail_while and os.path.exists(payload.fail_while)):
         raise JobError(f"obs.work {payload.n} failed on purpose (attempt {ctx.attempt})")
+
+
+class ObsLeak(Payload):
+    """A job whose error message carries its secret field: tracebacks shown must be scrubbed of it."""
+
+    secret_fields: ClassVar[frozenset[str]] = frozenset({"api_key"})
+
+    api_key: str = ""
+    #: Fail the first N attempts, then complete.
+    fail_first: int = 99
+
+
+@job("obs.leak", queue="indexing", payload=ObsLeak, max_attempts=2)
+def leak(payload: ObsLeak, ctx: JobContext) -> None:
+    if ctx.attempt <= payload.fail_first:
+        _call_the_provider(payload.api_key, ctx.attempt)
+
+
+def _call_the_provider(api_key: str, attempt: int) -> None:
+    raise RuntimeError(f"provider refused key {api_key} on attempt {attempt}")

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.chromium
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 QUEUE = "indexing"
+#: Read at import: the clean_env fixture removes every CONVEYOR_ variable during a test.
+SCREENSHOTS = os.environ.get("CONVEYOR_SCREENSHOT")
 
 
 @pytest.fixture
@@ -88,7 +90,7 @@ def test_retrying_a_failed_job_by_clicking_makes_it_complete(browser, redis_url,
 
 def _screenshot(browser, name: str) -> None:
     """Keep a screenshot as <CONVEYOR_SCREENSHOT dir>/<name>.png when that variable names a directory."""
-    folder = os.environ.get("CONVEYOR_SCREENSHOT")
+    folder = SCREENSHOTS
     if folder:
         os.makedirs(folder, exist_ok=True)
         browser.save_screenshot(os.path.join(folder, f"{name}.png"))
@@ -102,3 +104,145 @@ def _state(browser) -> str:
         return browser.find_element(By.ID, "job-state").text
     except WebDriverException:
         return ""  # mid-reload
+
+
+# -- the Workers page, attempt history, live refresh and search ------------------------------
+
+#: Recovery after 8 s without a heartbeat: beats every 1.3 s, late after 3.3 s, gone at 8 s.
+HEARTBEAT_TIMEOUT = "8"
+
+
+def _sign_in(browser, base: str, path: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{base}{path}")
+    browser.find_element(By.ID, "token").send_keys(TOKEN)
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    wait_for(lambda: browser.current_url.endswith(path) and browser.find_elements(By.CSS_SELECTOR, "[data-live]"),
+             timeout=15, message=f"{path} after signing in")
+
+
+def _text(browser, css: str) -> str:
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return " ".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, css))
+    except WebDriverException:
+        return ""  # the region was swapped while being read
+
+
+def _worker_states(browser) -> dict[str, tuple[str, str]]:
+    """{worker id: (state, pid)} as the Workers page shows them now."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return {row.get_attribute("data-worker"): (row.get_attribute("data-state"), row.get_attribute("data-pid"))
+                for row in browser.find_elements(By.CSS_SELECTOR, "tr[data-worker]")}
+    except WebDriverException:
+        return {}
+
+
+def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_url, tmp_path, clean_env):
+    """A real `conveyor worker`; its child is SIGKILLed mid-job: late, then gone, its attempt lost.
+
+    Every page is followed without reloading: a marker set in the page's
+    JavaScript must survive each update (a reload would clear it).
+    """
+    import signal
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    from tests.obs_support import CliProcess, cli_env
+
+    app = redis_app(redis_url, heartbeat_timeout=float(HEARTBEAT_TIMEOUT))
+    env = cli_env(clean_env, REDIS_URL=redis_url, CONVEYOR_BROKER="redis", CONVEYOR_IMPORTS="tests.obs_jobs",
+                  CONVEYOR_QUEUES__INDEXING__MIN_BACKOFF="0.02", CONVEYOR_QUEUES__INDEXING__MAX_BACKOFF="0.05",
+                  CONVEYOR_ADMIN_TOKEN=TOKEN, CONVEYOR_METRICS_PORT="0", CONVEYOR_HEARTBEAT_TIMEOUT=HEARTBEAT_TIMEOUT,
+                  CONVEYOR_MAINTENANCE_INTERVAL="0.5")
+    supervisor = None
+    try:
+        with api_server(app) as base:
+            # The queues page counts by itself.
+            _sign_in(browser, base, "/admin/queues")
+            browser.execute_script("window.notReloaded = true;")
+            waiting = f'tr[data-queue="{QUEUE}"] td:nth-child(2)'
+            assert _text(browser, waiting) == "0"
+            app.broker.pause_queue(QUEUE)
+            for n in range(3):
+                app.jobs.enqueue("obs.work", {"n": n}, key=f"live-{n}")
+            wait_for(lambda: _text(browser, waiting) == "3", timeout=20, message="the waiting count to go to 3")
+            assert browser.execute_script("return window.notReloaded === true;")
+            assert "paused" in _text(browser, f'tr[data-queue="{QUEUE}"]')
+            _screenshot(browser, "queues")
+
+            # A list filtered by job type, and a job found by its key from the search box.
+            leak = app.jobs.enqueue("obs.leak", {"api_key": SECRET, "fail_first": 1}, key="order-4711")
+            browser.get(f"{base}/admin/queues/{QUEUE}?state=waiting")
+            Select(browser.find_element(By.ID, "job-name")).select_by_value("obs.leak")
+            browser.find_element(By.ID, "filter").click()
+            wait_for(lambda: "job=obs.leak" in browser.current_url, timeout=15, message="the filtered list")
+            rows = [r.get_attribute("data-job-id") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")]
+            assert rows == [leak.id]
+            browser.find_element(By.ID, "search").send_keys("order-4711", Keys.ENTER)
+            wait_for(lambda: browser.current_url.endswith(f"/admin/jobs/{leak.id}"), timeout=15,
+                     message="the search to open the job")
+            assert _state(browser) == "waiting"
+
+            # The job page follows the job: no attempt yet, then a failure with its traceback, then success.
+            browser.execute_script("window.notReloaded = true;")
+            supervisor = CliProcess(["worker", "--queues", QUEUE, "--processes", "2"], env, tmp_path / "worker.log")
+            app.broker.resume_queue(QUEUE)
+            wait_for(lambda: _state(browser) == "completed", timeout=60, message="the job page to show completed")
+            wait_for(lambda: _text(browser, "tr[data-attempt]").count("completed") == 1, timeout=15,
+                     message="both attempts in the history")
+            assert browser.execute_script("return window.notReloaded === true;")
+            outcomes = [r.get_attribute("data-outcome") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-attempt]")]
+            assert outcomes == ["failed", "completed"]
+            browser.find_element(By.CSS_SELECTOR, "details.traceback summary").click()
+            trace = browser.find_element(By.CSS_SELECTOR, "pre.traceback").text
+            assert "Traceback (most recent call last)" in trace and "_call_the_provider" in trace
+            assert "[redacted]" in trace and SECRET not in browser.page_source
+            _screenshot(browser, "job")
+
+            # The Workers page: the worker, then the job it runs, then its death by SIGKILL.
+            browser.get(f"{base}/admin/workers")
+            browser.execute_script("window.notReloaded = true;")
+            wait_for(lambda: [s for s, _ in _worker_states(browser).values()].count("alive") == 2,
+                     timeout=30, message="both worker processes on the Workers page")
+            slow = app.jobs.enqueue("obs.work", {"n": 99, "sleep": 8})
+            link = f'a[href="/admin/jobs/{slow.id}"]'
+            row = wait_for(lambda: [e for e in browser.find_elements(By.CSS_SELECTOR, "tr[data-worker]")
+                                    if e.find_elements(By.CSS_SELECTOR, link)], timeout=20,
+                           message="the running job linked from its worker")[0]
+            first = row.get_attribute("data-worker")
+            pid = int(_worker_states(browser)[first][1])
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: _worker_states(browser).get(first, ("",))[0] == "late", timeout=20, interval=0.1,
+                     message="the killed worker marked late")
+            late_row = browser.find_element(By.CSS_SELECTOR, f'tr[data-worker="{first}"]').get_attribute("class")
+            assert "late" in late_row
+            _screenshot(browser, "workers")
+            wait_for(lambda: _worker_states(browser).get(first, ("",))[0] == "gone", timeout=30,
+                     message="the killed worker shown as gone")
+            assert "recovered" in _text(browser, f'tr[data-worker="{first}"]')
+            # The supervisor restarted the process: a new worker, alive.
+            wait_for(lambda: [s for s, _ in _worker_states(browser).values()].count("alive") == 2,
+                     timeout=30, message="the restarted worker beside the other one")
+            assert browser.execute_script("return window.notReloaded === true;")
+            _screenshot(browser, "workers-after-kill")
+
+            # Its job ran again elsewhere; the lost attempt names the dead worker.
+            browser.get(f"{base}/admin/jobs/{slow.id}")
+            wait_for(lambda: _state(browser) == "completed", timeout=60, message="the recovered job to complete")
+            wait_for(lambda: [r.get_attribute("data-outcome") for r in
+                              browser.find_elements(By.CSS_SELECTOR, "tr[data-attempt]")] == ["lost", "completed"],
+                     timeout=15, message="the lost attempt, then the completed one")
+            assert first in _text(browser, 'tr[data-outcome="lost"]')
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+        app.close()

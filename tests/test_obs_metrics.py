@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
+
+from conveyor.brokers.middleware.metrics import exposition_registry
 
 from conveyor.app import App
 from tests.obs_support import CliProcess, cli_env, registry_text, running, samples, settings, value
@@ -41,7 +44,6 @@ def test_a_jobs_life_is_counted_once_per_fact(broker_app):
     data = samples(registry_text(app))
     labels = {"queue": QUEUE, "job": JOB}
     expected = {
-        "conveyor_jobs_enqueued_total": 4,
         "conveyor_jobs_deduplicated_total": 1,
         "conveyor_jobs_started_total": 1 + 3 + 3 + 1,
         "conveyor_jobs_completed_total": 3,
@@ -54,6 +56,11 @@ def test_a_jobs_life_is_counted_once_per_fact(broker_app):
     }
     got = {name: value(data, name, **labels) for name in expected}
     assert got == expected
+    # Enqueues are the broker's count, served at scrape time; completions and final failures too.
+    fleet = samples(generate_latest(exposition_registry(app)).decode())
+    assert value(fleet, "conveyor_jobs_enqueued_total", **labels) == 4
+    assert value(fleet, "conveyor_queue_completed_total", queue=QUEUE) == 3
+    assert value(fleet, "conveyor_queue_failed_total", queue=QUEUE) == 1
     # Dramatiq's delay queue never shows up as a queue of its own.
     assert not [key for key in data if any(v.endswith(".DQ") for _, v in key[1])]
     # The delayed job's wait is counted from the end of its delay, not from its enqueue.

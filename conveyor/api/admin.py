@@ -41,6 +41,24 @@ class QueueMetrics(_Out):
 
 
 
+class Attempt(_Out):
+    """One attempt: when it started, on which worker (``host:pid:tag``), how it ended.
+
+    ``outcome``: completed, failed, deferred (RetryLater), skipped, running,
+    or lost (its worker died during it). Error and traceback are scrubbed of
+    secret values.
+    """
+
+    attempt: int
+    worker: str
+    started_at: float | None
+    ended_at: float | None
+    outcome: str
+    error: str | None
+    traceback: str | None
+    run_seconds: float | None
+
+
 class Job(_Out):
     """A job: its payload's secret fields are redacted, its error scrubbed of secret values. Times are UNIX seconds."""
 
@@ -59,6 +77,8 @@ class Job(_Out):
     eta: float | None
     wait_seconds: float | None
     run_seconds: float | None
+    #: Every attempt, oldest first; empty in lists (ask for the one job).
+    history: list[Attempt] = []
 
 
 
@@ -70,6 +90,32 @@ class JobList(_Out):
     jobs: list[Job]
     next_cursor: str | None
 
+
+
+class Worker(_Out):
+    """One worker process. ``state``: alive, late (heartbeat overdue) or gone (stopped, or recovered: it
+    stopped heartbeating and its jobs went back to their queues, at ``goneAt``). Ages use the broker
+    server's clock; ``done``/``failed`` count attempts since the process started."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    threads: int
+    version: str
+    started_at: float | None
+    heartbeat_at: float | None
+    heartbeat_age: float | None
+    state: Literal["alive", "late", "gone"]
+    in_flight: list[str]
+    done: int
+    failed: int
+    gone_at: float | None
+    gone_reason: str | None
+
+
+class SearchResult(_Out):
+    jobs: list[Job]
 
 
 class Retried(_Out):
@@ -87,8 +133,19 @@ def queue_metrics(inspect: Inspector = Depends(inspector)) -> dict[str, QueueMet
 
 @router.get("/jobs", response_model=JobList, summary="Jobs of a queue in a state, newest first")
 def list_jobs(queue: str, state: State, limit: int = Query(50, ge=1, le=MAX_PAGE), cursor: str | None = None,
+              job: str | None = Query(None, max_length=200, description="only jobs of this type"),
               inspect: Inspector = Depends(inspector)) -> JobList:
-    return JobList.model_validate(inspect.jobs(queue, state, limit=limit, cursor=cursor))
+    return JobList.model_validate(inspect.jobs(queue, state, limit=limit, cursor=cursor, job=job))
+
+
+@router.get("/workers", response_model=list[Worker], summary="Every worker process, live ones first")
+def workers(inspect: Inspector = Depends(inspector)) -> list[Worker]:
+    return [Worker.model_validate(w) for w in inspect.workers()]
+
+
+@router.get("/search", response_model=SearchResult, summary="Jobs by id or by enqueue key (exact)")
+def search(q: str = Query(..., min_length=1, max_length=1000), inspect: Inspector = Depends(inspector)) -> SearchResult:
+    return SearchResult(jobs=[Job.model_validate(j) for j in inspect.search(q)])
 
 
 @router.get("/jobs/{job_id}", response_model=Job, summary="One job")

@@ -1,10 +1,18 @@
 """``/admin/queues``: the dashboard, server-rendered HTML with a little vanilla JavaScript.
 
 Pages: every queue with its counts (pause/resume, retry all failed); a
-queue's jobs by state with paging; one job (payload with secrets
-redacted, attempts, error, timings, retry/delete). Buttons call the JSON
-routes of :mod:`conveyor.api.admin`. A browser signs in once with the
-admin token in a form; see :mod:`conveyor.api.auth`.
+queue's jobs by state with paging, filtered by job type; one job (payload
+with secrets redacted, attempts with their tracebacks, error, timings,
+retry/delete); the worker processes; search by job id or key. Buttons
+call the JSON routes of :mod:`conveyor.api.admin`. A browser signs in once
+with the admin token in a form; see :mod:`conveyor.api.auth`.
+
+Live pages: ``static/live.js`` asks the page's own URL again every few
+seconds with the :data:`LIVE_HEADER`; the route then answers JSON with the
+page's ``live_*`` template blocks rendered (``{"regions": {id: html},
+"follow": bool}``) and the script swaps them in. ``follow`` false (a job
+that ended) stops the polling. No inline script: the CSP allows
+``script-src 'self'``.
 """
 
 from __future__ import annotations
@@ -13,10 +21,10 @@ import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from ..brokers.base import JOB_STATES
@@ -30,8 +38,13 @@ router = APIRouter(prefix="/admin", include_in_schema=False)
 #: Jobs per page of a queue's list.
 PAGE_SIZE = 25
 
-#: Seconds between reloads of a job page while the job is still to finish.
-JOB_REFRESH_SECONDS = 2
+#: Seconds between refreshes of a live page (counts, lists, workers, a job until it ends).
+LIVE_SECONDS = 2
+
+#: Header live.js sends to get a page's live regions as JSON instead of the page.
+LIVE_HEADER = "X-Conveyor-Live"
+
+_STATIC = Path(__file__).with_name("static")
 
 _templates = Environment(
     loader=FileSystemLoader(Path(__file__).with_name("templates")),
@@ -68,6 +81,18 @@ _templates.globals.update(csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE, states
 def _page(name: str, status: int = 200, **context) -> HTMLResponse:
     html = _templates.get_template(name).render(**context)
     return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+def _live_page(request: Request, name: str, *, follow: bool = True, **context) -> Response:
+    """The page, or (asked by live.js) its ``live_*`` blocks as JSON; ``follow`` false stops the refreshing."""
+    context.update(live=LIVE_SECONDS if follow else None)
+    if request.headers.get(LIVE_HEADER) != "1":
+        return _page(name, **context)
+    template = _templates.get_template(name)
+    ctx = template.new_context(context)
+    regions = {block[len("live_"):]: "".join(render(ctx)) for block, render in template.blocks.items()
+               if block.startswith("live_")}
+    return JSONResponse({"regions": regions, "follow": follow}, headers={"Cache-Control": "no-store"})
 
 
 def _gate(request: Request) -> Response | None:
@@ -110,28 +135,37 @@ def logout() -> Response:
     return response
 
 
+@router.get("/static/live.js", include_in_schema=False)
+def live_js() -> FileResponse:
+    return FileResponse(_STATIC / "live.js", media_type="text/javascript", headers={"Cache-Control": "no-cache"})
+
+
 @router.get("/queues", response_class=HTMLResponse)
 def queues(request: Request, inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
-    return _page("queues.html", title="Queues", queues=inspect.queues(), broker=inspect.app.settings.broker_name)
+    return _live_page(request, "queues.html", title="Queues", queues=inspect.queues(),
+                      broker=inspect.app.settings.broker_name)
 
 
 @router.get("/queues/{queue}", response_class=HTMLResponse)
-def queue(request: Request, queue: str, state: str = "waiting", cursor: str | None = None,
+def queue(request: Request, queue: str, state: str = "waiting", cursor: str | None = None, job: str | None = None,
           inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
     if state not in JOB_STATES:
         state = "waiting"
+    job_names = sorted(t.name for t in inspect.app.job_types.values() if t.queue == queue)
+    if job not in job_names:
+        job = None
     try:
         view = inspect.queue(queue)
-        page = inspect.jobs(queue, state, limit=PAGE_SIZE, cursor=cursor)
+        page = inspect.jobs(queue, state, limit=PAGE_SIZE, cursor=cursor, job=job)
     except UnknownQueue as exc:
         return _page("missing.html", 404, title="Not found", message=str(exc))
     except ValueError:
-        page = inspect.jobs(queue, state, limit=PAGE_SIZE)
-    return _page("queue.html", title=f"Queue {queue}", queue=view, page=page)
+        page = inspect.jobs(queue, state, limit=PAGE_SIZE, job=job)
+    return _live_page(request, "queue.html", title=f"Queue {queue}", queue=view, page=page, job_names=job_names)
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -142,6 +176,26 @@ def job(request: Request, job_id: str, inspect: Inspector = Depends(inspector)) 
         view = inspect.job(job_id)
     except JobNotFound as exc:
         return _page("missing.html", 404, title="Not found", message=str(exc))
-    refresh = JOB_REFRESH_SECONDS if view.state in ("waiting", "delayed", "active") else None
-    return _page("job.html", title=f"Job {view.job}", job=view, refresh=refresh,
-                 payload_json=json.dumps(view.payload, indent=2, sort_keys=True, default=str))
+    # Followed until it ends; a failed or completed job changes only by an operator's click (which reloads).
+    return _live_page(request, "job.html", follow=view.state in ("waiting", "delayed", "active"),
+                      title=f"Job {view.job}", job=view,
+                      payload_json=json.dumps(view.payload, indent=2, sort_keys=True, default=str))
+
+
+@router.get("/workers", response_class=HTMLResponse)
+def workers(request: Request, inspect: Inspector = Depends(inspector)) -> Response:
+    if (gate := _gate(request)) is not None:
+        return gate
+    return _live_page(request, "workers.html", title="Workers", workers=inspect.workers(),
+                      broker=inspect.app.settings.broker_name)
+
+
+@router.get("/search", response_class=HTMLResponse)
+def search(request: Request, q: str = "", inspect: Inspector = Depends(inspector)) -> Response:
+    """A job id or key: straight to the job when one matches, else the matches or a not-found page."""
+    if (gate := _gate(request)) is not None:
+        return gate
+    found = inspect.search(q)
+    if len(found) == 1:
+        return RedirectResponse(f"/admin/jobs/{quote(found[0].id, safe='')}", status_code=303)
+    return _page("search.html", 200 if found else 404, title="Search", jobs=found)

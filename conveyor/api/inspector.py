@@ -10,10 +10,11 @@ HTTP side never touches the broker.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..brokers.base import JOB_STATES, JobRecord
+from ..brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
 from ..errors import JobNotFound, JobStateConflict, UnknownQueue
 from ..logs import log_event
 from ..redaction import payload_secrets, redact_payload, scrub, settings_secrets
@@ -23,6 +24,55 @@ if TYPE_CHECKING:
 
 #: Most jobs one page lists.
 MAX_PAGE = 500
+
+#: Most records a job-name filter looks through for one page (the brokers list by state, not by name).
+MAX_FILTER_SCAN = 5000
+
+#: Records fetched per step of that scan.
+_SCAN_STEP = 250
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker process as the Workers page shows it; ages are from the store server's clock."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    threads: int
+    version: str
+    started_at: float | None
+    heartbeat_at: float | None
+    #: Seconds since its last heartbeat, by the server's clock.
+    heartbeat_age: float | None
+    #: "alive", "late" (heartbeat overdue) or "gone" (stopped, or silent past recovery: its jobs went back).
+    state: str
+    in_flight: list[str]
+    done: int
+    failed: int
+    gone_at: float | None
+    gone_reason: str | None
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One attempt of a job: started when, on which worker, how it ended; error and traceback scrubbed."""
+
+    attempt: int
+    worker: str
+    started_at: float | None
+    ended_at: float | None
+    #: completed, failed, deferred, skipped; "running" while its worker lives; "lost" when its worker died.
+    outcome: str
+    error: str | None
+    traceback: str | None
+
+    @property
+    def run_seconds(self) -> float | None:
+        if self.started_at and self.ended_at and self.ended_at >= self.started_at:
+            return self.ended_at - self.started_at
+        return None
 
 
 @dataclass(frozen=True)
@@ -60,6 +110,8 @@ class JobView:
     started_at: float | None
     finished_at: float | None
     eta: float | None
+    #: Every attempt, oldest first (filled for one job, empty in lists).
+    history: list[AttemptView] = field(default_factory=list)
 
     @property
     def run_seconds(self) -> float | None:
@@ -85,6 +137,8 @@ class JobPage:
     jobs: list[JobView]
     cursor: str | None
     next_cursor: str | None
+    #: The job-name filter of this page, if any.
+    job: str | None = None
 
 
 class Inspector:
@@ -118,25 +172,88 @@ class Inspector:
         self._check_queue(name)
         return next(q for q in self.queues() if q.name == name)
 
-    def jobs(self, queue: str, state: str, *, limit: int = 50, cursor: str | None = None) -> JobPage:
-        """A page of jobs. ``cursor`` is the ``next_cursor`` of the page before (opaque to callers)."""
+    def jobs(self, queue: str, state: str, *, limit: int = 50, cursor: str | None = None,
+             job: str | None = None) -> JobPage:
+        """A page of jobs. ``cursor`` is the ``next_cursor`` of the page before (opaque to callers).
+
+        With ``job``, only jobs of that type: up to :data:`MAX_FILTER_SCAN`
+        records are looked through per page, and the cursor goes on from
+        where the scan stopped.
+        """
         self._check_queue(queue)
         if state not in JOB_STATES:
             raise ValueError(f"unknown state {state!r}; states: {', '.join(JOB_STATES)}")
         limit = max(1, min(limit, MAX_PAGE))
         offset = _offset(cursor)
+        if job:
+            return self._filtered(queue, state, job, limit, offset, cursor)
         # One more than asked: whether it comes back says if there is a next page.
         records = self.broker.list_jobs(queue, state, limit=limit + 1, offset=offset)
         more = len(records) > limit
         return JobPage(queue, state, [self._view(r) for r in records[:limit]], cursor,
                        str(offset + limit) if more else None)
 
+    def _filtered(self, queue: str, state: str, job: str, limit: int, offset: int, cursor: str | None) -> JobPage:
+        found: list[JobRecord] = []
+        scanned = 0
+        position = offset
+        while scanned < MAX_FILTER_SCAN:
+            records = self.broker.list_jobs(queue, state, limit=_SCAN_STEP, offset=position)
+            for i, record in enumerate(records):
+                if record.job == job:
+                    found.append(record)
+                    if len(found) == limit:
+                        # Resume after this record; more may follow if the batch went on.
+                        rest = i + 1 < len(records) or len(records) == _SCAN_STEP
+                        return JobPage(queue, state, [self._view(r) for r in found], cursor,
+                                       str(position + i + 1) if rest else None, job)
+            scanned += len(records)
+            position += len(records)
+            if len(records) < _SCAN_STEP:
+                return JobPage(queue, state, [self._view(r) for r in found], cursor, None, job)
+        return JobPage(queue, state, [self._view(r) for r in found], cursor, str(position), job)
+
     def job(self, job_id: str) -> JobView:
-        """One job; :class:`JobNotFound` when there is none."""
+        """One job with its attempt history; :class:`JobNotFound` when there is none."""
         record = self.broker.get_job(job_id)
         if record is None:
             raise JobNotFound(f"no job {job_id!r}")
-        return self._view(record)
+        view = self._view(record)
+        return replace(view, history=self._history(record, view))
+
+    def search(self, text: str) -> list[JobView]:
+        """Jobs whose id is ``text``, or whose enqueue key is ``text`` (exact; newest first)."""
+        text = text.strip()
+        if not text or len(text) > 1000:
+            return []
+        ids = [text] + [i for i in fleet_store(self.app).find_by_key(text) if i != text]
+        views = []
+        for job_id in ids:
+            record = self.broker.get_job(job_id)
+            if record is not None:
+                views.append(self._view(record))
+        return views
+
+    def workers(self) -> list[WorkerView]:
+        """Every worker process the registry knows: live ones first, then the gone, newest first."""
+        now, infos = fleet_store(self.app).workers()
+        late, gone_after = late_after(self.app), recovery_after(self.app)
+        views = []
+        for w in infos:
+            age = max(0.0, now - w.heartbeat_at) if w.heartbeat_at else None
+            gone_at, reason = w.gone_at, w.gone_reason
+            if gone_at is None and gone_after is not None and age is not None and age > gone_after:
+                # No live worker has swept it yet: its jobs are due for recovery since then.
+                gone_at, reason = w.heartbeat_at + gone_after, "recovered"
+            state = "gone" if gone_at else ("late" if age is not None and age > late else "alive")
+            views.append(WorkerView(
+                id=w.id, host=w.host, pid=w.pid, queues=w.queues, threads=w.threads, version=w.version,
+                started_at=w.started_at, heartbeat_at=w.heartbeat_at, heartbeat_age=age, state=state,
+                in_flight=[] if state == "gone" else w.in_flight, done=w.done, failed=w.failed,
+                gone_at=gone_at, gone_reason=reason))
+        order = {"alive": 0, "late": 0, "gone": 1}
+        views.sort(key=lambda v: (order[v.state], -(v.gone_at or 0), v.host, v.pid))
+        return views
 
     # -- acting ------------------------------------------------------------------
 
@@ -197,6 +314,29 @@ class Inspector:
             error=scrub(record.error, secrets), enqueued_at=record.enqueued_at, started_at=record.started_at,
             finished_at=record.finished_at, eta=record.eta,
         )
+
+    def _history(self, record: JobRecord, view: JobView) -> list[AttemptView]:
+        """The job's attempts, scrubbed; an attempt without an end is running, or lost with its worker."""
+        attempts: list[AttemptInfo] = fleet_store(self.app).attempts(record.id)
+        if not attempts:
+            return []
+        states = {w.id: w.state for w in self.workers()} if any(a.ended_at is None for a in attempts) else {}
+        secrets = self._secrets(record)
+        out = []
+        for i, a in enumerate(attempts):
+            outcome = a.outcome
+            if outcome is None:
+                last = i == len(attempts) - 1
+                alive = states.get(a.worker) in ("alive", "late")
+                outcome = "running" if last and alive and view.state == "active" else "lost"
+            out.append(AttemptView(attempt=a.attempt, worker=a.worker, started_at=a.started_at,
+                                   ended_at=a.ended_at, outcome=outcome, error=scrub(a.error, secrets),
+                                   traceback=scrub(a.traceback, secrets)))
+        return out
+
+    def _secrets(self, record: JobRecord) -> list[str]:
+        job_type = self.app.job_types.get(record.job)
+        return [*self._settings_secrets, *payload_secrets(record.payload, job_type.payload if job_type else None)]
 
     def _audit(self, event: str, job: JobView) -> None:
         log_event(event, queue=job.queue, job=job.job, job_id=job.id, attempt=job.attempts, state=job.state)

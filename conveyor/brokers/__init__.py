@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from dramatiq.middleware import CurrentMessage, TimeLimit
 
 from .middleware.events import Events
+from .middleware.fleet import Fleet
 from .middleware.metrics import Metrics
 from .middleware.retries import Retries
 from .middleware.webhook import FailureWebhook
@@ -26,6 +27,8 @@ def build_middleware(app: "App") -> list:
         # After Retries: a message Retries skips never reaches Metrics' before_process_message.
         metrics,
         FailureWebhook(app.settings, app.job_types, metrics),
+        # Last: its before_process_message sees the attempt Retries counted.
+        Fleet(app),
     ]
 
 

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "conveyor.cli.api",
     "conveyor.cli.schedules",
     "conveyor.cli.bench",
+    "conveyor.cli.workers",
 )
 
 

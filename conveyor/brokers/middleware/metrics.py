@@ -4,9 +4,11 @@ One family per fact, labelled ``queue`` and ``job`` (see ``docs/observability.md
 for what each means). Workers count in their own process; with several
 worker processes the :class:`WorkerMetrics` of the supervisor points
 ``PROMETHEUS_MULTIPROC_DIR`` at a directory it empties at start, and
-serves the sum of every process's files. Queue depth is not counted but
-read from the broker at scrape time by :class:`QueueCollector`, which the
-API's ``/metrics`` serves.
+serves the sum of every process's files. Queue depth and the fleet's
+totals (jobs enqueued by any producer, completed, failed for good) are not
+counted but read from the broker at scrape time by :class:`QueueCollector`,
+which the API's ``/metrics`` serves: a job enqueued by the CLI or by a
+script nobody scrapes is counted all the same.
 
 Unlike Dramatiq's own Prometheus middleware, a retry is counted once, when
 the worker schedules it, under the job's queue (Dramatiq's counts it again
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from dramatiq import Middleware
 from dramatiq.common import q_name
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ...errors import RetryLater
@@ -63,8 +65,6 @@ class Metrics(Middleware):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.enqueued = Counter("conveyor_jobs_enqueued", "Jobs enqueued (duplicates of a keyed job excluded).",
-                                _LABELS, registry=r)
         self.deduplicated = Counter("conveyor_jobs_deduplicated", "Enqueues that returned an earlier job with "
                                     "the same key instead of adding one.", _LABELS, registry=r)
         self.started = Counter("conveyor_jobs_started", "Attempts started (every start of a job).", _LABELS,
@@ -110,9 +110,11 @@ class Metrics(Middleware):
 
     def after_enqueue_jobs(self, broker, items, refs) -> None:
         """Called by :class:`~conveyor.tasks.jobqueue.JobQueue` with each batch and its results."""
+        # Enqueues themselves are the fleet's count, kept by the broker (QueueCollector): only this
+        # process's duplicates are counted here.
         for item, ref in zip(items, refs):
-            counter = self.deduplicated if ref.deduplicated else self.enqueued
-            counter.labels(q_name(item.message.queue_name), item.message.actor_name).inc()
+            if ref.deduplicated:
+                self.deduplicated.labels(q_name(item.message.queue_name), item.message.actor_name).inc()
 
     # -- running ---------------------------------------------------------------
 
@@ -218,6 +220,38 @@ class QueueCollector(Collector):
             oldest.add_metric([c.queue], max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else 0.0)
             paused.add_metric([c.queue], 1 if c.paused else 0)
         yield from (depth, oldest, paused)
+        yield from self._totals(counts)
+
+    def _totals(self, counts) -> Iterator[Any]:
+        """The fleet's totals from the broker's own counters: the same in every process that serves them.
+
+        Several API processes scraped report the same numbers: aggregate with
+        ``max``, not ``sum``, across instances.
+        """
+        completed = CounterMetricFamily("conveyor_queue_completed", "Jobs completed, counted by the broker "
+                                        "for the whole fleet (API only).", labels=["queue"])
+        failed = CounterMetricFamily("conveyor_queue_failed", "Jobs failed for good, counted by the broker for "
+                                     "the whole fleet (API only).", labels=["queue"])
+        for c in counts:
+            completed.add_metric([c.queue], c.completed_total)
+            failed.add_metric([c.queue], c.failed_total)
+        yield from (completed, failed)
+        from ..fleet import fleet_store
+
+        try:
+            totals = fleet_store(self.app).enqueued_totals()
+        except Exception as exc:
+            log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
+                      error=f"metrics scrape could not read the enqueue totals: {type(exc).__name__}: {exc}")
+            return
+        enqueued = CounterMetricFamily("conveyor_jobs_enqueued", "Jobs enqueued by any producer (a keyed "
+                                       "duplicate is not one), counted by the broker for the whole fleet "
+                                       "(API only).", labels=["queue", "job"])
+        # Every known job type has a series (0 before its first job), and so has every counted one.
+        keys = set(totals) | {(jt.queue, jt.name) for jt in self.app.job_types.values()}
+        for queue, job in sorted(keys):
+            enqueued.add_metric([queue, job], totals.get((queue, job), 0))
+        yield enqueued
 
 
 class RegistryCollector(Collector):

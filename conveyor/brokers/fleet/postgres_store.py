@@ -1,0 +1,78 @@
+"""The worker registry and attempt history in Postgres, in tables of their own (``0045_fleet.sql``).
+
+Enqueue totals need no writes from here: a statement trigger on
+``conveyor_jobs`` counts every inserted job in the enqueue's own transaction.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...db import load_queries
+from . import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+
+if TYPE_CHECKING:
+    from ...app import App
+
+QUERIES = load_queries(Path(__file__).with_name("fleet.sql"))
+
+
+class PostgresFleetStore(FleetStore):
+    def __init__(self, app: "App") -> None:
+        self.app = app
+
+    def _run(self, name: str, params: dict | None = None, fetch: str = "none"):
+        with self.app.pool.connection() as conn:
+            cur = conn.execute(QUERIES[name], params or {})
+            if fetch == "all":
+                return cur.fetchall()
+            if fetch == "one":
+                return cur.fetchone()
+            return cur.rowcount
+
+    def beat(self, info: WorkerInfo, *, keep: float) -> None:
+        self._run("beat", {"id": info.id, "host": info.host, "pid": info.pid, "queues": info.queues,
+                           "threads": info.threads, "version": info.version, "in_flight": info.in_flight,
+                           "done": info.done, "failed": info.failed})
+
+    def leave(self, info: WorkerInfo, reason: str) -> None:
+        self._run("leave", {"id": info.id, "reason": reason, "done": info.done, "failed": info.failed})
+
+    def sweep(self, gone_after: float) -> int:
+        marked = self._run("sweep", {"gone_after": gone_after})
+        self._run("forget", {"after": FORGET_AFTER})
+        self._run("prune_attempts", {"retention": self.app.settings.retention})
+        return marked
+
+    def workers(self) -> tuple[float, list[WorkerInfo]]:
+        rows = self._run("workers", fetch="all")
+        if not rows:
+            return self._run("now", fetch="one")[0], []
+        out = [WorkerInfo(id=r[1], host=r[2], pid=r[3], queues=list(r[4]), threads=r[5], version=r[6],
+                          started_at=r[7], heartbeat_at=r[8], in_flight=list(r[9]), done=r[10], failed=r[11],
+                          gone_at=r[12], gone_reason=r[13]) for r in rows]
+        return rows[0][0], out
+
+    def write_attempts(self, events: list[AttemptEvent], *, keep: float) -> None:
+        with self.app.pool.connection() as conn, conn.transaction():
+            for e in events:
+                params = {"job_id": e.job_id, "token": e.token, "attempt": e.attempt, "worker": e.worker,
+                          "age": e.age}
+                if e.kind == "start":
+                    conn.execute(QUERIES["attempt_start"], params)
+                else:
+                    conn.execute(QUERIES["attempt_end"], {**params, "outcome": e.outcome, "error": e.error,
+                                                          "traceback": e.traceback})
+
+    def attempts(self, job_id: str) -> list[AttemptInfo]:
+        return [AttemptInfo(*row) for row in self._run("attempts", {"job_id": job_id}, fetch="all")]
+
+    def count_enqueued(self, counts: dict[tuple[str, str], int]) -> None:
+        pass  # the insert trigger counted them, in the enqueue's own transaction
+
+    def enqueued_totals(self) -> dict[tuple[str, str], int]:
+        return {(q, j): int(n) for q, j, n in self._run("enqueued_totals", fetch="all")}
+
+    def find_by_key(self, key: str) -> list[str]:
+        return [row[0] for row in self._run("find_by_key", {"key": key}, fetch="all")]

@@ -1,0 +1,102 @@
+"""The worker registry and attempt history in Redis, beside the broker's keys (layout in ``fleet.lua``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+
+_SCRIPT = Path(__file__).with_name("fleet.lua").read_text()
+
+_SEP = "\x1f"
+
+
+class RedisFleetStore(FleetStore):
+    def __init__(self, client, namespace: str) -> None:
+        self.client = client
+        self.ns = namespace
+        self._script = client.register_script(_SCRIPT)
+
+    def _call(self, *args, client=None):
+        return self._script(keys=[self.ns], args=list(args), client=client)
+
+    def beat(self, info: WorkerInfo, *, keep: float) -> None:
+        self._call("beat", info.id, int(keep * 1000), *_fields(info))
+
+    def leave(self, info: WorkerInfo, reason: str) -> None:
+        self._call("leave", info.id, reason, "in_flight", "[]", "done", info.done, "failed", info.failed)
+
+    def sweep(self, gone_after: float) -> int:
+        return int(self._call("sweep", int(gone_after * 1000), int(FORGET_AFTER * 1000)))
+
+    def workers(self) -> tuple[float, list[WorkerInfo]]:
+        seconds, micros = self.client.time()
+        now = seconds + micros / 1e6
+        ids = [i.decode() for i in self.client.zrevrange(f"{self.ns}:fleet:workers", 0, -1)]
+        with self.client.pipeline(transaction=False) as pipe:
+            for worker_id in ids:
+                pipe.hgetall(f"{self.ns}:fleet:worker:{worker_id}")
+            rows = pipe.execute()
+        out = []
+        for worker_id, raw in zip(ids, rows):
+            if raw:
+                out.append(_worker(worker_id, {k.decode(): v.decode() for k, v in raw.items()}))
+        return now, out
+
+    def write_attempts(self, events: list[AttemptEvent], *, keep: float) -> None:
+        args: list = []
+        for e in events:
+            args += [e.kind, e.job_id, e.token, e.attempt, e.worker, int(e.age * 1000), e.outcome or "",
+                     e.error or "", e.traceback or ""]
+        self._call("attempts", int(keep * 1000), len(events), *args)
+
+    def attempts(self, job_id: str) -> list[AttemptInfo]:
+        raw = self.client.hgetall(f"{self.ns}:attempts:{job_id}")
+        out = []
+        for value in raw.values():
+            entry = json.loads(value)
+            out.append(AttemptInfo(
+                attempt=int(entry.get("attempt", 0)), worker=entry.get("worker", ""),
+                started_at=_seconds(entry.get("started_at")), ended_at=_seconds(entry.get("ended_at")),
+                outcome=entry.get("outcome"), error=entry.get("error"), traceback=entry.get("traceback")))
+        return sorted(out, key=lambda a: (a.started_at or a.ended_at or 0, a.attempt))
+
+    def count_enqueued(self, counts: dict[tuple[str, str], int]) -> None:
+        with self.client.pipeline(transaction=False) as pipe:
+            for (queue, job), n in counts.items():
+                pipe.hincrby(f"{self.ns}:fleet:enqueued", f"{queue}{_SEP}{job}", n)
+            pipe.execute()
+
+    def enqueued_totals(self) -> dict[tuple[str, str], int]:
+        out = {}
+        for name, value in self.client.hgetall(f"{self.ns}:fleet:enqueued").items():
+            queue, _, job = name.decode().partition(_SEP)
+            out[(queue, job)] = int(value)
+        return out
+
+    def find_by_key(self, key: str) -> list[str]:
+        # The broker's own dedup entry ($ns:dedup:$key, see redis/jobs.lua): held while the key's TTL runs.
+        job_id = self.client.get(f"{self.ns}:dedup:{key}")
+        return [job_id.decode()] if job_id else []
+
+
+def _fields(info: WorkerInfo) -> list:
+    return ["host", info.host, "pid", info.pid, "queues", json.dumps(info.queues), "threads", info.threads,
+            "version", info.version, "in_flight", json.dumps(info.in_flight), "done", info.done,
+            "failed", info.failed]
+
+
+def _seconds(ms) -> float | None:
+    return int(ms) / 1000 if ms not in (None, "") else None
+
+
+def _worker(worker_id: str, row: dict[str, str]) -> WorkerInfo:
+    return WorkerInfo(
+        id=worker_id, host=row.get("host", "?"), pid=int(row.get("pid") or 0),
+        queues=json.loads(row.get("queues") or "[]"), threads=int(row.get("threads") or 0),
+        version=row.get("version", ""), started_at=_seconds(row.get("started_at")),
+        heartbeat_at=_seconds(row.get("heartbeat_at")), in_flight=json.loads(row.get("in_flight") or "[]"),
+        done=int(row.get("done") or 0), failed=int(row.get("failed") or 0),
+        gone_at=_seconds(row.get("gone_at")), gone_reason=row.get("gone_reason"),
+    )

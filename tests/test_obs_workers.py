@@ -1,0 +1,171 @@
+"""The Workers page's data, attempt history with tracebacks, search and filters: over real HTTP, on every broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from conveyor.brokers.fleet import fleet_store
+from tests.obs_support import ROOT, SECRET, TOKEN, CliProcess, api_server, cli_env, running
+from tests.obs_support import broker_app as make_app
+from tests.waiting import wait_for
+
+QUEUE = "indexing"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BROKERS = ["redis", "postgres", "inline"]
+
+
+@pytest.fixture(params=BROKERS)
+def broker_app(request):
+    app = make_app(request, request.param)
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def api(broker_app):
+    with api_server(broker_app) as url:
+        with httpx.Client(base_url=url, timeout=10, headers=AUTH) as client:
+            yield client
+
+
+def _workers(api) -> list[dict]:
+    response = api.get("/api/admin/workers")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _mine(api) -> dict | None:
+    """The worker of this process (the test runs its worker in-process)."""
+    return next((w for w in _workers(api) if w["pid"] == os.getpid() and w["state"] != "gone"), None)
+
+
+def test_a_worker_shows_its_queues_jobs_in_flight_counts_and_leaves_as_stopped(broker_app, api):
+    app = broker_app
+    with running(app, threads=2):
+        me = wait_for(lambda: _mine(api), timeout=20, message="the worker to register")
+        # Inline workers run the queue's own concurrency.
+        threads = app.queues[QUEUE].concurrency if app.settings.broker_name == "inline" else 2
+        assert me["queues"] == [QUEUE] and me["threads"] == threads and me["state"] == "alive"
+        assert me["version"] and me["host"] and me["startedAt"] and me["heartbeatAge"] < 30
+        slow = app.jobs.enqueue("obs.work", {"n": 1, "sleep": 2.0})
+        wait_for(lambda: slow.id in (_mine(api) or {}).get("inFlight", []), timeout=20,
+                 message="the running job in the worker's in-flight list")
+        app.jobs.enqueue("obs.work", {"n": 2, "fail": True})
+        wait_for(lambda: (_mine(api) or {}).get("done") == 1 and _mine(api)["failed"] == 3, timeout=30,
+                 message="one job done and three failed attempts counted")
+        assert _mine(api)["inFlight"] == []
+    gone = [w for w in _workers(api) if w["pid"] == os.getpid()]
+    assert gone and all(w["state"] == "gone" and w["goneReason"] == "stopped" and w["goneAt"] for w in gone)
+
+
+def test_each_failed_attempt_has_its_scrubbed_traceback_and_the_history_says_where_and_how(broker_app, api):
+    app = broker_app
+    with running(app):
+        ref = app.jobs.enqueue("obs.leak", {"api_key": SECRET, "fail_first": 1})
+        wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=30, message="the retry to complete")
+        job = wait_for(lambda: (j := api.get(f"/api/admin/jobs/{ref.id}").json()) and
+                       [a["outcome"] for a in j["history"]] == ["failed", "completed"] and j,
+                       timeout=10, message="both attempts in the history")
+    first, second = job["history"]
+    assert [first["attempt"], second["attempt"]] == [1, 2]
+    assert first["worker"].split(":")[1] == str(os.getpid())
+    assert first["startedAt"] <= first["endedAt"] <= second["startedAt"] <= second["endedAt"]
+    assert first["error"].startswith("RuntimeError: provider refused key [redacted] on attempt 1")
+    trace = first["traceback"]
+    assert "Traceback (most recent call last)" in trace and "_call_the_provider" in trace
+    assert "[redacted]" in trace and SECRET not in json.dumps(job)
+    assert second["traceback"] is None and second["error"] is None
+    # Scrubbed before it left the worker, not only when shown: the store never held the secret.
+    stored = fleet_store(app).attempts(ref.id)
+    assert stored and all(SECRET not in (a.traceback or "") + (a.error or "") for a in stored)
+    page = api.get(f"/admin/jobs/{ref.id}").text
+    assert "_call_the_provider" in page and SECRET not in page
+
+
+def test_jobs_are_found_by_id_and_by_key_and_lists_filter_by_job_type(broker_app, api):
+    app = broker_app
+    keyed = app.jobs.enqueue("obs.work", {"n": 1}, key="order-4711")
+    other = app.jobs.enqueue("obs.leak", {"api_key": "x"})
+    assert [j["id"] for j in api.get("/api/admin/search", params={"q": keyed.id}).json()["jobs"]] == [keyed.id]
+    assert [j["id"] for j in api.get("/api/admin/search", params={"q": "order-4711"}).json()["jobs"]] == [keyed.id]
+    assert api.get("/api/admin/search", params={"q": "no-such-key"}).json()["jobs"] == []
+    assert api.get("/api/admin/search").status_code == 422
+    listed = api.get("/api/admin/jobs", params={"queue": QUEUE, "state": "waiting", "job": "obs.leak"}).json()
+    assert [j["id"] for j in listed["jobs"]] == [other.id]
+    everything = api.get("/api/admin/jobs", params={"queue": QUEUE, "state": "waiting"}).json()
+    assert {j["id"] for j in everything["jobs"]} == {keyed.id, other.id}
+    # The dashboard's search box goes straight to the one job it finds.
+    with httpx.Client(base_url=str(api.base_url), headers=AUTH, timeout=10) as browser:
+        found = browser.get("/admin/search", params={"q": "order-4711"})
+        assert found.status_code == 303 and found.headers["location"] == f"/admin/jobs/{keyed.id}"
+        assert browser.get("/admin/search", params={"q": "nothing-like-it"}).status_code == 404
+
+
+def test_live_regions_come_back_as_json_and_a_finished_job_is_no_longer_followed(broker_app, api):
+    app = broker_app
+    ref = app.jobs.enqueue("obs.work", {"n": 1})
+    live = {"X-Conveyor-Live": "1"}
+    waiting = api.get(f"/admin/jobs/{ref.id}", headers=live).json()
+    assert waiting["follow"] is True and "waiting" in waiting["regions"]["summary"]
+    with running(app):
+        wait_for(lambda: app.broker.get_job(ref.id).state == "completed", message="the job to complete")
+    done = wait_for(lambda: (d := api.get(f"/admin/jobs/{ref.id}", headers=live).json()) and
+                    "completed" in d["regions"]["history"] and d, timeout=10, message="the completed attempt")
+    assert done["follow"] is False and "completed" in done["regions"]["summary"]
+    queues = api.get("/admin/queues", headers=live).json()
+    assert queues["follow"] is True and 'data-queue="indexing"' in queues["regions"]["queues_rows"]
+    assert set(api.get("/admin/workers", headers=live).json()["regions"]) == {"workers"}
+    script = api.get("/admin/static/live.js")
+    assert script.status_code == 200 and "X-Conveyor-Live" in script.text
+
+
+@pytest.fixture
+def pg_env(clean_env, database_url):
+    return cli_env(clean_env, DATABASE_URL=database_url, CONVEYOR_BROKER="postgres",
+                   CONVEYOR_IMPORTS="tests.obs_jobs", CONVEYOR_ADMIN_TOKEN=TOKEN, CONVEYOR_METRICS_PORT="0",
+                   CONVEYOR_PG_LEASE_SECONDS="3", CONVEYOR_PG_RECOVERY_SECONDS="0.5",
+                   CONVEYOR_MAINTENANCE_INTERVAL="0.5", CONVEYOR_PG_POLL_SECONDS="0.5")
+
+
+def test_a_worker_killed_with_sigkill_is_late_then_gone_and_its_attempt_lost(request, pg_env, tmp_path):
+    """A real `conveyor worker` on Postgres; its child is SIGKILLed mid-job. The supervisor restarts it."""
+    app = make_app(request, "postgres", pg_lease_seconds=3)
+    supervisor = CliProcess(["worker", "--queues", QUEUE], pg_env, tmp_path / "worker.log")
+    try:
+        with api_server(app) as url, httpx.Client(base_url=url, headers=AUTH, timeout=10) as api:
+            ref = app.jobs.enqueue("obs.work", {"n": 1, "sleep": 60})
+            victim = wait_for(lambda: next((w for w in _workers(api) if ref.id in w["inFlight"]), None),
+                              timeout=60, message="a worker running the job")
+            os.kill(victim["pid"], signal.SIGKILL)
+
+            def state() -> str:
+                return next(w["state"] for w in _workers(api) if w["id"] == victim["id"])
+
+            wait_for(lambda: state() == "late", timeout=20, interval=0.1, message="the killed worker to be late")
+            wait_for(lambda: state() == "gone", timeout=30, message="the killed worker to be gone")
+            dead = next(w for w in _workers(api) if w["id"] == victim["id"])
+            assert dead["goneReason"] == "recovered" and dead["goneAt"] and dead["inFlight"] == []
+            history = wait_for(lambda: (h := api.get(f"/api/admin/jobs/{ref.id}").json()["history"]) and
+                               len(h) >= 2 and h, timeout=60, message="the job to start again elsewhere")
+            assert history[0]["outcome"] == "lost" and history[0]["worker"] == victim["id"]
+            assert history[1]["worker"] != victim["id"]
+            # The CLI shows the same registry.
+            out = subprocess.run([sys.executable, "-m", "conveyor", "workers", "--json"], cwd=ROOT, env=pg_env,
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            listed = {w["id"]: w for w in json.loads(out.stdout)}
+            assert listed[victim["id"]]["state"] == "gone"
+            assert any(w["state"] == "alive" for w in listed.values())
+            table = subprocess.run([sys.executable, "-m", "conveyor", "workers"], cwd=ROOT, env=pg_env,
+                                   capture_output=True, text=True, timeout=60)
+            assert table.returncode == 0 and str(victim["pid"]) in table.stdout and "gone" in table.stdout
+    finally:
+        supervisor.stop()
+        app.close()
