@@ -1,0 +1,32 @@
+-- The fault suite's own tables, created in each fault test's database.
+
+-- The run log: one row per run of a fault job, never updated in place
+-- except to add how it ended. Unlike the ledger it is NOT idempotent, so it
+-- shows every run, including a second run of the same delivery or two runs
+-- at once. Times are the database server's clock (start) plus the run's own
+-- elapsed time (end), so a worker whose clock is off still logs true times.
+CREATE TABLE fault_runs (
+    run_id      UUID PRIMARY KEY,
+    job_id      TEXT NOT NULL,
+    token       TEXT NOT NULL,
+    attempt     INT NOT NULL,
+    delivery    BIGINT,
+    host        TEXT NOT NULL,
+    pid         INT NOT NULL,
+    started_at  TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    effect_at   TIMESTAMPTZ,
+    ended_at    TIMESTAMPTZ,
+    ok          BOOLEAN
+);
+CREATE INDEX fault_runs_job ON fault_runs (job_id);
+
+-- One row per run of a final-failure hook (non-idempotent too: a hook that
+-- runs twice leaves two rows).
+CREATE TABLE fault_dead (
+    id      BIGSERIAL PRIMARY KEY,
+    job_id  TEXT NOT NULL,
+    token   TEXT,
+    error   TEXT NOT NULL,
+    pid     INT NOT NULL,
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);

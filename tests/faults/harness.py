@@ -1,0 +1,201 @@
+"""One fault test's world: settings with short leases, worker supervisors, kills on record.
+
+Workers are real ``conveyor worker`` supervisors (subprocesses), started with
+an optional command prefix (``ip netns exec NS`` to put them on another
+network, nothing else changes) and extra environment (libfaketime to move
+their clock). Every SIGKILL the harness sends is written down with its time,
+so the checker knows when a killed run ended.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conveyor.app import App
+from conveyor.settings import Settings
+from tests.faults.jobs import WORK_QUEUES
+from tests.harness import ROOT, env_for, make_settings
+from tests.waiting import wait_for
+
+#: Seconds without a heartbeat before a worker's jobs are recovered, on both brokers
+#: (Redis: heartbeat_timeout; Postgres: the lease). Longer than the slowest workload job,
+#: so that a run is over before its job can be handed to someone else.
+LEASE = 3.0
+
+#: Seconds between recovery passes.
+RECOVERY = 0.5
+
+#: Seconds a key deduplicates: short, so the checker can see every key free again.
+DEDUP_TTL = 6.0
+
+#: Settings of every fault test: shortened through settings, never by sleeping longer.
+FAULT_SETTINGS = {
+    "heartbeat_timeout": LEASE,
+    "maintenance_interval": RECOVERY,
+    "pg_lease_seconds": LEASE,
+    "pg_recovery_seconds": RECOVERY,
+    "pg_poll_seconds": 0.5,
+    "shutdown_timeout": 15,
+    "dedup_ttl": DEDUP_TTL,
+    "imports": "tests.faults.jobs",
+}
+
+#: The libfaketime preload (Debian's libfaketime package).
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+#: How long a worker supervisor may take to have all its processes running (a loaded CI machine).
+READY_TIMEOUT = 90.0
+
+
+def fault_settings(broker: str, redis_url: str | None, database_url: str, **overrides) -> Settings:
+    return make_settings(broker, redis_url, database_url, **{**FAULT_SETTINGS, **overrides})
+
+
+def utc(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+
+
+class Supervisor:
+    """``conveyor worker`` for the workload's queues, as a subprocess."""
+
+    def __init__(self, cluster: "Cluster", name: str, queues: tuple[str, ...], processes: int,
+                 prefix: list[str], settings: Settings, env: dict[str, str]) -> None:
+        self.name = name
+        self.queues = queues
+        self.expected = len(queues) * processes
+        self.log = cluster.logs / f"worker-{name}.log"
+        extra = {"FAULT_SPOOL": str(cluster.spool), "FAULT_HOST": name, "CONVEYOR_METRICS_PORT": "0", **env}
+        self._log_file = open(self.log, "wb")
+        self.proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "conveyor", "worker", "--queues", ",".join(queues),
+             "--processes", str(processes)],
+            env=env_for(settings, **extra), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=self._log_file, cwd=ROOT, start_new_session=True)
+
+    def events(self, name: str | None = None) -> list[dict]:
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if name is None or row.get("event") == name:
+                    out.append(row)
+        return out
+
+    def child_pids(self) -> list[int]:
+        """Pids of this supervisor's worker processes that are alive now."""
+        alive = []
+        for pid in {e["pid"] for e in self.events("worker_started")}:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            alive.append(pid)
+        return alive
+
+    def wait_ready(self) -> None:
+        wait_for(lambda: self.proc.poll() is None and len(self.child_pids()) >= self.expected,
+                 timeout=READY_TIMEOUT, interval=0.1, message=f"{self.expected} worker processes of {self.name}")
+
+    def terminate(self, timeout: float = 60) -> int | None:
+        """SIGTERM (drain), then SIGKILL of the whole group if it did not exit in time; returns its exit code."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            self._kill_leftovers()
+            if not self._log_file.closed:
+                self._log_file.close()
+
+    def _kill_leftovers(self) -> None:
+        # Worker processes whose supervisor was killed would live on: they are ours, end them.
+        for pid in self.child_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class Cluster:
+    """The app (producer side), the supervisors, and the record of every kill."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings = settings
+        self.logs = workdir / "logs"
+        self.spool = workdir / "spool"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(parents=True, exist_ok=True)
+        self.app = App(settings)
+        self.supervisors: list[Supervisor] = []
+        #: pid -> UNIX time of the SIGKILL the harness sent it.
+        self.kills: dict[int, float] = {}
+
+    def start_workers(self, name: str, *, queues: tuple[str, ...] = WORK_QUEUES, processes: int = 1,
+                      prefix: list[str] | None = None, settings: Settings | None = None,
+                      wait: bool = True, **env: str) -> Supervisor:
+        supervisor = Supervisor(self, f"{name}{len(self.supervisors)}", queues, processes, prefix or [],
+                                settings or self.settings, env)
+        self.supervisors.append(supervisor)
+        if wait:
+            supervisor.wait_ready()
+        return supervisor
+
+    def kill(self, pid: int) -> float:
+        """SIGKILL one worker process; returns (and records) when."""
+        at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        self.kills[pid] = at
+        return at
+
+    def close(self) -> None:
+        try:
+            for supervisor in self.supervisors:
+                supervisor.terminate(timeout=30)
+        finally:
+            self.app.close()
+
+
+def open_runs(cluster: Cluster, token_prefix: str, *, effect: bool = False) -> list[tuple[str, int, str]]:
+    """(token, pid, job id) of runs that started and have not ended, optionally only those past their effect."""
+    import psycopg
+
+    query = ("SELECT token, pid, job_id FROM fault_runs WHERE ended_at IS NULL AND token LIKE %s"
+             + (" AND effect_at IS NOT NULL" if effect else "") + " ORDER BY started_at")
+    with psycopg.connect(cluster.settings.database_url, autocommit=True, connect_timeout=10) as conn:
+        return [tuple(r) for r in conn.execute(query, (token_prefix + "%",)).fetchall()]
+
+
+def kill_holders(cluster: Cluster, tokens: set[str], timeout: float = 60) -> float:
+    """SIGKILL every process holding one of ``tokens`` past its effect, until each has been killed once.
+
+    Returns the time of the last kill.
+    """
+    done: set[str] = set()
+    last = time.time()
+    deadline = time.monotonic() + timeout
+    while done != tokens:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"holding jobs never ran: {sorted(tokens - done)}")
+        for token, pid, _ in open_runs(cluster, "", effect=True):
+            if token in tokens and token not in done:
+                if pid not in cluster.kills:
+                    last = cluster.kill(pid)
+                done.add(token)
+        time.sleep(0.05)
+    return last

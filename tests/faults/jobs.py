@@ -1,0 +1,139 @@
+"""The fault suite's job types, loaded into workers with CONVEYOR_IMPORTS=tests.faults.jobs.
+
+``fault.work.<queue>`` sleeps, fails once, fails for good, charges through
+the real ledger (``credits.consume``, the code ``credit.consume`` runs), or
+writes its effect and then waits to be killed before it can be acked. Each
+run first inserts a row into the run log (``fault_runs``, see faults.sql)
+and records how it ended; a run whose end cannot be written (the database is
+away, the host is cut off) appends it to a spool file instead
+(``FAULT_SPOOL``/<pid>.jsonl), which the checker merges.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+from dramatiq.middleware import CurrentMessage
+
+from conveyor.errors import PermanentError
+from conveyor.ledger import credits
+from conveyor.tasks.payloads import Payload
+from conveyor.tasks.registry import job, on_final_failure
+
+#: The queues the workload spreads over: different concurrencies and retry budgets.
+WORK_QUEUES = ("critical", "indexing", "nudge")
+
+#: How long a holding run waits to be killed before it gives up and finishes (a harness bug, not a pass).
+HOLD_SECONDS = 45.0
+
+#: Error texts a database or a JSON encoder may refuse: a NUL, and a lone surrogate (not encodable as UTF-8).
+BAD_TEXTS = {"nul": "bad\x00text", "surrogate": "bad\ud800text", "both": "nul\x00 and \udcff surrogate"}
+
+INSERT_RUN = ("INSERT INTO fault_runs (run_id, job_id, token, attempt, delivery, host, pid) "
+              "VALUES (%s, %s, %s, %s, %s, %s, %s)")
+END_RUN = "UPDATE fault_runs SET ended_at = started_at + make_interval(secs => %s), ok = %s WHERE run_id = %s"
+EFFECT = "UPDATE fault_runs SET effect_at = clock_timestamp() WHERE run_id = %s"
+INSERT_DEAD = "INSERT INTO fault_dead (job_id, token, error, pid) VALUES (%s, %s, %s, %s)"
+
+_spool_lock = threading.Lock()
+
+
+class Work(Payload):
+    token: str
+    sleep: float = 0
+    fail_times: int = 0
+    permanent: bool = False
+    #: Write the effect (and the charge), then wait to be killed; first attempt only.
+    hold: bool = False
+    #: Key of BAD_TEXTS: the errors this job raises carry that text.
+    bad_text: str | None = None
+    #: A charge through the real ledger, when user_id is set.
+    user_id: str | None = None
+    task_id: str | None = None
+    message_id: str | None = None
+    total_tokens: int = 0
+
+
+def host() -> str:
+    return os.environ.get("FAULT_HOST") or socket.gethostname()
+
+
+def delivery_of(message) -> int | None:
+    """The broker's delivery number (its fence), whatever the broker calls it."""
+    if message is None:
+        return None
+    for name, value in message.options.items():
+        if name.endswith("delivery") and isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def spool(record: dict) -> None:
+    """Append to this process's spool file: read by the checker when the database could not be written."""
+    directory = os.environ.get("FAULT_SPOOL")
+    if not directory:
+        return
+    line = json.dumps(record) + "\n"
+    with _spool_lock, open(os.path.join(directory, f"{os.getpid()}.jsonl"), "a") as f:
+        f.write(line)
+
+
+def work(payload: Work, ctx) -> None:
+    message = CurrentMessage.get_current_message()
+    run_id = str(uuid.uuid4())
+    began = time.monotonic()
+    try:
+        with ctx.app.pool.connection() as conn:
+            conn.execute(INSERT_RUN, (run_id, ctx.job_id, payload.token, ctx.attempt, delivery_of(message),
+                                      host(), os.getpid()))
+    except BaseException:
+        # The row may or may not be there (an error at commit): if it is, this is its end.
+        spool({"run_id": run_id, "elapsed": time.monotonic() - began, "ok": False})
+        raise
+    ok = False
+    try:
+        if payload.sleep:
+            time.sleep(payload.sleep)
+        if payload.user_id:
+            with ctx.app.pool.connection() as conn:
+                credits.consume(conn, user_id=payload.user_id, task_id=payload.task_id,
+                                message_id=payload.message_id, total_tokens=payload.total_tokens,
+                                price_per_1k=ctx.app.settings.price_per_1k_tokens)
+        if payload.hold and ctx.attempt == 1:
+            with ctx.app.pool.connection() as conn:
+                conn.execute(EFFECT, (run_id,))
+            deadline = time.monotonic() + HOLD_SECONDS
+            while time.monotonic() < deadline:  # the harness SIGKILLs this process now
+                time.sleep(0.05)
+        text = BAD_TEXTS.get(payload.bad_text or "", "")
+        if payload.permanent:
+            raise PermanentError(f"fault job {payload.token} can never work {text}")
+        if ctx.attempt <= payload.fail_times:
+            raise RuntimeError(f"fault job {payload.token} fails on attempt {ctx.attempt} {text}")
+        ok = True
+    finally:
+        # The end is measured before it is written: a write that hangs on a cut-off network
+        # must not stretch the run.
+        elapsed = time.monotonic() - began
+        try:
+            with ctx.app.pool.connection() as conn:
+                conn.execute(END_RUN, (elapsed, ok, run_id))
+        except Exception:
+            spool({"run_id": run_id, "elapsed": elapsed, "ok": ok})
+
+
+def dead(payload: Work | None, error: str, ctx) -> None:
+    # The hook's own table cannot hold a NUL or a lone surrogate: keep a printable copy.
+    printable = error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
+    with ctx.app.pool.connection() as conn:
+        conn.execute(INSERT_DEAD, (ctx.job_id, payload.token if payload else None, printable, os.getpid()))
+
+
+for _queue in WORK_QUEUES:
+    job(f"fault.work.{_queue}", queue=_queue, payload=Work)(work)
+    on_final_failure(f"fault.work.{_queue}")(dead)

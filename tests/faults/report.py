@@ -1,0 +1,188 @@
+"""docs/reliability.md, written by the fault suite from the run it just did.
+
+Each fault test records one :class:`Row` (its checker does, before it
+asserts, so a failing scenario is in the table too). At the end of the
+session the rows become the document, with the commit and the time; the
+file is only replaced when every scenario of :data:`SCENARIOS` ran, so
+running one test never leaves a half table behind (``FAULT_REPORT=path``
+writes wherever asked, whatever ran; ``FAULT_ROWS=path`` also appends the
+rows as JSON lines, for the soak).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from tests.harness import ROOT
+
+DOC = ROOT / "docs" / "reliability.md"
+
+#: (fault, broker) pairs of the whole suite, in the table's order.
+SCENARIOS = [
+    ("worker SIGKILL mid-job", "redis"), ("worker SIGKILL mid-job", "postgres"),
+    ("worker SIGKILL after its effect, before its ack", "redis"),
+    ("worker SIGKILL after its effect, before its ack", "postgres"),
+    ("worker SIGKILL after a charge, before its ack", "redis"),
+    ("worker SIGKILL after a charge, before its ack", "postgres"),
+    ("SIGTERM drain under load", "redis"), ("SIGTERM drain under load", "postgres"),
+    ("Redis SIGKILL + restart (appendfsync always)", "redis"),
+    ("Redis paused longer than the client timeout (CLIENT PAUSE)", "redis"),
+    ("Postgres crash (immediate) + restart, fsync on", "redis"),
+    ("Postgres crash (immediate) + restart, fsync on", "postgres"),
+    ("Postgres crash (SIGKILL postmaster) + restart, fsync on", "postgres"),
+    ("worker host cut off (netns), reconnected", "redis"),
+    ("worker host cut off (netns), reconnected", "postgres"),
+    ("worker clock 120 s behind (libfaketime)", "redis"),
+    ("worker clock 120 s behind (libfaketime)", "postgres"),
+    ("error texts with NUL and lone surrogates", "redis"),
+    ("error texts with NUL and lone surrogates", "postgres"),
+    ("message from an older producer, fields missing", "redis"),
+    ("message from an older producer, fields missing", "postgres"),
+]
+
+
+@dataclasses.dataclass
+class Row:
+    fault: str
+    broker: str
+    jobs: int = 0
+    lost: int = 0
+    doubled: int = 0
+    overlapping: int = 0
+    stuck: int = 0
+    #: Seconds from the end of the fault until every acknowledged job had ended; None: some never did.
+    recovery: float | None = None
+    reruns: int = 0
+    runs: int = 0
+    maybe: int = 0
+    notes: str = ""
+    error: str = ""
+
+    @property
+    def clean(self) -> bool:
+        return not (self.lost or self.doubled or self.overlapping or self.stuck or self.error)
+
+
+ROWS: list[Row] = []
+
+
+def record(row: Row) -> None:
+    ROWS.append(row)
+    path = os.environ.get("FAULT_ROWS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(dataclasses.asdict(row)) + "\n")
+
+
+def record_error(fault: str, broker: str, error: str) -> None:
+    """A scenario that ended before its checker recorded a row (the harness or the fault itself failed)."""
+    if not any(r.fault == fault and r.broker == broker for r in ROWS):
+        record(Row(fault, broker, error=error[:300]))
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def render(rows: list[Row], *, elapsed: float | None = None) -> str:
+    from tests.faults.checker import DRAIN_ALLOWANCE
+    from tests.faults.harness import DEDUP_TTL, LEASE, RECOVERY
+
+    commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
+    dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    order = {pair: i for i, pair in enumerate(SCENARIOS)}
+    rows = sorted(rows, key=lambda r: order.get((r.fault, r.broker), len(order)))
+    lines = [
+        "# Reliability: what the fault suite did to conveyor, and what came of it",
+        "",
+        f"Written by `tests/faults/` from the run it just did — commit `{commit}`{dirty}, {when}"
+        + (f", {elapsed:.0f} s for the whole suite" if elapsed else "") + ". Do not edit by hand: run",
+        "`make test` (or `.venv/bin/python -m pytest tests/faults`) and commit the file it writes.",
+        "",
+        "Each row is one fault injected while a mixed workload runs on real `conveyor worker` processes",
+        "against private servers (Redis with `appendonly yes` + `appendfsync always`, Postgres with",
+        "`fsync`, `synchronous_commit` and `full_page_writes` on): quick, slow, delayed, fail-once and",
+        "fail-for-good jobs on three queues, keyed enqueues (a third of them sent twice), and charges",
+        "through the real ledger (`credit.consume` itself, and fault jobs that charge).",
+        "",
+        "| fault | broker | jobs | lost | doubled effects | overlapping runs | stuck | worst time to recover | reruns |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        recovery = f"{r.recovery:.1f} s" if r.recovery is not None else "never"
+        if r.error:
+            lines.append(f"| {r.fault} | {r.broker} | did not finish | | | | | | |")
+            continue
+        lines.append(f"| {r.fault} | {r.broker} | {r.jobs} | {r.lost} | {r.doubled} | {r.overlapping} | "
+                     f"{r.stuck} | {recovery} | {r.reruns} |")
+    missing = [pair for pair in SCENARIOS if not any((r.fault, r.broker) == pair for r in rows)]
+    for fault, broker in missing:
+        lines.append(f"| {fault} | {broker} | not run | | | | | | |")
+    lines += [
+        "",
+        "- **jobs**: enqueues the producer got an answer for (acknowledged); enqueues that raised during",
+        "  the fault are not counted (nothing was promised for them), but their charges may appear at most once.",
+        "- **lost**: an acknowledged job that ended in the wrong state, is gone, ended `completed` without",
+        "  its effect (no run reached its end, or its ledger entry is missing), or failed without its",
+        "  final-failure hook.",
+        "- **doubled effects**: a charge applied twice or with the wrong amount, a balance off, `conveyor",
+        "  ledger verify` failing, a final-failure hook run more than once (or for a job that completed), a",
+        "  repeated key that did not return the first job; for the SIGTERM drain also a job that ran to its",
+        "  end twice (nothing died there, so nothing may run again).",
+        "- **overlapping runs**: jobs with two runs at the same time, from the run log (`fault_runs`, one",
+        "  row per run, never deduplicated): start on the database's clock, end = start + the run's own",
+        "  elapsed time; a killed run ends when the harness killed its process; an end never learnt counts",
+        "  as still running.",
+        f"- **stuck**: an acknowledged job not ended {LEASE:g} s (lease / heartbeat timeout) + {RECOVERY:g} s",
+        f"  (recovery interval) + {DRAIN_ALLOWANCE:g} s (drain allowance) after the fault healed, or a key",
+        f"  still held once its job ended and its dedup TTL ({DEDUP_TTL:g} s) was over.",
+        "- **worst time to recover**: from the end of the fault (the kill, the restart, the reconnection)",
+        "  until every acknowledged job had ended.",
+        "- **reruns**: jobs that ran to their end more than once. At-least-once delivery allows it after",
+        "  a worker or a server died between a job's effect and its ack; the ledger makes it harmless.",
+        "",
+        "## Notes from this run",
+        "",
+    ]
+    noted = [r for r in rows if r.notes or r.error]
+    if not noted:
+        lines.append("Nothing to report: every row is clean.")
+    for r in noted:
+        lines.append(f"- {r.fault} / {r.broker}: {r.error or r.notes}")
+    lines += [
+        "",
+        "## Soak",
+        "",
+        "`make soak` runs the same faults again and again for `SOAK_SECONDS` (default 3600) and writes",
+        "the sums over every round to `SOAK_REPORT` (default `soak-report.md`, not committed):",
+        "",
+        "    make soak SOAK_SECONDS=14400",
+        "",
+        "Each round is a full `pytest tests/faults` run with its own servers; the soak stops at the first",
+        "round that finds a defect (its rows say which) unless `SOAK_KEEP_GOING=1`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(rows: list[Row], *, elapsed: float | None = None) -> Path | None:
+    """Write the document where it belongs; returns the path, None when this run was partial."""
+    target = os.environ.get("FAULT_REPORT")
+    covered = {(r.fault, r.broker) for r in rows}
+    if target:
+        path = Path(target)
+    elif all(pair in covered for pair in SCENARIOS):
+        path = DOC
+    else:
+        return None
+    path.write_text(render(rows, elapsed=elapsed))
+    return path
