@@ -171,6 +171,11 @@ def _pgserver():
         import pgserver.utils
     if _PGSERVER_BIN is None:
         _PGSERVER_BIN = Path(pgserver._commands.POSTGRES_BIN_PATH)
+        # pgserver logs every command it runs, with its output, at INFO: a dozen lines per
+        # CLI call that say nothing to an operator. Its warnings and errors still show.
+        quiet = logging.getLogger("pgserver")
+        if quiet.level == logging.NOTSET:
+            quiet.setLevel(logging.WARNING)
     return pgserver
 
 
