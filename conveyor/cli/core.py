@@ -183,6 +183,10 @@ def cmd_enqueue(args) -> int:
     return 0
 
 
+class _BadLine(Exception):
+    """A line of an ``enqueue --batch`` input that is not a valid job."""
+
+
 def _enqueue_batch(app, chunk_size: int) -> int:
     """``enqueue --batch``: check every line, then send them ``chunk_size`` at a time.
 
@@ -199,45 +203,47 @@ def _enqueue_batch(app, chunk_size: int) -> int:
         print("conveyor: error: --chunk-size must be at least 1", file=sys.stderr)
         return 2
     print_ids = not is_terminal(sys.stdout)
-    with CommandProgress("enqueue --batch") as progress:
-        checking = progress.add("checking lines", total=_lines_ahead(sys.stdin) if progress.interactive else None)
-        requests = []
-        for n, line in enumerate(sys.stdin, 1):
-            progress.advance(checking)
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                request = JobRequest(row["job"], row.get("payload"), row.get("key"), row.get("delay"))
-                app.jobs.prepare(request)  # validated now: a bad line stops the batch before anything is sent
-            except (ValueError, KeyError, TypeError) as exc:
-                print(f"conveyor: error: line {n} is not a job: {exc}", file=sys.stderr)
-                return 2
-            except ConveyorError as exc:
-                print(f"conveyor: error: line {n}: {exc}", file=sys.stderr)
-                return 2
-            requests.append(request)
-        progress.finish(checking)
+    try:
+        with CommandProgress("enqueue --batch") as progress:
+            checking = progress.add("checking lines", total=_lines_ahead(sys.stdin) if progress.interactive else None)
+            requests = []
+            for n, line in enumerate(sys.stdin, 1):
+                progress.advance(checking)
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    request = JobRequest(row["job"], row.get("payload"), row.get("key"), row.get("delay"))
+                    app.jobs.prepare(request)  # validated now: a bad line stops the batch before anything is sent
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise _BadLine(f"line {n} is not a job: {exc}") from None
+                except ConveyorError as exc:
+                    raise _BadLine(f"line {n}: {exc}") from None
+                requests.append(request)
+            progress.finish(checking)
 
-        sending = progress.add("enqueueing", total=len(requests))
-        enqueued = duplicates = 0
-        try:
-            for start in range(0, len(requests), chunk_size):
-                refs = app.jobs.enqueue_many(requests[start:start + chunk_size])
-                if print_ids:
-                    sys.stdout.write("".join(json.dumps({"id": r.id, "deduplicated": r.deduplicated}) + "\n"
-                                             for r in refs))
-                    sys.stdout.flush()
-                enqueued += sum(not r.deduplicated for r in refs)
-                duplicates += sum(r.deduplicated for r in refs)
-                progress.advance(sending, len(refs))
-        except BaseException:
-            progress.summary(f"{enqueued + duplicates} of {len(requests)} jobs sent, then failed", ok=False,
-                             jobs=len(requests), enqueued=enqueued, deduplicated=duplicates,
-                             unsent=len(requests) - enqueued - duplicates)
-            raise
-        progress.summary(f"{len(requests)} jobs: {enqueued} enqueued, {duplicates} deduplicated",
-                         jobs=len(requests), enqueued=enqueued, deduplicated=duplicates)
+            sending = progress.add("enqueueing", total=len(requests))
+            enqueued = duplicates = 0
+            try:
+                for start in range(0, len(requests), chunk_size):
+                    refs = app.jobs.enqueue_many(requests[start:start + chunk_size])
+                    if print_ids:
+                        sys.stdout.write("".join(json.dumps({"id": r.id, "deduplicated": r.deduplicated}) + "\n"
+                                                 for r in refs))
+                        sys.stdout.flush()
+                    enqueued += sum(not r.deduplicated for r in refs)
+                    duplicates += sum(r.deduplicated for r in refs)
+                    progress.advance(sending, len(refs))
+            except BaseException:
+                progress.summary(f"{enqueued + duplicates} of {len(requests)} jobs sent, then failed", ok=False,
+                                 jobs=len(requests), enqueued=enqueued, deduplicated=duplicates,
+                                 unsent=len(requests) - enqueued - duplicates)
+                raise
+            progress.summary(f"{len(requests)} jobs: {enqueued} enqueued, {duplicates} deduplicated",
+                             jobs=len(requests), enqueued=enqueued, deduplicated=duplicates)
+    except _BadLine as exc:  # reported once the bar is gone, so the message is not drawn over
+        print(f"conveyor: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
