@@ -171,6 +171,11 @@ def _pgserver():
         import pgserver.utils
     if _PGSERVER_BIN is None:
         _PGSERVER_BIN = Path(pgserver._commands.POSTGRES_BIN_PATH)
+        # pgserver logs every command it runs, with its output, at INFO: a dozen lines per
+        # CLI call that say nothing to an operator. Its warnings and errors still show.
+        quiet = logging.getLogger("pgserver")
+        if quiet.level == logging.NOTSET:
+            quiet.setLevel(logging.WARNING)
     return pgserver
 
 
@@ -226,7 +231,7 @@ def _root_install(pgserver, data_dir: Path) -> Path:
     target = cache / key
     # Same layout as in site-packages: initdb finds pgserver.libs through $ORIGIN/../../../pgserver.libs.
     bin_path = target / "pgserver" / "pginstall" / "bin"
-    if target.is_dir():
+    if target.is_dir() and all(p.name == key for p in cache.iterdir()):
         _check_root_owned(target)
         return bin_path
     with pgserver.PostgresServer._lock:  # machine-wide: one copier at a time
@@ -321,9 +326,10 @@ def _remove_unused_copies(cache: Path, keep: str) -> None:
     if not old:
         return
     in_use = set()
-    for proc in psutil.process_iter(["name", "exe"]):
+    for proc in psutil.process_iter(["name", "exe", "status"]):
         exe = proc.info.get("exe")
-        if proc.info.get("name") == "postgres" and exe:
+        # A zombie runs nothing (where nothing reaps orphans, a stopped postmaster lingers as one).
+        if proc.info.get("name") == "postgres" and exe and proc.info.get("status") != psutil.STATUS_ZOMBIE:
             in_use.update(p for p in old if Path(exe).is_relative_to(p))
     for path in old:
         if path not in in_use:

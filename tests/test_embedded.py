@@ -163,3 +163,22 @@ def _pgserver_version() -> str:
     from importlib import metadata
 
     return metadata.version("pgserver")
+
+
+@_root_only
+def test_as_root_a_new_pgserver_build_gets_a_new_copy_and_the_old_one_goes_once_unused(embedded_data_dir,
+                                                                                      monkeypatch):
+    import conveyor.embedded as embedded
+
+    cache = embedded_data_dir / "pgserver"
+    start_embedded(embedded_data_dir)
+    (old,) = cache.iterdir()
+    # pgserver upgraded under a running server: its next user gets a new copy; the old one is in use.
+    monkeypatch.setattr(embedded, "_build_key", lambda source: "9.9.9-000000000000")
+    start_embedded(embedded_data_dir)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([old.name, "9.9.9-000000000000"])
+
+    stop_embedded(embedded_data_dir)  # with the new copy's pg_ctl
+    url = start_embedded(embedded_data_dir)
+    assert [p.name for p in cache.iterdir()] == ["9.9.9-000000000000"]
+    assert _select_one(url) == (1, "conveyor")

@@ -27,7 +27,12 @@ def register(sub) -> None:
     p.add_argument("--key", help="dedup key: a second enqueue with it is a no-op")
     p.add_argument("--delay", type=float, help="seconds before the job may run")
     p.add_argument("--batch", action="store_true",
-                   help='read {"job", "payload", "key", "delay"} JSON lines from stdin')
+                   help='read {"job", "payload", "key", "delay"} JSON lines from stdin; every line is checked '
+                        'before any is sent, then they go in chunks, and each job\'s {"id", "deduplicated"} '
+                        'line is printed once its chunk is in (not when stdout is a terminal: there a bar '
+                        'and a summary show; elsewhere the summary is one JSON line on stderr)')
+    p.add_argument("--chunk-size", type=int, default=500,
+                   help="--batch: jobs per round trip to the broker (default 500)")
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("status", help="per-queue counts")
@@ -53,11 +58,41 @@ def _app():
 
 def cmd_migrate(args) -> int:
     from ..ledger.migrate import migrate
+    from .progress import CommandProgress
 
     app = _app()
-    applied = migrate(app.database_url)
-    print(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else ""))
+    if app.settings.database_url:
+        url = app.settings.database_url
+    else:  # not app.database_url: that migrates the embedded database before we could show it
+        from ..embedded import start_embedded
+
+        url = start_embedded(app.settings.data_dir)
+    with CommandProgress("migrate", summary_stream=sys.stdout) as progress:
+        bar, names, done = None, [], []
+
+        def pending(found: list[str]) -> None:
+            nonlocal bar
+            names.extend(found)
+            bar = progress.add(_running(names, 0), total=len(names))
+
+        def applied(name: str) -> None:
+            done.append(name)
+            progress.advance(bar, 1, description=_running(names, len(done)))
+
+        try:
+            migrate(url, on_pending=pending, on_applied=applied)
+        except BaseException:
+            progress.summary(f"applied {len(done)} of {len(names)} migration(s), then failed",
+                             ok=False, applied=done, pending=names[len(done):])
+            raise
+        progress.summary(f"applied {len(done)} migration(s)" + (": " + ", ".join(done) if done else ""),
+                         applied=done)
     return 0
+
+
+def _running(names: list[str], done: int) -> str:
+    """A migrate bar's label: the migration running now."""
+    return f"migrating {names[done]}" if done < len(names) else "migrated"
 
 
 def _selected_queues(app, text: str | None) -> list[str]:
@@ -137,30 +172,96 @@ def cmd_up(args) -> int:
 
 
 def cmd_enqueue(args) -> int:
-    from ..tasks.jobqueue import JobRequest
-
     app = _app()
     if args.batch:
-        requests = []
-        for n, line in enumerate(sys.stdin, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                requests.append(JobRequest(row["job"], row.get("payload"), row.get("key"), row.get("delay")))
-            except (ValueError, KeyError, TypeError) as exc:
-                print(f"conveyor: error: line {n} is not a job: {exc}", file=sys.stderr)
-                return 2
-        refs = app.jobs.enqueue_many(requests)
-        for ref in refs:
-            print(json.dumps({"id": ref.id, "deduplicated": ref.deduplicated}))
-        return 0
+        return _enqueue_batch(app, args.chunk_size)
     if not args.job or args.payload is None:
         print("conveyor: error: enqueue needs JOB and --payload (or --batch)", file=sys.stderr)
         return 2
     ref = app.jobs.enqueue(args.job, args.payload, key=args.key, delay=args.delay)
     print(json.dumps({"id": ref.id, "deduplicated": ref.deduplicated}))
     return 0
+
+
+class _BadLine(Exception):
+    """A line of an ``enqueue --batch`` input that is not a valid job."""
+
+
+def _enqueue_batch(app, chunk_size: int) -> int:
+    """``enqueue --batch``: check every line, then send them ``chunk_size`` at a time.
+
+    Nothing is sent if any line is bad. If sending fails part way, the jobs of
+    the chunks already sent are enqueued (their lines are printed, the summary
+    counts them) and the rest are not; running the file again is safe for
+    keyed jobs, whose second enqueue is a no-op.
+    """
+    from ..errors import ConveyorError
+    from ..tasks.jobqueue import JobRequest
+    from .progress import CommandProgress, is_terminal
+
+    if chunk_size < 1:
+        print("conveyor: error: --chunk-size must be at least 1", file=sys.stderr)
+        return 2
+    print_ids = not is_terminal(sys.stdout)
+    try:
+        with CommandProgress("enqueue --batch") as progress:
+            checking = progress.add("checking lines", total=_lines_ahead(sys.stdin) if progress.interactive else None)
+            requests = []
+            for n, line in enumerate(sys.stdin, 1):
+                progress.advance(checking)
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    request = JobRequest(row["job"], row.get("payload"), row.get("key"), row.get("delay"))
+                    app.jobs.prepare(request)  # validated now: a bad line stops the batch before anything is sent
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise _BadLine(f"line {n} is not a job: {exc}") from None
+                except ConveyorError as exc:
+                    raise _BadLine(f"line {n}: {exc}") from None
+                requests.append(request)
+            progress.finish(checking)
+
+            sending = progress.add("enqueueing", total=len(requests))
+            enqueued = duplicates = 0
+            try:
+                for start in range(0, len(requests), chunk_size):
+                    refs = app.jobs.enqueue_many(requests[start:start + chunk_size])
+                    if print_ids:
+                        sys.stdout.write("".join(json.dumps({"id": r.id, "deduplicated": r.deduplicated}) + "\n"
+                                                 for r in refs))
+                        sys.stdout.flush()
+                    enqueued += sum(not r.deduplicated for r in refs)
+                    duplicates += sum(r.deduplicated for r in refs)
+                    progress.advance(sending, len(refs))
+            except BaseException:
+                progress.summary(f"{enqueued + duplicates} of {len(requests)} jobs sent, then failed", ok=False,
+                                 jobs=len(requests), enqueued=enqueued, deduplicated=duplicates,
+                                 unsent=len(requests) - enqueued - duplicates)
+                raise
+            progress.summary(f"{len(requests)} jobs: {enqueued} enqueued, {duplicates} deduplicated",
+                             jobs=len(requests), enqueued=enqueued, deduplicated=duplicates)
+    except _BadLine as exc:  # reported once the bar is gone, so the message is not drawn over
+        print(f"conveyor: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _lines_ahead(stream) -> int | None:
+    """Lines left in ``stream`` if it is a regular file (counted without moving its offset), else None."""
+    import os
+    import stat
+
+    try:
+        fd = stream.fileno()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # a pipe: its length is unknown until it ends
+        offset, lines, last = os.lseek(fd, 0, os.SEEK_CUR), 0, b"\n"
+        while block := os.pread(fd, 1 << 20, offset):
+            lines, offset, last = lines + block.count(b"\n"), offset + len(block), block[-1:]
+        return lines + (last != b"\n")
+    except (OSError, ValueError):
+        return None
 
 
 def cmd_status(args) -> int:

@@ -7,6 +7,7 @@ once cannot both apply a migration.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from ..db import connect, load_queries
@@ -28,22 +29,31 @@ def migration_files() -> list[Path]:
     return files
 
 
-def migrate(database_url: str) -> list[str]:
-    """Apply pending migrations; return the names applied by this call."""
+def migrate(database_url: str, *, on_pending: Callable[[list[str]], None] | None = None,
+            on_applied: Callable[[str], None] | None = None) -> list[str]:
+    """Apply pending migrations; return the names applied by this call.
+
+    ``on_pending`` hears the names about to be applied, in order, once the
+    lock is held; ``on_applied`` each name once it is committed:
+    ``conveyor migrate`` draws its progress from them.
+    """
     applied_now = []
     with connect(database_url, autocommit=True) as conn:
         conn.execute(QUERIES["lock"], {"lock": _LOCK_ID})
         try:
             conn.execute(QUERIES["create_table"])
             done = {row[0] for row in conn.execute(QUERIES["applied"])}
-            for path in migration_files():
-                if path.name in done:
-                    continue
+            pending = [path for path in migration_files() if path.name not in done]
+            if on_pending:
+                on_pending([path.name for path in pending])
+            for path in pending:
                 with conn.transaction():
                     conn.execute(path.read_text())
                     conn.execute(QUERIES["record"], {"name": path.name})
                 logger.info("applied migration %s", path.name)
                 applied_now.append(path.name)
+                if on_applied:
+                    on_applied(path.name)
         finally:
             conn.execute(QUERIES["unlock"], {"lock": _LOCK_ID})
     return applied_now
