@@ -9,6 +9,8 @@ another consumer claims it again.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import tempfile
 import threading
 import time
@@ -133,12 +135,8 @@ def test_a_payload_postgres_cannot_store_is_refused_naming_the_field(make_app):
 
 @pytest.fixture(scope="module")
 def durable_pg():
-    """A private server that keeps what it acknowledged: fsync and synchronous commit on.
-
-    The WAL writer flushes asynchronous commits only every 10 s here, so a
-    crash right after one loses it for sure, as a busy server would by chance.
-    """
-    settings = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on", "wal_writer_delay": "10s"}
+    """A private server that keeps what it acknowledged: fsync and synchronous commit on."""
+    settings = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
     with PostgresServer(tempfile.mkdtemp(prefix="conveyor-pg-durable-"), settings=settings) as server:
         yield server
 
@@ -168,13 +166,23 @@ def _write_outcomes(app) -> None:
     wait_for(written, timeout=30, message="the outbox to be written after the restart")
 
 
+def _crash_before_the_wal_writer_flushes(server: PostgresServer, url: str) -> int:
+    """Freeze the WAL writer, so that asynchronous commits from now on stay unflushed (on a busy
+    server that window is up to ``wal_writer_delay``), and the caller's next steps run in it."""
+    writer = sql(url, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")[0][0]
+    os.kill(writer, signal.SIGSTOP)
+    return writer
+
+
 def test_a_postgres_crash_never_hands_the_same_delivery_out_twice(make_app, durable_pg, durable_url):
     a, b = make_app(durable_url, pg_lease_seconds=60), make_app(durable_url, pg_lease_seconds=60)
     ref = a.jobs.enqueue("test.probe.critical", {"token": "crash"})
-    consumer_a = a.broker.consume("critical", prefetch=1, timeout=1000)
+    consumer_a = a.broker.consume("critical", prefetch=1, timeout=1000)  # its heartbeat is written now
+    writer = _crash_before_the_wal_writer_flushes(durable_pg, durable_url)
     run_a = next(consumer_a)
     assert a.broker.start_job(run_a) == 1, "worker A runs the job"
 
+    os.kill(writer, signal.SIGKILL)
     durable_pg.kill()  # SIGKILL of the postmaster: whatever was not flushed is gone
     durable_pg.start()
 

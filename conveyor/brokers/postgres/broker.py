@@ -81,7 +81,7 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def _new_listener(self) -> Listener:
         return Listener(connect=self.jobs.connect, on_connect=self.jobs.listen, heartbeat=self._heartbeat,
-                        heartbeat_interval=self.lease / 3)
+                        heartbeat_interval=self.lease / 3, notifications=self.jobs.notifications)
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         self.jobs.heartbeat(conn, socket.gethostname(), os.getpid(), sorted(self._consumed))

@@ -69,11 +69,20 @@ TOTAL_SLOTS = 8
 UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, PoolClosed)
 
 
+#: What a statement can raise: psycopg's errors, the pool's, and a parameter psycopg cannot encode.
+STATEMENT_ERRORS = (psycopg.Error, PoolTimeout, PoolClosed, UnicodeError)
+
+
 def translate(exc: BaseException, what: str) -> Exception:
-    """The conveyor error for a psycopg (or pool) error, saying what was being done."""
+    """The conveyor error for a psycopg (or pool) error, saying what was being done.
+
+    Only the first line of the library's message: its DETAIL may quote a
+    row's contents (payloads, which may hold secrets).
+    """
+    summary = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
     if isinstance(exc, UNAVAILABLE):
-        return DatabaseUnavailable(f"Postgres is unavailable ({what}): {type(exc).__name__}: {exc}")
-    return DatabaseRefused(f"Postgres refused {what}: {type(exc).__name__}: {exc}")
+        return DatabaseUnavailable(f"Postgres is unavailable ({what}): {summary}")
+    return DatabaseRefused(f"Postgres refused {what}: {summary}")
 
 
 def storable(text: str | None) -> str | None:
@@ -145,7 +154,7 @@ class Jobs:
         try:
             return psycopg.connect(self.database_url, autocommit=True, connect_timeout=5, keepalives=1,
                                    keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
-        except psycopg.Error as exc:
+        except STATEMENT_ERRORS as exc:
             raise translate(exc, "connecting") from exc
 
     @contextlib.contextmanager
@@ -195,7 +204,7 @@ class Jobs:
                 if fetch == "all":
                     return cur.fetchall()
                 return cur.rowcount
-        except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
+        except STATEMENT_ERRORS as exc:
             if isinstance(exc, UNAVAILABLE):
                 self.trouble()
             raise translate(exc, name.replace("_", " ")) from exc
@@ -221,7 +230,7 @@ class Jobs:
             try:
                 with connection.transaction():
                     return self._insert(connection, rows, dedup_ttl)
-            except psycopg.Error as exc:
+            except STATEMENT_ERRORS as exc:
                 raise _enqueue_error(exc) from exc
         # A pooled connection a Postgres restart broke fails before anything
         # was sent: then try once more. A failure at COMMIT is ambiguous and
@@ -235,7 +244,7 @@ class Jobs:
                         refs = self._insert(conn, rows, dedup_ttl)
                         committing = True
                 return refs
-            except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
+            except STATEMENT_ERRORS as exc:
                 if not isinstance(exc, UNAVAILABLE):
                     raise _enqueue_error(exc) from exc
                 self.trouble()
@@ -324,11 +333,26 @@ class Jobs:
 
     @staticmethod
     def listen(conn: psycopg.Connection) -> None:
-        conn.execute(QUERIES["listen"])
+        try:
+            conn.execute(QUERIES["listen"])
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "listen") from exc
+
+    @staticmethod
+    def notifications(conn: psycopg.Connection, timeout: float) -> Iterator[str]:
+        """The queues named by the notifications that arrive within ``timeout`` s, each as it arrives."""
+        try:
+            for notify in conn.notifies(timeout=timeout):
+                yield notify.payload
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "waiting for notifications") from exc
 
     def heartbeat(self, conn: psycopg.Connection, hostname: str, pid: int, queues: list[str]) -> None:
-        conn.execute(QUERIES["heartbeat"], {"id": self.worker_id, "hostname": hostname, "pid": pid,
-                                            "queues": queues})
+        try:
+            conn.execute(QUERIES["heartbeat"], {"id": self.worker_id, "hostname": hostname, "pid": pid,
+                                                "queues": queues})
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "heartbeat") from exc
 
     def forget_worker(self) -> None:
         self._execute("forget_worker", {"id": self.worker_id})
@@ -387,9 +411,8 @@ class Jobs:
 
 
 def _enqueue_error(exc: BaseException) -> Exception:
-    if isinstance(exc, UNAVAILABLE):
-        return BrokerUnavailable(f"Postgres is unavailable, nothing was enqueued: {type(exc).__name__}: {exc}")
-    return BrokerUnavailable(f"Postgres refused the enqueue, nothing was enqueued: {type(exc).__name__}: {exc}")
+    cause = translate(exc, "the enqueue")
+    return BrokerUnavailable(f"{cause}; nothing was enqueued")
 
 
 def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
