@@ -55,15 +55,20 @@ class PostgresFleetStore(FleetStore):
         return rows[0][0], out
 
     def write_attempts(self, events: list[AttemptEvent], *, keep: float) -> None:
-        with self.app.pool.connection() as conn, conn.transaction():
-            for e in events:
-                params = {"job_id": e.job_id, "token": e.token, "attempt": e.attempt, "worker": e.worker,
-                          "age": e.age}
-                if e.kind == "start":
-                    conn.execute(QUERIES["attempt_start"], params)
-                else:
-                    conn.execute(QUERIES["attempt_end"], {**params, "outcome": e.outcome, "error": e.error,
-                                                          "traceback": e.traceback})
+        # A start and an end of one attempt set different columns of its row, so starts and ends can
+        # go as two batches (one round trip each) in either order.
+        starts, ends = [], []
+        for e in events:
+            params = {"job_id": e.job_id, "token": e.token, "attempt": e.attempt, "worker": e.worker, "age": e.age}
+            if e.kind == "start":
+                starts.append(params)
+            else:
+                ends.append({**params, "outcome": e.outcome, "error": e.error, "traceback": e.traceback})
+        with self.app.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            if starts:
+                cur.executemany(QUERIES["attempt_start"], starts)
+            if ends:
+                cur.executemany(QUERIES["attempt_end"], ends)
 
     def attempts(self, job_id: str) -> list[AttemptInfo]:
         return [AttemptInfo(*row) for row in self._run("attempts", {"job_id": job_id}, fetch="all")]
