@@ -61,6 +61,11 @@ def test_a_worker_shows_its_queues_jobs_in_flight_counts_and_leaves_as_stopped(b
         wait_for(lambda: (_mine(api) or {}).get("done") == 1 and _mine(api)["failed"] == 3, timeout=30,
                  message="one job done and three failed attempts counted")
         assert _mine(api)["inFlight"] == []
+        # The slow job's start and end were written apart (its end merged into its start's entry).
+        [attempt] = wait_for(lambda: api.get(f"/api/admin/jobs/{slow.id}").json()["history"], timeout=10,
+                             message="the slow job's attempt")
+        assert attempt["outcome"] == "completed" and attempt["runSeconds"] >= 1.9
+        assert attempt["worker"] == _mine(api)["id"]
     gone = [w for w in _workers(api) if w["pid"] == os.getpid()]
     assert gone and all(w["state"] == "gone" and w["goneReason"] == "stopped" and w["goneAt"] for w in gone)
 

@@ -55,7 +55,7 @@ class RedisFleetStore(FleetStore):
                 args: list = []
                 for e in chunk:
                     args += [e.kind, e.job_id, e.token, e.attempt, e.worker, int(e.age * 1000), e.outcome or "",
-                             e.error or "", e.traceback or ""]
+                             e.error or "", e.traceback or "", int((e.start_age or 0) * 1000)]
                 self._call("attempts", int(keep * 1000), len(chunk), *args, client=pipe)
             pipe.execute()
 
