@@ -174,3 +174,23 @@ def test_a_worker_killed_with_sigkill_is_late_then_gone_and_its_attempt_lost(req
     finally:
         supervisor.stop()
         app.close()
+
+
+def test_a_filtered_list_pages_through_every_job_of_the_type_once(broker_app, api):
+    app = broker_app
+    refs = app.jobs.enqueue_many([{"job": "obs.leak" if n % 3 == 0 else "obs.work", "payload": {}}
+                                  for n in range(90)])
+    leaks = {r.id for n, r in enumerate(refs) if n % 3 == 0}
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"queue": QUEUE, "state": "waiting", "job": "obs.leak", "limit": 12}
+        if cursor:
+            params["cursor"] = cursor
+        page = api.get("/api/admin/jobs", params=params).json()
+        assert all(j["job"] == "obs.leak" for j in page["jobs"])
+        seen += [j["id"] for j in page["jobs"]]
+        pages += 1
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(leaks) and pages == 3
