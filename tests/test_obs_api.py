@@ -30,6 +30,10 @@ ADMIN_ROUTES = [
     ("GET", "/admin/queues/indexing?state=failed"),
     ("GET", "/admin/jobs/some-id"),
     ("POST", "/admin/login"),
+    ("GET", "/api/admin/workers"),
+    ("GET", "/api/admin/search?q=some-id"),
+    ("GET", "/admin/workers"),
+    ("GET", "/admin/search?q=some-id"),
 ]
 
 
@@ -234,7 +238,8 @@ def test_openapi_spec_is_served_and_lists_the_admin_routes(api):
     spec = api.get("/openapi.json").json()
     for path in ("/api/admin/queue-metrics", "/api/admin/jobs", "/api/admin/jobs/{job_id}",
                  "/api/admin/jobs/{job_id}/retry", "/api/admin/queues/{queue}/retry-failed",
-                 "/api/admin/queues/{queue}/pause", "/api/admin/queues/{queue}/resume", "/metrics"):
+                 "/api/admin/queues/{queue}/pause", "/api/admin/queues/{queue}/resume", "/metrics",
+                 "/api/admin/workers", "/api/admin/search"):
         assert path in spec["paths"], path
     assert "delete" in spec["paths"]["/api/admin/jobs/{job_id}"]
     assert "completedTotal" in json.dumps(spec["components"]["schemas"]["QueueMetrics"])

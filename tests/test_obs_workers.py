@@ -61,6 +61,11 @@ def test_a_worker_shows_its_queues_jobs_in_flight_counts_and_leaves_as_stopped(b
         wait_for(lambda: (_mine(api) or {}).get("done") == 1 and _mine(api)["failed"] == 3, timeout=30,
                  message="one job done and three failed attempts counted")
         assert _mine(api)["inFlight"] == []
+        # The slow job's start and end were written apart (its end merged into its start's entry).
+        [attempt] = wait_for(lambda: api.get(f"/api/admin/jobs/{slow.id}").json()["history"], timeout=10,
+                             message="the slow job's attempt")
+        assert attempt["outcome"] == "completed" and attempt["runSeconds"] >= 1.9
+        assert attempt["worker"] == _mine(api)["id"]
     gone = [w for w in _workers(api) if w["pid"] == os.getpid()]
     assert gone and all(w["state"] == "gone" and w["goneReason"] == "stopped" and w["goneAt"] for w in gone)
 
@@ -169,3 +174,23 @@ def test_a_worker_killed_with_sigkill_is_late_then_gone_and_its_attempt_lost(req
     finally:
         supervisor.stop()
         app.close()
+
+
+def test_a_filtered_list_pages_through_every_job_of_the_type_once(broker_app, api):
+    app = broker_app
+    refs = app.jobs.enqueue_many([{"job": "obs.leak" if n % 3 == 0 else "obs.work", "payload": {}}
+                                  for n in range(90)])
+    leaks = {r.id for n, r in enumerate(refs) if n % 3 == 0}
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"queue": QUEUE, "state": "waiting", "job": "obs.leak", "limit": 12}
+        if cursor:
+            params["cursor"] = cursor
+        page = api.get("/api/admin/jobs", params=params).json()
+        assert all(j["job"] == "obs.leak" for j in page["jobs"])
+        seen += [j["id"] for j in page["jobs"]]
+        pages += 1
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(leaks) and pages == 3

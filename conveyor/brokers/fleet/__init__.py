@@ -72,15 +72,18 @@ class AttemptEvent:
     monotonic clock): the store dates it ``server_now - age``.
     """
 
-    kind: str  # "start" | "end"
+    kind: str  # "start" | "end" | "full" (a start and its end in one write)
     job_id: str
     token: str
     attempt: int
     worker: str
+    #: Seconds before the write that it happened: the start's for "start", the end's for "end" and "full".
     age: float = 0.0
     outcome: str | None = None
     error: str | None = None
     traceback: str | None = None
+    #: "full" only: seconds before the write that the attempt started.
+    start_age: float | None = None
 
 
 class FleetStore:

@@ -61,21 +61,27 @@ if command == "sweep" then
     return marked
 end
 
--- attempts(keep_ms, n, [kind, job_id, token, attempt, worker, age_ms, outcome, error, traceback] * n)
+-- attempts(keep_ms, n, [kind, job_id, token, attempt, worker, age_ms, outcome, error, traceback,
+--                        start_age_ms] * n)
+-- kind: start, end (merged into its start's entry), or full (both at once: no read).
 if command == "attempts" then
     local keep, n = tonumber(ARGV[2]), tonumber(ARGV[3])
     for i = 0, n - 1 do
-        local b = 4 + i * 9
+        local b = 4 + i * 10
         local kind, job_id, token = ARGV[b], ARGV[b + 1], ARGV[b + 2]
         local at = now - tonumber(ARGV[b + 5])
         local key = ns .. ":attempts:" .. job_id
-        local raw = redis.call("hget", key, token)
-        local entry = raw and cjson.decode(raw) or {}
+        local entry = {}
+        if kind == "end" then
+            local raw = redis.call("hget", key, token)
+            if raw then entry = cjson.decode(raw) end
+        end
         entry.attempt = tonumber(ARGV[b + 3])
         entry.worker = ARGV[b + 4]
         if kind == "start" then
             entry.started_at = at
         else
+            if kind == "full" then entry.started_at = now - tonumber(ARGV[b + 9]) end
             entry.ended_at = at
             entry.outcome = ARGV[b + 6]
             if ARGV[b + 7] ~= "" then entry.error = ARGV[b + 7] end

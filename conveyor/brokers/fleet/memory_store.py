@@ -53,6 +53,8 @@ class MemoryFleetStore(FleetStore):
                 if e.kind == "start":
                     entry.started_at = now - e.age
                 else:
+                    if e.kind == "full":
+                        entry.started_at = now - (e.start_age or 0.0)
                     entry.ended_at, entry.outcome = now - e.age, e.outcome
                     entry.error, entry.traceback = e.error, e.traceback
 

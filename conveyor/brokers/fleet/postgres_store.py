@@ -6,6 +6,7 @@ Enqueue totals need no writes from here: a statement trigger on
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,10 +18,14 @@ if TYPE_CHECKING:
 
 QUERIES = load_queries(Path(__file__).with_name("fleet.sql"))
 
+#: Seconds between passes that forget old workers and prune old attempts (per process).
+PRUNE_INTERVAL = 60.0
+
 
 class PostgresFleetStore(FleetStore):
     def __init__(self, app: "App") -> None:
         self.app = app
+        self._pruned_at = -PRUNE_INTERVAL
 
     def _run(self, name: str, params: dict | None = None, fetch: str = "none"):
         with self.app.pool.connection() as conn:
@@ -41,8 +46,10 @@ class PostgresFleetStore(FleetStore):
 
     def sweep(self, gone_after: float) -> int:
         marked = self._run("sweep", {"gone_after": gone_after})
-        self._run("forget", {"after": FORGET_AFTER})
-        self._run("prune_attempts", {"retention": self.app.settings.retention})
+        if time.monotonic() - self._pruned_at >= PRUNE_INTERVAL:  # the retention is days: no need to hurry
+            self._pruned_at = time.monotonic()
+            self._run("forget", {"after": FORGET_AFTER})
+            self._run("prune_attempts", {"retention": self.app.settings.retention})
         return marked
 
     def workers(self) -> tuple[float, list[WorkerInfo]]:
@@ -55,15 +62,22 @@ class PostgresFleetStore(FleetStore):
         return rows[0][0], out
 
     def write_attempts(self, events: list[AttemptEvent], *, keep: float) -> None:
-        with self.app.pool.connection() as conn, conn.transaction():
-            for e in events:
-                params = {"job_id": e.job_id, "token": e.token, "attempt": e.attempt, "worker": e.worker,
-                          "age": e.age}
-                if e.kind == "start":
-                    conn.execute(QUERIES["attempt_start"], params)
-                else:
-                    conn.execute(QUERIES["attempt_end"], {**params, "outcome": e.outcome, "error": e.error,
-                                                          "traceback": e.traceback})
+        # A start and an end of one attempt set different columns of its row, so starts and ends can
+        # go as two batches (one round trip each) in either order.
+        starts, ends = [], []
+        for e in events:
+            params = {"job_id": e.job_id, "token": e.token, "attempt": e.attempt, "worker": e.worker, "age": e.age}
+            if e.kind == "start":
+                starts.append(params)
+                continue
+            if e.kind == "full":
+                starts.append({**params, "age": e.start_age or 0.0})
+            ends.append({**params, "outcome": e.outcome, "error": e.error, "traceback": e.traceback})
+        with self.app.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            if starts:
+                cur.executemany(QUERIES["attempt_start"], starts)
+            if ends:
+                cur.executemany(QUERIES["attempt_end"], ends)
 
     def attempts(self, job_id: str) -> list[AttemptInfo]:
         return [AttemptInfo(*row) for row in self._run("attempts", {"job_id": job_id}, fetch="all")]

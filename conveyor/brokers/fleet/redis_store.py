@@ -11,6 +11,9 @@ _SCRIPT = Path(__file__).with_name("fleet.lua").read_text()
 
 _SEP = "\x1f"
 
+#: Attempt events written per script call.
+ATTEMPTS_PER_CALL = 200
+
 
 class RedisFleetStore(FleetStore):
     def __init__(self, client, namespace: str) -> None:
@@ -45,11 +48,16 @@ class RedisFleetStore(FleetStore):
         return now, out
 
     def write_attempts(self, events: list[AttemptEvent], *, keep: float) -> None:
-        args: list = []
-        for e in events:
-            args += [e.kind, e.job_id, e.token, e.attempt, e.worker, int(e.age * 1000), e.outcome or "",
-                     e.error or "", e.traceback or ""]
-        self._call("attempts", int(keep * 1000), len(events), *args)
+        # Slices of ATTEMPTS_PER_CALL: each script call blocks Redis while it runs.
+        with self.client.pipeline(transaction=False) as pipe:
+            for start in range(0, len(events), ATTEMPTS_PER_CALL):
+                chunk = events[start:start + ATTEMPTS_PER_CALL]
+                args: list = []
+                for e in chunk:
+                    args += [e.kind, e.job_id, e.token, e.attempt, e.worker, int(e.age * 1000), e.outcome or "",
+                             e.error or "", e.traceback or "", int((e.start_age or 0) * 1000)]
+                self._call("attempts", int(keep * 1000), len(chunk), *args, client=pipe)
+            pipe.execute()
 
     def attempts(self, job_id: str) -> list[AttemptInfo]:
         raw = self.client.hgetall(f"{self.ns}:attempts:{job_id}")

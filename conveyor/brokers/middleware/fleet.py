@@ -19,6 +19,8 @@ lost with its worker.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import socket
 import threading
@@ -56,7 +58,9 @@ class Fleet(Middleware):
 
     def __init__(self, app: "App") -> None:
         self.app = app
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._tag = uuid.uuid4().hex[:8]
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{self._tag}"
+        self._tokens = itertools.count(1)
         self._lock = threading.Lock()
         self._workers: dict[int, tuple[list[str], int]] = {}
         self._running: dict[int, tuple[str, str, str, int, float]] = {}
@@ -157,7 +161,8 @@ class Fleet(Middleware):
     # -- attempts -----------------------------------------------------------------
 
     def before_process_message(self, broker, message) -> None:
-        token = uuid.uuid4().hex[:12]
+        # Unique across workers and deliveries: this process's tag and a count.
+        token = f"{self._tag}.{next(self._tokens)}"
         attempt = int(message.options.get("attempt", 0))
         now = time.monotonic()
         with self._lock:
@@ -214,9 +219,7 @@ class Fleet(Middleware):
                 return
             taken = list(self._events)
             self._events.clear()
-        now = time.monotonic()
-        events = [AttemptEvent(e.kind, e.job_id, e.token, e.attempt, e.worker, max(0.0, now - at), e.outcome,
-                               e.error, e.traceback) for at, e in taken]
+        events = _coalesced(taken, time.monotonic())
         try:
             fleet_store(self.app).write_attempts(events, keep=self.app.settings.retention)
         except Exception as exc:
@@ -225,6 +228,22 @@ class Fleet(Middleware):
             if time.monotonic() - self._warned_at > 10:  # once in a while, not every flush
                 self._warned_at = time.monotonic()
                 _warn(f"attempt history not written yet ({len(taken)} events): {type(exc).__name__}: {exc}")
+
+
+def _coalesced(taken: list[tuple[float, AttemptEvent]], now: float) -> list[AttemptEvent]:
+    """The buffered events dated by age, a start and its end in the same batch merged into one "full" write."""
+    out: list[AttemptEvent] = []
+    starts: dict[str, int] = {}
+    for at, e in taken:
+        age = max(0.0, now - at)
+        if e.kind == "end" and e.token in starts:
+            index = starts.pop(e.token)
+            out[index] = dataclasses.replace(e, kind="full", age=age, start_age=out[index].age)
+            continue
+        if e.kind == "start":
+            starts[e.token] = len(out)
+        out.append(dataclasses.replace(e, age=age))
+    return out
 
 
 def _warn(error: str) -> None:
