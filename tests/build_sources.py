@@ -74,6 +74,9 @@ def commit_change(tree: Path, name: str, text: str) -> str:
 
 KEY = Fernet.generate_key().decode()
 
+#: The build_app fixture's admin token, as a request header.
+ADMIN_AUTH = {"Authorization": "Bearer admin-token-builds-7e2d"}
+
 
 @pytest.fixture
 def workdir():
@@ -90,11 +93,12 @@ def build_app(database_url, redis_url, workdir):
 
     def make(**overrides) -> App:
         settings = dict(broker="redis", redis_url=redis_url, database_url=database_url, data_dir=workdir / "data",
-                        build_source_roots=str(workdir),
-                        secret_key=KEY, admin_token="admin-token", shutdown_timeout=5,
+                        secret_key=KEY, admin_token="admin-token-builds-7e2d", shutdown_timeout=5,
                         build_heartbeat_interval=0.2, build_stale_after=2,
                         pg_poll_seconds=0.2, pg_recovery_seconds=0.5, pg_lease_seconds=2,
                         queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1)})
+        # Host-path sources may come from the test's own directory only.
+        settings["build_source_roots"] = str(workdir)
         settings.update(overrides)
         app = App(Settings(**settings))
         made.append(app)

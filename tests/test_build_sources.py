@@ -22,6 +22,7 @@ from conveyor.builds.store import BuildStore
 from conveyor.builds.unpack import UNUSABLE
 from conveyor.errors import InvalidPayload, UnsafePath
 from tests.build_sources import (  # noqa: F401 (fixtures)
+    ADMIN_AUTH,
     build,
     build_app,
     finished,
@@ -33,7 +34,7 @@ from tests.build_sources import (  # noqa: F401 (fixtures)
 )
 from tests.obs_support import api_server
 
-AUTH = {"Authorization": "Bearer admin-token"}
+AUTH = ADMIN_AUTH
 
 
 def test_a_build_id_that_could_be_a_path_is_refused_and_the_data_dir_survives(build_app, workers, workdir):  # noqa: F811

@@ -13,11 +13,19 @@ from pathlib import Path
 import httpx
 
 from conveyor.builds.store import BuildStore
-from tests.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
+from tests.build_sources import (  # noqa: F401 (fixtures)
+    ADMIN_AUTH,
+    build_app,
+    finished,
+    make_tree,
+    make_zip,
+    workdir,
+    workers,
+)
 from tests.obs_support import api_server
 from tests.waiting import wait_for
 
-AUTH = {"Authorization": "Bearer admin-token"}
+AUTH = ADMIN_AUTH
 ROUTE = "/api/agents/upload-and-deploy"
 
 

@@ -82,7 +82,9 @@ def get_deployment(target_kind: str, target_id: str, app=Depends(conveyor_app)) 
             "versions": [{"version": v, "artifact_sha256": a} for v, a in store.versions(target_kind, target_id)]}
 
 
-@router.post(UPLOAD_PATH.removeprefix("/api"), status_code=status.HTTP_202_ACCEPTED)
+# Admin-only on the route itself too, so it stays closed whatever the router's own dependencies become.
+@router.post(UPLOAD_PATH.removeprefix("/api"), status_code=status.HTTP_202_ACCEPTED,
+             dependencies=[Depends(require_admin)])
 async def upload_and_deploy(request: Request, app=Depends(conveyor_app)) -> dict[str, Any]:
     """multipart/form-data: ``file`` (a zip), ``agent_id``, ``owner_id``; optional ``kind`` (upload, or
     update for an agent that exists), ``version``, ``changelog``, ``env`` (a JSON object of strings)."""
