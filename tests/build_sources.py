@@ -144,12 +144,12 @@ def open_gate(app: App, build_id: str, claim: int = 1) -> None:
     (claim_dir(app, build_id, claim) / "open").touch()
 
 
-def sandboxed(marker: str) -> list[psutil.Process]:
-    """Processes still running whose environment holds MARK=<marker> (set through a build's env)."""
+def sandboxed(marker: str, uid: int | None = None) -> list[psutil.Process]:
+    """Processes still running whose environment holds MARK=<marker> (set through a build's env), of ``uid``."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("MARK") == marker:
+            if proc.environ().get("MARK") == marker and (uid is None or proc.uids().real == uid):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass

@@ -201,7 +201,8 @@ class LocalBuilder(Builder):
     def artifact(self, sha256: str) -> Artifact | None:
         if len(sha256) != 64 or not set(sha256) <= _SHA256_HEX:
             return None
-        path = self.artifacts / f"{sha256}.tar.gz"
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        path = inside(self.artifacts, f"{sha256}.tar.gz")
         return Artifact(sha256, path, path.stat().st_size) if path.is_file() else None
 
 
