@@ -123,7 +123,7 @@ class LocalBuilder(Builder):
         # --no-hardlinks: the workspace is handed to the sandbox user; the source repository must not be.
         argv = ["git", "clone", "--quiet", "--no-hardlinks"]
         if source.ref:
-            argv += ["--branch", source.ref]
+            argv.append(f"--branch={source.ref}")  # one argument: a ref cannot become an option
         log.write("cloning a repository from a source root" + (f" at {source.ref}" if source.ref else ""))
         self._git("git clone", [*argv, "--", str(repo), str(dest)], deadline, log)
         check_tree(dest, self.caps)

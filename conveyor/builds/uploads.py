@@ -21,6 +21,7 @@ from pydantic import StringConstraints
 
 from ..errors import SourceUnusable, UploadRefused, UploadTooLarge
 from .paths import inside
+from .unpack import UNUSABLE
 
 UPLOAD_ID = r"^upl_[0-9a-f]{32}$"
 
@@ -39,7 +40,7 @@ class Uploads:
     def path(self, upload_id: str) -> Path:
         """Where an upload is stored; :class:`SourceUnusable` for an id the server could not have made."""
         if not isinstance(upload_id, str) or not _ID.fullmatch(upload_id):
-            raise SourceUnusable("not an upload id")
+            raise SourceUnusable(UNUSABLE)
         self.root.mkdir(parents=True, exist_ok=True)
         return inside(self.root, upload_id)
 
