@@ -69,9 +69,8 @@ class Sandbox:
 
     def argv(self, workspace: Path, cwd: str, command: list[str]) -> list[str]:
         """The full command line: prlimit, bwrap with its mounts, the user switch, ``command``."""
-        bwrap = shutil.which("bwrap")
-        prlimit = shutil.which("prlimit")
-        if bwrap is None or prlimit is None:
+        bwrap, prlimit, setpriv = shutil.which("bwrap"), shutil.which("prlimit"), shutil.which("setpriv")
+        if bwrap is None or prlimit is None or (self.as_root and setpriv is None):
             raise SandboxUnavailable("build scripts run in bubblewrap: install the bubblewrap and util-linux "
                                      "packages on this worker")
         s = self.settings
@@ -94,7 +93,7 @@ class Sandbox:
         if self.as_root:
             # bwrap keeps only what setpriv needs to become nobody; setpriv drops it and sets no_new_privs.
             argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                     "--cap-add", "CAP_SETPCAP", "--", shutil.which("setpriv") or "setpriv",
+                     "--cap-add", "CAP_SETPCAP", "--", setpriv,
                      f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--inh-caps=-all",
                      "--bounding-set=-all", "--no-new-privs"]
         return [*argv, "--", *command]
