@@ -12,7 +12,9 @@ env values) before anything is stored or logged.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
+from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
@@ -49,11 +51,20 @@ def settings_secrets(settings: Any) -> list[str]:
     """Every secret value the settings hold (admin token, webhook URL, secret keys).
 
     A comma-separated value (``CONVEYOR_SECRET_KEY`` holds several Fernet keys)
-    also gives each of its parts, so one key quoted alone is caught too.
+    also gives each of its parts, so one key quoted alone is caught too; a
+    service URL gives its password.
     """
     values = []
     for name in type(settings).model_fields:
         value = getattr(settings, name, None)
+        if isinstance(value, str) and "://" in value:
+            # DATABASE_URL and REDIS_URL are not secret, but the password in them is.
+            try:
+                password = urlsplit(value).password
+            except ValueError:
+                password = None
+            if password:
+                values.append(password)
         if isinstance(value, SecretStr) and value.get_secret_value():
             whole = value.get_secret_value()
             values.append(whole)
@@ -66,8 +77,10 @@ class Scrubber:
     """Replaces every occurrence of a fixed set of secret values with :data:`REDACTED`."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        # Longest first, so a secret that contains another is replaced whole.
-        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        # One pass, longest first: a secret that contains another is replaced whole, and a short secret
+        # is never matched inside the marker an earlier replacement wrote.
+        ordered = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
     @classmethod
     def for_settings(cls, settings: Any, extra: Iterable[str] = ()) -> "Scrubber":
@@ -75,11 +88,9 @@ class Scrubber:
         return cls([*settings_secrets(settings), *extra])
 
     def __call__(self, text: str | None) -> str | None:
-        if not text:
+        if not text or self._pattern is None:
             return text
-        for secret in self._secrets:
-            text = text.replace(secret, REDACTED)
-        return text
+        return self._pattern.sub(REDACTED, text)
 
 
 def scrub(text: str | None, secrets: Iterable[str]) -> str | None:

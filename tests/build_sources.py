@@ -74,6 +74,9 @@ def commit_change(tree: Path, name: str, text: str) -> str:
 
 KEY = Fernet.generate_key().decode()
 
+#: The build_app fixture's admin token, as a request header.
+ADMIN_AUTH = {"Authorization": "Bearer admin-token-builds-7e2d"}
+
 
 @pytest.fixture
 def workdir():
@@ -90,11 +93,12 @@ def build_app(database_url, redis_url, workdir):
 
     def make(**overrides) -> App:
         settings = dict(broker="redis", redis_url=redis_url, database_url=database_url, data_dir=workdir / "data",
-                        build_source_roots=str(workdir),
-                        secret_key=KEY, admin_token="admin-token", shutdown_timeout=5,
+                        secret_key=KEY, admin_token="admin-token-builds-7e2d", shutdown_timeout=5,
                         build_heartbeat_interval=0.2, build_stale_after=2,
                         pg_poll_seconds=0.2, pg_recovery_seconds=0.5, pg_lease_seconds=2,
                         queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1)})
+        # Host-path sources may come from the test's own directory only.
+        settings["build_source_roots"] = str(workdir)
         settings.update(overrides)
         app = App(Settings(**settings))
         made.append(app)
@@ -140,12 +144,12 @@ def open_gate(app: App, build_id: str, claim: int = 1) -> None:
     (claim_dir(app, build_id, claim) / "open").touch()
 
 
-def sandboxed(marker: str) -> list[psutil.Process]:
-    """Processes still running whose environment holds MARK=<marker> (set through a build's env)."""
+def sandboxed(marker: str, uid: int | None = None) -> list[psutil.Process]:
+    """Processes still running whose environment holds MARK=<marker> (set through a build's env), of ``uid``."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("MARK") == marker:
+            if proc.environ().get("MARK") == marker and (uid is None or proc.uids().real == uid):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass

@@ -26,7 +26,7 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
     app = build_app(job_failure_webhook_url=receiver.url, webhook_format="generic", webhook_backoff=0.05)
     # The whole API (admin routes, dashboard, builds) on uvicorn.
     with api_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
-        auth = {"Authorization": "Bearer admin-token"}
+        auth = {"Authorization": "Bearer admin-token-builds-7e2d"}
         # The script proves it got the value (its sha256) and tries to print it.
         script = 'echo "key is $API_KEY"; printf %s "$API_KEY" | sha256sum; echo "old is ${OLD_PASSWORD:-unset}"\n'
         archive = make_zip(make_tree(workdir / "src", {"agent.py": "run()\n"}, script), workdir / "src.zip")
@@ -113,3 +113,18 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
         for value in (SECRET, ROTATED_OUT):
             assert value not in everything
         assert '"env_names":["API_KEY"]' in "".join(tables)
+
+
+def test_the_scrubber_catches_each_key_and_url_password_and_never_mangles_its_own_marker():
+    from conveyor.redaction import Scrubber
+    from conveyor.settings import Settings
+
+    key_a, key_b = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings = Settings(database_url="postgresql://app:db-pass-81x@db/conveyor", redis_url="redis://:r3dis-pw@r:6379/0",
+                        secret_key=f"{key_b},{key_a}", admin_token="dac", openai_api_key="sk-o-1")
+    scrub = Scrubber.for_settings(settings, ["env-value-42"])
+    text = f"old key {key_a} new key {key_b} db-pass-81x r3dis-pw dac sk-o-1 env-value-42"
+    assert scrub(text) == "old key [redacted] new key [redacted]" + " [redacted]" * 5
+    # "dac" is also inside "[redacted]": one pass, so the marker stays whole.
+    assert scrub("dac dac") == "[redacted] [redacted]"
+    assert scrub("postgresql://app@db/conveyor") == "postgresql://app@db/conveyor"  # the rest of a URL is not secret

@@ -5,7 +5,10 @@ extraction, and corrupt input failing at once instead of being retried."""
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -19,6 +22,7 @@ from conveyor.builds.store import BuildStore
 from conveyor.builds.unpack import UNUSABLE
 from conveyor.errors import InvalidPayload, UnsafePath
 from tests.build_sources import (  # noqa: F401 (fixtures)
+    ADMIN_AUTH,
     build,
     build_app,
     finished,
@@ -30,7 +34,7 @@ from tests.build_sources import (  # noqa: F401 (fixtures)
 )
 from tests.obs_support import api_server
 
-AUTH = {"Authorization": "Bearer admin-token"}
+AUTH = ADMIN_AUTH
 
 
 def test_a_build_id_that_could_be_a_path_is_refused_and_the_data_dir_survives(build_app, workers, workdir):  # noqa: F811
@@ -164,3 +168,33 @@ def test_a_tree_the_build_script_grows_past_the_caps_is_not_packaged(build_app, 
                                                       "archive_path": str(make_zip(tree, workdir / "g.zip"))}).build_id)
     assert record.status == "failed" and "larger than the limits" in record.error
     assert not any(Path(app.settings.data_dir, "artifacts", "sha256").glob("*.tar.gz"))
+
+
+def test_the_cli_takes_host_paths_under_the_source_roots_and_env_by_name(build_app, workers, workdir,  # noqa: F811
+                                                                        clean_env, database_url, redis_url):
+    app = build_app()
+    store = BuildStore(app.pool)
+    workers(app)
+    tree = make_tree(workdir / "cli-src", {"agent.py": "run()\n"}, 'test "$API_KEY" = cli-secret-value\n')
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "CONVEYOR_BROKER": "redis",
+           "CONVEYOR_SECRET_KEY": app.settings.secret_key.get_secret_value(), "API_KEY": "cli-secret-value",
+           "CONVEYOR_DATA_DIR": str(app.settings.data_dir)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "conveyor", "build", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    done = cli("update", json.dumps({"owner_id": "u", "agent_id": "ag-cli", "source_dir": str(tree)}),
+               "--env", "API_KEY")
+    assert done.returncode == 0, done.stderr
+    ticket = json.loads(done.stdout)
+    (record,) = finished(store, ticket["build_id"])
+    assert record.status == "succeeded"  # the script saw API_KEY's value
+    assert "cli-secret-value" not in done.stdout + done.stderr + record.log
+    # Outside the worker's roots: enqueued (the CLI is the operator's), refused by the worker.
+    outside = cli("update", json.dumps({"owner_id": "u", "agent_id": "ag-cli2", "source_dir": "/etc"}))
+    assert outside.returncode == 0, outside.stderr
+    (refused,) = finished(store, json.loads(outside.stdout)["build_id"])
+    assert refused.status == "failed" and refused.error.endswith(UNUSABLE)
+    unset = cli("update", json.dumps({"owner_id": "u", "agent_id": "ag-cli3"}), "--env", "NOT_SET_ANYWHERE")
+    assert unset.returncode == 2 and "NOT_SET_ANYWHERE" in unset.stderr and "Traceback" not in unset.stderr

@@ -13,11 +13,19 @@ from pathlib import Path
 import httpx
 
 from conveyor.builds.store import BuildStore
-from tests.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
+from tests.build_sources import (  # noqa: F401 (fixtures)
+    ADMIN_AUTH,
+    build_app,
+    finished,
+    make_tree,
+    make_zip,
+    workdir,
+    workers,
+)
 from tests.obs_support import api_server
 from tests.waiting import wait_for
 
-AUTH = {"Authorization": "Bearer admin-token"}
+AUTH = ADMIN_AUTH
 ROUTE = "/api/agents/upload-and-deploy"
 
 
@@ -132,3 +140,21 @@ def _tiny_zip() -> bytes:
     with zipfile.ZipFile(out, "w") as zf:
         zf.writestr("agent.py", "run()\n")
     return out.getvalue()
+
+
+def test_a_partial_upload_left_by_a_dead_api_process_is_swept_and_a_fresh_one_is_not(workdir):  # noqa: F811
+    import os
+    import time
+
+    from conveyor.builds.uploads import PART_MAX_AGE, Uploads
+
+    uploads = Uploads(workdir / "data")
+    uploads.root.mkdir(parents=True)
+    old, fresh = uploads.root / ".part-old", uploads.root / ".part-fresh"
+    old.write_bytes(b"x" * 10)
+    fresh.write_bytes(b"y" * 10)
+    then = time.time() - PART_MAX_AGE - 60
+    os.utime(old, (then, then))
+    writer = uploads.writer(1024)
+    writer.abort()
+    assert not old.exists() and fresh.exists()

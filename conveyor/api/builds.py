@@ -33,6 +33,8 @@ from .deps import conveyor_app
 
 router = APIRouter(prefix="/api", tags=["builds"], dependencies=[Depends(require_admin)])
 
+#: The upload route: its body may be CONVEYOR_UPLOAD_MAX_BYTES + FORM_OVERHEAD, more than other routes'.
+UPLOAD_PATH = "/api/agents/upload-and-deploy"
 #: Bytes a multipart body may hold beyond its file: boundaries, headers and the small fields.
 FORM_OVERHEAD = 256 * 1024
 #: The upload form's text fields; anything else is refused, naming the field.
@@ -80,7 +82,9 @@ def get_deployment(target_kind: str, target_id: str, app=Depends(conveyor_app)) 
             "versions": [{"version": v, "artifact_sha256": a} for v, a in store.versions(target_kind, target_id)]}
 
 
-@router.post("/agents/upload-and-deploy", status_code=status.HTTP_202_ACCEPTED)
+# Admin-only on the route itself too, so it stays closed whatever the router's own dependencies become.
+@router.post(UPLOAD_PATH.removeprefix("/api"), status_code=status.HTTP_202_ACCEPTED,
+             dependencies=[Depends(require_admin)])
 async def upload_and_deploy(request: Request, app=Depends(conveyor_app)) -> dict[str, Any]:
     """multipart/form-data: ``file`` (a zip), ``agent_id``, ``owner_id``; optional ``kind`` (upload, or
     update for an agent that exists), ``version``, ``changelog``, ``env`` (a JSON object of strings)."""

@@ -123,7 +123,7 @@ class LocalBuilder(Builder):
         # --no-hardlinks: the workspace is handed to the sandbox user; the source repository must not be.
         argv = ["git", "clone", "--quiet", "--no-hardlinks"]
         if source.ref:
-            argv += ["--branch", source.ref]
+            argv.append(f"--branch={source.ref}")  # one argument: a ref cannot become an option
         log.write("cloning a repository from a source root" + (f" at {source.ref}" if source.ref else ""))
         self._git("git clone", [*argv, "--", str(repo), str(dest)], deadline, log)
         check_tree(dest, self.caps)
@@ -201,7 +201,8 @@ class LocalBuilder(Builder):
     def artifact(self, sha256: str) -> Artifact | None:
         if len(sha256) != 64 or not set(sha256) <= _SHA256_HEX:
             return None
-        path = self.artifacts / f"{sha256}.tar.gz"
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        path = inside(self.artifacts, f"{sha256}.tar.gz")
         return Artifact(sha256, path, path.stat().st_size) if path.is_file() else None
 
 

@@ -43,6 +43,9 @@ PASSED_ENV = ("LANG", "LC_ALL", "TZ")
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+#: Sandbox configurations this process has started once (see :meth:`Sandbox.check`).
+_WORKING: set[tuple] = set()
+
 
 class Sandbox:
     """Runs one command for a build inside bubblewrap, within the limits of ``settings``."""
@@ -66,9 +69,8 @@ class Sandbox:
 
     def argv(self, workspace: Path, cwd: str, command: list[str]) -> list[str]:
         """The full command line: prlimit, bwrap with its mounts, the user switch, ``command``."""
-        bwrap = shutil.which("bwrap")
-        prlimit = shutil.which("prlimit")
-        if bwrap is None or prlimit is None:
+        bwrap, prlimit, setpriv = shutil.which("bwrap"), shutil.which("prlimit"), shutil.which("setpriv")
+        if bwrap is None or prlimit is None or (self.as_root and setpriv is None):
             raise SandboxUnavailable("build scripts run in bubblewrap: install the bubblewrap and util-linux "
                                      "packages on this worker")
         s = self.settings
@@ -91,10 +93,30 @@ class Sandbox:
         if self.as_root:
             # bwrap keeps only what setpriv needs to become nobody; setpriv drops it and sets no_new_privs.
             argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                     "--cap-add", "CAP_SETPCAP", "--", shutil.which("setpriv") or "setpriv",
+                     "--cap-add", "CAP_SETPCAP", "--", setpriv,
                      f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--inh-caps=-all",
                      "--bounding-set=-all", "--no-new-privs"]
         return [*argv, "--", *command]
+
+    def check(self, workspace: Path) -> None:
+        """Start an empty sandbox once per process: a worker that cannot (no user namespaces in its container,
+        say) raises :class:`SandboxUnavailable`, which is retried, instead of failing the build for good."""
+        key = (self.as_root, self.settings.build_network, str(self.data_dir))
+        if key in _WORKING:
+            return
+        probe = workspace / ".sandbox-check"
+        probe.mkdir(exist_ok=True)
+        self.hand_over(probe)
+        try:
+            done = subprocess.run(self.argv(probe, ".", ["true"]), env=self.env({}), stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, errors="replace", timeout=30)
+        except subprocess.TimeoutExpired:
+            raise SandboxUnavailable("the build sandbox did not start within 30s") from None
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
+        if done.returncode != 0:
+            raise SandboxUnavailable(f"this worker cannot start the build sandbox: {done.stderr.strip()[-300:]}")
+        _WORKING.add(key)
 
     def env(self, build_env: dict[str, str]) -> dict[str, str]:
         """The script's whole environment: a fixed PATH, locale, HOME and TMPDIR, and the build's own env."""
@@ -109,6 +131,7 @@ class Sandbox:
 
         Past the deadline, or when the job itself is interrupted, the whole sandbox is killed.
         """
+        self.check(workspace)
         (workspace / "home").mkdir(exist_ok=True)
         self.hand_over(workspace)
         argv = self.argv(workspace, cwd, command)

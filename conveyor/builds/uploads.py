@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -21,8 +22,13 @@ from pydantic import StringConstraints
 
 from ..errors import SourceUnusable, UploadRefused, UploadTooLarge
 from .paths import inside
+from .unpack import UNUSABLE
 
 UPLOAD_ID = r"^upl_[0-9a-f]{32}$"
+
+#: Seconds after which a partial upload is taken to be abandoned (its writer died): an upload
+#: streaming for an hour would be a 100 MB upload at 28 kB/s.
+PART_MAX_AGE = 3600
 
 #: An upload's id as a payload field.
 UploadId = Annotated[str, StringConstraints(pattern=UPLOAD_ID)]
@@ -39,13 +45,24 @@ class Uploads:
     def path(self, upload_id: str) -> Path:
         """Where an upload is stored; :class:`SourceUnusable` for an id the server could not have made."""
         if not isinstance(upload_id, str) or not _ID.fullmatch(upload_id):
-            raise SourceUnusable("not an upload id")
+            raise SourceUnusable(UNUSABLE)
         self.root.mkdir(parents=True, exist_ok=True)
         return inside(self.root, upload_id)
 
     def writer(self, max_bytes: int) -> "UploadWriter":
         self.root.mkdir(parents=True, exist_ok=True)
+        self._sweep()
         return UploadWriter(self, max_bytes)
+
+    def _sweep(self) -> None:
+        """Remove partial files an API process left when it died mid-upload (older than :data:`PART_MAX_AGE`)."""
+        cutoff = time.time() - PART_MAX_AGE
+        for part in self.root.glob(".part-*"):
+            try:
+                if part.stat().st_mtime < cutoff:
+                    part.unlink()
+            except FileNotFoundError:
+                pass
 
     def remove(self, upload_id: str) -> None:
         """Drop an upload once its build has ended (a missing one is fine)."""

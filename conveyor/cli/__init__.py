@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "conveyor.cli.core",
     "conveyor.cli.ledger",
     "conveyor.cli.demo",
+    "conveyor.cli.builds",
     "conveyor.cli.api",
     "conveyor.cli.schedules",
     "conveyor.cli.bench",
