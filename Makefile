@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo bench
+.PHONY: venv test demo bench soak
 
 # The venv is (re)installed only when pyproject.toml is newer than the stamp.
 venv: $(VENV)/.installed
@@ -29,3 +29,10 @@ demo: venv
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench
+
+# The fault suite (tests/faults) round after round for SOAK_SECONDS (default 3600);
+# sums in SOAK_REPORT (default /tmp/conveyor-soak-report.md). See docs/reliability.md.
+SOAK_SECONDS ?= 3600
+SOAK_REPORT ?=
+soak: venv
+	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(SOAK_REPORT) $(BIN)/python -m tests.faults.soak

@@ -257,6 +257,8 @@ class RedisServer(_Server):
             "--save", "",
             "--appendonly", "yes" if self.durable else "no",
             *(["--appendfsync", "always"] if self.durable else []),
+            # Listening beyond loopback (a test network namespace): no password, so say it is meant.
+            *(["--protected-mode", "no"] if set(self.bind) - {"127.0.0.1"} else []),
             "--dir", str(self.tmpdir),
             "--daemonize", "no",
             "--logfile", "",  # stdout, which _popen sends to the log file
@@ -390,6 +392,13 @@ class PostgresServer(_Server):
     def url_on(self, address: str, dbname: str = "postgres") -> str:
         """The URL of ``dbname`` on another address of ``listen_addresses``."""
         return f"postgresql://postgres@{address}:{self.port}/{dbname}"
+
+    def trust(self, network: str) -> None:
+        """Let clients from ``network`` (CIDR) in without a password, like loopback; applied at once."""
+        with open(self.datadir / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {network} trust\n")
+        with self.connect() as conn:
+            conn.execute("SELECT pg_reload_conf()")
 
     def crash_immediate(self) -> None:
         """Crash the way ``pg_ctl stop -m immediate`` does (SIGQUIT to the postmaster: no

@@ -103,9 +103,12 @@ class Checker:
                 break
             time.sleep(0.2)
         # Final states, read again: a job must not leave its end (a late rerun re-opening it).
+        self.errors = {}
         for job_id in self.jobs():
             record = self.app.broker.get_job(job_id)
             states[job_id] = record.state if record else "missing"
+            if record and record.error:
+                self.errors[job_id] = record.error
         last = max(ended_at.values(), default=None)
         recovery = None if last is None else max(0.0, last - healed_at)
         if any(s not in TERMINAL for s in states.values()):
@@ -238,7 +241,8 @@ class Checker:
                 problems["stuck"].append(f"{token} ({job_id}) is {state}")
                 continue
             if state != item.expect:
-                problems["lost"].append(f"{token} ({job_id}) ended {state}, expected {item.expect}")
+                problems["lost"].append(f"{token} ({job_id}) ended {state}, expected {item.expect} "
+                                        f"(error: {self.errors.get(job_id, '')[:150]!r})")
                 continue
             ok_runs = [r for r in runs_by_job.get(job_id, []) if r.ok]
             if item.expect == "completed":

@@ -86,15 +86,18 @@ def spool(record: dict) -> None:
 def work(payload: Work, ctx) -> None:
     message = CurrentMessage.get_current_message()
     run_id = str(uuid.uuid4())
-    began = time.monotonic()
     try:
         with ctx.app.pool.connection() as conn:
             conn.execute(INSERT_RUN, (run_id, ctx.job_id, payload.token, ctx.attempt, delivery_of(message),
                                       host(), os.getpid()))
     except BaseException:
-        # The row may or may not be there (an error at commit): if it is, this is its end.
-        spool({"run_id": run_id, "elapsed": time.monotonic() - began, "ok": False})
+        # The row may or may not be there (an error at commit): if it is, the run ended as it began.
+        spool({"run_id": run_id, "elapsed": 0.0, "ok": False})
         raise
+    # Counted from the moment the row is known written: its start is the server's clock at the
+    # insert, so the end (start + elapsed) is never later than the truth (a wait for a pooled
+    # connection or for a cut-off network does not stretch the run).
+    began = time.monotonic()
     ok = False
     try:
         if payload.sleep:

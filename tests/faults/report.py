@@ -81,8 +81,12 @@ def record(row: Row) -> None:
 
 def record_error(fault: str, broker: str, error: str) -> None:
     """A scenario that ended before its checker recorded a row (the harness or the fault itself failed)."""
-    if not any(r.fault == fault and r.broker == broker for r in ROWS):
-        record(Row(fault, broker, error=error[:300]))
+    for row in ROWS:
+        if row.fault == fault and row.broker == broker:
+            # The checker's figures stand; what failed after them goes with the row.
+            row.notes = "; ".join(filter(None, [row.notes, f"test failed after the check: {error[:200]}"]))
+            return
+    record(Row(fault, broker, error=error[:300]))
 
 
 def _git(*args: str) -> str:
@@ -99,8 +103,8 @@ def render(rows: list[Row], *, elapsed: float | None = None) -> str:
     commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
     dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    order = {pair: i for i, pair in enumerate(SCENARIOS)}
-    rows = sorted(rows, key=lambda r: order.get((r.fault, r.broker), len(order)))
+    by_pair = {(r.fault, r.broker): r for r in rows}  # a repeated scenario (soak): its last row
+    extra = [pair for pair in by_pair if pair not in SCENARIOS]
     lines = [
         "# Reliability: what the fault suite did to conveyor, and what came of it",
         "",
@@ -117,16 +121,16 @@ def render(rows: list[Row], *, elapsed: float | None = None) -> str:
         "| fault | broker | jobs | lost | doubled effects | overlapping runs | stuck | worst time to recover | reruns |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        recovery = f"{r.recovery:.1f} s" if r.recovery is not None else "never"
-        if r.error:
+    for pair in [*SCENARIOS, *extra]:
+        r = by_pair.get(pair)
+        if r is None:
+            lines.append(f"| {pair[0]} | {pair[1]} | not run | | | | | | |")
+        elif r.error:
             lines.append(f"| {r.fault} | {r.broker} | did not finish | | | | | | |")
-            continue
-        lines.append(f"| {r.fault} | {r.broker} | {r.jobs} | {r.lost} | {r.doubled} | {r.overlapping} | "
-                     f"{r.stuck} | {recovery} | {r.reruns} |")
-    missing = [pair for pair in SCENARIOS if not any((r.fault, r.broker) == pair for r in rows)]
-    for fault, broker in missing:
-        lines.append(f"| {fault} | {broker} | not run | | | | | | |")
+        else:
+            recovery = f"{r.recovery:.1f} s" if r.recovery is not None else "never"
+            lines.append(f"| {r.fault} | {r.broker} | {r.jobs} | {r.lost} | {r.doubled} | {r.overlapping} | "
+                         f"{r.stuck} | {recovery} | {r.reruns} |")
     lines += [
         "",
         "- **jobs**: enqueues the producer got an answer for (acknowledged); enqueues that raised during",
@@ -153,7 +157,8 @@ def render(rows: list[Row], *, elapsed: float | None = None) -> str:
         "## Notes from this run",
         "",
     ]
-    noted = [r for r in rows if r.notes or r.error]
+    noted = [by_pair[pair] for pair in [*SCENARIOS, *extra] if pair in by_pair
+             and (by_pair[pair].notes or by_pair[pair].error)]
     if not noted:
         lines.append("Nothing to report: every row is clean.")
     for r in noted:
@@ -163,7 +168,7 @@ def render(rows: list[Row], *, elapsed: float | None = None) -> str:
         "## Soak",
         "",
         "`make soak` runs the same faults again and again for `SOAK_SECONDS` (default 3600) and writes",
-        "the sums over every round to `SOAK_REPORT` (default `soak-report.md`, not committed):",
+        "the sums over every round to `SOAK_REPORT` (default `/tmp/conveyor-soak-report.md`, not committed):",
         "",
         "    make soak SOAK_SECONDS=14400",
         "",

@@ -1,0 +1,56 @@
+"""Redis under running workers: SIGKILL and restart (appendfsync always), and a pause longer than the
+client's timeout (CLIENT PAUSE). Acknowledged enqueues survive; no outcome is lost or applied twice."""
+
+from __future__ import annotations
+
+import time
+
+from tests.faults.checker import Checker
+from tests.faults.workload import Producer, mixed
+from tests.waiting import wait_for
+
+#: Seconds Redis stays down between the SIGKILL and the restart.
+DOWN_SECONDS = 1.5
+
+#: The client timeout when the settings do not name one (redis-py's pool built from the URL).
+DEFAULT_CLIENT_TIMEOUT = 5.0
+
+
+def runs_logged(cluster) -> int:
+    import psycopg
+
+    with psycopg.connect(cluster.settings.database_url, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM fault_runs").fetchone()[0]
+
+
+def start(cluster, n: int = 70, prefix: str = "r"):
+    groups = [cluster.start_workers(name, wait=False) for name in ("a", "b")]
+    for group in groups:
+        group.wait_ready()
+    plan = mixed(n, prefix)
+    producer = Producer(cluster.app, plan, spread=3.0)
+    producer.start()
+    wait_for(lambda: runs_logged(cluster) >= 12, timeout=60, message="the workload under way")
+    return plan, producer
+
+
+def test_redis_sigkill_and_restart_under_load(world, fault_redis):
+    fault = "Redis SIGKILL + restart (appendfsync always)"
+    cluster = world("redis", fault)
+    plan, producer = start(cluster, prefix="rkill")
+    fault_redis.kill()
+    time.sleep(DOWN_SECONDS)
+    fault_redis.start()
+    Checker(cluster, plan, fault=fault).check(time.time(), producer=producer)
+
+
+def test_redis_paused_longer_than_the_client_timeout(world, fault_redis):
+    fault = "Redis paused longer than the client timeout (CLIENT PAUSE)"
+    cluster = world("redis", fault)
+    timeout = getattr(cluster.settings, "redis_socket_timeout", None) or DEFAULT_CLIENT_TIMEOUT
+    pause = timeout + 3
+    plan, producer = start(cluster, prefix="rpause")
+    fault_redis.pause(pause)
+    healed_at = time.time() + pause
+    time.sleep(pause)
+    Checker(cluster, plan, fault=fault).check(healed_at, producer=producer)
