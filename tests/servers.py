@@ -217,7 +217,7 @@ class _Server:
 
 
 class RedisServer(_Server):
-    """A private `redis-server` on a free loopback port, no persistence.
+    """A private `redis-server` on a free loopback port, with an append-only file unless told otherwise.
 
     Started by the constructor; `url` points at database 0.
     """
@@ -225,9 +225,14 @@ class RedisServer(_Server):
     name = "redis"
 
     def __init__(self, tmpdir: str | os.PathLike[str] | None = None,
-                 executable: str | None = None) -> None:
+                 executable: str | None = None, *, persistence: bool = True,
+                 appendfsync: str = "everysec") -> None:
         super().__init__(tmpdir)
         self.executable = executable or shutil.which("redis-server") or "/usr/bin/redis-server"
+        #: An append-only file (as production should run), so a kill and restart keeps what was written;
+        #: persistence=False runs without, as the broker's start-up warning test needs.
+        self.persistence = persistence
+        self.appendfsync = appendfsync
         try:
             if not os.access(self.executable, os.X_OK):
                 raise ServerStartError(
@@ -249,7 +254,8 @@ class RedisServer(_Server):
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes" if self.persistence else "no",
+            "--appendfsync", self.appendfsync,
             "--dir", str(self.tmpdir),
             "--daemonize", "no",
             "--logfile", "",  # stdout, which _popen sends to the log file
