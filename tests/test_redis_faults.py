@@ -173,35 +173,39 @@ def test_recovery_never_scans_the_keyspace_with_keys(make_app, client):
 # -- 3. delayed jobs held by a consumer that was replaced -------------------------------
 
 
-def test_delayed_job_held_by_a_replaced_consumer_runs_while_its_worker_lives(make_app, client, database_url):
+def test_delayed_job_held_by_a_replaced_consumer_runs_while_its_worker_lives(make_app, redis_at, database_url):
     app = make_app(heartbeat_timeout=3600)  # recovery of dead workers cannot be what brings it back
     ns = app.settings.redis_namespace
     with running(app, QUEUE):
-        ref = app.jobs.enqueue(JOB, {"token": "stranded"}, delay=2)
-        wait_for(lambda: _acks_members(client, ns), message="the delay-queue consumer to fetch the delayed job")
-        # Every connection of the worker dropped: its consumers reconnect, and are replaced.
-        client.client_kill_filter(_type="normal", skipme=True)
+        ref = app.jobs.enqueue(JOB, {"token": "stranded"}, delay=3)
+        with redis.Redis.from_url(redis_at.url) as c:
+            wait_for(lambda: _acks_members(c, ns), message="the delay-queue consumer to fetch the delayed job")
+        # Longer than the client's reconnect retries: the consumers fail and Dramatiq replaces them.
+        _outage(redis_at, 4)
         wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=30,
                  message="the delayed job to run while its worker lives")
     assert len(probe_runs(database_url, "stranded")) == 1
-    assert not _acks_members(client, ns), "a stopped worker holds nothing"
+    with redis.Redis.from_url(redis_at.url) as c:
+        assert not _acks_members(c, ns), "a stopped worker holds nothing"
 
 
-def test_graceful_stop_hands_back_every_job_it_did_not_finish(make_app, client):
+def test_graceful_stop_hands_back_every_job_it_did_not_finish(make_app, redis_at):
     app = make_app(heartbeat_timeout=3600)
     ns = app.settings.redis_namespace
     later = app.jobs.enqueue(JOB, {"token": "later"}, delay=3600)
     worker = ProcessWorker(app, QUEUE)
     worker.start()
+    client = redis.Redis.from_url(redis_at.url)
     try:
         wait_for(lambda: _acks_members(client, ns), message="the delayed job to be fetched")
-        client.client_kill_filter(_type="normal", skipme=True)
-        time.sleep(0.5)
+        _outage(redis_at, 4)
+        time.sleep(4)  # the replaced consumers are back
     finally:
         worker.stop()
     assert not _acks_members(client, ns)
     assert client.llen(f"{ns}:{QUEUE}.DQ") == 1
     assert app.broker.get_job(later.id).state == "delayed"
+    client.close()
 
 
 def test_a_fetch_whose_reply_was_lost_is_handed_back_by_the_release_pass(make_app, client):
