@@ -361,3 +361,20 @@ def test_threads_see_one_consistent_hold_count(make_app):
         first.ack(m)
     app.broker.acks.flush()
     assert _next_message(second) is not None
+
+
+def test_a_retry_whose_error_text_has_a_lone_surrogate_and_a_nul_is_written(make_app):
+    app = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "bad-text"})
+    consumer = app.broker.consume(QUEUE, prefetch=1, timeout=100)
+    message = _next_message(consumer)
+    assert app.broker.start_job(message) == 1
+    error = "RuntimeError: bad\ud800text with a \x00 in it"
+    app.broker.enqueue(message.copy(options={"last_error": error}), delay=60_000)  # what Retries does
+    consumer.ack(message)
+    record = app.broker.get_job(ref.id)
+    assert record.state == "delayed"
+    assert record.error == "RuntimeError: bad\\ud800text with a \x00 in it"
+    message.fail()
+    message.options["last_error"] = error
+    assert app.broker.start_job(message) == 0, "the retried delivery is over"

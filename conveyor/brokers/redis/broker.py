@@ -87,6 +87,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             dead_message_ttl=int(retention * _MS),
         )
         self.retention_ms = int(retention * _MS)
+        #: An idle consumer's BLPOP never outlasts half the socket timeout (or it would read as a timeout).
+        self.wait_cap = max(0.1, settings.redis_socket_timeout / 2)
         self.keys = Keys(namespace)
         self._jobs = self.client.register_script(JOBS)
         self.acks = AckBuffer(self)
@@ -226,7 +228,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                         item.key or "",
                         int(dedup_ttl * _MS),
                         message.options.get("eta", ""),
-                        message.options.get("last_error", ""),
+                        storable(message.options.get("last_error", "")),
                         client=pipe,
                     )
                 results = pipe.execute()
@@ -248,7 +250,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         new = self._prepare(_fresh(message).copy(queue_name=q_name(message.queue_name)), delay)
         self.emit_before("enqueue", new, delay)
         retry = _Retry(new.options["redis_message_id"], new.encode(), new.options.get("eta", ""),
-                       new.options.get("last_error", ""))
+                       storable(new.options.get("last_error", "")))
         with self._lock:
             self._retries[(message.message_id, delivery)] = retry
         self.emit_after("enqueue", new, delay)
@@ -336,7 +338,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             self._refused("retry", q_name(name), job_id)
 
     def _write_nack(self, name: str, rid: str, job_id: str, delivery: int, error: str) -> None:
-        done = self._call("nack", name, rid, job_id, delivery, self.retention_ms, error)
+        done = self._call("nack", name, rid, job_id, delivery, self.retention_ms, storable(error))
         self._settle(name, [rid])
         if done == -1:
             self._refused("failure", q_name(name), job_id)
@@ -491,6 +493,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     @translated
     def flush_all(self) -> None:
         super().flush_all()
+
+
+def storable(text: str | None) -> str:
+    """Any error text as valid UTF-8 (a lone surrogate would make the script call fail); NUL is fine in Redis."""
+    return (text or "").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _fresh(message: Message) -> Message:

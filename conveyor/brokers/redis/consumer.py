@@ -165,7 +165,7 @@ class RedisConsumer(Consumer):
             # lost wake-up costs one backoff, never a job.
             self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
             if room > 0:
-                self.broker.client.blpop([self.wake_key], timeout=backoff_ms / 1000)
+                self.broker.client.blpop([self.wake_key], timeout=min(backoff_ms / 1000, self.broker.wait_cap))
             else:
                 time.sleep(backoff_ms / 1000)
             return None

@@ -13,7 +13,7 @@ def record_from_hash(job_id: str, raw: dict) -> JobRecord | None:
     """The record, or None when the hash is gone or incomplete. Payload secrets stay as stored (encrypted)."""
     if not raw or b"state" not in raw:
         return None
-    row = {k.decode(): v.decode() for k, v in raw.items()}
+    row = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
     try:
         message = json.loads(row.get("payload", "{}"))
         payload = (message.get("args") or [{}])[0]
