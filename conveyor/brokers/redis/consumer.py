@@ -75,6 +75,10 @@ class AckBuffer:
         if full:
             self.flush(queue)
 
+    def waiting(self, queue: str) -> int:
+        """How many acks of ``queue`` wait here (their jobs are done, though still held until sent)."""
+        return len(self._pending.get(queue, ())) // 3
+
     def take(self, queue: str) -> list:
         with self._lock:
             return self._pending.pop(queue, [])
@@ -155,7 +159,7 @@ class RedisConsumer(Consumer):
                     self.handed[message.options["redis_message_id"]] = message.options["redis_delivery"]
                 self.misses = 0
                 return message
-            room = self.prefetch - self.broker._held_count(self.queue_name)
+            room = self.prefetch - self.outstanding_message_count
             if room > 0:
                 for rid, data, delivery, note in self.broker._fetch(self.queue_name, room):
                     self._receive(rid, data, delivery, note)
@@ -198,7 +202,9 @@ class RedisConsumer(Consumer):
 
     @property
     def outstanding_message_count(self) -> int:
-        return self.broker._held_count(self.queue_name)
+        """Messages of this queue fetched by this process and not done: the prefetch counts these
+        (a replaced consumer's jobs still running too), not acks waiting to be sent."""
+        return self.broker._held_count(self.queue_name) - self.broker.acks.waiting(self.queue_name)
 
     # -- outcomes (called from worker threads) -----------------------------------
 
