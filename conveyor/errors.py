@@ -198,3 +198,18 @@ class UploadRefused(ConveyorError):
 
 class UploadTooLarge(UploadRefused):
     """An uploaded archive is larger than ``CONVEYOR_UPLOAD_MAX_BYTES``; nothing was stored."""
+
+
+# -- brokers outside enqueue ----------------------------------------------------
+
+
+class BrokerError(ConveyorError):
+    """A broker read, operator action or worker call failed (an enqueue raises :class:`BrokerUnavailable`)."""
+
+
+class BrokerUnreachable(BrokerError):
+    """The broker could not be reached or did not answer in time: the call's effect is unknown."""
+
+
+class BrokerRejected(BrokerError):
+    """The broker answered with an error (a script error, out of memory, a read-only replica)."""

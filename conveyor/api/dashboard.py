@@ -145,7 +145,7 @@ def queues(request: Request, inspect: Inspector = Depends(inspector)) -> Respons
     if (gate := _gate(request)) is not None:
         return gate
     return _live_page(request, "queues.html", title="Queues", queues=inspect.queues(),
-                      broker=inspect.app.settings.broker_name)
+                      broker=inspect.app.settings.broker_name, config_warnings=inspect.config_warnings())
 
 
 @router.get("/queues/{queue}", response_class=HTMLResponse)
