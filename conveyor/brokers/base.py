@@ -96,9 +96,6 @@ class ConveyorBroker:
     Every method here is implemented by each broker module.
     """
 
-    #: True when jobs survive the process (redis, postgres); False for inline.
-    persistent: bool = True
-
     #: True when ``enqueue_jobs`` takes ``connection=``: jobs enqueued in the caller's transaction (postgres).
     transactional_enqueue: bool = False
 

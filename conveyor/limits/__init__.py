@@ -79,12 +79,12 @@ class Limits:
 def build_limits(app: "App") -> Limits:
     """Limits on the store of ``app``'s broker."""
     settings = app.settings
-    name = settings.broker_name
-    if name == "redis":
+    store = app.backend.store  # the broker's store (conveyor.backends)
+    if store == "redis":
         from .redis import RedisLimits
 
         return RedisLimits(settings.redis_url, namespace=settings.redis_namespace, lease=settings.llm_slot_lease)
-    if name == "postgres":
+    if store == "postgres":
         from .postgres import PostgresRateLimit, PostgresSemaphore
 
         return Limits(PostgresSemaphore(app.pool), PostgresRateLimit(app.pool))

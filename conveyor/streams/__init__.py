@@ -1,6 +1,7 @@
 """Stream buffers: where a run's chunks wait for its readers (the SSE route).
 
-One interface, one module per store, picked by the broker in use so a
+One interface, one module per store, the store of the broker in use
+(``conveyor.backends``), so a
 deployment needs nothing more than it already runs:
 
 * redis broker: a Redis Stream per run (``redis.py``);
@@ -68,13 +69,13 @@ class StreamBuffer(ABC):
 def build_buffer(app: "App") -> StreamBuffer:
     """A new buffer on the store that goes with ``app``'s broker."""
     settings = app.settings
-    name = settings.broker_name
-    if name == "redis":
+    store = app.backend.store
+    if store == "redis":
         from .redis import RedisStreamBuffer
 
         return RedisStreamBuffer(settings.redis_url, namespace=settings.redis_namespace,
                                  retention=settings.stream_retention)
-    if name == "postgres":
+    if store == "postgres":
         from .postgres import PostgresStreamBuffer
 
         return PostgresStreamBuffer(app.pool)

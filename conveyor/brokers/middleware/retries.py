@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from dramatiq import Middleware
 from dramatiq.common import compute_backoff
 from dramatiq.middleware import SkipMessage
 from pydantic import ValidationError
 
+from .base import ConveyorMiddleware
 from ...errors import PermanentError, RetryLater
 from ...logs import log_event
 from ..base import describe_error
@@ -27,7 +27,7 @@ class WorkerLost(Exception):
     """The job's earlier deliveries never finished: their worker died."""
 
 
-class Retries(Middleware):
+class Retries(ConveyorMiddleware):
     """Counts attempts and decides, after each failure, between retry and final failure."""
 
     def __init__(self, on_final_failure) -> None:
