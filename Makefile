@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo bench
+.PHONY: venv test demo bench lint
 
 # The venv is (re)installed only when pyproject.toml is newer than the stamp.
 venv: $(VENV)/.installed
@@ -29,3 +29,10 @@ demo: venv
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench
+
+# The house rules (issue 12): layer contracts, lint, format, types. CI runs it too.
+lint: venv
+	$(BIN)/lint-imports
+	$(BIN)/ruff check conveyor tests bench
+	$(BIN)/ruff format --check conveyor tests bench
+	$(BIN)/mypy
