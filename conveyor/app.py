@@ -175,3 +175,23 @@ class App:
                 self._pool = None
         if "broker" in self.__dict__:
             self.broker.close()
+
+
+def run_worker_process(queue: str, threads: int | None = None) -> None:
+    """Entry point of one worker process (``conveyor worker``'s children): run until SIGTERM or SIGINT,
+    then drain and exit. Here, not in tasks/worker.py: the process's App is built by the composition root."""
+    import signal
+
+    from .logs import configure_logging
+    from .tasks.worker import ProcessWorker
+
+    app = App()
+    configure_logging(app.settings.log_level)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    worker = ProcessWorker(app, queue, threads)
+    worker.start()
+    stop.wait()
+    worker.stop()
+    app.close()

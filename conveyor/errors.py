@@ -7,6 +7,12 @@ class ConveyorError(Exception):
     """Root of every error conveyor raises on purpose."""
 
 
+def describe_error(exc: BaseException, limit: int = 2000) -> str:
+    """A short, one-line description of an error for job records and logs."""
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return text[:limit]
+
+
 class ConfigurationError(ConveyorError):
     """The settings or the environment cannot work as given."""
 

@@ -16,6 +16,8 @@ from typing import Any
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
+from ..errors import describe_error  # noqa: F401  (brokers import it from here)
+
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
 
@@ -78,12 +80,6 @@ class SafeMessageProxy(MessageProxy):
         return f"{self._message.actor_name}[{self._message.message_id}]"
 
     __repr__ = __str__
-
-
-def describe_error(exc: BaseException, limit: int = 2000) -> str:
-    """A short, one-line description of an error for job records and logs."""
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-    return text[:limit]
 
 
 def now_ms() -> int:

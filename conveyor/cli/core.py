@@ -72,6 +72,7 @@ def _selected_queues(app, text: str | None) -> list[str]:
 
 
 def cmd_worker(args) -> int:
+    from ..app import run_worker_process
     from ..tasks.worker import Supervisor
 
     app = _app()
@@ -85,7 +86,7 @@ def cmd_worker(args) -> int:
 
         migrate(app.database_url)  # the embedded default must be ready before the children start
     return Supervisor(queues, args.processes, args.threads, app.settings.shutdown_timeout,
-                      **_metrics_options(app.settings)).run()
+                      worker=run_worker_process, **_metrics_options(app.settings)).run()
 
 
 def _metrics_options(settings) -> dict:
@@ -94,6 +95,7 @@ def _metrics_options(settings) -> dict:
 
 
 def cmd_up(args) -> int:
+    from ..app import run_worker_process
     from ..ledger.migrate import migrate
     from ..tasks.worker import Supervisor
 
@@ -132,7 +134,7 @@ def cmd_up(args) -> int:
     if args.port:
         services += (("api", run_api, (args.host, args.port)),)
     return Supervisor(list(app.queues), args.processes, None, app.settings.shutdown_timeout,
-                      services=services, **_metrics_options(app.settings)).run()
+                      worker=run_worker_process, services=services, **_metrics_options(app.settings)).run()
 
 
 def cmd_enqueue(args) -> int:

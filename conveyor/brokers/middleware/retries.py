@@ -15,9 +15,8 @@ from dramatiq.middleware import SkipMessage
 from pydantic import ValidationError
 
 from .base import ConveyorMiddleware
-from ...errors import PermanentError, RetryLater
+from ...errors import PermanentError, RetryLater, describe_error
 from ...logs import log_event
-from ..base import describe_error
 
 #: Errors that can never succeed on a second try.
 PERMANENT = (PermanentError, ValidationError)
