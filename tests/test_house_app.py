@@ -69,3 +69,25 @@ def test_a_job_without_its_own_budget_gets_its_queues_then_the_default():
     assert job.attempts(Queue("q", max_attempts=9)) == 9
     assert job.attempts(None) == 3
     assert JobType("j", "q", Empty, lambda p, ctx: None, max_attempts=2).attempts(Queue("q", max_attempts=9)) == 2
+
+
+def test_cli_flags_default_to_the_settings_not_the_process_environment(clean_env, monkeypatch):
+    from conveyor.cli import build_parser, resolve_settings_flags
+
+    monkeypatch.setenv("CONVEYOR_WORKER_PROCESSES", "5")  # what os.environ says is not read here
+    args = build_parser().parse_args(["worker"])
+    resolve_settings_flags(args, Settings(worker_processes=3, worker_queues="critical"))
+    assert (args.processes, args.queues, args.threads) == (3, "critical", None)
+    args = build_parser().parse_args(["worker", "--processes", "2"])
+    resolve_settings_flags(args, Settings(worker_processes=3))
+    assert args.processes == 2
+
+
+def test_the_demo_fault_rate_is_its_own_only_when_none_is_configured(clean_env):
+    from conveyor.cli.demo import DEMO_FAULT_RATE, demo_settings, worker_env
+
+    assert demo_settings(Settings(), None).fault_rate == DEMO_FAULT_RATE
+    assert demo_settings(Settings(fault_rate=0), None).fault_rate == 0
+    assert demo_settings(Settings(fault_rate=0.5), 0.1).fault_rate == 0.1
+    settings = demo_settings(Settings(provider="openai"), None)
+    assert settings.provider == "local" and worker_env(settings)["CONVEYOR_PROVIDER"] == "local"
