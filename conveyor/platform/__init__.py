@@ -3,8 +3,6 @@
 It is loaded like any user's job module (``CONVEYOR_IMPORTS``): the App imports
 :mod:`conveyor.platform.jobs` unless ``CONVEYOR_PLATFORM=false``, and its job
 modules register their jobs and declare their queues through the public API
-(``from conveyor import job, Queue``). The library never imports this package.
+(``from conveyor import job, Queue``). The library never imports this package;
+``conveyor.app.PLATFORM_PACKAGES`` names where its modules live.
 """
-
-#: Packages whose job types and queues are the platform's: left out when CONVEYOR_PLATFORM=false.
-PACKAGES = ("conveyor.platform", "conveyor.tasks.processors")
