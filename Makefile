@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo bench soak
+.PHONY: venv test demo bench soak lint
 
 # The venv is (re)installed only when pyproject.toml is newer than the stamp.
 venv: $(VENV)/.installed
@@ -36,3 +36,10 @@ SOAK_SECONDS ?= 3600
 SOAK_REPORT ?=
 soak: venv
 	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(SOAK_REPORT) $(BIN)/python -m tests.faults.soak
+
+# The house rules (issue 12): layer contracts, lint, format, types. CI runs it too.
+lint: venv
+	$(BIN)/lint-imports
+	$(BIN)/ruff check conveyor tests bench
+	$(BIN)/ruff format --check conveyor tests bench
+	$(BIN)/mypy

@@ -1,3 +1,28 @@
-"""conveyor: Celery-style distributed jobs for AI-agent platforms, on Dramatiq."""
+"""conveyor: Celery-style distributed jobs for AI-agent platforms, on Dramatiq.
+
+The public API, everything a user's job module needs::
+
+    from conveyor import App, job, on_final_failure, Payload, Queue
+
+    EMAILS = Queue("emails", concurrency=8, max_attempts=5)
+
+    class SendEmail(Payload):
+        to: str
+
+    @job("email.send", queue=EMAILS, payload=SendEmail)
+    def send_email(payload: SendEmail, ctx) -> None:
+        ...
+
+Run it with ``CONVEYOR_IMPORTS=mymodule conveyor worker`` (``CONVEYOR_PLATFORM=false``
+leaves the agent platform's jobs and queues out); enqueue with
+``App().jobs.enqueue("email.send", {"to": "a@example.com"})``.
+"""
 
 __version__ = "0.1.0"
+
+from .app import App  # noqa: E402
+from .tasks.payloads import Payload  # noqa: E402
+from .tasks.queues import Queue  # noqa: E402
+from .tasks.registry import job, on_final_failure  # noqa: E402
+
+__all__ = ["App", "Payload", "Queue", "job", "on_final_failure", "__version__"]

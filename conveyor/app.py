@@ -5,16 +5,23 @@ from __future__ import annotations
 import logging
 import threading
 from functools import cached_property
-from typing import Any
+from typing import Any, Callable
 
+from .backends import Backend, backend_for
 from .logs import log_event
 from .settings import Settings, get_settings
 from .tasks.context import JobContext
 from .tasks.jobqueue import JobQueue
 from .tasks.queues import queue_specs
-from .tasks.registry import load_job_types
+from .tasks.registry import JobType, check_loaded_settings, load_job_types
 
 logger = logging.getLogger(__name__)
+
+#: The agent platform's job module, loaded by name like a user's ``CONVEYOR_IMPORTS`` unless
+#: ``CONVEYOR_PLATFORM=false``; the library never imports the platform itself.
+PLATFORM_JOBS = "conveyor.platform.jobs"
+#: The packages whose job types and queues are the platform's (left out when it is switched off).
+PLATFORM_PACKAGES = ("conveyor.platform", "conveyor.tasks.processors")
 
 
 class App:
@@ -25,10 +32,19 @@ class App:
 
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
-        self.job_types = dict(load_job_types(self.settings.import_modules))
-        self.queues = queue_specs(self.settings)
+        modules = [*([PLATFORM_JOBS] if self.settings.platform else []), *self.settings.import_modules]
+        exclude = () if self.settings.platform else PLATFORM_PACKAGES
+        job_types, queues = load_job_types(modules, exclude=exclude)
+        check_loaded_settings(self.settings, exclude)
+        self.job_types: dict[str, JobType] = job_types
+        self.queues = queue_specs(self.settings, queues)
+        self.backend: Backend = backend_for(self.settings)
         self._lock = threading.Lock()
         self._pool = None
+        # Per-App objects other modules build on first use (a stream buffer, limits, a provider):
+        # the App owns them and close() closes them, newest first.
+        self._resources: dict[object, Any] = {}
+        self._resources_lock = threading.RLock()
 
     @cached_property
     def database_url(self) -> str:
@@ -42,12 +58,59 @@ class App:
         migrate(url)
         return url
 
+    def build_middleware(self) -> list:
+        """The middleware every broker runs, in order (``after_*`` hooks run in reverse)."""
+        from dramatiq.middleware import CurrentMessage, TimeLimit
+
+        from .brokers.middleware.events import Events
+        from .brokers.middleware.fleet import Fleet
+        from .brokers.middleware.metrics import Metrics
+        from .brokers.middleware.retries import Retries
+        from .brokers.middleware.webhook import FailureWebhook
+
+        metrics = Metrics()
+        return [
+            Retries(on_final_failure=self.final_failure),
+            TimeLimit(),
+            CurrentMessage(),
+            Events(),
+            # After Retries: a message Retries skips never reaches Metrics' before_process_message.
+            metrics,
+            FailureWebhook(self.settings, self.job_types, metrics),
+            # Last: its before_process_message sees the attempt Retries counted.
+            Fleet(self),
+        ]
+
     @cached_property
     def broker(self):
-        """The configured broker with every job type declared on it."""
-        from .brokers import build_broker
+        """The configured broker, with conveyor's middleware and every job type declared on it.
 
-        return build_broker(self)
+        The composition root: settings -> middleware -> broker -> actors, in this one place.
+        """
+        from .tasks.actors import declare_actors
+
+        settings = self.settings
+        middleware = self.build_middleware()
+        name = self.backend.broker
+        if name == "redis":
+            from .brokers.redis import RedisBroker
+            from .errors import ConfigurationError
+
+            if not settings.redis_url:
+                raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
+            broker = RedisBroker(url=settings.redis_url, middleware=middleware, namespace=settings.redis_namespace,
+                                 heartbeat_timeout=settings.heartbeat_timeout, retention=settings.retention,
+                                 settings=settings)
+        elif name == "postgres":
+            from .brokers.postgres import PostgresBroker
+
+            broker = PostgresBroker(self.database_url, middleware=middleware, settings=settings)
+        else:
+            from .brokers.inline import InlineBroker
+
+            broker = InlineBroker(middleware=middleware)
+        declare_actors(broker, self)
+        return broker
 
     @cached_property
     def jobs(self) -> JobQueue:
@@ -64,6 +127,10 @@ class App:
                 self._pool = open_pool(self.database_url)
             return self._pool
 
+    def max_attempts(self, job_type: JobType) -> int:
+        """How many starts ``job_type`` gets: its own ``max_attempts``, else its queue's."""
+        return job_type.attempts(self.queues.get(job_type.queue))
+
     def final_failure(self, broker: Any, message: Any, error: str) -> None:
         """Run once when a job has spent its attempts: its job type's hook, then every middleware's ``after_job_dead``."""
         job_type = self.job_types.get(message.actor_name)
@@ -75,26 +142,60 @@ class App:
             except Exception:
                 payload = None
             ctx = JobContext(job_type.name, job_type.queue, message.message_id,
-                             message.options.get("attempt", 0), message.options.get("attempt", 0), self)
+                             message.options.get("attempt", 0), self.max_attempts(job_type), self)
             try:
                 job_type.on_final_failure(payload, error, ctx)
             except Exception as exc:
                 log_event("error", level="error", queue=message.queue_name, job=message.actor_name,
                           job_id=message.message_id, attempt=message.options.get("attempt"),
                           error=f"final-failure hook raised {type(exc).__name__}: {exc}")
-        for middleware in broker.middleware:
-            hook = getattr(middleware, "after_job_dead", None)
-            if hook:
-                try:
-                    hook(broker, message, error)
-                except Exception:
-                    logger.exception("after_job_dead of %r failed", middleware)
+        from .brokers.middleware.base import conveyor_middleware
+
+        for middleware in conveyor_middleware(broker):
+            try:
+                middleware.after_job_dead(broker, message, error)
+            except Exception:
+                logger.exception("after_job_dead of %r failed", middleware)
+
+    def resource(self, key: object, build: Callable[[], Any]) -> Any:
+        """The App's one object under ``key``, built by ``build()`` on first use and closed by :meth:`close`."""
+        with self._resources_lock:
+            if key not in self._resources:
+                self._resources[key] = build()
+            return self._resources[key]
 
     def close(self) -> None:
-        """Close the pool and the broker's connections."""
+        """Close every backend the App opened: per-App objects (newest first), the pool, the broker."""
+        with self._resources_lock:
+            resources, self._resources = list(self._resources.values()), {}
+        for obj in reversed(resources):
+            try:
+                obj.close()
+            except Exception:
+                logger.exception("closing %r failed", obj)
         with self._lock:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
         if "broker" in self.__dict__:
             self.broker.close()
+
+
+def run_worker_process(queue: str, threads: int | None = None) -> None:
+    """Entry point of one worker process (``conveyor worker``'s children): run until SIGTERM or SIGINT,
+    then drain and exit. Here, not in tasks/worker.py: the process's App is built by the composition root."""
+    import signal
+
+    from .logs import configure_logging
+    from .tasks.worker import ProcessWorker
+
+    app = App()
+    configure_logging(app.settings.log_level)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    worker = ProcessWorker(app, queue, threads)
+    worker.start()
+    stop.wait()
+    worker.stop()
+    app.close()

@@ -1,9 +1,7 @@
-"""One shared object per App (a provider, a stream buffer, limits), closed when its App goes."""
+"""One shared object per App (a provider, a stream buffer, limits), owned and closed by its App."""
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Callable, Protocol, TypeVar
 
 
@@ -15,17 +13,10 @@ T = TypeVar("T", bound=Closeable)
 
 
 def per_app(build: Callable[..., T]) -> Callable[..., T]:
-    """Wrap ``build(app)`` so each App gets one object, built on first use and closed with the App."""
-    made: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-    lock = threading.Lock()
+    """Wrap ``build(app)`` so each App gets one object, built on first use; ``App.close()`` closes it."""
 
     def get(app) -> T:
-        with lock:
-            obj = made.get(app)
-            if obj is None:
-                obj = made[app] = build(app)
-                weakref.finalize(app, obj.close)  # its connections go with its App
-            return obj
+        return app.resource(get, lambda: build(app))
 
     get.__doc__ = build.__doc__
     get.__name__ = build.__name__

@@ -7,8 +7,22 @@ class ConveyorError(Exception):
     """Root of every error conveyor raises on purpose."""
 
 
+def describe_error(exc: BaseException, limit: int = 2000) -> str:
+    """A short, one-line description of an error for job records and logs."""
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return text[:limit]
+
+
 class ConfigurationError(ConveyorError):
     """The settings or the environment cannot work as given."""
+
+
+class StoreUnavailable(ConveyorError):
+    """A backing store (Redis, Postgres) could not be reached; nothing was done and a retry may succeed.
+
+    The base of :class:`BrokerUnavailable` and :class:`DatabaseUnavailable`, so a caller
+    (the HTTP side: 503) handles "a server is down" once, whichever server it was.
+    """
 
 
 # -- enqueueing ---------------------------------------------------------------
@@ -43,7 +57,7 @@ class PayloadTooLarge(EnqueueError):
     """The encoded payload is larger than ``CONVEYOR_MAX_PAYLOAD_BYTES``."""
 
 
-class BrokerUnavailable(EnqueueError):
+class BrokerUnavailable(StoreUnavailable, EnqueueError):
     """The broker could not be reached; the job was not enqueued and its key is free."""
 
 
@@ -62,10 +76,11 @@ class PermanentError(JobError):
     """The job can never succeed (bad input, missing target): fail it at once, no retry."""
 
 
-class RetryLater(JobError):
+class RetryLater(ConveyorError):
     """Not a failure: run the job again after ``delay`` seconds (a rate limit, say).
 
     It does not spend an attempt's worth of backoff and is never logged as an error.
+    Outside :class:`JobError` on purpose: ``except JobError`` means "this attempt failed".
     """
 
     def __init__(self, message: str = "retry later", *, delay: float) -> None:
@@ -139,7 +154,7 @@ class JobStateConflict(AdminError):
     """The job is not in a state that allows this action (retry a job that has not failed, delete a running one)."""
 
 
-class DatabaseUnavailable(ConveyorError):
+class DatabaseUnavailable(StoreUnavailable):
     """Postgres could not be reached."""
 
 
@@ -166,8 +181,12 @@ class ProviderRejected(PermanentError):
     """The model provider refused the request (4xx other than 429): a retry cannot help."""
 
 
-class ProviderRateLimited(RetryLater):
-    """The model provider, or conveyor's own rate limit, said: not now. Run again after ``delay``."""
+class ProviderRateLimited(RetryLater, ProviderError):
+    """The model provider, or conveyor's own rate limit, said: not now. Run again after ``delay``.
+
+    A :class:`RetryLater` first (the job waits, no attempt spent); also a :class:`ProviderError`,
+    so a caller of a provider catches every provider trouble with one ``except``.
+    """
 
 
 class DatabaseRefused(ConveyorError):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from . import records
 from .errors import EnqueueError
+from .platform.payloads import run_key
 
 if TYPE_CHECKING:
     from .app import App
@@ -60,7 +61,7 @@ def start_round(app: "App", *, task_id: str, content: str, message_id: str | Non
         run = records.get_run(conn, run_id)
         try:
             # Keyed: a retried POST of a run still queued enqueues nothing new.
-            ref = app.jobs.enqueue(run.job, {"task_id": task_id, "run_id": run_id}, key=f"run:{run_id}")
+            ref = app.jobs.enqueue(run.job, {"task_id": task_id, "run_id": run_id}, key=run_key(run_id))
         except EnqueueError as exc:
             # Nothing will run it: end it now rather than leave it queued forever.
             records.fail_run(conn, run_id, f"could not be enqueued: {exc}")

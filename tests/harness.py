@@ -15,7 +15,7 @@ import psycopg
 
 from conveyor.app import App
 from conveyor.settings import Settings
-from conveyor.tasks.queues import QUEUES
+from conveyor.platform.queues import QUEUES
 from conveyor.tasks.worker import InlineWorkers, ProcessWorker
 
 ROOT = Path(__file__).resolve().parent.parent

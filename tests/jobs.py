@@ -17,7 +17,7 @@ from dataclasses import replace
 from conveyor.errors import PermanentError
 from conveyor.ledger import credits
 from conveyor.tasks.payloads import CreditConsume, Payload
-from conveyor.tasks.queues import QUEUES
+from conveyor.platform.queues import QUEUES
 from conveyor.tasks.registry import JOB_TYPES, job, load_job_types, on_final_failure
 
 INSERT_RUN = "INSERT INTO probe_runs (token, job_id, attempt, pid) VALUES (%s, %s, %s, %s) RETURNING id"
@@ -82,7 +82,7 @@ def flaky(task_id: str, percent: int) -> bool:
 
 _PERCENT = int(os.environ.get("TEST_FLAKY_CREDIT_PERCENT", "0"))
 if _PERCENT:
-    load_job_types()
+    load_job_types(["conveyor.platform.jobs"])
     _real = JOB_TYPES["credit.consume"]
 
     def _flaky_consume(payload, ctx):

@@ -70,12 +70,12 @@ def completed_round(app, *, task_id: str, user_id: str, question: str, answer: s
 
 
 def worker_process(env: dict, queue: str, threads: int | None = None):
-    """A real worker process for one queue (``conveyor.tasks.worker.run_process``), configured by ``env``."""
+    """A real worker process for one queue (``conveyor.app.run_worker_process``), configured by ``env``."""
     import subprocess
     import sys
     from pathlib import Path
 
-    code = f"from conveyor.tasks.worker import run_process; run_process({queue!r}, {threads!r})"
+    code = f"from conveyor.app import run_worker_process; run_worker_process({queue!r}, {threads!r})"
     env = {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

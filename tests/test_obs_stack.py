@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.app import App
 from conveyor.brokers.middleware.metrics import exposition_registry
-from conveyor.tasks.queues import QUEUES
+from conveyor.platform.queues import QUEUES
 from conveyor.tasks.worker import InlineWorkers
 from tests.obs_support import ROOT, settings
 from tests.waiting import wait_for

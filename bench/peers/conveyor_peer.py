@@ -70,9 +70,8 @@ def _warm(pool, count: int) -> None:
 def middleware_names(env: dict) -> list[str]:
     """The middleware a conveyor worker runs with these settings, for the report."""
     from conveyor.app import App
-    from conveyor.brokers import build_middleware
 
-    return [type(m).__name__ for m in build_middleware(App(conveyor_settings(env)))]
+    return [type(m).__name__ for m in App(conveyor_settings(env)).build_middleware()]
 
 
 class ConveyorProducer(Producer):

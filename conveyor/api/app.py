@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ..errors import AdminError, JobNotFound, JobStateConflict, UnknownQueue
+from . import errors
 
 if TYPE_CHECKING:
     from ..app import App
@@ -26,8 +26,6 @@ ROUTERS = (
     "conveyor.api.metrics:router",
 )
 
-_ADMIN_STATUS = {UnknownQueue: 404, JobNotFound: 404, JobStateConflict: 409}
-
 
 def create_app(app: "App") -> FastAPI:
     """The HTTP application of ``app``. The caller owns ``app`` and closes it."""
@@ -44,9 +42,7 @@ def create_app(app: "App") -> FastAPI:
         module, _, attribute = spec.partition(":")
         api.include_router(getattr(importlib.import_module(module), attribute))
 
-    @api.exception_handler(AdminError)
-    async def admin_error(request: Request, exc: AdminError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=_ADMIN_STATUS.get(type(exc), 400))
+    errors.install(api)  # every ConveyorError a route lets through: conveyor.api.errors.STATUS
 
     @api.exception_handler(NotImplementedError)
     async def unsupported(request: Request, exc: NotImplementedError) -> JSONResponse:

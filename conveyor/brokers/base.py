@@ -16,6 +16,8 @@ from typing import Any
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
+from ..errors import describe_error  # noqa: F401  (brokers import it from here)
+
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
 
@@ -80,12 +82,6 @@ class SafeMessageProxy(MessageProxy):
     __repr__ = __str__
 
 
-def describe_error(exc: BaseException, limit: int = 2000) -> str:
-    """A short, one-line description of an error for job records and logs."""
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-    return text[:limit]
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -95,9 +91,6 @@ class ConveyorBroker:
 
     Every method here is implemented by each broker module.
     """
-
-    #: True when jobs survive the process (redis, postgres); False for inline.
-    persistent: bool = True
 
     #: True when ``enqueue_jobs`` takes ``connection=``: jobs enqueued in the caller's transaction (postgres).
     transactional_enqueue: bool = False

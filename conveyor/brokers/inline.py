@@ -24,8 +24,6 @@ from .base import ConveyorBroker, SafeMessageProxy, EnqueueItem, JobRecord, JobR
 class InlineBroker(ConveyorBroker, StubBroker):
     """Dramatiq's in-memory broker plus conveyor's records, keys and pausing."""
 
-    persistent = False
-
     def __init__(self, middleware: list) -> None:
         super().__init__(middleware=middleware, fail_fast_default=False)
         self._lock = threading.RLock()

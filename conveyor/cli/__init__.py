@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
+from dataclasses import dataclass
 
 from ..errors import ConveyorError
-from ..settings import env_help
+from ..settings import Settings, env_help, get_settings
 
 #: Modules with a ``register(subparsers)`` function, in --help order.
 COMMAND_MODULES = (
@@ -23,13 +23,33 @@ COMMAND_MODULES = (
 )
 
 
+@dataclass(frozen=True)
+class FromSettings:
+    """A flag's default: the value of setting ``name``, read when the command runs (see :func:`main`)."""
+
+    name: str
+
+
 def env_flag(parser: argparse.ArgumentParser, *flags: str, env: str, help: str, **kwargs) -> None:
-    """Add a flag whose default comes from environment variable ``env``; --help names it."""
-    default = os.environ.get(env, kwargs.pop("default", None))
-    kind = kwargs.get("type")
-    if default is not None and kind is not None and isinstance(default, str):
-        default = kind(default)
-    parser.add_argument(*flags, default=default, help=f"{help} [env: {env}]", **kwargs)
+    """Add a flag whose default is the setting behind environment variable ``env``; --help names it.
+
+    The value comes from the one settings object (``CONVEYOR_WORKER_PROCESSES`` is
+    ``Settings.worker_processes``), never from ``os.environ`` here: one channel, one default.
+    """
+    if "default" in kwargs:
+        raise TypeError(f"{env}: the default of a settings flag is the Settings field's")
+    name = env.removeprefix("CONVEYOR_").lower()
+    if name not in Settings.model_fields:
+        raise TypeError(f"{env} is no setting: add the field to conveyor.settings.Settings")
+    parser.add_argument(*flags, default=FromSettings(name), help=f"{help} [env: {env}]", **kwargs)
+
+
+def resolve_settings_flags(args: argparse.Namespace, settings: Settings) -> argparse.Namespace:
+    """Replace every flag left at its default by its setting's value."""
+    for dest, value in vars(args).items():
+        if isinstance(value, FromSettings):
+            setattr(args, dest, getattr(settings, value.name))
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        resolve_settings_flags(args, get_settings())
         return int(args.func(args) or 0)
     except ConveyorError as exc:
         print(f"conveyor: error: {exc}", file=sys.stderr)

@@ -7,8 +7,8 @@ from . import env_flag
 
 def register(sub) -> None:
     p = sub.add_parser("api", help="admin API and /admin/queues dashboard, /metrics, OpenAPI (/docs)")
-    env_flag(p, "--host", env="CONVEYOR_API_HOST", default="127.0.0.1", help="address to listen on")
-    env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, default=8000, help="port to listen on")
+    env_flag(p, "--host", env="CONVEYOR_API_HOST", help="address to listen on")
+    env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, help="port to listen on")
     p.set_defaults(func=cmd_api)
 
 

@@ -15,8 +15,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("worker", help="run worker groups (one group per queue)")
     env_flag(p, "--queues", env="CONVEYOR_WORKER_QUEUES", help="comma-separated queues (default: all)")
-    env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, default=1,
-             help="processes per queue")
+    env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, help="processes per queue")
     env_flag(p, "--threads", env="CONVEYOR_WORKER_THREADS", type=int,
              help="threads per process (default: the queue's concurrency)")
     p.set_defaults(func=cmd_worker)
@@ -41,9 +40,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("up", help="everything on one machine: worker groups for all queues, the scheduler and "
                                   "the API (embedded Postgres when nothing is configured)")
-    env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, default=1, help="processes per queue")
-    env_flag(p, "--host", env="CONVEYOR_API_HOST", default="127.0.0.1", help="API address")
-    env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, default=8000, help="API port (0: no API)")
+    env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, help="processes per queue")
+    env_flag(p, "--host", env="CONVEYOR_API_HOST", help="API address")
+    env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, help="API port (0: no API)")
     p.set_defaults(func=cmd_up)
 
 
@@ -108,20 +107,21 @@ def _selected_queues(app, text: str | None) -> list[str]:
 
 
 def cmd_worker(args) -> int:
+    from ..app import run_worker_process
     from ..tasks.worker import Supervisor
 
     app = _app()
     queues = _selected_queues(app, args.queues)
-    if app.settings.broker_name == "inline":
+    if app.backend.in_process:
         from ..errors import ConfigurationError
 
         raise ConfigurationError("the inline broker lives inside one process: use `conveyor up` or a real broker")
-    if app.settings.broker_name == "postgres":
+    if app.backend.queue_in_postgres:
         from ..ledger.migrate import migrate
 
         migrate(app.database_url)  # the embedded default must be ready before the children start
     return Supervisor(queues, args.processes, args.threads, app.settings.shutdown_timeout,
-                      **_metrics_options(app.settings)).run()
+                      worker=run_worker_process, **_metrics_options(app.settings)).run()
 
 
 def _metrics_options(settings) -> dict:
@@ -130,6 +130,7 @@ def _metrics_options(settings) -> dict:
 
 
 def cmd_up(args) -> int:
+    from ..app import run_worker_process
     from ..ledger.migrate import migrate
     from ..tasks.worker import Supervisor
 
@@ -143,7 +144,7 @@ def cmd_up(args) -> int:
               f"(admin {'needs CONVEYOR_ADMIN_TOKEN' if app.settings.admin_token else 'closed: set CONVEYOR_ADMIN_TOKEN'})",
               file=sys.stderr)
     print("Ctrl-C or SIGTERM stops it after in-flight jobs finish.", file=sys.stderr, flush=True)
-    if broker == "inline":
+    if app.backend.in_process:
         import signal
         import threading
 
@@ -168,7 +169,7 @@ def cmd_up(args) -> int:
     if args.port:
         services += (("api", run_api, (args.host, args.port)),)
     return Supervisor(list(app.queues), args.processes, None, app.settings.shutdown_timeout,
-                      services=services, **_metrics_options(app.settings)).run()
+                      worker=run_worker_process, services=services, **_metrics_options(app.settings)).run()
 
 
 def cmd_enqueue(args) -> int:

@@ -38,19 +38,21 @@ PROMPTS = (
 #: Credits the demo user starts with.
 STARTING_CREDITS = Decimal("100")
 
-QUEUES_SHOWN = ("agent", "critical", "llm", "indexing", "scheduling", "nudge")
+#: The demo's fault rate when neither --fault-rate nor CONVEYOR_FAULT_RATE says otherwise
+#: (everywhere else the rate is 0 unless configured): the demo must show retries.
+DEMO_FAULT_RATE = 0.2
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="a bounded, self-checking run of the whole platform (embedded by default)")
-    env_flag(p, "--runs", env="CONVEYOR_DEMO_RUNS", type=int, default=20, help="agent rounds to run")
-    env_flag(p, "--duplicates", env="CONVEYOR_DEMO_DUPLICATES", type=int, default=None,
+    env_flag(p, "--runs", env="CONVEYOR_DEMO_RUNS", type=int, help="agent rounds to run")
+    env_flag(p, "--duplicates", env="CONVEYOR_DEMO_DUPLICATES", type=int,
              help="rounds that get two extra, unkeyed finalizes (default: a quarter of the runs)")
-    env_flag(p, "--fault-rate", env="CONVEYOR_FAULT_RATE", type=float, default=0.2,
-             help="share of first attempts that fail on purpose")
-    env_flag(p, "--timeout", env="CONVEYOR_DEMO_TIMEOUT", type=float, default=100,
-             help="seconds before the demo gives up and fails")
-    env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, default=1, help="worker processes per queue")
+    p.add_argument("--fault-rate", type=float, default=None,
+                   help=f"share of first attempts that fail on purpose [env: CONVEYOR_FAULT_RATE; "
+                        f"unset: {DEMO_FAULT_RATE:g} in the demo]")
+    env_flag(p, "--timeout", env="CONVEYOR_DEMO_TIMEOUT", type=float, help="seconds before the demo gives up and fails")
+    env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, help="worker processes per queue")
     p.set_defaults(func=cmd_demo)
 
 
@@ -78,19 +80,17 @@ def cmd_demo(args) -> int:
     if args.runs < 1:
         print("conveyor: error: --runs must be at least 1", file=sys.stderr)
         return 2
-    # The demo runs on the deterministic local model, whatever is configured: it must not spend money.
-    os.environ["CONVEYOR_PROVIDER"] = "local"
-    os.environ["CONVEYOR_FAULT_RATE"] = str(args.fault_rate)
-    os.environ.setdefault("CONVEYOR_LOCAL_CHUNK_DELAY", "0.01")
-
     from rich.console import Console
 
     from ..app import App
     from ..ledger.migrate import migrate
     from ..logs import configure_logging
+    from ..settings import get_settings
 
+    settings = demo_settings(get_settings(), args.fault_rate)
+    args.fault_rate = settings.fault_rate
     console = Console(stderr=False)
-    app = App()
+    app = App(settings)
     configure_logging("WARNING")
     started = time.monotonic()
     where = f"embedded Postgres in {app.settings.data_dir}" if app.settings.embedded else "DATABASE_URL"
@@ -107,6 +107,27 @@ def cmd_demo(args) -> int:
     checks = demo.check(time.monotonic() - started)
     app.close()
     return 0 if all(c.ok for c in checks) else 1
+
+
+def demo_settings(settings, fault_rate: float | None):
+    """The demo's settings: the configured ones, on the deterministic local model whatever is configured
+    (it must not spend money), with its own fault rate and chunk delay unless those were set."""
+    update: dict = {"provider": "local"}
+    if fault_rate is not None:
+        update["fault_rate"] = fault_rate
+    elif "fault_rate" not in settings.model_fields_set:
+        update["fault_rate"] = DEMO_FAULT_RATE
+    if "local_chunk_delay" not in settings.model_fields_set:
+        update["local_chunk_delay"] = 0.01
+    return settings.model_validate({**settings.model_dump(exclude_unset=True, by_alias=False), **update})
+
+
+def worker_env(settings) -> dict[str, str]:
+    """The environment of the demo's `conveyor worker`: this process's, plus what the demo changed in its settings
+    (the child reads its settings from its environment; this process's own is never changed)."""
+    return {**os.environ, "CONVEYOR_LOG_LEVEL": "INFO", "CONVEYOR_PROVIDER": settings.provider,
+            "CONVEYOR_FAULT_RATE": repr(settings.fault_rate),
+            "CONVEYOR_LOCAL_CHUNK_DELAY": repr(settings.local_chunk_delay)}
 
 
 class Demo:
@@ -128,10 +149,9 @@ class Demo:
     # -- workers ------------------------------------------------------------------
 
     def start_workers(self) -> None:
-        broker = self.app.settings.broker_name
         self.baseline = {q: (c.completed_total, c.failed_total)
-                         for q in QUEUES_SHOWN for c in [self.app.broker.queue_counts(q)]}
-        if broker == "inline":
+                         for q in self.app.queues for c in [self.app.broker.queue_counts(q)]}
+        if self.app.backend.in_process:
             from ..tasks.worker import InlineWorkers
 
             self.inline = InlineWorkers(self.app).start()
@@ -141,9 +161,9 @@ class Demo:
         # `conveyor worker`: a Supervisor with one group per queue, as in production.
         self.workers = subprocess.Popen(
             [sys.executable, "-m", "conveyor", "worker", "--processes", str(self.args.processes)],
-            stdout=log, stderr=log, env={**os.environ, "CONVEYOR_LOG_LEVEL": "INFO"})
+            stdout=log, stderr=log, env=worker_env(self.app.settings))
         log.close()
-        self.console.print(f"workers: {len(QUEUES_SHOWN) * self.args.processes} processes "
+        self.console.print(f"workers: {len(self.app.queues) * self.args.processes} processes "
                            f"(pid {self.workers.pid}), logs in {self.log_path}")
 
     def stop_workers(self) -> None:
@@ -232,7 +252,7 @@ class Demo:
         completed = sum(row[1] == "completed" for row in progress.runs.values())
         if (progress.charges, progress.extractions, progress.indexed) != (completed,) * 3:
             return False
-        counts = [self.app.broker.queue_counts(q) for q in QUEUES_SHOWN]
+        counts = [self.app.broker.queue_counts(q) for q in self.app.queues]
         return all(c.waiting + c.delayed + c.active == 0 for c in counts)
 
     # -- the view ---------------------------------------------------------------------
@@ -244,7 +264,7 @@ class Demo:
         table = Table(title=f"conveyor demo {self.id}", title_justify="left")
         for column in ("queue", "waiting", "delayed", "active", "completed", "failed"):
             table.add_column(column, justify="left" if column == "queue" else "right")
-        for queue in QUEUES_SHOWN:
+        for queue in self.app.queues:
             c = self.app.broker.queue_counts(queue)
             done, failed = self.baseline.get(queue, (0, 0))
             table.add_row(queue, str(c.waiting), str(c.delayed), str(c.active), str(c.completed_total - done),
@@ -262,6 +282,7 @@ class Demo:
 
         from .. import records
         from ..ledger import credits
+        from ..platform.payloads import run_key
         from ..tasks.faults import chosen
 
         progress = getattr(self, "progress", None) or self.refresh()
@@ -304,7 +325,7 @@ class Demo:
                                 f"{indexed} resources, {index_chunks} chunks, search 'task': {len(hits)} hits"))
 
         rate = self.args.fault_rate
-        faulted = [rid for rid in runs if chosen(rate, f"run:{rid}")]
+        faulted = [rid for rid in runs if chosen(rate, run_key(rid))]
         rerun = [rid for rid in faulted if runs[rid][2] >= 2]
         checks.append(Check("injected run faults retried and recovered", len(rerun) == len(faulted),
                             f"{len(faulted)} runs chosen to fail once, {len(rerun)} re-ran"))
@@ -334,7 +355,7 @@ class Demo:
         broker = self.app.broker
         ids = {self.user_id, *self.run_ids,
                *(round_resource_id(row[3]) for row in getattr(self, "progress", Progress()).runs.values())}
-        for queue in QUEUES_SHOWN:
+        for queue in self.app.queues:
             for state in ("completed", "failed"):
                 limit = 20 * self.args.runs + 100
                 for record in broker.list_jobs(queue, state, limit=limit):

@@ -15,76 +15,24 @@ Redis (``redis.py``), Postgres advisory locks and a counter table
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from ..appcache import per_app
+from .base import Limits, RateLimit, Semaphore, Slot  # noqa: F401  (the interface, importable from the package)
 
 if TYPE_CHECKING:
     from ..app import App
 
 
-class Slot(ABC):
-    """A held place in a semaphore; release it exactly once (``with`` does)."""
-
-    @abstractmethod
-    def release(self) -> None:
-        """Give the place back."""
-
-    def __enter__(self) -> "Slot":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.release()
-
-
-class Semaphore(ABC):
-    """At most ``limit`` holders of ``name`` at once, fleet-wide."""
-
-    @abstractmethod
-    def try_acquire(self, name: str, limit: int) -> Slot | None:
-        """A slot if fewer than ``limit`` are held, else None. Never waits."""
-
-    @contextmanager
-    def held(self, name: str, limit: int) -> Iterator[Slot | None]:
-        """``with sem.held(name, n) as slot:`` — ``slot`` is None when none was free."""
-        slot = self.try_acquire(name, limit)
-        try:
-            yield slot
-        finally:
-            if slot is not None:
-                slot.release()
-
-
-class RateLimit(ABC):
-    """At most ``limit`` hits of ``name`` per ``window`` seconds (fixed windows)."""
-
-    @abstractmethod
-    def hit(self, name: str, limit: int, window: float) -> float:
-        """Count one hit; 0.0 if allowed, else the seconds until the window ends (the hit is refused)."""
-
-
-class Limits:
-    """The semaphore and rate limit of one store."""
-
-    def __init__(self, semaphore: Semaphore, rate: RateLimit) -> None:
-        self.semaphore = semaphore
-        self.rate = rate
-
-    def close(self) -> None:
-        """Release connections of their own (the Redis ones)."""
-
-
 def build_limits(app: "App") -> Limits:
     """Limits on the store of ``app``'s broker."""
     settings = app.settings
-    name = settings.broker_name
-    if name == "redis":
+    store = app.backend.store  # the broker's store (conveyor.backends)
+    if store == "redis":
         from .redis import RedisLimits
 
         return RedisLimits(settings.redis_url, namespace=settings.redis_namespace, lease=settings.llm_slot_lease)
-    if name == "postgres":
+    if store == "postgres":
         from .postgres import PostgresRateLimit, PostgresSemaphore
 
         return Limits(PostgresSemaphore(app.pool), PostgresRateLimit(app.pool))

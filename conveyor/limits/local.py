@@ -7,7 +7,7 @@ import threading
 import time
 from collections import defaultdict
 
-from . import RateLimit, Semaphore, Slot
+from .base import RateLimit, Semaphore, Slot
 
 
 class _LocalSlot(Slot):

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 
 from ..db import load_queries
-from . import RateLimit, Semaphore, Slot
+from .base import RateLimit, Semaphore, Slot
 
 QUERIES = load_queries(Path(__file__).with_name("postgres.sql"))
 

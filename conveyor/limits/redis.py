@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 
 from ..logs import log_event
-from . import Limits, RateLimit, Semaphore, Slot
+from .base import Limits, RateLimit, Semaphore, Slot
 
 _SCRIPT = (Path(__file__).with_name("limits.lua")).read_text()
 

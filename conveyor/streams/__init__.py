@@ -1,6 +1,7 @@
 """Stream buffers: where a run's chunks wait for its readers (the SSE route).
 
-One interface, one module per store, picked by the broker in use so a
+One interface, one module per store, the store of the broker in use
+(``conveyor.backends``), so a
 deployment needs nothing more than it already runs:
 
 * redis broker: a Redis Stream per run (``redis.py``);
@@ -15,66 +16,25 @@ appends a final entry once, carrying the run's status.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from ..appcache import per_app
+from .base import READ_BATCH, StreamBuffer, StreamEntry  # noqa: F401  (the interface, importable from the package)
 
 if TYPE_CHECKING:
     from ..app import App
-
-#: Entries read per call.
-READ_BATCH = 500
-
-
-@dataclass(frozen=True)
-class StreamEntry:
-    """One entry of a run's stream: a chunk of text, or the end with the run's status in ``data``."""
-
-    seq: int
-    kind: Literal["chunk", "end"]
-    data: str
-
-
-class StreamBuffer(ABC):
-    """A run's chunks by seq, readable from any seq, ended once."""
-
-    @abstractmethod
-    def append(self, run_id: str, seq: int, text: str) -> bool:
-        """Add chunk ``seq`` (1-based) unless the buffer already holds it or has ended; True when added."""
-
-    @abstractmethod
-    def end(self, run_id: str, status: str) -> None:
-        """Append the end entry (after the last chunk) unless there is one already."""
-
-    @abstractmethod
-    def read(self, run_id: str, after: int = 0, limit: int = READ_BATCH) -> list[StreamEntry]:
-        """Entries with seq > ``after``, in order, at most ``limit``; no waiting."""
-
-    def read_all(self, run_id: str) -> list[StreamEntry]:
-        """Every entry of the run's stream."""
-        entries: list[StreamEntry] = []
-        while True:
-            batch = self.read(run_id, entries[-1].seq if entries else 0)
-            entries.extend(batch)
-            if len(batch) < READ_BATCH:
-                return entries
-
-    def close(self) -> None:
-        """Release connections; the default holds none of its own."""
 
 
 def build_buffer(app: "App") -> StreamBuffer:
     """A new buffer on the store that goes with ``app``'s broker."""
     settings = app.settings
-    name = settings.broker_name
-    if name == "redis":
+    store = app.backend.store
+    if store == "redis":
         from .redis import RedisStreamBuffer
 
         return RedisStreamBuffer(settings.redis_url, namespace=settings.redis_namespace,
                                  retention=settings.stream_retention)
-    if name == "postgres":
+    if store == "postgres":
         from .postgres import PostgresStreamBuffer
 
         return PostgresStreamBuffer(app.pool)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from . import READ_BATCH, StreamBuffer, StreamEntry
+from .base import READ_BATCH, StreamBuffer, StreamEntry
 
 
 class MemoryStreamBuffer(StreamBuffer):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..db import load_queries
-from . import READ_BATCH, StreamBuffer, StreamEntry
+from .base import READ_BATCH, StreamBuffer, StreamEntry
 
 QUERIES = load_queries(Path(__file__).with_name("postgres.sql"))
 

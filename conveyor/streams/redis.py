@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from . import READ_BATCH, StreamBuffer, StreamEntry
+from .base import READ_BATCH, StreamBuffer, StreamEntry
 
 _SCRIPT = (Path(__file__).with_name("streams.lua")).read_text()
 

@@ -29,7 +29,7 @@ def declare_actors(broker: dramatiq.Broker, app: "App") -> None:
             priority=0,
             options={
                 "time_limit": int((job_type.time_limit or queue.time_limit) * 1000),
-                "max_attempts": job_type.max_attempts or queue.max_attempts,
+                "max_attempts": app.max_attempts(job_type),
                 "min_backoff": queue.min_backoff,
                 "max_backoff": queue.max_backoff,
             },
@@ -60,7 +60,7 @@ def _runner(job_type: JobType, app: "App"):
             queue=job_type.queue,
             job_id=message.message_id if message else "",
             attempt=attempt,
-            max_attempts=job_type.max_attempts or app.queues[job_type.queue].max_attempts,
+            max_attempts=app.max_attempts(job_type),
             app=app,
         )
         return job_type.run(payload, ctx)

@@ -21,7 +21,19 @@ def chosen(rate: float, key: str) -> bool:
     return draw < rate
 
 
+#: The chunk after which a chosen streaming job fails (:func:`maybe_fail_mid_stream`): late enough
+#: that readers have seen chunks, so the retry shows they are not sent twice.
+MID_STREAM_CHUNK = 3
+
+
 def maybe_fail(ctx: JobContext, key: str, where: str) -> None:
     """Raise :class:`~conveyor.errors.InjectedFault` on the first attempt of a chosen job."""
     if ctx.attempt == 1 and chosen(ctx.app.settings.fault_rate, key):
         raise InjectedFault(f"fault injected {where} (CONVEYOR_FAULT_RATE={ctx.app.settings.fault_rate:g})")
+
+
+def maybe_fail_mid_stream(ctx: JobContext, key: str, seq: int) -> None:
+    """Where a streaming job calls the injector after each chunk: a chosen job fails after chunk
+    :data:`MID_STREAM_CHUNK` of its first attempt; every other call does nothing."""
+    if seq == MID_STREAM_CHUNK:
+        maybe_fail(ctx, key, "mid-stream")

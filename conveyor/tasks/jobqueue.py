@@ -9,6 +9,7 @@ from dramatiq import Message
 from pydantic import BaseModel, ValidationError
 
 from ..brokers.base import EnqueueItem, JobRef
+from ..brokers.middleware.base import conveyor_middleware
 from ..errors import InvalidPayload, PayloadTooLarge, TransactionalEnqueueUnsupported, UnknownJob
 from .payloads import Payload
 
@@ -70,10 +71,8 @@ class JobQueue:
             refs = broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
         # Middleware may count what was enqueued and what was a duplicate (metrics). Inside the
         # caller's transaction they count when sent, even if that transaction rolls back later.
-        for middleware in broker.middleware:
-            hook = getattr(middleware, "after_enqueue_jobs", None)
-            if hook:
-                hook(broker, items, refs)
+        for middleware in conveyor_middleware(broker):
+            middleware.after_enqueue_jobs(broker, items, refs)
         return refs
 
     def prepare(self, request: JobRequest) -> EnqueueItem:

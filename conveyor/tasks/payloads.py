@@ -1,4 +1,4 @@
-"""Every job's payload: pydantic models of IDs and values only.
+"""The base of every job's payload: pydantic models of IDs and values only.
 
 A payload never holds a connection, a closure or a file handle: the worker
 rebuilds what it needs from the IDs. A field added later gets a default so
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
 #: An identifier: non-empty, no whitespace, bounded so a key built from it fits.
 Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@\-]+$")]
@@ -33,60 +33,16 @@ class Payload(BaseModel):
         return cls.model_validate(data)
 
 
-class CreditConsume(Payload):
-    """Charge a user for the tokens one round of a task used."""
-
-    user_id: Id
-    task_id: Id
-    message_id: Id
-    total_tokens: int = Field(ge=0, le=10_000_000_000)
-
-    def idempotency_key(self) -> str:
-        """The enqueue key: one charge per (task, message)."""
-        return f"credit:{self.task_id}:{self.message_id}"
+# -- the platform's payloads, until every importer names conveyor.platform.payloads ------------
+# (house-compat: /work/notes/house_finish.sh rewrites the importers and removes this block)
+_PLATFORM_PAYLOADS = frozenset({"CreditConsume", "TaskRun", "ChatRun", "RunFinalize", "MemoryExtraction",
+                                "ResourceIndex"})
 
 
-class TaskRun(Payload):
-    """Run an agent task's round: the worker rebuilds the conversation from the IDs."""
+def __getattr__(name: str) -> Any:
+    if name in _PLATFORM_PAYLOADS:
+        import importlib
 
-    task_id: Id
-    run_id: Id
-
-    def idempotency_key(self) -> str:
-        """The enqueue key: one job per run."""
-        return f"run:{self.run_id}"
-
-
-class ChatRun(TaskRun):
-    """Answer the latest message of a chat: like :class:`TaskRun`, with the whole conversation as context."""
-
-
-class RunFinalize(Payload):
-    """End of a round: enqueue its charge, memory extraction and indexing, each once."""
-
-    task_id: Id
-    run_id: Id
-
-    def idempotency_key(self) -> str:
-        return f"finalize:{self.run_id}"
-
-
-class MemoryExtraction(Payload):
-    """Extract what the round taught about the user from one assistant message."""
-
-    user_id: Id
-    task_id: Id
-    message_id: Id
-
-    def idempotency_key(self) -> str:
-        return f"memory:{self.task_id}:{self.message_id}"
-
-
-class ResourceIndex(Payload):
-    """Chunk a resource's text and index it for full-text search; the same version twice is a no-op."""
-
-    resource_id: Id
-    version: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9]+$")]
-
-    def idempotency_key(self) -> str:
-        return f"index:{self.resource_id}:{self.version}"
+        return getattr(importlib.import_module("conveyor.platform.payloads"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# -- end house-compat

@@ -19,7 +19,7 @@ from typing import Callable
 
 from dramatiq import Worker
 
-from ..logs import configure_logging, log_event
+from ..logs import log_event
 
 #: Idle consumers wake this often (ms) to check for shutdown and delayed jobs.
 WORKER_TIMEOUT_MS = 1000
@@ -73,22 +73,6 @@ class ProcessWorker:
                               reason="its worker stopped heartbeating; requeued")
 
 
-def run_process(queue: str, threads: int | None = None) -> None:
-    """Entry point of one worker process: run until SIGTERM or SIGINT, then drain and exit."""
-    from ..app import App
-
-    app = App()
-    configure_logging(app.settings.log_level)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    worker = ProcessWorker(app, queue, threads)
-    worker.start()
-    stop.wait()
-    worker.stop()
-    app.close()
-
-
 @dataclass
 class _Child:
     """One supervised process: a queue's worker, or a service such as the API."""
@@ -105,15 +89,18 @@ class _Child:
 class Supervisor:
     """Starts ``processes`` worker processes per queue, plus any ``services``, and keeps them running.
 
+    ``worker(queue, threads)`` is the entry point of each worker process
+    (:func:`conveyor.app.run_worker_process`: it builds the process's App).
     ``services`` are ``(name, function, args)`` run in processes of their own
     (``conveyor up`` adds the API and the scheduler this way).
     """
 
     def __init__(self, queues: list[str], processes: int = 1, threads: int | None = None,
-                 shutdown_timeout: float = 600, *, metrics_port: int = 0, metrics_host: str = "0.0.0.0",
+                 shutdown_timeout: float = 600, *, worker: Callable[[str, int | None], None],
+                 metrics_port: int = 0, metrics_host: str = "0.0.0.0",
                  metrics_dir: str | None = None, services: tuple[tuple[str, Callable, tuple], ...] = ()) -> None:
         self.ctx = multiprocessing.get_context("spawn")
-        self.children = [_Child(q, run_process, (q, threads)) for q in queues for _ in range(processes)]
+        self.children = [_Child(q, worker, (q, threads)) for q in queues for _ in range(processes)]
         self.children += [_Child(name, target, args) for name, target, args in services]
         self.shutdown_timeout = shutdown_timeout
         self.metrics_port = metrics_port

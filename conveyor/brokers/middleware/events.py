@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
-from dramatiq import Middleware
 
+from .base import ConveyorMiddleware
 from ...logs import log_event
 
 
-class Events(Middleware):
+class Events(ConveyorMiddleware):
     """One JSON line when a job starts and one when it completes."""
 
     def before_process_message(self, broker, message) -> None:

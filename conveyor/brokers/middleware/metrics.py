@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from dramatiq import Middleware
 from dramatiq.common import q_name
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .base import ConveyorMiddleware
 from ...errors import RetryLater
 from ...logs import log_event
 
@@ -54,7 +54,7 @@ READY_OPTION = "ready_ms"
 _LABELS = ("queue", "job")
 
 
-class Metrics(Middleware):
+class Metrics(ConveyorMiddleware):
     """Counts enqueues, starts, outcomes, retries and dead jobs; times waits and runs.
 
     Metric objects live in :attr:`registry`, one per middleware, so several

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dramatiq import Middleware
 from dramatiq.common import compute_backoff
 from dramatiq.middleware import SkipMessage
 from pydantic import ValidationError
 
-from ...errors import PermanentError, RetryLater
+from .base import ConveyorMiddleware
+from ...errors import PermanentError, RetryLater, describe_error
 from ...logs import log_event
-from ..base import describe_error
 
 #: Errors that can never succeed on a second try.
 PERMANENT = (PermanentError, ValidationError)
@@ -27,7 +26,7 @@ class WorkerLost(Exception):
     """The job's earlier deliveries never finished: their worker died."""
 
 
-class Retries(Middleware):
+class Retries(ConveyorMiddleware):
     """Counts attempts and decides, after each failure, between retry and final failure."""
 
     def __init__(self, on_final_failure) -> None:

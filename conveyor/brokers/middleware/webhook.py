@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from dramatiq import Middleware
 from dramatiq.common import q_name
 
+from .base import ConveyorMiddleware
 from ...redaction import payload_secrets, scrub, settings_secrets
 from ...webhook import Alert, WebhookSender, guess_format
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 SHUTDOWN_FLUSH_SECONDS = 10.0
 
 
-class FailureWebhook(Middleware):
+class FailureWebhook(ConveyorMiddleware):
     """Posts one alert per dead job (``after_job_dead``, which conveyor calls once per job)."""
 
     def __init__(self, settings: "Settings", job_types: dict, metrics: "Metrics | None" = None) -> None:

@@ -22,21 +22,22 @@ from ...providers import ChatMessage, provider_for
 from ...providers.base import estimate_usage
 from ...streams import buffer_for
 from ..context import JobContext
-from ..faults import maybe_fail
-from ..payloads import ChatRun, RunFinalize, TaskRun
+from ..faults import maybe_fail_mid_stream
+from ...platform.payloads import ChatRun, RunFinalize, TaskRun, run_key
+from ...platform.queues import AGENT
 from ..registry import job, on_final_failure
 
 #: What task.run tells the model before the task's own instructions.
 TASK_PREAMBLE = "You are an agent carrying out a task for the user."
 
 
-@job("task.run", queue="agent", payload=TaskRun)
+@job("task.run", queue=AGENT, payload=TaskRun)
 def task_run(payload: TaskRun, ctx: JobContext) -> None:
     """A task round: the task's instructions and the user's latest message."""
     run_round(payload, ctx, whole_conversation=False)
 
 
-@job("chat.run", queue="agent", payload=ChatRun)
+@job("chat.run", queue=AGENT, payload=ChatRun)
 def chat_run(payload: ChatRun, ctx: JobContext) -> None:
     """A chat round: the whole conversation up to the user's message."""
     run_round(payload, ctx, whole_conversation=True)
@@ -64,8 +65,7 @@ def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) ->
     try:
         for seq, text in enumerate(generation, 1):
             buffer.append(run.id, seq, text)
-            if seq == 3:
-                maybe_fail(ctx, f"run:{run.id}", "mid-stream")
+            maybe_fail_mid_stream(ctx, run_key(run.id), seq)
     finally:
         generation.close()
 

@@ -31,14 +31,15 @@ from ...builds.builder import BuildLog, Deadline
 from ...builds.executors import EXECUTORS, BuildContext
 from ...builds.local import LocalBuilder
 from ...builds.uploads import Uploads
-from ...builds.payloads import HARD_TIME_LIMIT, MINUTE, BuildPayload
+from ...builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINUTE, BuildPayload
 from ...builds.store import BuildStore
 from ...errors import BuildFailed, BuildTimeout, JobError, PermanentError, RetryLater
 from ...logs import log_event
 from ...redaction import Scrubber
 from ...secrets import decrypt_env
 from ..context import JobContext
-from ..registry import job, on_final_failure
+from ...platform.queues import AGENT
+from ..registry import check_settings, job, on_final_failure
 
 #: The longest a variant's limit may be set to: the job's own limit minus time to record the outcome.
 MAX_VARIANT_LIMIT = HARD_TIME_LIMIT - 5 * MINUTE
@@ -49,7 +50,15 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@job("agent.build", queue="agent", payload=BuildPayload, time_limit=HARD_TIME_LIMIT)
+@check_settings
+def known_build_kinds(settings) -> None:
+    """``CONVEYOR_BUILD_TIME_LIMITS__<KIND>`` names only kinds that exist (a typo would be silently ignored)."""
+    unknown = sorted(set(settings.build_time_limits) - set(BUILD_KINDS))
+    if unknown:
+        raise ValueError(f"CONVEYOR_BUILD_TIME_LIMITS: unknown build kind(s) {unknown}; known: {sorted(BUILD_KINDS)}")
+
+
+@job("agent.build", queue=AGENT, payload=BuildPayload, time_limit=HARD_TIME_LIMIT)
 def run_build(payload: BuildPayload, ctx: JobContext) -> None:
     request = payload.root
     settings = ctx.app.settings

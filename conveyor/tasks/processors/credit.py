@@ -6,11 +6,12 @@ from ...brokers.middleware.metrics import record_ledger_consumption
 from ...ledger import credits
 from ...logs import log_event
 from ..context import JobContext
-from ..payloads import CreditConsume
+from ...platform.payloads import CreditConsume
+from ...platform.queues import CRITICAL
 from ..registry import job
 
 
-@job("credit.consume", queue="critical", payload=CreditConsume)
+@job("credit.consume", queue=CRITICAL, payload=CreditConsume)
 def consume_credits(payload: CreditConsume, ctx: JobContext) -> None:
     with ctx.app.pool.connection() as conn:
         result = credits.consume(conn, user_id=payload.user_id, task_id=payload.task_id,

@@ -15,7 +15,8 @@ from ...logs import log_event
 from ...tasks.jobqueue import JobRequest
 from ..context import JobContext
 from ..faults import maybe_fail
-from ..payloads import CreditConsume, MemoryExtraction, ResourceIndex, RunFinalize
+from ...platform.payloads import CreditConsume, MemoryExtraction, ResourceIndex, RunFinalize
+from ...platform.queues import CRITICAL
 from ..registry import job
 
 
@@ -25,7 +26,7 @@ def round_resource_id(message_id: str) -> str:
 
 
 # On critical: a round's charge must not wait behind slow agent runs.
-@job("run.finalize", queue="critical", payload=RunFinalize)
+@job("run.finalize", queue=CRITICAL, payload=RunFinalize)
 def finalize_run(payload: RunFinalize, ctx: JobContext) -> dict[str, int] | None:
     """Enqueue the round's charge, memory extraction and indexing; returns how many were new."""
     with ctx.app.pool.connection() as conn:

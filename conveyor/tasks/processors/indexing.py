@@ -15,7 +15,8 @@ from ...errors import PermanentError
 from ...logs import log_event
 from ..context import JobContext
 from ..faults import maybe_fail
-from ..payloads import ResourceIndex
+from ...platform.payloads import ResourceIndex
+from ...platform.queues import INDEXING
 from ..registry import job
 
 #: Words per chunk, and words shared with the previous chunk so a phrase cut
@@ -24,7 +25,7 @@ CHUNK_WORDS = 120
 CHUNK_OVERLAP = 20
 
 
-@job("resource.index", queue="indexing", payload=ResourceIndex)
+@job("resource.index", queue=INDEXING, payload=ResourceIndex)
 def index_resource(payload: ResourceIndex, ctx: JobContext) -> None:
     maybe_fail(ctx, f"index:{payload.resource_id}:{payload.version}", "before indexing")
     with ctx.app.pool.connection() as conn, conn.transaction():

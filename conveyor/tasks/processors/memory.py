@@ -20,7 +20,8 @@ from ...logs import log_event
 from ...providers import ChatMessage, provider_for
 from ..context import JobContext
 from ..faults import maybe_fail
-from ..payloads import MemoryExtraction
+from ...platform.payloads import MemoryExtraction
+from ...platform.queues import LLM
 from ..registry import job
 
 #: The semaphore every llm-queue job shares.
@@ -39,7 +40,7 @@ EXTRACTION_PROMPT = (
 )
 
 
-@job("memory.extraction", queue="llm", payload=MemoryExtraction)
+@job("memory.extraction", queue=LLM, payload=MemoryExtraction)
 def extract_memories(payload: MemoryExtraction, ctx: JobContext) -> None:
     app = ctx.app
     limits = limits_for(app)

@@ -8,10 +8,11 @@ from ...scheduling.nudges import nudge_key
 from ...scheduling.payloads import NudgeFire
 from ...scheduling.schedules import QUERIES
 from ..context import JobContext
+from ...platform.queues import NUDGE
 from ..registry import job
 
 
-@job("nudge.fire", queue="nudge", payload=NudgeFire)
+@job("nudge.fire", queue=NUDGE, payload=NudgeFire)
 def fire_nudge(payload: NudgeFire, ctx: JobContext) -> None:
     ids = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
     with ctx.app.pool.connection() as conn, conn.transaction():

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from ...logs import log_event
+from ...records import TERMINAL
 from ...scheduling.followups import defer_if_early, enqueue_follow_up
 from ...scheduling.pauses import resume_key
 from ...scheduling.payloads import WaitAndResume
 from ...scheduling.schedules import QUERIES
 from ..context import JobContext
+from ...platform.queues import SCHEDULING
 from ..registry import job
 
-#: Statuses of the platform's runs (table runs) after which a pause is not resumed.
-ENDED = ("cancelled", "completed", "failed")
+#: Statuses of the platform's runs (table runs) after which a pause is not resumed: the terminal ones.
+ENDED = TERMINAL
 
 
-@job("wait_and_resume", queue="scheduling", payload=WaitAndResume)
+@job("wait_and_resume", queue=SCHEDULING, payload=WaitAndResume)
 def wait_and_resume(payload: WaitAndResume, ctx: JobContext) -> None:
     ids = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
     with ctx.app.pool.connection() as conn, conn.transaction():

@@ -8,10 +8,11 @@ from ...scheduling.payloads import ScheduleFire
 from ...scheduling.scheduler import fire_key
 from ...scheduling.schedules import Schedules
 from ..context import JobContext
+from ...platform.queues import SCHEDULING
 from ..registry import job
 
 
-@job("schedule.fire", queue="scheduling", payload=ScheduleFire)
+@job("schedule.fire", queue=SCHEDULING, payload=ScheduleFire)
 def fire_schedule(payload: ScheduleFire, ctx: JobContext) -> None:
     ids = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
     schedules = Schedules(ctx.app)

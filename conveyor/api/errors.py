@@ -1,0 +1,73 @@
+"""The one translation of conveyor's errors into HTTP statuses.
+
+Routes raise (or let through) :class:`~conveyor.errors.ConveyorError` subclasses;
+:func:`status_for` finds the status of the most specific class in the table,
+walking the error's MRO, so an error class added later inherits its parent's
+status until it is given its own. :func:`install` registers the handler on a
+FastAPI application.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .. import errors as e
+
+logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+#: Error class -> HTTP status. The most specific class in an error's MRO wins.
+STATUS: dict[type[e.ConveyorError], int] = {
+    # A server behind conveyor is down: nothing was done, try again later.
+    e.StoreUnavailable: 503,
+    # The deployment cannot do this as configured (no secret key, say): not the client's fault.
+    e.ConfigurationError: 503,
+    e.TransactionalEnqueueUnsupported: 503,
+    # The request named a job or carried a payload that cannot be enqueued.
+    e.EnqueueError: 422,
+    e.PayloadTooLarge: 413,
+    e.ScheduleError: 422,
+    e.ScheduleNotFound: 404,
+    e.AdminError: 400,
+    e.UnknownQueue: 404,
+    e.JobNotFound: 404,
+    e.JobStateConflict: 409,
+    e.PlatformError: 400,
+    e.RecordNotFound: 404,
+    e.RecordConflict: 409,
+    e.LedgerError: 409,
+    e.UnknownAccount: 404,
+    e.ConveyorError: 500,
+}
+
+
+def status_for(exc: BaseException) -> int:
+    """The HTTP status of ``exc``: its most specific class in :data:`STATUS`, else 500."""
+    for cls in type(exc).__mro__:
+        status = STATUS.get(cls)  # type: ignore[call-overload]
+        if status is not None:
+            return status
+    return 500
+
+
+def detail_for(exc: BaseException) -> str:
+    """What the client is told: the error's message, which never carries an input value,
+    or a generic line for a 500 (the log has the rest)."""
+    if status_for(exc) == 500:
+        return "internal error"
+    return str(exc)
+
+
+def install(api: "FastAPI") -> None:
+    """Answer every :class:`~conveyor.errors.ConveyorError` a route lets through with its table status."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    @api.exception_handler(e.ConveyorError)
+    async def conveyor_error(request: Request, exc: e.ConveyorError) -> JSONResponse:
+        if status_for(exc) == 500:
+            logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"detail": detail_for(exc)}, status_code=status_for(exc))

@@ -1,0 +1,46 @@
+"""The error tree and its one HTTP translation (conveyor.api.errors); no servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor import errors as e
+from conveyor.api.errors import STATUS, status_for
+
+
+def test_every_unavailable_store_is_one_store_unavailable():
+    assert issubclass(e.BrokerUnavailable, e.StoreUnavailable)
+    assert issubclass(e.DatabaseUnavailable, e.StoreUnavailable)
+    assert issubclass(e.BrokerUnavailable, e.EnqueueError)  # nothing was enqueued: still an enqueue error
+
+
+def test_retry_later_is_no_failure_but_a_rate_limited_provider_is_a_provider_error():
+    assert not issubclass(e.RetryLater, e.JobError)
+    assert issubclass(e.ProviderRateLimited, e.RetryLater)
+    assert issubclass(e.ProviderRateLimited, e.ProviderError)
+
+
+@pytest.mark.parametrize(("error", "status"), [
+    (e.BrokerUnavailable("down"), 503),
+    (e.DatabaseUnavailable("down"), 503),
+    (e.UnknownJob("x", []), 422),
+    (e.InvalidPayload("x", []), 422),
+    (e.PayloadTooLarge("big"), 413),
+    (e.SecretKeyError("no key"), 503),
+    (e.UnknownQueue("q"), 404),
+    (e.JobNotFound("j"), 404),
+    (e.JobStateConflict("j"), 409),
+    (e.AdminError("a"), 400),
+    (e.RecordNotFound("r"), 404),
+    (e.RecordConflict("r"), 409),
+    (e.ScheduleNotFound("s"), 404),
+    (e.InvalidSchedule("s"), 422),
+    (e.ConveyorError("?"), 500),
+])
+def test_status_of_each_error(error, status):
+    assert status_for(error) == status
+
+
+def test_every_error_class_has_a_status_through_its_parents():
+    classes = [c for c in vars(e).values() if isinstance(c, type) and issubclass(c, e.ConveyorError)]
+    assert all(any(k in STATUS for k in c.__mro__) for c in classes)
