@@ -217,7 +217,7 @@ class _Server:
 
 
 class RedisServer(_Server):
-    """A private `redis-server` on a free loopback port, with an append-only file unless told otherwise.
+    """A private `redis-server` on a free loopback port, no persistence.
 
     Started by the constructor; `url` points at database 0.
     """
@@ -225,14 +225,15 @@ class RedisServer(_Server):
     name = "redis"
 
     def __init__(self, tmpdir: str | os.PathLike[str] | None = None,
-                 executable: str | None = None, *, persistence: bool = True,
-                 appendfsync: str = "everysec") -> None:
+                 executable: str | None = None, *, durable: bool = False,
+                 bind: tuple[str, ...] = ("127.0.0.1",)) -> None:
         super().__init__(tmpdir)
         self.executable = executable or shutil.which("redis-server") or "/usr/bin/redis-server"
-        #: An append-only file (as production should run), so a kill and restart keeps what was written;
-        #: persistence=False runs without, as the broker's start-up warning test needs.
-        self.persistence = persistence
-        self.appendfsync = appendfsync
+        #: With ``durable``, every write is in the append-only file before Redis answers
+        #: (``appendfsync always``): a SIGKILL loses nothing that was acknowledged.
+        self.durable = durable
+        #: Addresses to listen on; the first is the one ``url`` names.
+        self.bind = tuple(bind)
         try:
             if not os.access(self.executable, os.X_OK):
                 raise ServerStartError(
@@ -252,10 +253,12 @@ class RedisServer(_Server):
         self._proc = self._popen([
             self.executable,
             "--port", str(self.port),
-            "--bind", "127.0.0.1",
+            "--bind", " ".join(self.bind),
             "--save", "",
-            "--appendonly", "yes" if self.persistence else "no",
-            "--appendfsync", self.appendfsync,
+            "--appendonly", "yes" if self.durable else "no",
+            *(["--appendfsync", "always"] if self.durable else []),
+            # Listening beyond loopback (a test network namespace): no password, so say it is meant.
+            *(["--protected-mode", "no"] if set(self.bind) - {"127.0.0.1"} else []),
             "--dir", str(self.tmpdir),
             "--daemonize", "no",
             "--logfile", "",  # stdout, which _popen sends to the log file
@@ -269,6 +272,18 @@ class RedisServer(_Server):
                 return sock.recv(64).startswith(b"+PONG")
         except OSError:
             return False
+
+    def url_on(self, address: str) -> str:
+        """The URL of database 0 on one of the ``bind`` addresses."""
+        return f"redis://{address}:{self.port}/0"
+
+    def pause(self, seconds: float) -> None:
+        """``CLIENT PAUSE`` every client (reads and writes) for ``seconds``; returns at once."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+            sock.sendall(f"CLIENT PAUSE {int(seconds * 1000)} ALL\r\n".encode())
+            reply = sock.recv(64)
+        if not reply.startswith(b"+OK"):
+            raise RuntimeError(f"CLIENT PAUSE refused: {reply!r}")
 
 
 def find_postgres_bindir() -> Path:
@@ -369,6 +384,40 @@ class PostgresServer(_Server):
         """A clean stop followed by a start on the same port and data."""
         self.stop()
         self.start()
+
+    #: Settings of a cluster that keeps every acknowledged commit through a
+    #: crash: pass as ``settings=PostgresServer.DURABLE`` to a crash test.
+    DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+
+    def url_on(self, address: str, dbname: str = "postgres") -> str:
+        """The URL of ``dbname`` on another address of ``listen_addresses``."""
+        return f"postgresql://postgres@{address}:{self.port}/{dbname}"
+
+    def trust(self, network: str) -> None:
+        """Let clients from ``network`` (CIDR) in without a password, like loopback; applied at once."""
+        with open(self.datadir / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {network} trust\n")
+        with self.connect() as conn:
+            conn.execute("SELECT pg_reload_conf()")
+
+    def crash_immediate(self) -> None:
+        """Crash the way ``pg_ctl stop -m immediate`` does (SIGQUIT to the postmaster: no
+        checkpoint, the next start replays WAL), then wait until every process is gone."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self._proc = None
+            return
+        children = _child_pids(proc.pid)
+        proc.send_signal(signal.SIGQUIT)
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()  # a postmaster that ignored SIGQUIT: SIGKILL, and its children with it
+        for pid in children:
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while _is_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     def kill(self) -> None:
         """Crash: SIGKILL the postmaster, then wait for its orphaned children.

@@ -27,7 +27,7 @@ JOB = f"test.probe.{QUEUE}"
 
 @pytest.fixture(scope="module")
 def durable_redis():
-    with RedisServer(tempfile.mkdtemp(prefix="conveyor-redis-faults-"), appendfsync="always") as server:
+    with RedisServer(tempfile.mkdtemp(prefix="conveyor-redis-faults-"), durable=True) as server:
         yield server
 
 
@@ -311,7 +311,7 @@ def test_a_message_from_an_older_producer_runs_once_and_ends(make_app, client, d
 
 
 def test_redis_without_persistence_or_with_eviction_is_named(database_url, clean_env):
-    with RedisServer(tempfile.mkdtemp(prefix="conveyor-redis-volatile-"), persistence=False) as volatile:
+    with RedisServer(tempfile.mkdtemp(prefix="conveyor-redis-volatile-")) as volatile:
         app = App(make_settings("redis", volatile.url, database_url))
         try:
             c = redis.Redis.from_url(volatile.url)
