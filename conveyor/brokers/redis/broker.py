@@ -267,7 +267,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         except redis.RedisError as exc:
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None
-            raise
+            raise BrokerRejected(f"Redis refused the promotion: {type(exc).__name__}: {exc}") from exc
         self._settle(origin, [rid])
         if done == -1:
             self._refused("promotion", q_name(origin), message.message_id)
@@ -292,10 +292,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 break
             except Exception as exc:
                 self.acks.restore(queue, acks)
-                if not is_unavailable(exc):
-                    raise
-                if time.monotonic() >= deadline:
-                    # Without a counted, fenced start the job must not run: hand it back.
+                # Raising would not stop the job (Dramatiq logs and swallows a hook's error), and
+                # without a counted, fenced start it must not run: hand it back.
+                if not is_unavailable(exc) or time.monotonic() >= deadline:
                     message.options["redis_release"] = True
                     log_event("error", level="warning", queue=q_name(queue), job=message.actor_name,
                               job_id=message.message_id, attempt=None,
@@ -319,13 +318,18 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             try:
                 claimed = int(self._call("claim_final", message.queue_name, rid, message.message_id, delivery))
                 break
-            except redis.RedisError as exc:
-                if not is_unavailable(exc):
-                    raise BrokerRejected(f"final-failure claim refused: {type(exc).__name__}: {exc}") from exc
-                if time.monotonic() >= deadline:
-                    # Not failed for good yet: its nack hands it back, and the next delivery claims again.
+            except Exception as exc:
+                if not is_unavailable(exc) or time.monotonic() >= deadline:
+                    # Not failed for good yet: its nack hands it back, and the next delivery claims again
+                    # (the Retries hook that called this swallows what it raises).
                     message.options["redis_unsettled"] = True
-                    raise BrokerUnreachable(f"could not claim the final failure: {type(exc).__name__}") from exc
+                    log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
+                              job_id=message.message_id, attempt=message.options.get("attempt"),
+                              error=f"could not claim the final failure, job handed back: {type(exc).__name__}")
+                    if is_unavailable(exc):
+                        raise BrokerUnreachable(f"could not claim the final failure: {type(exc).__name__}") \
+                            from exc
+                    raise BrokerRejected(f"final-failure claim refused: {type(exc).__name__}: {exc}") from exc
                 time.sleep(0.2)
         if claimed == -1:
             self._refused("final-failure claim", q_name(message.queue_name), message.message_id)
@@ -349,6 +353,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self._call("requeue", name, *(x for pair in pairs for x in pair))
         self._settle(name, [rid for rid, _ in pairs])
 
+    @translated
     def maintain(self) -> dict[str, list[str]]:
         """Recover dead workers' jobs (server clock), hand back what this worker holds but runs nowhere, prune."""
         names = sorted(self.queues) + sorted(dq_name(q) for q in self.queues)
@@ -359,6 +364,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self.release_orphans()
         return recovered
 
+    @translated
     def release_orphans(self) -> dict[str, list[str]]:
         """This worker's held-but-not-in-flight messages go back to their queues (the Postgres broker's twin).
 
