@@ -116,33 +116,30 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return RedisConsumer(self, queue_name, prefetch, timeout)
 
     def close(self) -> None:
-        """A graceful stop: send buffered acks, hand back every message of this worker that has not ended, leave.
+        """A graceful stop: send buffered acks, hand back what this worker holds and runs nowhere, leave.
 
-        Jobs whose outcome cannot be written now stay in this worker's acks
-        sets and are recovered after the heartbeat timeout.
+        By now Dramatiq's worker has handed back its prefetched and delayed
+        messages through the consumers; the release pass returns whatever a
+        replaced consumer left behind. Jobs still running (past the shutdown
+        timeout, or of another worker in this process) and outcomes that
+        cannot be written now stay held, and are recovered after the
+        heartbeat timeout if this process exits.
         """
         try:
             self.acks.close()
         except Exception as exc:
             log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                       error=f"buffered acks not sent, their jobs will run again: {type(exc).__name__}: {exc}")
-        with self._lock:
-            consumed = sorted(self._consumed)
         try:
-            for name in consumed:
-                ids = self._call("release", name)
-                with self._lock:
-                    self._held.pop(name, None)
-                if ids:
-                    log_event("released", queue=q_name(name), job=None, job_id=None, attempt=None,
-                              count=len(ids), reason="worker stopping: handed back unfinished jobs")
-            if consumed:
+            self.release_orphans()
+            with self._lock:
+                left = any(self._held.values())
+                consumed = bool(self._consumed)
+            if consumed and not left:
                 self._call("leave", "")
-        except redis.RedisError as exc:
+        except Exception as exc:
             log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                       error=f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}")
-        with self._lock:
-            self._consumed.clear()
         self.client.close()
         self.client.connection_pool.disconnect()
 
