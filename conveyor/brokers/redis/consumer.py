@@ -178,7 +178,7 @@ class RedisConsumer(Consumer):
     def _receive(self, rid: str, data: bytes, delivery: int, note: str) -> None:
         try:
             if delivery == 0:
-                raise DecodeError(data, ValueError("the script could not read its message id"))
+                raise DecodeError("no message id", data, ValueError("the script could not read its message id"))
             message = Message.decode(data)
         except DecodeError as exc:
             self._poison(rid, exc)
