@@ -217,7 +217,7 @@ class _Server:
 
 
 class RedisServer(_Server):
-    """A private `redis-server` on a free loopback port, with an append-only file unless told otherwise.
+    """A private `redis-server` on a free loopback port, no persistence.
 
     Started by the constructor; `url` points at database 0.
     """
@@ -225,18 +225,13 @@ class RedisServer(_Server):
     name = "redis"
 
     def __init__(self, tmpdir: str | os.PathLike[str] | None = None,
-                 executable: str | None = None, *, persistence: bool = True,
-                 appendfsync: str = "everysec", durable: bool = False,
+                 executable: str | None = None, *, durable: bool = False,
                  bind: tuple[str, ...] = ("127.0.0.1",)) -> None:
         super().__init__(tmpdir)
         self.executable = executable or shutil.which("redis-server") or "/usr/bin/redis-server"
-        #: An append-only file (as production should run), so a kill and restart keeps what was written;
-        #: persistence=False runs without, as the broker's start-up warning test needs.
         #: With ``durable``, every write is in the append-only file before Redis answers
         #: (``appendfsync always``): a SIGKILL loses nothing that was acknowledged.
         self.durable = durable
-        self.persistence = persistence or durable
-        self.appendfsync = "always" if durable else appendfsync
         #: Addresses to listen on; the first is the one ``url`` names.
         self.bind = tuple(bind)
         try:
@@ -260,8 +255,8 @@ class RedisServer(_Server):
             "--port", str(self.port),
             "--bind", " ".join(self.bind),
             "--save", "",
-            "--appendonly", "yes" if self.persistence else "no",
-            "--appendfsync", self.appendfsync,
+            "--appendonly", "yes" if self.durable else "no",
+            *(["--appendfsync", "always"] if self.durable else []),
             # Listening beyond loopback (a test network namespace): no password, so say it is meant.
             *(["--protected-mode", "no"] if set(self.bind) - {"127.0.0.1"} else []),
             "--dir", str(self.tmpdir),

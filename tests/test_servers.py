@@ -42,7 +42,6 @@ def _mark(url: str, name: str) -> None:
 def test_redis_client_reconnects_after_kill_and_start_on_same_port(redis_server, redis_url):
     client = redis.Redis.from_url(redis_url, retry_on_error=[])
     try:
-        client.config_set("appendfsync", "always")  # so the kill below cannot race the append-only file's fsync
         client.set("before", "1")
         port = redis_server.port
 
@@ -54,8 +53,7 @@ def test_redis_client_reconnects_after_kill_and_start_on_same_port(redis_server,
         redis_server.start()
         assert redis_server.port == port and redis_server.url == redis_url
         assert client.ping()
-        assert client.get("before") == b"1"  # the append-only file kept what Redis acknowledged
-        client.config_set("appendfsync", "everysec")
+        assert client.get("before") is None  # no persistence: a crash forgets
     finally:
         client.close()
 

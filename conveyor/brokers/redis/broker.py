@@ -116,33 +116,30 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return RedisConsumer(self, queue_name, prefetch, timeout)
 
     def close(self) -> None:
-        """A graceful stop: send buffered acks, hand back every message of this worker that has not ended, leave.
+        """A graceful stop: send buffered acks, hand back what this worker holds and runs nowhere, leave.
 
-        Jobs whose outcome cannot be written now stay in this worker's acks
-        sets and are recovered after the heartbeat timeout.
+        By now Dramatiq's worker has handed back its prefetched and delayed
+        messages through the consumers; the release pass returns whatever a
+        replaced consumer left behind. Jobs still running (past the shutdown
+        timeout, or of another worker in this process) and outcomes that
+        cannot be written now stay held, and are recovered after the
+        heartbeat timeout if this process exits.
         """
         try:
             self.acks.close()
         except Exception as exc:
             log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                       error=f"buffered acks not sent, their jobs will run again: {type(exc).__name__}: {exc}")
-        with self._lock:
-            consumed = sorted(self._consumed)
         try:
-            for name in consumed:
-                ids = self._call("release", name)
-                with self._lock:
-                    self._held.pop(name, None)
-                if ids:
-                    log_event("released", queue=q_name(name), job=None, job_id=None, attempt=None,
-                              count=len(ids), reason="worker stopping: handed back unfinished jobs")
-            if consumed:
+            self.release_orphans()
+            with self._lock:
+                left = any(self._held.values())
+                consumed = bool(self._consumed)
+            if consumed and not left:
                 self._call("leave", "")
-        except redis.RedisError as exc:
+        except Exception as exc:
             log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                       error=f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}")
-        with self._lock:
-            self._consumed.clear()
         self.client.close()
         self.client.connection_pool.disconnect()
 
@@ -267,7 +264,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         except redis.RedisError as exc:
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None
-            raise
+            raise BrokerRejected(f"Redis refused the promotion: {type(exc).__name__}: {exc}") from exc
         self._settle(origin, [rid])
         if done == -1:
             self._refused("promotion", q_name(origin), message.message_id)
@@ -292,10 +289,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 break
             except Exception as exc:
                 self.acks.restore(queue, acks)
-                if not is_unavailable(exc):
-                    raise
-                if time.monotonic() >= deadline:
-                    # Without a counted, fenced start the job must not run: hand it back.
+                # Raising would not stop the job (Dramatiq logs and swallows a hook's error), and
+                # without a counted, fenced start it must not run: hand it back.
+                if not is_unavailable(exc) or time.monotonic() >= deadline:
                     message.options["redis_release"] = True
                     log_event("error", level="warning", queue=q_name(queue), job=message.actor_name,
                               job_id=message.message_id, attempt=None,
@@ -319,13 +315,18 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             try:
                 claimed = int(self._call("claim_final", message.queue_name, rid, message.message_id, delivery))
                 break
-            except redis.RedisError as exc:
-                if not is_unavailable(exc):
-                    raise BrokerRejected(f"final-failure claim refused: {type(exc).__name__}: {exc}") from exc
-                if time.monotonic() >= deadline:
-                    # Not failed for good yet: its nack hands it back, and the next delivery claims again.
+            except Exception as exc:
+                if not is_unavailable(exc) or time.monotonic() >= deadline:
+                    # Not failed for good yet: its nack hands it back, and the next delivery claims again
+                    # (the Retries hook that called this swallows what it raises).
                     message.options["redis_unsettled"] = True
-                    raise BrokerUnreachable(f"could not claim the final failure: {type(exc).__name__}") from exc
+                    log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
+                              job_id=message.message_id, attempt=message.options.get("attempt"),
+                              error=f"could not claim the final failure, job handed back: {type(exc).__name__}")
+                    if is_unavailable(exc):
+                        raise BrokerUnreachable(f"could not claim the final failure: {type(exc).__name__}") \
+                            from exc
+                    raise BrokerRejected(f"final-failure claim refused: {type(exc).__name__}: {exc}") from exc
                 time.sleep(0.2)
         if claimed == -1:
             self._refused("final-failure claim", q_name(message.queue_name), message.message_id)
@@ -349,6 +350,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self._call("requeue", name, *(x for pair in pairs for x in pair))
         self._settle(name, [rid for rid, _ in pairs])
 
+    @translated
     def maintain(self) -> dict[str, list[str]]:
         """Recover dead workers' jobs (server clock), hand back what this worker holds but runs nowhere, prune."""
         names = sorted(self.queues) + sorted(dq_name(q) for q in self.queues)
@@ -359,6 +361,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self.release_orphans()
         return recovered
 
+    @translated
     def release_orphans(self) -> dict[str, list[str]]:
         """This worker's held-but-not-in-flight messages go back to their queues (the Postgres broker's twin).
 

@@ -20,6 +20,7 @@ from dramatiq import Consumer, Message
 from dramatiq.common import compute_backoff, q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
+from ...errors import BrokerRejected
 from ...logs import log_event
 from ..base import SafeMessageProxy
 from .errors import is_unavailable
@@ -149,7 +150,7 @@ class RedisConsumer(Consumer):
         except redis.RedisError as exc:
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None
-            raise
+            raise BrokerRejected(f"Redis refused a fetch: {type(exc).__name__}: {exc}") from exc
 
     def _next(self) -> SafeMessageProxy | None:
         while True:
@@ -177,7 +178,7 @@ class RedisConsumer(Consumer):
     def _receive(self, rid: str, data: bytes, delivery: int, note: str) -> None:
         try:
             if delivery == 0:
-                raise DecodeError(data, ValueError("the script could not read its message id"))
+                raise DecodeError("no message id", data, ValueError("the script could not read its message id"))
             message = Message.decode(data)
         except DecodeError as exc:
             self._poison(rid, exc)
@@ -266,6 +267,8 @@ class RedisConsumer(Consumer):
             log_event("error", level="error", queue=q_name(self.queue_name), job=None,
                       job_id=getattr(message, "message_id", None), attempt=None,
                       error=f"outcome not written, the job will be handed back: {type(exc).__name__}: {exc}")
+            if isinstance(exc, redis.RedisError):
+                raise BrokerRejected(f"Redis refused an outcome: {type(exc).__name__}: {exc}") from exc
             raise
 
     def close(self) -> None:

@@ -100,11 +100,23 @@ local function heartbeat()
     redis.call("zadd", heartbeats_key, now, worker)
 end
 
--- The job id inside an encoded message, or nil when it cannot be decoded.
+-- The job id inside an encoded message, and its actor's name; nil when
+-- neither can be read. Read from the text, not with cjson (which refuses
+-- the lone surrogates JSON may carry in an error text, and costs a parse
+-- per message): Dramatiq's encoding puts the top-level message_id after
+-- args, kwargs and options, so it is the last unescaped occurrence (a
+-- payload may have a key of that name too); actor_name comes before args.
 local function message_id(data)
+    local id = nil
+    for found in string.gmatch(data, '"message_id":"([^"\\]*)"') do
+        id = found
+    end
+    if id and id ~= "" then
+        return id, string.match(data, '"actor_name":"([^"\\]*)"')
+    end
     local ok, decoded = pcall(cjson.decode, data)
     if ok and type(decoded) == "table" and type(decoded["message_id"]) == "string" then
-        return decoded["message_id"], decoded
+        return decoded["message_id"], decoded["actor_name"]
     end
     return nil, nil
 end
@@ -288,7 +300,7 @@ elseif command == "fetch" then
         end
         local data = redis.call("hget", queue.msgs, rid)
         if data then
-            local id, decoded = message_id(data)
+            local id, actor = message_id(data)
             local keep = not id -- undecodable: the worker dead-letters it
             local note = ""
             local delivery = 0
@@ -300,7 +312,7 @@ elseif command == "fetch" then
                         id = nil
                     else
                         redis.call("hset", record, "queue", queue.canonical, "job",
-                                   tostring(decoded["actor_name"] or ""), "rid", rid, "payload", data,
+                                   tostring(actor or ""), "rid", rid, "payload", data,
                                    "enqueued_at", now, "attempts", 0, "delivery", 0)
                         set_state(queue, id, queue.delay and "delayed" or "waiting")
                         current = rid
