@@ -168,3 +168,18 @@ class ProviderRejected(PermanentError):
 
 class ProviderRateLimited(RetryLater):
     """The model provider, or conveyor's own rate limit, said: not now. Run again after ``delay``."""
+
+
+# -- brokers outside enqueue ----------------------------------------------------
+
+
+class BrokerError(ConveyorError):
+    """A broker read, operator action or worker call failed (an enqueue raises :class:`BrokerUnavailable`)."""
+
+
+class BrokerUnreachable(BrokerError):
+    """The broker could not be reached or did not answer in time: the call's effect is unknown."""
+
+
+class BrokerRejected(BrokerError):
+    """The broker answered with an error (a script error, out of memory, a read-only replica)."""

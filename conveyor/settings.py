@@ -193,6 +193,18 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Per-queue overrides: CONVEYOR_QUEUES__<QUEUE>__<FIELD>.",
     )
+    # -- redis broker client ------------------------------------------------------
+    redis_socket_timeout: float = Field(
+        10, gt=0, description="Redis broker: seconds a command may wait for its reply before it counts as failed."
+    )
+    redis_connect_timeout: float = Field(5, gt=0, description="Redis broker: seconds to open a connection.")
+    redis_health_check_interval: float = Field(
+        15, ge=0, description="Redis broker: seconds a pooled connection may sit idle before it is PINGed "
+                              "on checkout; 0 turns the check off."
+    )
+    redis_retries: int = Field(
+        3, ge=0, le=20, description="Redis broker: reconnects with backoff a command tries before it fails."
+    )
 
     @field_validator("queues")
     @classmethod

@@ -56,6 +56,10 @@ def redis_url(redis_server: RedisServer) -> str:
     client = redis.Redis.from_url(redis_server.url)
     try:
         client.flushall()
+        # Persistent, as production should run (the broker names a Redis that is not); the restart
+        # after a kill still starts without it, so tests of the server itself see a crash forget.
+        if client.config_get("appendonly").get("appendonly") != "yes":
+            client.config_set("appendonly", "yes")
     finally:
         client.close()
     return redis_server.url

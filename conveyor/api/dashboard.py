@@ -114,7 +114,8 @@ def logout() -> Response:
 def queues(request: Request, inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
-    return _page("queues.html", title="Queues", queues=inspect.queues(), broker=inspect.app.settings.broker_name)
+    return _page("queues.html", title="Queues", queues=inspect.queues(), broker=inspect.app.settings.broker_name,
+                 config_warnings=inspect.config_warnings())
 
 
 @router.get("/queues/{queue}", response_class=HTMLResponse)

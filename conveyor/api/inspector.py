@@ -100,6 +100,14 @@ class Inspector:
 
     # -- reading -----------------------------------------------------------------
 
+    def config_warnings(self) -> list[str]:
+        """What in the broker's configuration can lose jobs, one sentence each (a banner); [] when unknown."""
+        warnings = getattr(self.broker, "config_warnings", None)
+        try:
+            return list(warnings()) if warnings else []
+        except Exception:  # the broker is down: the queue counts say so already
+            return []
+
     def queues(self) -> list[QueueView]:
         """Every queue with its counts, in the queue table's order."""
         now = time.time()

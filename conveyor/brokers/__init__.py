@@ -43,7 +43,8 @@ def build_broker(app: "App"):
         if not settings.redis_url:
             raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
         broker = RedisBroker(url=settings.redis_url, middleware=middleware, namespace=settings.redis_namespace,
-                             heartbeat_timeout=settings.heartbeat_timeout, retention=settings.retention)
+                             heartbeat_timeout=settings.heartbeat_timeout, retention=settings.retention,
+                             settings=settings)
     elif name == "postgres":
         from .postgres import PostgresBroker
 

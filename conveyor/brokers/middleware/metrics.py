@@ -15,6 +15,7 @@ when the delay queue ``<queue>.DQ`` hands it back).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -206,6 +207,13 @@ class QueueCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
+        warning = GaugeMetricFamily("conveyor_broker_config_warning", "1 for each way the broker's configuration "
+                                    "can lose acknowledged jobs (see the dashboard's banner).", labels=["reason"])
+        reasons = getattr(self.app.broker, "config_warning_reasons", None)
+        with contextlib.suppress(Exception):
+            for reason in (reasons() if reasons else {}):
+                warning.add_metric([reason], 1)
+        yield warning
         depth = GaugeMetricFamily("conveyor_queue_depth", "Jobs in the queue by state (waiting, delayed, "
                                   "active, failed).", labels=["queue", "state"])
         oldest = GaugeMetricFamily("conveyor_queue_oldest_waiting_seconds", "How long the oldest waiting job "

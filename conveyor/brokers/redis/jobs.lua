@@ -1,148 +1,239 @@
 -- conveyor's Redis commands, one script so every state change is atomic.
 --
--- The queue layout is Dramatiq's (dispatch.lua), so Dramatiq's own tools
--- still read it:
+-- Key names are those of keys.py (the Python side reads them there); the
+-- queue layout is Dramatiq's, so Dramatiq's own tools still read it:
 --   $ns:$queue            list of redis message ids (rid), FIFO
 --   $ns:$queue.msgs       hash rid -> encoded message
 --   $ns:$queue.XQ(.msgs)  dead letters, scored by when they died
---   $ns:__acks__.$worker.$queue   rids fetched by a worker, not yet acked
---   $ns:__heartbeats__    zset worker -> last heartbeat (ms)
+--   $ns:__acks__.$worker.$queue   rids fetched by a worker, not yet settled
+--   $ns:__acksets__.$worker       queues in which that worker holds acks
+--                                 (recovery reads this, never KEYS)
+--   $ns:__heartbeats__    zset worker -> last heartbeat (server ms)
+--   $ns:__maintained_at__ server ms of the last recovery pass
 -- conveyor adds job records (one per job id, surviving retries):
---   $ns:job:$id           hash: queue job state rid attempts key payload
---                         enqueued_at started_at finished_at error
+--   $ns:job:$id           hash: queue job state rid delivery attempts key
+--                         payload enqueued_at started_at finished_at error
+--                         eta worker final_failure updated_at
 --   $ns:idx:$queue:$state zset of job ids by when they entered the state
 --   $ns:totals:$queue     hash completed / failed, never reset
 --   $ns:dedup:$key        job id that holds the key, with a TTL
 --   $ns:paused            set of paused queue names
---   $ns:deleted:$id       tombstone of a deleted job (TTL: the retention),
---                         so a worker holding its message never revives it
---   $ns:wake:$queue       a short list idle consumers block on (BLPOP), so a
---                         new message starts in milliseconds, not a poll later
+--   $ns:deleted:$id       tombstone of a deleted job (TTL: the retention)
+--   $ns:wake:$queue       a short list idle consumers block on (BLPOP)
 --
--- ARGV: command, now_ms, queue, worker_id, then the command's arguments.
+-- The fence. Every time a message is handed to a worker (fetch) or taken
+-- back from one (hand-back, recovery), the record's `delivery` grows by
+-- one. The worker carries the number it was given; start, ack, nack,
+-- retry, promotion and the final-failure claim go through only while the
+-- record still has that number (and that rid). A worker that was given up
+-- on can therefore neither start nor settle the job's next delivery.
+--
+-- Time is the server's (TIME), never the caller's: heartbeats and the
+-- dead-worker cutoff are on one clock however wrong a worker's clock is.
+--
+-- ARGV: command, queue, worker_id, then the command's arguments.
 
 local ns = KEYS[1]
 local command = ARGV[1]
-local now = tonumber(ARGV[2])
-local queue = ARGV[3]
-local worker = ARGV[4]
+local worker = ARGV[3]
+local clock = redis.call("time")
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
-local canonical = queue
-local is_delay_queue = false
-if string.sub(queue, -3) == ".DQ" then
-    canonical = string.sub(queue, 1, -4)
-    is_delay_queue = true
-end
-
-local queue_key = ns .. ":" .. queue
-local messages_key = queue_key .. ".msgs"
-local xqueue_key = ns .. ":" .. canonical .. ".XQ"
-local xmessages_key = xqueue_key .. ".msgs"
 local heartbeats_key = ns .. ":__heartbeats__"
-local acks_key = ns .. ":__acks__." .. worker .. "." .. queue
-local totals_key = ns .. ":totals:" .. canonical
 
 -- Every state a record can be in (a deleted job leaves all their indexes).
 local STATES = {"waiting", "delayed", "active", "completed", "failed"}
+
+-- The keys of one queue (a delay queue is named $queue.DQ).
+local function Q(name)
+    local q = {name = name, canonical = name, delay = false}
+    if string.sub(name, -3) == ".DQ" then
+        q.canonical = string.sub(name, 1, -4)
+        q.delay = true
+    end
+    q.list = ns .. ":" .. name
+    q.msgs = q.list .. ".msgs"
+    q.xq = ns .. ":" .. q.canonical .. ".XQ"
+    q.xmsgs = q.xq .. ".msgs"
+    q.totals = ns .. ":totals:" .. q.canonical
+    q.wake = ns .. ":wake:" .. name
+    return q
+end
+
+local queue = Q(ARGV[2])
 
 local function job_key(id)
     return ns .. ":job:" .. id
 end
 
-local function index_key(state)
-    return ns .. ":idx:" .. canonical .. ":" .. state
+local function acks_key(holder, q)
+    return ns .. ":__acks__." .. holder .. "." .. q.name
+end
+
+local function acksets_key(holder)
+    return ns .. ":__acksets__." .. holder
+end
+
+local function index_key(q, state)
+    return ns .. ":idx:" .. q.canonical .. ":" .. state
+end
+
+local function wake(q)
+    -- Wake one idle consumer; the list is capped so nobody waiting is harmless.
+    redis.call("lpush", q.wake, 1)
+    redis.call("ltrim", q.wake, 0, 63)
 end
 
 -- Move a job record to a state, keeping exactly one index entry for it,
 -- and set any further fields ({name, value, ...}) in the same write.
--- Every state change goes through here, so the record's "state" names the
--- one index that holds the job: only that entry is removed (one ZREM, not
--- one per state: this runs at every enqueue, start and ack).
-local function set_state(id, state, fields)
+local function set_state(q, id, state, fields)
     local record = job_key(id)
     local previous = redis.call("hget", record, "state")
     if previous and previous ~= state then
-        redis.call("zrem", index_key(previous), id)
+        redis.call("zrem", index_key(q, previous), id)
     end
-    redis.call("zadd", index_key(state), now, id)
+    redis.call("zadd", index_key(q, state), now, id)
     redis.call("hset", record, "state", state, "updated_at", now, unpack(fields or {}))
-end
-
--- True when the job record still points at this delivery: an older
--- delivery (acked after its retry was enqueued) must not move the record.
-local function is_current(id, rid)
-    return redis.call("hget", job_key(id), "rid") == rid
 end
 
 local function heartbeat()
     redis.call("zadd", heartbeats_key, now, worker)
 end
 
-local function dead_letter(rid, data)
-    redis.call("zadd", xqueue_key, now, rid)
-    redis.call("hset", xmessages_key, rid, data)
-    redis.call("hdel", messages_key, rid)
+-- The job id inside an encoded message, or nil when it cannot be decoded.
+local function message_id(data)
+    local ok, decoded = pcall(cjson.decode, data)
+    if ok and type(decoded) == "table" and type(decoded["message_id"]) == "string" then
+        return decoded["message_id"], decoded
+    end
+    return nil, nil
 end
 
--- A failed job of this queue goes back to the tail of the queue with a
--- fresh attempt budget and its final-failure claim released; its message
--- comes back from the dead letters (or from the record's copy).
+-- 1 when the record still points at this message and this delivery;
+-- 0 when the record is gone (deleted, expired); -1 when superseded.
+local function fence(id, rid, delivery)
+    local r = redis.call("hmget", job_key(id), "rid", "delivery")
+    if not r[1] then
+        return 0
+    end
+    if r[1] == rid and tostring(r[2]) == tostring(delivery) then
+        return 1
+    end
+    return -1
+end
+
+local function dead_letter(q, rid, data)
+    redis.call("zadd", q.xq, now, rid)
+    redis.call("hset", q.xmsgs, rid, data)
+    redis.call("hdel", q.msgs, rid)
+end
+
+-- Take a held message back from `holder` to the front of its list. The
+-- record's delivery grows at once, so the holder's late start or outcome
+-- is refused. A message whose record points elsewhere (superseded) or
+-- whose job was deleted is dropped instead. Returns the job id put back,
+-- or nil.
+local function hand_back(q, holder, rid)
+    if redis.call("srem", acks_key(holder, q), rid) == 0 then
+        return nil
+    end
+    local data = redis.call("hget", q.msgs, rid)
+    if not data then
+        return nil
+    end
+    local id = message_id(data)
+    if id then
+        local record = job_key(id)
+        local current = redis.call("hget", record, "rid")
+        if not current and redis.call("exists", ns .. ":deleted:" .. id) == 1 then
+            redis.call("hdel", q.msgs, rid)
+            return nil
+        end
+        if current and current ~= rid then
+            redis.call("hdel", q.msgs, rid)
+            return nil
+        end
+        if current then
+            redis.call("hincrby", record, "delivery", 1)
+            if not q.delay then
+                set_state(q, id, "waiting")
+                redis.call("hdel", record, "worker")
+            end
+        end
+    end
+    redis.call("lpush", q.list, rid)
+    wake(q)
+    return id or rid
+end
+
+-- A failed job goes back to the tail of its queue with a fresh attempt
+-- budget and its final-failure claim released.
 local function retry_one(id)
     local record = job_key(id)
-    if redis.call("hget", record, "state") ~= "failed" or redis.call("hget", record, "queue") ~= canonical then
+    if redis.call("hget", record, "state") ~= "failed" or redis.call("hget", record, "queue") ~= queue.canonical then
         return false
     end
     local rid = redis.call("hget", record, "rid")
-    local data = redis.call("hget", xmessages_key, rid) or redis.call("hget", record, "payload")
+    local data = redis.call("hget", queue.xmsgs, rid) or redis.call("hget", record, "payload")
     if not data then
         return false
     end
-    redis.call("zrem", xqueue_key, rid)
-    redis.call("hdel", xmessages_key, rid)
-    redis.call("hset", messages_key, rid, data)
-    redis.call("rpush", queue_key, rid)
-    redis.call("lpush", ns .. ":wake:" .. canonical, 1)
-    redis.call("ltrim", ns .. ":wake:" .. canonical, 0, 63)
+    local main = Q(queue.canonical)
+    redis.call("zrem", main.xq, rid)
+    redis.call("hdel", main.xmsgs, rid)
+    redis.call("hset", main.msgs, rid, data)
+    redis.call("rpush", main.list, rid)
+    wake(main)
     redis.call("hset", record, "attempts", 0)
     redis.call("hdel", record, "final_failure", "finished_at", "eta")
     redis.call("persist", record)
-    set_state(id, "waiting")
+    set_state(main, id, "waiting")
     return true
 end
 
--- The delivery is done: drop the message; a current record becomes completed.
--- A delay-queue ack only means the message moved on to its queue.
-local function ack_one(rid, id, retention)
-    if redis.call("srem", acks_key, rid) > 0 then
-        redis.call("hdel", messages_key, rid)
+-- The job is done: drop its message; the record becomes completed.
+-- Returns the fence (1 done, 0 job gone, -1 superseded: nothing moved).
+local function ack_one(rid, id, delivery, retention)
+    local f = fence(id, rid, delivery)
+    if f == -1 then
+        return -1
     end
-    if not is_delay_queue and is_current(id, rid) then
-        set_state(id, "completed", {"finished_at", now})
-        redis.call("hdel", job_key(id), "error")
+    redis.call("srem", acks_key(worker, queue), rid)
+    redis.call("hdel", queue.msgs, rid)
+    -- A call repeated after a lost reply counts the completion once.
+    if f == 1 and redis.call("hget", job_key(id), "state") ~= "completed" then
+        set_state(queue, id, "completed", {"finished_at", now})
+        redis.call("hdel", job_key(id), "error", "worker")
         redis.call("pexpire", job_key(id), retention)
-        redis.call("hincrby", totals_key, "completed", 1)
+        redis.call("hincrby", queue.totals, "completed", 1)
     end
+    return f
 end
 
--- Acks buffered by the worker ride along with its next call:
--- ARGV[first] = retention_ms, ARGV[first + 1] = count, then rid, id pairs.
+-- Acks buffered by the worker ride along with its next call: ARGV[first] =
+-- retention_ms, ARGV[first + 1] = count, then rid, id, delivery triples.
+-- Returns the ids whose ack was refused (superseded deliveries).
 local function ack_buffered(first)
     local retention, count = ARGV[first], tonumber(ARGV[first + 1])
+    local refused = {}
     for i = 0, count - 1 do
-        ack_one(ARGV[first + 2 + 2 * i], ARGV[first + 3 + 2 * i], retention)
+        local base = first + 2 + 3 * i
+        if ack_one(ARGV[base], ARGV[base + 1], ARGV[base + 2], retention) == -1 then
+            table.insert(refused, ARGV[base + 1])
+        end
     end
+    return refused
 end
 
 -- enqueue(rid, id, data, job, key, dedup_ttl_ms, eta_ms, error)
 -- Returns {id, deduplicated}. With a key, the key is taken and the
--- message pushed in one step, so a crash can never leave a reserved key
--- without its job; a key whose job record is gone is free again.
+-- message pushed in one step; a key whose job record is gone is free again.
 if command == "enqueue" then
-    local rid, id, data, job, key = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-    local dedup_ttl, eta, err = ARGV[10], ARGV[11], ARGV[12]
-    -- A deleted job's message may still come back (a worker held it until
-    -- its delay passed): drop it instead of bringing the job back.
-    if redis.call("exists", ns .. ":deleted:" .. id) == 1 then
+    local rid, id, data, job, key = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+    local dedup_ttl, eta, err = ARGV[9], ARGV[10], ARGV[11]
+    -- A deleted job's message may still come back: drop it. A call repeated
+    -- after a lost reply (same rid) must not push the message twice.
+    if redis.call("exists", ns .. ":deleted:" .. id) == 1 or redis.call("hexists", queue.msgs, rid) == 1 then
         return {id, 0}
     end
     if key ~= "" then
@@ -153,16 +244,14 @@ if command == "enqueue" then
         end
         redis.call("set", dedup_key, id, "PX", dedup_ttl)
     end
-    redis.call("hset", messages_key, rid, data)
-    redis.call("rpush", queue_key, rid)
-    -- Wake one idle consumer; the list is capped so nobody waiting is harmless.
-    local wake_key = ns .. ":wake:" .. queue
-    redis.call("lpush", wake_key, 1)
-    redis.call("ltrim", wake_key, 0, 63)
+    redis.call("hset", queue.msgs, rid, data)
+    redis.call("rpush", queue.list, rid)
+    wake(queue)
     local record = job_key(id)
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
-    redis.call("hset", record, "queue", canonical, "job", job, "rid", rid, "payload", data)
+    redis.call("hsetnx", record, "delivery", 0)
+    redis.call("hset", record, "queue", queue.canonical, "job", job, "rid", rid, "payload", data)
     if key ~= "" then
         redis.call("hset", record, "key", key)
     end
@@ -170,181 +259,357 @@ if command == "enqueue" then
         redis.call("hset", record, "error", err)
     end
     redis.call("persist", record)
-    if is_delay_queue then
-        set_state(id, "delayed")
-        redis.call("hset", record, "eta", eta)
+    if queue.delay then
+        set_state(queue, id, "delayed", {"eta", eta})
     else
-        set_state(id, "waiting")
+        set_state(queue, id, "waiting")
     end
     return {id, 0}
 
--- fetch(count) -> {rid, data, rid, data, ...}; nothing from a paused queue.
+-- fetch(count) -> {rid, data, delivery, note, ...}; nothing from a paused
+-- queue. Each message handed out is a new delivery; a job fetched from
+-- its queue reads `active` (claimed, as on Postgres) until it ends or is
+-- handed back. A message without a record (an older producer's) gets one
+-- (note "adopted"); one whose record points at another message, or whose
+-- job was deleted, is dropped; an undecodable one comes back with
+-- delivery 0 so the worker dead-letters it.
 elseif command == "fetch" then
     heartbeat()
-    if redis.call("sismember", ns .. ":paused", canonical) == 1 then
+    redis.call("sadd", acksets_key(worker), queue.name)
+    if redis.call("sismember", ns .. ":paused", queue.canonical) == 1 then
         return {}
     end
     local out = {}
-    for _ = 1, tonumber(ARGV[5]) do
-        local rid = redis.call("lpop", queue_key)
+    local wanted = tonumber(ARGV[4])
+    while #out < 4 * wanted do
+        local rid = redis.call("lpop", queue.list)
         if not rid then
             break
         end
-        local data = redis.call("hget", messages_key, rid)
+        local data = redis.call("hget", queue.msgs, rid)
         if data then
-            redis.call("sadd", acks_key, rid)
-            table.insert(out, rid)
-            table.insert(out, data)
+            local id, decoded = message_id(data)
+            local keep = not id -- undecodable: the worker dead-letters it
+            local note = ""
+            local delivery = 0
+            if id then
+                local record = job_key(id)
+                local current = redis.call("hget", record, "rid")
+                if not current then
+                    if redis.call("exists", ns .. ":deleted:" .. id) == 1 then
+                        id = nil
+                    else
+                        redis.call("hset", record, "queue", queue.canonical, "job",
+                                   tostring(decoded["actor_name"] or ""), "rid", rid, "payload", data,
+                                   "enqueued_at", now, "attempts", 0, "delivery", 0)
+                        set_state(queue, id, queue.delay and "delayed" or "waiting")
+                        current = rid
+                        note = "adopted"
+                    end
+                end
+                if id and current ~= rid then
+                    id = nil
+                end
+                if not id then
+                    redis.call("hdel", queue.msgs, rid)
+                else
+                    keep = true
+                    delivery = redis.call("hincrby", record, "delivery", 1)
+                    if not queue.delay then
+                        set_state(queue, id, "active", {"worker", worker})
+                    end
+                end
+            end
+            if keep then
+                redis.call("sadd", acks_key(worker, queue), rid)
+                table.insert(out, rid)
+                table.insert(out, data)
+                table.insert(out, delivery)
+                table.insert(out, note)
+            end
         end
     end
     return out
 
--- start(rid, id, retention_ms, n, buffered acks...) -> attempt number,
--- counting every start of the job, including those whose worker died.
--- 0 when the job was deleted.
+-- start(rid, id, delivery, retention_ms, n, buffered acks...) ->
+-- {attempt, refused ids...}: attempt counts every start of the job,
+-- including those whose worker died; 0 when the job was deleted, -1 when
+-- this delivery was superseded (the job was handed to another).
 elseif command == "start" then
     heartbeat()
-    ack_buffered(7)
-    local rid, id = ARGV[5], ARGV[6]
-    if not is_current(id, rid) then
-        return 0
+    local refused = ack_buffered(7)
+    local rid, id, delivery = ARGV[4], ARGV[5], ARGV[6]
+    local f = fence(id, rid, delivery)
+    local attempt = f
+    if f == 1 then
+        if redis.call("hget", job_key(id), "state") ~= "active" then
+            attempt = -1
+        else
+            attempt = redis.call("hincrby", job_key(id), "attempts", 1)
+            redis.call("hset", job_key(id), "started_at", now, "worker", worker, "updated_at", now)
+        end
     end
-    local attempt = redis.call("hincrby", job_key(id), "attempts", 1)
-    set_state(id, "active", {"started_at", now, "worker", worker})
-    return attempt
+    table.insert(refused, 1, attempt)
+    return refused
 
--- acks(retention_ms, n, rid, id, ...): buffered acks with no start to ride on.
+-- acks(retention_ms, n, rid, id, delivery, ...) -> refused ids.
 elseif command == "acks" then
     heartbeat()
-    ack_buffered(5)
-    return 1
+    return ack_buffered(4)
 
--- ack(rid, id, retention_ms): one delivery done, at once (delay queues).
-elseif command == "ack" then
-    heartbeat()
-    ack_one(ARGV[5], ARGV[6], ARGV[7])
-    return 1
-
--- nack(rid, id, retention_ms, error): the job failed for good.
+-- nack(rid, id, delivery, retention_ms, error) -> fence: the job failed for good.
 elseif command == "nack" then
     heartbeat()
-    local rid, id, retention, err = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-    if redis.call("srem", acks_key, rid) > 0 then
-        local data = redis.call("hget", messages_key, rid)
+    local rid, id, delivery, retention, err = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+    local f = fence(id, rid, delivery)
+    if f == -1 then
+        return -1
+    end
+    if redis.call("srem", acks_key(worker, queue), rid) > 0 then
+        local data = redis.call("hget", queue.msgs, rid)
         if data then
-            dead_letter(rid, data)
+            dead_letter(queue, rid, data)
         end
     end
-    if is_current(id, rid) then
-        set_state(id, "failed", {"finished_at", now, "error", err})
+    if f == 1 and redis.call("hget", job_key(id), "state") ~= "failed" then
+        set_state(queue, id, "failed", {"finished_at", now, "error", err})
+        redis.call("hdel", job_key(id), "worker")
         redis.call("pexpire", job_key(id), retention)
-        redis.call("hincrby", totals_key, "failed", 1)
+        redis.call("hincrby", queue.totals, "failed", 1)
+    end
+    return f
+
+-- retry(rid, id, delivery, new_rid, data, eta_ms, error) -> fence.
+-- The delivery failed and the job runs again: in one step its message
+-- leaves this worker and the retry's message enters the delay queue (or
+-- the queue, without an eta). Nothing is written for a superseded delivery.
+elseif command == "retry" then
+    heartbeat()
+    local rid, id, delivery, new_rid, data, eta, err = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+    local f = fence(id, rid, delivery)
+    if f ~= 1 then
+        if f == 0 then
+            redis.call("srem", acks_key(worker, queue), rid)
+            redis.call("hdel", queue.msgs, rid)
+        end
+        return f
+    end
+    redis.call("srem", acks_key(worker, queue), rid)
+    redis.call("hdel", queue.msgs, rid)
+    local target = Q(eta ~= "" and (queue.canonical .. ".DQ") or queue.canonical)
+    redis.call("hset", target.msgs, new_rid, data)
+    redis.call("rpush", target.list, new_rid)
+    wake(target)
+    local record = job_key(id)
+    redis.call("hset", record, "rid", new_rid, "payload", data)
+    redis.call("hdel", record, "worker")
+    if err ~= "" then
+        redis.call("hset", record, "error", err)
+    end
+    if eta ~= "" then
+        set_state(target, id, "delayed", {"eta", eta})
+    else
+        set_state(target, id, "waiting")
     end
     return 1
 
--- poison(rid, error): a message that cannot even be decoded goes to the
--- dead letters alone; the consumer carries on with the rest.
+-- promote(rid, id, delivery, data) -> fence, on a delay queue: the held
+-- message's delay is over and it moves to its queue, in one step (a crash
+-- can neither lose it nor promote it twice).
+elseif command == "promote" then
+    heartbeat()
+    local rid, id, delivery, data = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+    local f = fence(id, rid, delivery)
+    if f == -1 then
+        return -1
+    end
+    -- Only while this worker still holds it: a repeated call promotes once.
+    local held = redis.call("srem", acks_key(worker, queue), rid)
+    redis.call("hdel", queue.msgs, rid)
+    if f == 1 and held == 1 then
+        local main = Q(queue.canonical)
+        redis.call("hset", main.msgs, rid, data)
+        redis.call("rpush", main.list, rid)
+        wake(main)
+        redis.call("hdel", job_key(id), "eta")
+        set_state(main, id, "waiting")
+        return 1
+    end
+    return 0
+
+-- claim_final(rid, id, delivery) -> 1 exactly once per job, and only for
+-- the current delivery: whoever gets it runs the final-failure hooks.
+elseif command == "claim_final" then
+    local rid, id, delivery = ARGV[4], ARGV[5], ARGV[6]
+    if fence(id, rid, delivery) ~= 1 then
+        return -1
+    end
+    return redis.call("hsetnx", job_key(id), "final_failure", now)
+
+-- poison(rid): a message that cannot even be decoded goes to the dead
+-- letters alone; the consumer carries on with the rest.
 elseif command == "poison" then
-    local rid = ARGV[5]
-    redis.call("srem", acks_key, rid)
-    local data = redis.call("hget", messages_key, rid)
+    local rid = ARGV[4]
+    redis.call("srem", acks_key(worker, queue), rid)
+    local data = redis.call("hget", queue.msgs, rid)
     if data then
-        dead_letter(rid, data)
+        dead_letter(queue, rid, data)
     end
-    redis.call("hincrby", totals_key, "failed", 1)
+    redis.call("hincrby", queue.totals, "failed", 1)
     return 1
 
--- requeue(rid...): prefetched messages a stopping worker never started.
+-- requeue(rid, delivery, ...) -> ids handed back: messages this worker
+-- holds and will not run (prefetched, or its start could not be written).
 elseif command == "requeue" then
     heartbeat()
-    for i = 5, #ARGV do
-        local rid = ARGV[i]
-        if redis.call("srem", acks_key, rid) > 0 and redis.call("hexists", messages_key, rid) == 1 then
-            redis.call("lpush", queue_key, rid)
+    local out = {}
+    for i = 4, #ARGV, 2 do
+        local rid, delivery = ARGV[i], ARGV[i + 1]
+        local data = redis.call("hget", queue.msgs, rid)
+        local id = data and message_id(data)
+        if id and fence(id, rid, delivery) == -1 then
+            id = nil -- superseded: the job is someone else's now
+        elseif data then
+            id = hand_back(queue, worker, rid)
+        end
+        if id then
+            table.insert(out, id)
         end
     end
-    return 1
+    return out
 
--- maintain(heartbeat_timeout_ms, retention_ms, dead_message_ttl_ms) -> ids of recovered jobs.
--- Messages held by workers whose heartbeat is older than the timeout go
--- back to the front of their queue; finished records leave the indexes
--- after the retention. Safe to run from every worker at once.
-elseif command == "maintain" then
+-- release(held rid...) -> ids handed back: this worker's messages of the
+-- queue that are not in flight in it (a replaced consumer's, an outcome
+-- that could not be written) go back to the queue. Without arguments:
+-- all of them (a graceful stop).
+elseif command == "release" then
     heartbeat()
-    local timeout, retention, dead_ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-    local recovered = {}
-    local dead_workers = redis.call("zrangebyscore", heartbeats_key, 0, now - timeout)
-    for _, dead in ipairs(dead_workers) do
-        local dead_acks = ns .. ":__acks__." .. dead .. "." .. queue
-        for _, rid in ipairs(redis.call("smembers", dead_acks)) do
-            local data = redis.call("hget", messages_key, rid)
-            if data then
-                redis.call("lpush", queue_key, rid)
-                local ok, decoded = pcall(cjson.decode, data)
-                local id = ok and type(decoded) == "table" and decoded["message_id"]
-                table.insert(recovered, id or rid)
-                if id and not is_delay_queue and is_current(id, rid) then
-                    set_state(id, "waiting")
-                end
+    local held = {}
+    for i = 4, #ARGV do
+        held[ARGV[i]] = true
+    end
+    local out = {}
+    for _, rid in ipairs(redis.call("smembers", acks_key(worker, queue))) do
+        if not held[rid] then
+            local id = hand_back(queue, worker, rid)
+            if id then
+                table.insert(out, id)
             end
         end
-        redis.call("del", dead_acks)
-        if #redis.call("keys", ns .. ":__acks__." .. dead .. ".*") == 0 then
+    end
+    return out
+
+-- leave(): a stopping worker that holds nothing is forgotten at once.
+elseif command == "leave" then
+    local left = 0
+    for _, name in ipairs(redis.call("smembers", acksets_key(worker))) do
+        left = left + redis.call("scard", acks_key(worker, Q(name)))
+    end
+    if left == 0 then
+        redis.call("del", acksets_key(worker))
+        redis.call("zrem", heartbeats_key, worker)
+    end
+    return left
+
+-- maintain(heartbeat_timeout_ms, retention_ms, dead_message_ttl_ms, queue...)
+-- -> {queue, id, ...} of recovered jobs. Messages held by workers whose
+-- heartbeat is older than the timeout (server clock) go back to the front
+-- of their lists as new deliveries; finished records leave the indexes
+-- after the retention. After a gap in recovery passes longer than the
+-- timeout (Redis was down, or restarted from its append-only file, or
+-- nobody ran), no worker is declared dead on this pass: live ones get the
+-- time to heartbeat again first.
+-- Safe to run from every worker at once.
+elseif command == "maintain" then
+    heartbeat()
+    local timeout, retention, dead_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+    local names = {}
+    for i = 7, #ARGV do
+        names[#names + 1] = ARGV[i]
+    end
+    local recovered = {}
+    local marker = ns .. ":__maintained_at__"
+    local last = tonumber(redis.call("get", marker) or now)
+    redis.call("set", marker, now)
+    if now - last <= timeout then
+        for _, dead in ipairs(redis.call("zrangebyscore", heartbeats_key, 0, now - timeout)) do
+            local seen = {}
+            local held = redis.call("smembers", acksets_key(dead))
+            for _, name in ipairs(names) do
+                held[#held + 1] = name
+            end
+            for _, name in ipairs(held) do
+                if not seen[name] then
+                    seen[name] = true
+                    local q = Q(name)
+                    for _, rid in ipairs(redis.call("smembers", acks_key(dead, q))) do
+                        local id = hand_back(q, dead, rid)
+                        if id then
+                            table.insert(recovered, q.canonical)
+                            table.insert(recovered, id)
+                        end
+                    end
+                    redis.call("del", acks_key(dead, q))
+                end
+            end
+            redis.call("del", acksets_key(dead))
             redis.call("zrem", heartbeats_key, dead)
         end
     end
-    for _, state in ipairs({"completed", "failed"}) do
-        redis.call("zremrangebyscore", index_key(state), 0, now - retention)
-    end
-    local expired = redis.call("zrangebyscore", xqueue_key, 0, now - dead_ttl, "LIMIT", 0, 1000)
-    for _, rid in ipairs(expired) do
-        redis.call("zrem", xqueue_key, rid)
-        redis.call("hdel", xmessages_key, rid)
+    for _, name in ipairs(names) do
+        local q = Q(name)
+        if not q.delay then
+            for _, state in ipairs({"completed", "failed"}) do
+                redis.call("zremrangebyscore", index_key(q, state), 0, now - retention)
+            end
+            for _, rid in ipairs(redis.call("zrangebyscore", q.xq, 0, now - dead_ttl, "LIMIT", 0, 1000)) do
+                redis.call("zrem", q.xq, rid)
+                redis.call("hdel", q.xmsgs, rid)
+            end
+        end
     end
     return recovered
 
 -- retry_failed(batch) -> {retried, looked_at}: up to `batch` jobs of the
--- queue's failed index go back to the queue (see retry_one). Index
--- entries whose record expired are dropped. The caller repeats while
--- looked_at == batch.
+-- queue's failed index go back to the queue (see retry_one).
 elseif command == "retry_failed" then
-    local batch = tonumber(ARGV[5])
-    local ids = redis.call("zrange", index_key("failed"), 0, batch - 1)
+    local batch = tonumber(ARGV[4])
+    local ids = redis.call("zrange", index_key(queue, "failed"), 0, batch - 1)
     local retried = 0
     for _, id in ipairs(ids) do
         if retry_one(id) then
             retried = retried + 1
         else
-            redis.call("zrem", index_key("failed"), id)
+            redis.call("zrem", index_key(queue, "failed"), id)
         end
     end
     return {retried, #ids}
 
--- retry(id) -> 1 when the failed job went back to its queue, else 0.
-elseif command == "retry" then
-    return retry_one(ARGV[5]) and 1 or 0
+-- retry_job(id) -> 1 when the failed job went back to its queue, else 0.
+elseif command == "retry_job" then
+    return retry_one(ARGV[4]) and 1 or 0
 
 -- delete(id, retention_ms) -> 1 when the job was removed, 0 when it is
--- unknown or running. Its message is taken out of whichever list holds it.
+-- unknown or held by a worker (active). Its message leaves every list.
 elseif command == "delete" then
-    local id, retention = ARGV[5], tonumber(ARGV[6])
+    local id, retention = ARGV[4], tonumber(ARGV[5])
     local record = job_key(id)
     local state = redis.call("hget", record, "state")
-    if not state or state == "active" or redis.call("hget", record, "queue") ~= canonical then
+    if not state or state == "active" or redis.call("hget", record, "queue") ~= queue.canonical then
         return 0
     end
     local rid = redis.call("hget", record, "rid")
     if rid then
-        local delay_key = ns .. ":" .. canonical .. ".DQ"
-        for _, list in ipairs({queue_key, delay_key}) do
-            redis.call("lrem", list, 0, rid)
-            redis.call("hdel", list .. ".msgs", rid)
+        for _, name in ipairs({queue.canonical, queue.canonical .. ".DQ"}) do
+            local q = Q(name)
+            redis.call("lrem", q.list, 0, rid)
+            redis.call("hdel", q.msgs, rid)
         end
-        redis.call("zrem", xqueue_key, rid)
-        redis.call("hdel", xmessages_key, rid)
+        redis.call("zrem", queue.xq, rid)
+        redis.call("hdel", queue.xmsgs, rid)
     end
     for _, s in ipairs(STATES) do
-        redis.call("zrem", index_key(s), id)
+        redis.call("zrem", index_key(queue, s), id)
     end
     redis.call("del", record)
     redis.call("set", ns .. ":deleted:" .. id, now, "PX", retention)

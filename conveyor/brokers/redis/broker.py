@@ -1,0 +1,512 @@
+"""The production broker: Dramatiq's RedisBroker, with conveyor's job records and delivery fence.
+
+It keeps Dramatiq's key layout and replaces its Lua with ``jobs.lua``, so
+that a keyed enqueue, a fetch, a start, an outcome, a promotion and a
+recovery each change queue and job record in one atomic step, on the
+server's clock, fenced by the job's delivery number.
+
+Ownership, in one place: a message this process fetched is *held*
+(``_held``) from the fetch until its outcome is written. Held messages are
+never handed back by :meth:`maintain`'s release pass; anything else in this
+worker's acks sets is not in flight here (a replaced consumer's leftovers,
+an outcome that hit a bug) and goes back to its queue as a new delivery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+from dramatiq import Message
+from dramatiq.brokers.redis import RedisBroker as DramatiqRedisBroker
+from dramatiq.common import current_millis, dq_name, q_name
+from dramatiq.errors import ConnectionClosed
+from dramatiq.middleware import SkipMessage
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from ...errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable
+from ...logs import log_event
+from ..base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts
+from .errors import is_unavailable, translated
+from .consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
+from .keys import Keys
+from .records import record_from_hash
+from .scripts import JOBS
+
+_MS = 1000  # settings are in seconds, the script counts milliseconds
+
+#: Failed jobs moved per script call by retry_failed: each call blocks Redis
+#: while it runs, so a queue with many failures is retried in slices.
+RETRY_BATCH = 500
+
+#: Seconds a job's start (or its final-failure claim) waits for Redis to come back before giving up on it.
+START_GRACE = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Retry:
+    """A failed delivery's next run, written with its outcome in one script call (see ``RedisConsumer.ack``)."""
+
+    rid: str
+    data: bytes
+    eta: int | str
+    error: str
+
+
+class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
+    """Dramatiq's RedisBroker plus keyed enqueue, attempts, job records and the delivery fence."""
+
+    def __init__(self, *, url: str, middleware: list, namespace: str, heartbeat_timeout: float, retention: float,
+                 settings: Any = None) -> None:
+        if settings is None:
+            from ...settings import Settings
+
+            settings = Settings()
+        # The pool is built here, from the settings: Dramatiq's from_url(url) would drop every option.
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=settings.redis_connect_timeout,
+            socket_timeout=settings.redis_socket_timeout,
+            health_check_interval=int(settings.redis_health_check_interval),
+            retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), settings.redis_retries),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        )
+        super().__init__(
+            middleware=middleware,
+            namespace=namespace,
+            client=client,
+            # conveyor drives recovery itself (see maintain); never at random.
+            maintenance_chance=0,
+            heartbeat_timeout=int(heartbeat_timeout * _MS),
+            dead_message_ttl=int(retention * _MS),
+        )
+        self.retention_ms = int(retention * _MS)
+        #: An idle consumer's BLPOP never outlasts half the socket timeout (or it would read as a timeout).
+        self.wait_cap = max(0.1, settings.redis_socket_timeout / 2)
+        self.keys = Keys(namespace)
+        self._jobs = self.client.register_script(JOBS)
+        self.acks = AckBuffer(self)
+        self._lock = threading.Lock()
+        self._fetch_locks: dict[str, threading.Lock] = {}
+        self._held: dict[str, dict[str, int]] = {}  # list name -> rid -> delivery, fetched here, unsettled
+        self._retries: dict[tuple[str, int], _Retry] = {}  # (job id, delivery) -> its retry, written at its ack
+        self._consumed: set[str] = set()
+        self._config_warnings: dict[str, str] | None = None
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _call(self, command: str, queue: str, *args: Any, client: Any = None) -> Any:
+        return self._jobs(keys=[self.namespace], args=[command, queue, self.broker_id, *args], client=client)
+
+    @property
+    def consumer_class(self):
+        return RedisConsumer
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> RedisConsumer:
+        with self._lock:
+            self._consumed.add(queue_name)
+        with contextlib.suppress(Exception):
+            self.config_warnings()
+        return RedisConsumer(self, queue_name, prefetch, timeout)
+
+    def close(self) -> None:
+        """A graceful stop: send buffered acks, hand back every message of this worker that has not ended, leave.
+
+        Jobs whose outcome cannot be written now stay in this worker's acks
+        sets and are recovered after the heartbeat timeout.
+        """
+        try:
+            self.acks.close()
+        except Exception as exc:
+            log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
+                      error=f"buffered acks not sent, their jobs will run again: {type(exc).__name__}: {exc}")
+        with self._lock:
+            consumed = sorted(self._consumed)
+        try:
+            for name in consumed:
+                ids = self._call("release", name)
+                with self._lock:
+                    self._held.pop(name, None)
+                if ids:
+                    log_event("released", queue=q_name(name), job=None, job_id=None, attempt=None,
+                              count=len(ids), reason="worker stopping: handed back unfinished jobs")
+            if consumed:
+                self._call("leave", "")
+        except redis.RedisError as exc:
+            log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
+                      error=f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}")
+        with self._lock:
+            self._consumed.clear()
+        self.client.close()
+        self.client.connection_pool.disconnect()
+
+    # -- what this process holds ------------------------------------------------
+
+    def _fetch_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._fetch_locks.setdefault(name, threading.Lock())
+
+    def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str]]:
+        """Fetch up to ``room`` messages; each is held from the same critical section the release pass uses."""
+        with self._fetch_lock(name):
+            rows = self._call("fetch", name, room)
+            out = []
+            with self._lock:
+                held = self._held.setdefault(name, {})
+                for i in range(0, len(rows), 4):
+                    rid = rows[i].decode()
+                    delivery = int(rows[i + 2])
+                    held[rid] = delivery
+                    out.append((rid, rows[i + 1], delivery, rows[i + 3].decode()))
+        return out
+
+    def _held_count(self, name: str) -> int:
+        return len(self._held.get(name, ()))
+
+    def _settle(self, name: str, rids) -> None:
+        with self._lock:
+            held = self._held.get(name)
+            if held:
+                for rid in rids:
+                    held.pop(rid.decode() if isinstance(rid, bytes) else rid, None)
+
+    def _refused(self, what: str, queue: str, job_id: str) -> None:
+        log_event("refused", level="warning", queue=queue, job=None, job_id=job_id, attempt=None,
+                  reason=f"{what} of a superseded delivery: the job was handed to another delivery")
+
+    def _take_retry(self, job_id: str, delivery: int) -> _Retry | None:
+        with self._lock:
+            return self._retries.pop((job_id, delivery), None)
+
+    def _keep_retry(self, job_id: str, delivery: int, retry: _Retry) -> None:
+        with self._lock:
+            self._retries.setdefault((job_id, delivery), retry)
+
+    # -- enqueue -------------------------------------------------------------
+
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+        """Dramatiq's enqueue: a new job; a running delivery's retry; or a delay queue's promotion."""
+        origin = message.options.get("redis_queue")
+        if origin is not None and delivery_of(message) is not None:
+            if origin.endswith(".DQ") and delay is None:
+                return self._promote(message, origin)
+            return self._stash_retry(message, delay)
+        return self._enqueue_many([EnqueueItem(_fresh(message), None, delay)], dedup_ttl=1)[0][0]
+
+    def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
+        return [ref for _, ref in self._enqueue_many(items, dedup_ttl=dedup_ttl)]
+
+    def _prepare(self, message: Message, delay_ms: int | None) -> Message:
+        message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
+        if delay_ms is not None:
+            message = message.copy(queue_name=dq_name(message.queue_name),
+                                   options={"eta": current_millis() + delay_ms})
+        return message
+
+    def _enqueue_many(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[tuple[Message, JobRef]]:
+        prepared = []
+        for item in items:
+            message = self._prepare(item.message, item.delay_ms)
+            self.emit_before("enqueue", message, item.delay_ms)
+            prepared.append((message, item))
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for message, item in prepared:
+                    self._call(
+                        "enqueue",
+                        message.queue_name,
+                        message.options["redis_message_id"],
+                        message.message_id,
+                        message.encode(),
+                        message.actor_name,
+                        item.key or "",
+                        int(dedup_ttl * _MS),
+                        message.options.get("eta", ""),
+                        storable(message.options.get("last_error", "")),
+                        client=pipe,
+                    )
+                results = pipe.execute()
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {type(exc).__name__}: {exc}") \
+                from exc
+        out = []
+        for (message, item), (job_id, duplicate) in zip(prepared, results):
+            ref = JobRef(job_id.decode() if isinstance(job_id, bytes) else job_id, bool(duplicate))
+            if not ref.deduplicated:
+                self.emit_after("enqueue", message, item.delay_ms)
+            out.append((message, ref))
+        return out
+
+    def _stash_retry(self, message: Message, delay: int | None) -> Message:
+        """The Retries middleware's retry of a running delivery. It is written by that delivery's ack, in the
+        same script call (``retry``): never an ack without its retry, never a retry left half-written."""
+        rid, delivery = delivery_of(message)  # type: ignore[misc]
+        new = self._prepare(_fresh(message).copy(queue_name=q_name(message.queue_name)), delay)
+        self.emit_before("enqueue", new, delay)
+        retry = _Retry(new.options["redis_message_id"], new.encode(), new.options.get("eta", ""),
+                       storable(new.options.get("last_error", "")))
+        with self._lock:
+            self._retries[(message.message_id, delivery)] = retry
+        self.emit_after("enqueue", new, delay)
+        return new
+
+    def _promote(self, message: Message, origin: str) -> Message:
+        """A held delayed message is due: one script moves it to its queue (see ``promote`` in jobs.lua)."""
+        rid, delivery = delivery_of(message)  # type: ignore[misc]
+        moved = _fresh(message).copy(queue_name=q_name(origin), options={"redis_message_id": rid})
+        moved.options.pop("eta", None)
+        self.emit_before("enqueue", moved, None)
+        try:
+            done = self._call("promote", origin, rid, message.message_id, delivery, moved.encode())
+        except redis.RedisError as exc:
+            if is_unavailable(exc):
+                raise ConnectionClosed(exc) from None
+            raise BrokerRejected(f"Redis refused the promotion: {type(exc).__name__}: {exc}") from exc
+        self._settle(origin, [rid])
+        if done == -1:
+            self._refused("promotion", q_name(origin), message.message_id)
+        elif done == 1:
+            self.emit_after("enqueue", moved, None)
+        return moved
+
+    # -- worker side ---------------------------------------------------------
+
+    def start_job(self, message: Any) -> int:
+        held = delivery_of(message)
+        if held is None:
+            return 0
+        rid, delivery = held
+        queue = message.queue_name
+        deadline = time.monotonic() + START_GRACE
+        while True:
+            acks = self.acks.take(queue)
+            try:
+                result = self._call("start", queue, rid, message.message_id, delivery, self.retention_ms,
+                                    len(acks) // 3, *acks)
+                break
+            except Exception as exc:
+                self.acks.restore(queue, acks)
+                # Raising would not stop the job (Dramatiq logs and swallows a hook's error), and
+                # without a counted, fenced start it must not run: hand it back.
+                if not is_unavailable(exc) or time.monotonic() >= deadline:
+                    message.options["redis_release"] = True
+                    log_event("error", level="warning", queue=q_name(queue), job=message.actor_name,
+                              job_id=message.message_id, attempt=None,
+                              error=f"could not record the start, job handed back: {type(exc).__name__}")
+                    raise SkipMessage("Redis is unavailable") from None
+                time.sleep(0.2)
+        self.acks.sent(queue, acks, result[1:])
+        attempt = int(result[0])
+        if attempt == -1:
+            self._refused("start", q_name(queue), message.message_id)
+            return 0
+        return attempt
+
+    def claim_final_failure(self, message: Any) -> bool:
+        held = delivery_of(message)
+        if held is None:
+            return False
+        rid, delivery = held
+        deadline = time.monotonic() + START_GRACE
+        while True:
+            try:
+                claimed = int(self._call("claim_final", message.queue_name, rid, message.message_id, delivery))
+                break
+            except Exception as exc:
+                if not is_unavailable(exc) or time.monotonic() >= deadline:
+                    # Not failed for good yet: its nack hands it back, and the next delivery claims again
+                    # (the Retries hook that called this swallows what it raises).
+                    message.options["redis_unsettled"] = True
+                    log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
+                              job_id=message.message_id, attempt=message.options.get("attempt"),
+                              error=f"could not claim the final failure, job handed back: {type(exc).__name__}")
+                    if is_unavailable(exc):
+                        raise BrokerUnreachable(f"could not claim the final failure: {type(exc).__name__}") \
+                            from exc
+                    raise BrokerRejected(f"final-failure claim refused: {type(exc).__name__}: {exc}") from exc
+                time.sleep(0.2)
+        if claimed == -1:
+            self._refused("final-failure claim", q_name(message.queue_name), message.message_id)
+        return claimed == 1
+
+    def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
+        done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.eta, retry.error)
+        self._settle(name, [rid])
+        if done == -1:
+            self._refused("retry", q_name(name), job_id)
+
+    def _write_nack(self, name: str, rid: str, job_id: str, delivery: int, error: str) -> None:
+        done = self._call("nack", name, rid, job_id, delivery, self.retention_ms, storable(error))
+        self._settle(name, [rid])
+        if done == -1:
+            self._refused("failure", q_name(name), job_id)
+
+    def _requeue(self, name: str, pairs: list[tuple[str, int]]) -> None:
+        if not pairs:
+            return
+        self._call("requeue", name, *(x for pair in pairs for x in pair))
+        self._settle(name, [rid for rid, _ in pairs])
+
+    @translated
+    def maintain(self) -> dict[str, list[str]]:
+        """Recover dead workers' jobs (server clock), hand back what this worker holds but runs nowhere, prune."""
+        names = sorted(self.queues) + sorted(dq_name(q) for q in self.queues)
+        recovered: dict[str, list[str]] = {}
+        rows = self._call("maintain", "", self.heartbeat_timeout, self.retention_ms, self.dead_message_ttl, *names)
+        for i in range(0, len(rows), 2):
+            recovered.setdefault(rows[i].decode(), []).append(rows[i + 1].decode())
+        self.release_orphans()
+        return recovered
+
+    @translated
+    def release_orphans(self) -> dict[str, list[str]]:
+        """This worker's held-but-not-in-flight messages go back to their queues (the Postgres broker's twin).
+
+        A consumer replaced after a connection error leaves its prefetched and
+        delayed messages in this worker's acks sets; so does an outcome that
+        failed on something other than the connection. Nothing else would
+        return them while this worker lives.
+        """
+        with self._lock:
+            consumed = sorted(self._consumed)
+        released: dict[str, list[str]] = {}
+        for name in consumed:
+            with self._fetch_lock(name):
+                with self._lock:
+                    held = list(self._held.get(name, {}))
+                ids = self._call("release", name, *held)
+            if ids:
+                released[q_name(name)] = [i.decode() for i in ids]
+                log_event("released", level="warning", queue=q_name(name), job=None, job_id=None, attempt=None,
+                          count=len(ids), reason="held by this worker but in flight nowhere: handed back")
+        return released
+
+    # -- configuration ---------------------------------------------------------
+
+    def config_warnings(self) -> list[str]:
+        """What in Redis's configuration can lose acknowledged jobs, one sentence each (the dashboard's banner).
+
+        Read once (CONFIG GET); a warning is logged for each at the first read.
+        """
+        return list(self.config_warning_reasons().values())
+
+    def config_warning_reasons(self) -> dict[str, str]:
+        if self._config_warnings is not None:
+            return dict(self._config_warnings)
+        try:
+            config = {}
+            for name in ("appendonly", "save", "maxmemory-policy"):
+                config.update({k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+                               for k, v in self.client.config_get(name).items()})
+        except redis.ResponseError:  # CONFIG is renamed or forbidden (managed Redis): nothing to say
+            self._config_warnings = {}
+            return {}
+        except redis.RedisError as exc:
+            raise BrokerUnreachable(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
+        warnings = {}
+        if config.get("appendonly") == "no" and not config.get("save", "").strip():
+            warnings["no_persistence"] = ("Redis keeps nothing on disk (appendonly no, no save points): a restart "
+                                          "loses every enqueued job, job record and dedup key")
+        policy = config.get("maxmemory-policy", "noeviction")
+        if policy != "noeviction":
+            warnings["eviction_policy"] = (f"Redis maxmemory-policy is {policy}, not noeviction: when memory runs "
+                                           "out it deletes keys, so enqueued jobs and dedup keys can vanish")
+        self._config_warnings = warnings
+        for reason, text in warnings.items():
+            log_event("config_warning", level="warning", queue=None, job=None, job_id=None, attempt=None,
+                      reason=reason, error=text)
+        return dict(warnings)
+
+    # -- reading -------------------------------------------------------------
+
+    @translated
+    def queue_counts(self, queue: str) -> QueueCounts:
+        keys = self.keys
+        with self.client.pipeline(transaction=False) as pipe:
+            for state in ("waiting", "delayed", "active", "failed"):
+                pipe.zcard(keys.index(queue, state))
+            pipe.hmget(keys.totals(queue), "completed", "failed")
+            pipe.sismember(keys.paused, queue)
+            # The waiting index is scored by when each job became waiting: the first is the oldest.
+            pipe.zrange(keys.index(queue, "waiting"), 0, 0, withscores=True)
+            waiting, delayed, active, failed, (completed_total, failed_total), paused, oldest = pipe.execute()
+        return QueueCounts(
+            queue, waiting, delayed, active, failed, int(completed_total or 0), int(failed_total or 0), bool(paused),
+            oldest[0][1] / _MS if oldest else None,
+        )
+
+    @translated
+    def get_job(self, job_id: str) -> JobRecord | None:
+        return record_from_hash(job_id, self.client.hgetall(self.keys.job(job_id)))
+
+    @translated
+    def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
+        if state not in JOB_STATES:
+            raise ValueError(f"unknown state {state!r}; states: {', '.join(JOB_STATES)}")
+        ids = self.client.zrevrange(self.keys.index(queue, state), offset, offset + limit - 1)
+        with self.client.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hgetall(self.keys.job(job_id.decode()))
+            rows = pipe.execute()
+        return [r for r in (record_from_hash(i.decode(), row) for i, row in zip(ids, rows)) if r]
+
+    @translated
+    def pause_queue(self, queue: str) -> None:
+        self.client.sadd(self.keys.paused, queue)
+
+    @translated
+    def resume_queue(self, queue: str) -> None:
+        self.client.srem(self.keys.paused, queue)
+
+    # -- operator actions ----------------------------------------------------
+
+    def _job_queue(self, job_id: str) -> str | None:
+        queue = self.client.hget(self.keys.job(job_id), "queue")
+        return queue.decode() if queue else None
+
+    @translated
+    def retry_job(self, job_id: str) -> bool:
+        queue = self._job_queue(job_id)
+        # The script re-checks state and queue: the record may change between the two calls.
+        return bool(queue) and bool(self._call("retry_job", queue, job_id))
+
+    @translated
+    def retry_failed(self, queue: str) -> int:
+        total = 0
+        while True:
+            retried, looked_at = self._call("retry_failed", queue, RETRY_BATCH)
+            total += int(retried)
+            if int(looked_at) < RETRY_BATCH:
+                return total
+
+    @translated
+    def delete_job(self, job_id: str) -> bool:
+        queue = self._job_queue(job_id)
+        return bool(queue) and bool(self._call("delete", queue, job_id, self.retention_ms))
+
+    # -- Dramatiq's admin helpers (tests) ---------------------------------------
+
+    @translated
+    def flush(self, queue_name: str) -> None:
+        super().flush(queue_name)
+
+    @translated
+    def flush_all(self) -> None:
+        super().flush_all()
+
+
+def storable(text: str | None) -> str:
+    """Any error text as valid UTF-8 (a lone surrogate would make the script call fail); NUL is fine in Redis."""
+    return (text or "").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _fresh(message: Message) -> Message:
+    """The message as it is stored: without what belonged to the delivery it came with."""
+    options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
+    return dataclasses.replace(message, options=options)

@@ -1,0 +1,380 @@
+"""The Redis broker under faults: outages, timeouts, reconnects, lying clocks, superseded deliveries.
+
+Each test runs against a private redis-server with an append-only file
+(``appendfsync always``), killed and restarted the way it crashes, so what
+Redis acknowledged survives the restart, as in production.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import pytest
+import redis
+from dramatiq import Message
+
+from conveyor.app import App
+from conveyor.tasks.worker import ProcessWorker
+from tests.harness import ROOT, make_settings, probe_dead, probe_runs, running
+from tests.servers import RedisServer
+from tests.waiting import wait_for
+
+QUEUE = "critical"
+JOB = f"test.probe.{QUEUE}"
+
+
+@pytest.fixture(scope="module")
+def durable_redis():
+    with RedisServer(tempfile.mkdtemp(prefix="conveyor-redis-faults-"), durable=True) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_at(durable_redis, clean_env):
+    if not durable_redis.is_running:
+        durable_redis.start()
+    client = redis.Redis.from_url(durable_redis.url)
+    client.flushall()
+    client.close()
+    return durable_redis
+
+
+@pytest.fixture
+def make_app(redis_at, database_url):
+    apps = []
+
+    def make(**overrides) -> App:
+        app = App(make_settings("redis", redis_at.url, database_url, **overrides))
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+@pytest.fixture
+def settings(redis_at, database_url):
+    """For the ``workers`` fixture: worker subprocesses on the durable Redis."""
+    return make_settings("redis", redis_at.url, database_url)
+
+
+@pytest.fixture
+def client(redis_at):
+    c = redis.Redis.from_url(redis_at.url)
+    yield c
+    c.close()
+
+
+def _outage(server: RedisServer, seconds: float) -> tuple[float, float]:
+    """SIGKILL Redis, keep it down ``seconds``, start it again on the same files; returns (down, up) times."""
+    down = time.time()
+    server.kill()
+    time.sleep(seconds)
+    server.start()
+    return down, time.time()
+
+
+def _next_message(consumer, timeout: float = 10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = next(consumer)
+        if message is not None:
+            return message
+    raise AssertionError("no message fetched")
+
+
+def _acks_members(client: redis.Redis, ns: str) -> set[bytes]:
+    members = set()
+    for key in client.scan_iter(match=f"{ns}:__acks__.*"):
+        members |= client.smembers(key)
+    return members
+
+
+# -- 1. a start or an outcome that cannot be written ------------------------------
+
+
+def test_retry_of_a_job_that_fails_while_redis_is_down_is_not_lost(make_app, redis_at, database_url):
+    app = make_app(heartbeat_timeout=30)
+    ref = app.jobs.enqueue(JOB, {"token": "blip-retry", "sleep": 1.5, "fail_times": 1})
+    with running(app, QUEUE):
+        wait_for(lambda: probe_runs(database_url, "blip-retry"), message="the job to start")
+        _outage(redis_at, 3)  # the job fails while Redis is down: its retry cannot be written then
+        wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=60,
+                 message="the job to complete after its retry")
+    runs = probe_runs(database_url, "blip-retry")
+    assert [r["attempt"] for r in runs] == [1, 2], "the failed attempt must be retried, not acked as completed"
+    assert runs[1]["finished_at"] is not None
+    assert app.broker.get_job(ref.id).attempts == 2
+
+
+def test_a_job_whose_start_cannot_be_written_does_not_run_until_it_can(make_app, redis_at, database_url):
+    app = make_app(heartbeat_timeout=30)
+    first = app.jobs.enqueue(JOB, {"token": "blip-start-1", "sleep": 2})
+    second = app.jobs.enqueue(JOB, {"token": "blip-start-2"})
+    worker = ProcessWorker(app, QUEUE, threads=1)  # the second job waits, prefetched, for the one thread
+    worker.start()
+    try:
+        wait_for(lambda: probe_runs(database_url, "blip-start-1"), message="the first job to start")
+        down, up = _outage(redis_at, 4)
+        wait_for(lambda: app.broker.get_job(second.id).state == "completed", timeout=60,
+                 message="the second job to run once Redis is back")
+    finally:
+        worker.stop()
+    runs = probe_runs(database_url, "blip-start-2")
+    assert len(runs) == 1
+    assert runs[0]["started_at"].timestamp() >= up - 0.5, "it ran while its start could not be written"
+    assert app.broker.get_job(second.id).attempts == 1
+    assert app.broker.get_job(first.id).state == "completed"
+
+
+# -- 2. client settings and timeouts ------------------------------------------------
+
+
+def test_redis_client_settings_reach_the_connection_pool(make_app):
+    app = make_app(redis_socket_timeout=1.5, redis_connect_timeout=2.5, redis_health_check_interval=7,
+                   redis_retries=2)
+    kwargs = app.broker.client.connection_pool.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"], kwargs["health_check_interval"]) == \
+        (1.5, 2.5, 7)
+    assert kwargs["retry"].get_retries() == 2
+
+
+def test_a_final_failure_that_times_out_is_written_later_and_its_hook_runs_once(make_app, client, database_url):
+    # Replies take longer than the socket timeout while Redis is paused: timeouts, not connection errors.
+    app = make_app(redis_socket_timeout=1, redis_retries=0, heartbeat_timeout=30)
+    reader = make_app()  # the test's own reads wait out the pause
+    ref = app.jobs.enqueue(JOB, {"token": "paused-nack", "sleep": 1, "permanent": True})
+    with running(app, QUEUE):
+        wait_for(lambda: probe_runs(database_url, "paused-nack"), message="the job to start")
+        client.execute_command("CLIENT", "PAUSE", 3500, "ALL")
+        wait_for(lambda: reader.broker.get_job(ref.id).state == "failed", timeout=60,
+                 message="the failure to be written once Redis answers")
+        wait_for(lambda: probe_dead(database_url), timeout=30, message="the final-failure hook")
+    assert [d["token"] for d in probe_dead(database_url)] == ["paused-nack"]
+    assert len(probe_runs(database_url, "paused-nack")) == 1
+
+
+def test_recovery_never_scans_the_keyspace_with_keys(make_app, client):
+    dead, live = make_app(), make_app()
+    dead.jobs.enqueue(JOB, {"token": "keys"})
+    consumer = dead.broker.consume(QUEUE, prefetch=1, timeout=100)
+    _next_message(consumer)
+    client.zadd(f"{dead.settings.redis_namespace}:__heartbeats__", {dead.broker.broker_id: 0})
+    client.config_resetstat()
+    recovered = live.broker.maintain()
+    calls = client.info("commandstats")
+    assert "cmdstat_keys" not in calls, "recovery ran KEYS over the whole keyspace"
+    assert sum(len(v) for v in recovered.values()) == 1
+
+
+# -- 3. delayed jobs held by a consumer that was replaced -------------------------------
+
+
+def test_delayed_job_held_by_a_replaced_consumer_runs_while_its_worker_lives(make_app, redis_at, database_url):
+    app = make_app(heartbeat_timeout=3600)  # recovery of dead workers cannot be what brings it back
+    ns = app.settings.redis_namespace
+    with running(app, QUEUE):
+        ref = app.jobs.enqueue(JOB, {"token": "stranded"}, delay=3)
+        with redis.Redis.from_url(redis_at.url) as c:
+            wait_for(lambda: _acks_members(c, ns), message="the delay-queue consumer to fetch the delayed job")
+        # Longer than the client's reconnect retries: the consumers fail and Dramatiq replaces them.
+        _outage(redis_at, 4)
+        wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=30,
+                 message="the delayed job to run while its worker lives")
+    assert len(probe_runs(database_url, "stranded")) == 1
+    with redis.Redis.from_url(redis_at.url) as c:
+        assert not _acks_members(c, ns), "a stopped worker holds nothing"
+
+
+def test_graceful_stop_hands_back_every_job_it_did_not_finish(make_app, redis_at):
+    app = make_app(heartbeat_timeout=3600)
+    ns = app.settings.redis_namespace
+    later = app.jobs.enqueue(JOB, {"token": "later"}, delay=3600)
+    worker = ProcessWorker(app, QUEUE)
+    worker.start()
+    client = redis.Redis.from_url(redis_at.url)
+    try:
+        wait_for(lambda: _acks_members(client, ns), message="the delayed job to be fetched")
+        _outage(redis_at, 4)
+        time.sleep(4)  # the replaced consumers are back
+    finally:
+        worker.stop()
+    assert not _acks_members(client, ns)
+    assert client.llen(f"{ns}:{QUEUE}.DQ") == 1
+    assert app.broker.get_job(later.id).state == "delayed"
+    client.close()
+
+
+def test_a_fetch_whose_reply_was_lost_is_handed_back_by_the_release_pass(make_app, client):
+    app = make_app(heartbeat_timeout=3600)
+    ns = app.settings.redis_namespace
+    ref = app.jobs.enqueue(JOB, {"token": "lost-reply"})
+    consumer = app.broker.consume(QUEUE, prefetch=1, timeout=100)
+    app.broker._call("fetch", QUEUE, 1)  # Redis did it; the reply never reached the consumer
+    assert app.broker.get_job(ref.id).state == "active"
+    assert app.broker.release_orphans() == {QUEUE: [ref.id]}
+    assert app.broker.get_job(ref.id).state == "waiting"
+    assert client.lrange(f"{ns}:{QUEUE}", 0, -1)
+    message = _next_message(consumer)
+    assert app.broker.start_job(message) == 1
+    consumer.close()
+
+
+# -- 4. server clock and the delivery fence ----------------------------------------------
+
+
+def test_a_worker_whose_clock_is_an_hour_behind_is_not_declared_dead_while_it_works(make_app, workers,
+                                                                                   database_url, tmp_path):
+    app = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "skewed", "sleep": 5})
+    # The worker's wall clock (time.time, all the broker could read) runs an hour behind the server's.
+    (tmp_path / "skew").mkdir()
+    (tmp_path / "skew" / "sitecustomize.py").write_text(
+        "import time\n_real, _real_ns = time.time, time.time_ns\n"
+        "time.time = lambda: _real() - 3600\ntime.time_ns = lambda: _real_ns() - 3600 * 10**9\n")
+    worker = workers(QUEUE, PYTHONPATH=f"{tmp_path / 'skew'}{os.pathsep}{ROOT}")
+    wait_for(lambda: probe_runs(database_url, "skewed"), timeout=60, message="the skewed worker to start the job")
+    recovered = []
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and app.broker.get_job(ref.id).state != "completed":
+        recovered += app.broker.maintain().get(QUEUE, [])
+        time.sleep(0.2)
+    wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=60, message="the job to complete")
+    assert recovered == [], "a heartbeating worker was declared dead"
+    assert len(probe_runs(database_url, "skewed")) == 1
+    worker.terminate()
+
+
+def test_a_superseded_delivery_can_neither_start_nor_settle_the_next_one(make_app):
+    a, b = make_app(), make_app()
+    ref = a.jobs.enqueue(JOB, {"token": "fenced"})
+    old = _next_message(a.broker.consume(QUEUE, prefetch=1, timeout=100))
+    time.sleep(a.settings.heartbeat_timeout + 0.5)  # a says nothing for longer than the heartbeat timeout
+    assert b.broker.maintain() == {QUEUE: [ref.id]}
+    consumer_b = b.broker.consume(QUEUE, prefetch=1, timeout=100)
+    new = _next_message(consumer_b)  # the real second delivery
+    assert new.options["redis_delivery"] > old.options["redis_delivery"]
+    assert a.broker.start_job(old) == 0, "the superseded delivery must not start"
+    assert b.broker.start_job(new) == 1
+    a_consumer = a.broker.consume(QUEUE, prefetch=1, timeout=100)
+    a_consumer.ack(old)
+    a.broker.acks.flush()
+    assert a.broker.get_job(ref.id).state == "active", "the late ack of the old delivery was applied"
+    old.fail()
+    a_consumer.nack(old)
+    assert a.broker.get_job(ref.id).state == "active", "the late failure of the old delivery was applied"
+    assert a.broker.claim_final_failure(old) is False
+    consumer_b.ack(new)
+    b.broker.acks.flush()
+    record = b.broker.get_job(ref.id)
+    assert (record.state, record.attempts) == ("completed", 1)
+
+
+# -- 5. promotion, older producers, configuration --------------------------------------------
+
+
+def test_a_delayed_job_promoted_by_a_worker_that_died_before_its_ack_runs_once(make_app, client, database_url):
+    a, b = make_app(), make_app()
+    ns = a.settings.redis_namespace
+    a.jobs.enqueue(JOB, {"token": "promoted"}, delay=0.2)
+    held = _next_message(a.broker.consume(f"{QUEUE}.DQ", prefetch=1, timeout=100))
+    due = held.copy(queue_name=QUEUE)
+    del due.options["eta"]
+    a.broker.enqueue(due)  # the promotion; the worker dies before it acks the delay queue
+    with running(b, QUEUE):
+        wait_for(lambda: not client.zscore(f"{ns}:__heartbeats__", a.broker.broker_id), timeout=30,
+                 message="the dead worker to be recovered")
+        wait_for(lambda: client.llen(f"{ns}:{QUEUE}.DQ") == client.llen(f"{ns}:{QUEUE}") == 0
+                 and not _acks_members(client, ns)
+                 and all(r["finished_at"] for r in probe_runs(database_url, "promoted")),
+                 timeout=30, message="every copy of the job to have run")
+    assert len(probe_runs(database_url, "promoted")) == 1
+
+
+def test_a_message_from_an_older_producer_runs_once_and_ends(make_app, client, database_url):
+    app = make_app()
+    ns = app.settings.redis_namespace
+    message = Message(queue_name=QUEUE, actor_name=JOB, args=({"token": "old-producer"},), kwargs={}, options={})
+    client.hset(f"{ns}:{QUEUE}.msgs", "old-rid", message.encode())  # no redis_message_id, no job record
+    client.rpush(f"{ns}:{QUEUE}", "old-rid")
+    with running(app, QUEUE):
+        wait_for(lambda: (r := app.broker.get_job(message.message_id)) and r.state == "completed", timeout=30,
+                 message="the older producer's job to complete")
+    with running(app, QUEUE):  # a restart must not run it again
+        time.sleep(0.5)
+    assert len(probe_runs(database_url, "old-producer")) == 1
+    assert not _acks_members(client, ns)
+    assert not client.hexists(f"{ns}:{QUEUE}.msgs", "old-rid")
+
+
+def test_redis_without_persistence_or_with_eviction_is_named(database_url, clean_env):
+    with RedisServer(tempfile.mkdtemp(prefix="conveyor-redis-volatile-")) as volatile:
+        app = App(make_settings("redis", volatile.url, database_url))
+        try:
+            c = redis.Redis.from_url(volatile.url)
+            c.config_set("maxmemory-policy", "allkeys-lru")
+            c.close()
+            warnings = app.broker.config_warnings()
+            assert len(warnings) == 2
+            assert any("appendonly no" in w for w in warnings)
+            assert any("allkeys-lru" in w for w in warnings)
+            from conveyor.brokers.middleware.metrics import QueueCollector
+
+            families = {f.name: f for f in QueueCollector(app).collect()}
+            samples = {s.labels["reason"]: s.value for s in families["conveyor_broker_config_warning"].samples}
+            assert samples == {"no_persistence": 1, "eviction_policy": 1}
+        finally:
+            app.close()
+
+
+def test_a_persistent_noeviction_redis_has_no_warning(make_app):
+    assert make_app().broker.config_warnings() == []
+
+
+# -- 6. the drain: a prefetched job handed back reads waiting, one that is not reads active ----------
+
+
+def test_a_prefetched_job_reads_active_until_handed_back(make_app, client):
+    app = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "prefetched"})
+    consumer = app.broker.consume(QUEUE, prefetch=1, timeout=100)
+    message = _next_message(consumer)
+    assert app.broker.get_job(ref.id).state == "active", "a fetched job must not read waiting"
+    consumer.requeue([message])
+    assert app.broker.get_job(ref.id).state == "waiting"
+    assert not _acks_members(client, app.settings.redis_namespace)
+
+
+def test_threads_see_one_consistent_hold_count(make_app):
+    """The prefetch room counts what this process holds across consumers (a replaced one's in-flight jobs too)."""
+    app = make_app()
+    for i in range(4):
+        app.jobs.enqueue(JOB, {"token": f"room-{i}"})
+    first = app.broker.consume(QUEUE, prefetch=2, timeout=100)
+    got = [_next_message(first), _next_message(first)]
+    second = app.broker.consume(QUEUE, prefetch=2, timeout=100)
+    assert next(second) is None, "the process already holds its prefetch"
+    for m in got:
+        first.ack(m)
+    app.broker.acks.flush()
+    assert _next_message(second) is not None
+
+
+def test_a_retry_whose_error_text_has_a_lone_surrogate_and_a_nul_is_written(make_app):
+    app = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "bad-text"})
+    consumer = app.broker.consume(QUEUE, prefetch=1, timeout=100)
+    message = _next_message(consumer)
+    assert app.broker.start_job(message) == 1
+    error = "RuntimeError: bad\ud800text with a \x00 in it"
+    app.broker.enqueue(message.copy(options={"last_error": error}), delay=60_000)  # what Retries does
+    consumer.ack(message)
+    record = app.broker.get_job(ref.id)
+    assert record.state == "delayed"
+    assert record.error == "RuntimeError: bad\\ud800text with a \x00 in it"
+    message.fail()
+    message.options["last_error"] = error
+    assert app.broker.start_job(message) == 0, "the retried delivery is over"
