@@ -183,3 +183,7 @@ class BrokerUnreachable(BrokerError):
 
 class BrokerRejected(BrokerError):
     """The broker answered with an error (a script error, out of memory, a read-only replica)."""
+
+
+class DatabaseRefused(ConveyorError):
+    """Postgres refused a statement for a reason a retry cannot fix: data it cannot store, a constraint, a bug."""

@@ -102,28 +102,6 @@ def test_a_long_history_stays_out_of_the_claim_path(app, database_url):
     assert "conveyor_jobs_pending" in plan, plan
 
 
-def test_outcome_of_a_superseded_delivery_changes_nothing(app, database_url):
-    ref = app.jobs.enqueue("test.probe.indexing", {"token": "twice"})
-    consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)
-    try:
-        old = next(consumer)
-        # Its worker is declared dead and another worker claims the job again.
-        sql(database_url, "UPDATE conveyor_jobs SET status = 'pending', worker_id = NULL WHERE id = %s", (ref.id,))
-        consumer.held.clear()
-        new = next(consumer)
-        assert (old.options["pg_delivery"], new.options["pg_delivery"]) == (1, 2)
-        assert app.broker.start_job(old) == 0, "a superseded delivery does not start"
-        assert app.broker.start_job(new) == 1
-        consumer.ack(old)
-        app.broker._outbox.write(app.broker)
-        assert app.broker.get_job(ref.id).state == "active"
-        consumer.ack(new)
-        app.broker._outbox.write(app.broker)
-        assert app.broker.get_job(ref.id).state == "completed"
-    finally:
-        consumer.close()
-
-
 def test_start_of_a_deleted_job_returns_zero(app, database_url):
     ref = app.jobs.enqueue("test.probe.indexing", {"token": "deleted"})
     consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)

@@ -15,14 +15,11 @@ import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import psycopg
 
-from ..logs import log_event
-
-#: The NOTIFY channel; the payload is the queue name. ``LISTEN`` in postgres.sql names it too.
-CHANNEL = "conveyor_jobs"
+from ...logs import log_event
 
 #: Longest wait between two reconnection attempts (s).
 RECONNECT_MAX_DELAY = 2.0
@@ -55,15 +52,19 @@ class Listener(threading.Thread):
     """LISTEN for enqueues and heartbeat, on one connection of its own.
 
     ``connect()`` returns a new autocommit connection; ``on_connect(conn)``
-    runs the LISTEN; ``heartbeat(conn)`` writes this worker's heartbeat.
+    runs the LISTEN; ``heartbeat(conn)`` writes this worker's heartbeat
+    (``Jobs.connect``, ``Jobs.listen``, ``Jobs.heartbeat``); ``notifications(conn, timeout)``
+    waits for the queues named by notifications (``Jobs.notifications``).
     """
 
     def __init__(self, *, connect: Callable[[], psycopg.Connection], on_connect: Callable[[psycopg.Connection], None],
-                 heartbeat: Callable[[psycopg.Connection], None], heartbeat_interval: float) -> None:
+                 heartbeat: Callable[[psycopg.Connection], None], heartbeat_interval: float,
+                 notifications: Callable[[psycopg.Connection, float], Iterable[str]]) -> None:
         super().__init__(name="conveyor-pg-listen", daemon=True)
         self._connect = connect
         self._on_connect = on_connect
         self._heartbeat = heartbeat
+        self._notifications = notifications
         self.heartbeat_interval = heartbeat_interval
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -122,7 +123,7 @@ class Listener(threading.Thread):
                 self._wake(None)
                 delay = 0.1
                 self._listen(conn)
-            except Exception as exc:  # psycopg.Error mostly; anything else must not end the heartbeat for good
+            except Exception as exc:  # DatabaseUnavailable mostly; nothing may end the heartbeat for good
                 if self.up_since is not None:
                     log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                               error=f"postgres listener lost its connection: {type(exc).__name__}: {exc}")
@@ -140,8 +141,8 @@ class Listener(threading.Thread):
             if until_beat <= 0:
                 self._beat(conn)
                 continue
-            for notify in conn.notifies(timeout=min(WAIT_SLICE, until_beat)):
-                self._wake(notify.payload)
+            for queue in self._notifications(conn, min(WAIT_SLICE, until_beat)):
+                self._wake(queue)
 
     def _beat(self, conn: psycopg.Connection) -> None:
         self._heartbeat(conn)

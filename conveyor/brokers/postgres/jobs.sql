@@ -1,5 +1,5 @@
--- Named queries of the Postgres broker (postgres.py, postgres_consumer.py,
--- postgres_listen.py). The table is described in
+-- Named queries of the Postgres broker, run only by jobs.py (the one class
+-- that talks to Postgres). The table is described in
 -- conveyor/ledger/migrations/0010_jobs.sql.
 
 -- name: enqueue
@@ -36,6 +36,9 @@ WHERE job_key = ANY(%(keys)s::text[]) AND key_expires_at <= now()
 -- Claim up to `limit` runnable jobs in one statement: lock them skipping
 -- rows other workers hold, mark them in progress, stamp the pick time and
 -- the worker, count the delivery. FIFO by available time within priority.
+-- Runs on a synchronous-commit connection: the delivery number is the fence
+-- of every later start, outcome, retry and final-failure claim, and it must
+-- never be handed out twice, not even after a crash (jobs.py says why).
 WITH picked AS (
     SELECT id FROM conveyor_jobs
     WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
@@ -124,17 +127,20 @@ WITH old AS (
 SELECT unclaimed FROM moved
 
 -- name: claim_final_failure
+-- The current delivery fails for good and claims the final-failure hook.
+-- A superseded delivery (its worker was declared dead, another one runs
+-- the job) claims nothing: the job is not over.
 UPDATE conveyor_jobs SET final_failure_at = now()
-WHERE id = %(id)s AND final_failure_at IS NULL
+WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND final_failure_at IS NULL
 RETURNING id
 
 -- name: worker_session
--- Worker-side writes commit without waiting for the WAL flush (postgres.py,
--- WORKER_SYNCHRONOUS_COMMIT says why that is safe).
+-- Starts, outcomes and retries commit without waiting for the WAL flush
+-- (jobs.py, WORKER_SYNCHRONOUS_COMMIT says why that is safe; claims do wait).
 SET synchronous_commit = off
 
 -- name: listen
--- The channel is postgres.py's CHANNEL; the enqueue's NOTIFY names the queue.
+-- The channel is jobs.py's CHANNEL; the enqueue's NOTIFY names the queue.
 LISTEN conveyor_jobs
 
 -- name: heartbeat
@@ -149,14 +155,18 @@ DELETE FROM conveyor_workers WHERE id = %(id)s
 -- Rows held by workers whose heartbeat is older than the lease (or who
 -- are gone): back to pending, or failed when their attempts are spent.
 -- SKIP LOCKED and the re-check of status and worker under the row lock
--- make concurrent passes take each row once. Returns the moved rows;
--- run_hook marks the failures whose final-failure hook this pass claimed.
+-- make concurrent passes take each row once. Nothing is taken until the
+-- server has been up for a lease (its own clock): after a restart every
+-- heartbeat is old, and live workers need that long to reconnect and write
+-- a fresh one. Returns the moved rows; run_hook marks the failures whose
+-- final-failure hook this pass claimed.
 WITH stuck AS (
     SELECT j.id, j.final_failure_at IS NULL AS unclaimed,
            coalesce(j.attempt >= j.max_attempts
                     + coalesce((j.message -> 'options' ->> 'deferrals')::int, 0), false) AS spent
     FROM conveyor_jobs j
     WHERE j.status = 'in_progress'
+      AND pg_postmaster_start_time() <= now() - make_interval(secs => %(lease)s)
       AND NOT EXISTS (SELECT 1 FROM conveyor_workers w
                       WHERE w.id = j.worker_id
                         AND w.heartbeat_at >= now() - make_interval(secs => %(lease)s))

@@ -1,0 +1,360 @@
+"""Dramatiq's adapter for the Postgres broker: :class:`PostgresBroker`.
+
+It turns Dramatiq's calls (enqueue, consume, the retries middleware's
+start and final-failure claim) into calls of :class:`~.jobs.Jobs`, the
+data access, and keeps this process's deliveries in
+:class:`~.deliveries.Deliveries`. The rules it enforces:
+
+- a delivery whose start could not be written never runs (it is handed
+  back unstarted, ``SkipMessage``): no hook of Dramatiq's may swallow it;
+- a retry that could not be written is kept and supersedes the ack that
+  follows; one Postgres refuses hands the job back instead; a final-failure
+  claim that could not be written leaves the job held, never acked, and the
+  orphan pass hands it out again;
+- every write of a delivery names its delivery number (the fence).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+import psycopg
+from dramatiq import Broker, Message
+from dramatiq.common import q_name
+from dramatiq.errors import ConnectionClosed, QueueJoinTimeout, QueueNotFound
+from dramatiq.middleware import SkipMessage
+
+from ...errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, InvalidPayload
+from ...logs import log_event
+from ..base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts, describe_error
+from .consumer import DELIVERY_OPTIONS, PostgresConsumer
+from .deliveries import Deliveries, Retry
+from .jobs import POOL_TIMEOUT, Jobs, unstorable_path
+from .listen import Listener
+from .recovery import Recovery
+
+#: Seconds a job's start waits for Postgres to come back before the job is handed back unstarted.
+START_GRACE = 5.0
+
+#: Message option: the final failure of this delivery could not be claimed; write no outcome.
+ABANDON = "pg_abandon"
+
+
+class PostgresBroker(ConveyorBroker, Broker):
+    """Dramatiq broker plus conveyor's job interface, on one Postgres table.
+
+    ``on_dead(broker, message, error)`` runs a job's final failure found by
+    recovery or at claim (undecodable message); by default the callback the
+    Retries middleware runs (``App.final_failure``).
+    """
+
+    transactional_enqueue = True
+
+    def __init__(self, database_url: str, *, middleware: list | None = None, settings: Any = None,
+                 on_dead: Callable[[Any, Any, str], None] | None = None) -> None:
+        super().__init__(middleware=middleware)
+        if settings is None:
+            from ...settings import Settings
+
+            settings = Settings()
+        self.database_url = database_url
+        self.queues: set[str] = set()
+        self.poll_seconds = settings.pg_poll_seconds
+        self.lease = settings.pg_lease_seconds
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.jobs = Jobs(database_url, self.worker_id)
+        self.deliveries = Deliveries(self.jobs)
+        self.recovery = Recovery(self.jobs, self.deliveries, lease=self.lease,
+                                 interval=settings.pg_recovery_seconds, retention=settings.retention,
+                                 on_dead=self._run_on_dead)
+        self._on_dead = on_dead or _retries_callback(self.middleware)
+        self._lock = threading.RLock()
+        self.listener = self._new_listener()
+        self._consumed: set[str] = set()
+
+    def _new_listener(self) -> Listener:
+        return Listener(connect=self.jobs.connect, on_connect=self.jobs.listen, heartbeat=self._heartbeat,
+                        heartbeat_interval=self.lease / 3, notifications=self.jobs.notifications)
+
+    def _heartbeat(self, conn: psycopg.Connection) -> None:
+        self.jobs.heartbeat(conn, socket.gethostname(), os.getpid(), sorted(self._consumed))
+
+    # -- Dramatiq's Broker -------------------------------------------------------
+
+    def declare_queue(self, queue_name: str) -> None:
+        # No delay queues: a delayed job is a row whose available time is later.
+        if queue_name not in self.queues:
+            self.emit_before("declare_queue", queue_name)
+            self.queues.add(queue_name)
+            self.emit_after("declare_queue", queue_name)
+
+    def get_declared_queues(self) -> set[str]:
+        return set(self.queues)
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> PostgresConsumer:
+        if q_name(queue_name) not in self.queues:
+            raise QueueNotFound(queue_name)
+        with self._lock:
+            self._consumed.add(q_name(queue_name))
+            if not self.listener.is_alive():
+                self.listener.start()
+        # Claim nothing before this worker's heartbeat row exists: recovery
+        # would take the claims of a worker it cannot see.
+        if not self.listener.ready.wait(POOL_TIMEOUT):
+            raise ConnectionClosed(f"Postgres is unavailable: {self.listener.last_error}")
+        return PostgresConsumer(self, queue_name, prefetch, timeout)
+
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+        """Dramatiq's enqueue: a new job, or (for a message of a current delivery) its retry."""
+        if "pg_delivery" in message.options:
+            return self._retry(message, delay)
+        self.enqueue_jobs([EnqueueItem(message, None, delay)], dedup_ttl=1)
+        return message
+
+    def close(self) -> None:
+        """Stop listening and heartbeating, write pending outcomes, leave. The broker can be used again."""
+        with self._lock:
+            listener, self.listener = self.listener, self._new_listener()
+            self._consumed.clear()
+        listener.stop()
+        try:
+            self.deliveries.write()
+        except ConveyorError as exc:
+            log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
+                      error=f"outcomes of {self.deliveries.unwritten()} job(s) not written, recovery "
+                            f"will hand them out again: {exc}")
+        if listener.ready.is_set():
+            # Gone for good: its leftover rows are recovered at the next pass, not after the lease.
+            with contextlib.suppress(ConveyorError):
+                self.jobs.forget_worker()
+        self.jobs.close()
+
+    def flush(self, queue_name: str) -> None:
+        self.jobs.flush(q_name(queue_name))
+
+    def flush_all(self) -> None:
+        for queue in self.queues:
+            self.flush(queue)
+
+    def join(self, queue_name: str, *, interval: int = 100, timeout: int | None = None) -> None:
+        """Wait until ``queue_name`` has no pending or running job (tests)."""
+        deadline = timeout and time.monotonic() + timeout / 1000
+        while self.jobs.unfinished(q_name(queue_name)):
+            if deadline and time.monotonic() >= deadline:
+                raise QueueJoinTimeout(queue_name)
+            time.sleep(interval / 1000)
+
+    # -- enqueue -----------------------------------------------------------------
+
+    def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float,
+                     connection: psycopg.Connection | None = None) -> list[JobRef]:
+        """Insert jobs; with ``connection``, inside the caller's transaction (a savepoint if one is open)."""
+        rows = [self._row(item) for item in items]
+        refs = self.jobs.enqueue(rows, dedup_ttl, connection)
+        for item, ref in zip(items, refs):
+            if not ref.deduplicated:
+                self.emit_after("enqueue", item.message, item.delay_ms)
+        return refs
+
+    def _row(self, item: EnqueueItem) -> dict:
+        message = item.message
+        if any(k in message.options for k in DELIVERY_OPTIONS):
+            message = _without_delivery(message)
+        path = unstorable_path([message.args, message.kwargs])
+        if path is not None:
+            where = ("args", *path[1:]) if path[0] == 0 else ("kwargs", *path[1:])
+            raise InvalidPayload(message.actor_name, [{"loc": where, "msg": "contains a NUL character or a lone "
+                                                                           "surrogate, which Postgres cannot store"}])
+        self.emit_before("enqueue", message, item.delay_ms)
+        actor = self.actors.get(message.actor_name)
+        return {
+            "id": message.message_id,
+            "queue": q_name(message.queue_name),
+            "job": message.actor_name,
+            "priority": actor.priority if actor else 0,
+            "max_attempts": actor.options.get("max_attempts") if actor else None,
+            "key": item.key,
+            "message": message.encode().decode(),
+            "error": message.options.get("last_error"),
+            "delay": (item.delay_ms or 0) / 1000,
+        }
+
+    # -- worker side ---------------------------------------------------------------
+
+    def start_job(self, message: Any) -> int:
+        """Count the attempt; 0 for a deleted job or a superseded delivery.
+
+        Runs in Dramatiq's ``before_process_message``, which swallows errors:
+        every failure here becomes a hand-back (``SkipMessage``), never a run.
+        """
+        delivery = message.options.get("pg_delivery")
+        if delivery is None:
+            return 0
+        deadline = time.monotonic() + START_GRACE
+        while True:
+            try:
+                return self.jobs.start(message.message_id, delivery)
+            except Exception as exc:
+                if isinstance(exc, DatabaseUnavailable) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                # Without a counted attempt the job must not run: hand it back.
+                message.options["pg_release"] = True
+                log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
+                          job_id=message.message_id, attempt=None,
+                          error=f"could not record the start, job handed back: {type(exc).__name__}: {exc}")
+                raise SkipMessage("the start could not be recorded") from None
+
+    def claim_final_failure(self, message: Any) -> bool:
+        """True once per job, for its current delivery only.
+
+        When it cannot be written the job must not end: the delivery is
+        abandoned (its nack is not written), the row stays held, and the
+        orphan pass hands the job out again after the lease.
+        """
+        delivery = message.options.get("pg_delivery")
+        if delivery is None:
+            return False
+        deadline = time.monotonic() + START_GRACE
+        while True:
+            try:
+                return self.jobs.claim_final_failure(message.message_id, delivery)
+            except Exception as exc:
+                if isinstance(exc, DatabaseUnavailable) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                message.options[ABANDON] = True
+                self.deliveries.abandon(message.message_id, delivery)
+                log_event("error", level="error", queue=q_name(message.queue_name), job=message.actor_name,
+                          job_id=message.message_id, attempt=message.options.get("attempt"),
+                          error=f"could not claim the final failure, the job stays held and runs again: "
+                                f"{type(exc).__name__}: {exc}")
+                return False
+
+    def may_claim(self) -> bool:
+        """A worker whose heartbeat is late may be declared dead: claim nothing it could lose."""
+        return self.listener.beating(within=self.lease / 2)
+
+    def settle(self, message: Any, status: str, error: str | None) -> None:
+        """A delivery's outcome from the consumer (ack, nack, requeue)."""
+        delivery = message.options.get("pg_delivery")
+        if delivery is None:
+            return
+        if message.options.get(ABANDON):
+            return  # abandoned when it was decided (claim_final_failure)
+        if message.options.get("pg_release"):
+            status, error = "pending", None  # never started: hand it back
+        self.deliveries.settle(message.message_id, delivery, status, error)
+
+    def _retry(self, message: Message, delay: int | None) -> Message:
+        """The retries middleware re-enqueues a current delivery: its row goes back to pending."""
+        delivery = message.options["pg_delivery"]
+        # Middleware may stamp the message before it is stored (metrics' ready time).
+        self.emit_before("enqueue", message, delay)
+        stored = _without_delivery(message)
+        text = stored.encode().decode()
+        seconds = (delay or 0) / 1000
+        error = stored.options.get("last_error")
+        try:
+            self.jobs.retry(message.message_id, delivery, text, seconds, error)
+        except DatabaseRefused as exc:
+            # Refused even as sanitised text: run it again now rather than lose it (the ack that follows is void).
+            log_event("error", level="error", queue=q_name(message.queue_name), job=message.actor_name,
+                      job_id=message.message_id, attempt=message.options.get("attempt"),
+                      error=f"the retry could not be stored, the job is handed back instead: {exc}")
+            self.deliveries.settle(message.message_id, delivery, "pending")
+        except Exception:
+            # Kept until Postgres is back; it supersedes the ack that follows.
+            self.deliveries.put_retry(message.message_id, delivery, Retry(text, time.time() + seconds, error))
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def fail_malformed(self, job_id: str, queue: str, job: str, delivery: int, exc: Exception) -> None:
+        """A claimed row whose message cannot be decoded fails alone; its hook runs with no payload."""
+        cause = getattr(exc, "error", None) or exc  # DecodeError wraps the decoder's error
+        error = f"MalformedMessage: the stored message cannot be decoded ({describe_error(cause, 500)})"
+        try:
+            claimed = self.jobs.fail_malformed(job_id, delivery, error)
+        finally:
+            # Written, or held still and no longer owned: the orphan pass hands it out again.
+            self.deliveries.drop(job_id, delivery)
+        log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=None, error=error)
+        if claimed:
+            self._run_on_dead(job_id, queue, job, None, 0, error)
+
+    def _run_on_dead(self, job_id: str, queue: str, job: str, text: str | None, attempt: int, error: str) -> None:
+        message = None
+        if text is not None:
+            with contextlib.suppress(Exception):
+                message = dataclasses.replace(Message.decode(text.encode()), message_id=job_id, queue_name=queue)
+        if message is None:  # the hook gets no payload
+            message = Message(queue_name=queue, actor_name=job, args=(), kwargs={}, options={}, message_id=job_id)
+        message.options["attempt"] = attempt
+        if self._on_dead is None:
+            return
+        try:
+            self._on_dead(self, message, error)
+        except Exception as exc:
+            log_event("error", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt,
+                      error=f"final-failure handling raised {type(exc).__name__}: {exc}")
+
+    # -- recovery ---------------------------------------------------------------------
+
+    def maintain(self) -> dict[str, list[str]]:
+        return self.recovery.maintain(self.listener)
+
+    def recover(self) -> dict[str, list[str]]:
+        """One recovery pass now (tests, operators); returns the ids put back to pending, by queue."""
+        return self.recovery.recover(own_rows=self.listener.ready.is_set())
+
+    def prune(self) -> int:
+        return self.recovery.prune()
+
+    # -- records and operator actions ------------------------------------------------
+
+    def queue_counts(self, queue: str) -> QueueCounts:
+        return self.jobs.counts(queue)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        return self.jobs.get(job_id)
+
+    def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
+        if state not in JOB_STATES:
+            raise ValueError(f"unknown state {state!r}; states: {', '.join(JOB_STATES)}")
+        return self.jobs.list(queue, state, limit, offset)
+
+    def pause_queue(self, queue: str) -> None:
+        self.jobs.pause(queue)
+
+    def resume_queue(self, queue: str) -> None:
+        self.jobs.resume(queue)
+
+    def retry_job(self, job_id: str) -> bool:
+        return self.jobs.retry_failed(job_id, None) > 0
+
+    def retry_failed(self, queue: str) -> int:
+        return self.jobs.retry_failed(None, queue)
+
+    def delete_job(self, job_id: str) -> bool:
+        return self.jobs.delete(job_id)
+
+
+def _without_delivery(message: Message) -> Message:
+    options = {k: v for k, v in message.options.items() if k not in (*DELIVERY_OPTIONS, ABANDON)}
+    return dataclasses.replace(message, options=options)
+
+
+def _retries_callback(middleware: list) -> Callable[[Any, Any, str], None] | None:
+    from ..middleware.retries import Retries
+
+    for m in middleware:
+        if isinstance(m, Retries):
+            return m.on_final_failure
+    return None

@@ -1,0 +1,429 @@
+"""The one class that talks to Postgres for the broker: :class:`Jobs`.
+
+It owns the named queries (``jobs.sql`` beside it), the connection pools,
+and the translation of every psycopg error into conveyor's error tree,
+where it enters: :class:`~conveyor.errors.DatabaseUnavailable` when
+Postgres cannot be reached (or lost the connection, or timed out: try
+again later), :class:`~conveyor.errors.DatabaseRefused` when it refused a
+statement (a retry cannot help), :class:`~conveyor.errors.BrokerUnavailable`
+for an enqueue. The broker (Dramatiq's adapter), the consumer loop, the
+listener and recovery call its methods and never touch psycopg.
+
+Every write that belongs to one delivery of a job (start, outcome, retry,
+final-failure claim) names the delivery number its claim returned, and
+matches no row once that delivery is superseded.
+
+**Durability, and why claims commit synchronously.** The delivery number
+is the fence. A number that a crash could roll back would be handed out
+again: worker A claims delivery 7 and runs the job, Postgres crashes
+before the claim reached the disk, after the restart worker B claims the
+same job and gets delivery 7 again, and A's outcome then lands on B's
+claim while B still runs (and a retry of A's starts a third run). So the
+claim waits for the WAL flush: one flush per claim *batch*, never per
+job. Everything else a worker writes commits asynchronously, because none
+of it can make a number repeat: an outcome or retry lost in a crash
+leaves the row held by its (durable) claim, and the worker's orphan pass
+or recovery hands it out again under a new delivery; a start lost in a
+crash counts one attempt less. And whatever reads an asynchronous commit
+and then commits synchronously (a claim of a retried job) flushes it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+from ...db import load_queries
+from ...errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable
+from ..base import JobRef, QueueCounts
+from .records import LISTS, job_record
+
+QUERIES = load_queries(Path(__file__).with_name("jobs.sql"))
+
+#: The NOTIFY channel; the payload is the queue name. ``LISTEN`` in jobs.sql names it too.
+CHANNEL = "conveyor_jobs"
+
+#: Connections per pool: a worker process's threads each need one briefly to start a job.
+POOL_MAX = 16
+
+#: Seconds to wait for a pooled connection before calling Postgres unavailable.
+POOL_TIMEOUT = 5.0
+
+#: Rounds of insert / look up / release an expired key, for keys raced by other enqueuers.
+KEY_ROUNDS = 5
+
+#: Slots of conveyor_queue_totals (see the migration).
+TOTAL_SLOTS = 8
+
+#: Errors that mean "Postgres is not reachable right now (or timed out, or chose this
+#: transaction as a deadlock victim)": try again later. Every other psycopg error is a refusal.
+UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, PoolClosed)
+
+
+#: What a statement can raise: psycopg's errors, the pool's, and a parameter psycopg cannot encode.
+STATEMENT_ERRORS = (psycopg.Error, PoolTimeout, PoolClosed, UnicodeError)
+
+
+def translate(exc: BaseException, what: str) -> Exception:
+    """The conveyor error for a psycopg (or pool) error, saying what was being done.
+
+    Only the first line of the library's message: its DETAIL may quote a
+    row's contents (payloads, which may hold secrets).
+    """
+    summary = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+    if isinstance(exc, UNAVAILABLE):
+        return DatabaseUnavailable(f"Postgres is unavailable ({what}): {summary}")
+    return DatabaseRefused(f"Postgres refused {what}: {summary}")
+
+
+def storable(text: str | None) -> str | None:
+    """``text`` as Postgres can store it: NUL and lone surrogates written out as escapes.
+
+    Error texts come from anywhere (a processor's exception, a provider's
+    reply); Postgres rejects NUL in text and jsonb, and UTF-8 has no lone
+    surrogates. Anything else is kept as it is.
+    """
+    if text is None or (text.isascii() and "\x00" not in text):
+        return text
+    text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def storable_json(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string, keys too, made :func:`storable`."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, list):
+        return [storable_json(v) for v in value]
+    if isinstance(value, dict):
+        return {storable(k): storable_json(v) for k, v in value.items()}
+    return value
+
+
+def unstorable_path(value: Any, path: tuple = ()) -> tuple | None:
+    """Where in ``value`` a string Postgres cannot store sits (a NUL, a lone surrogate), or None."""
+    if isinstance(value, str):
+        return None if storable(value) == value else path
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = unstorable_path(v, (*path, i))
+            if found is not None:
+                return found
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = unstorable_path(k, (*path, "<key>")) if isinstance(k, str) else None
+            found = found if found is not None else unstorable_path(v, (*path, k))
+            if found is not None:
+                return found
+    return None
+
+
+def _sync_worker_commits() -> bool:
+    from . import WORKER_SYNCHRONOUS_COMMIT  # the package's switch (bench/pg_quick.py flips it)
+
+    return WORKER_SYNCHRONOUS_COMMIT
+
+
+class Jobs:
+    """Data access for the jobs table: pools, queries, error translation. Thread-safe."""
+
+    def __init__(self, database_url: str, worker_id: str) -> None:
+        self.database_url = database_url
+        self.worker_id = worker_id
+        self._lock = threading.Lock()
+        self._pools: dict[bool, ConnectionPool] = {}  # fast -> pool
+        self._pool_checked = -math.inf
+
+    # -- connections -----------------------------------------------------------
+
+    def connect(self) -> psycopg.Connection:
+        """A connection of its own (the listener's). Keepalives: a dead network path is noticed within ~15 s."""
+        try:
+            return psycopg.connect(self.database_url, autocommit=True, connect_timeout=5, keepalives=1,
+                                   keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "connecting") from exc
+
+    @contextlib.contextmanager
+    def _conn(self, *, fast: bool = False) -> Iterator[psycopg.Connection]:
+        """A pooled autocommit connection. No ping on checkout: a connection a
+        Postgres restart broke fails once, and the pools are then checked.
+
+        ``fast`` connections commit asynchronously (see the module docstring).
+        """
+        fast = fast and not _sync_worker_commits()
+        with self._lock:
+            pool = self._pools.get(fast)
+            if pool is None:
+                pool = self._pools[fast] = ConnectionPool(
+                    self.database_url, min_size=1, max_size=POOL_MAX, open=False, kwargs={"autocommit": True},
+                    name="conveyor-pg-worker" if fast else "conveyor-pg-broker", timeout=POOL_TIMEOUT,
+                    reconnect_timeout=60, configure=_worker_session if fast else None)
+                pool.open(wait=False)
+        with pool.connection() as conn:
+            yield conn
+
+    def trouble(self) -> None:
+        """After a connection error: replace the pools' broken connections (at most once a second)."""
+        now = time.monotonic()
+        if now - self._pool_checked < 1.0:
+            return
+        self._pool_checked = now
+        for pool in list(self._pools.values()):
+            try:
+                pool.check()
+            except Exception:  # the pool reconnects by itself; checking is only a shortcut
+                pass
+
+    def close(self) -> None:
+        """Close the pools; the next call opens new ones."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close(timeout=5)
+
+    def _execute(self, name: str, params: dict | None = None, *, fetch: str = "none", fast: bool = False) -> Any:
+        try:
+            with self._conn(fast=fast) as conn:
+                cur = conn.execute(QUERIES[name], params or {})
+                if fetch == "one":
+                    return cur.fetchone()
+                if fetch == "all":
+                    return cur.fetchall()
+                return cur.rowcount
+        except STATEMENT_ERRORS as exc:
+            if isinstance(exc, UNAVAILABLE):
+                self.trouble()
+            raise translate(exc, name.replace("_", " ")) from exc
+
+    def _read(self, name: str, params: dict, fetch: str) -> Any:
+        """A statement that is safe to repeat: once more on a fresh connection if the first one was broken."""
+        try:
+            return self._execute(name, params, fetch=fetch)
+        except DatabaseUnavailable as exc:
+            if isinstance(exc.__cause__, PoolTimeout):  # no connection for seconds: not a stale one
+                raise
+            return self._execute(name, params, fetch=fetch)
+
+    @staticmethod
+    def slot() -> int:
+        return random.randrange(TOTAL_SLOTS)
+
+    # -- enqueue -----------------------------------------------------------------
+
+    def enqueue(self, rows: list[dict], dedup_ttl: float, connection: psycopg.Connection | None = None) -> list[JobRef]:
+        """Insert jobs (rows as the broker builds them); with ``connection``, inside the caller's transaction."""
+        if connection is not None:
+            try:
+                with connection.transaction():
+                    return self._insert(connection, rows, dedup_ttl)
+            except STATEMENT_ERRORS as exc:
+                raise _enqueue_error(exc) from exc
+        # A pooled connection a Postgres restart broke fails before anything
+        # was sent: then try once more. A failure at COMMIT is ambiguous and
+        # is reported, never repeated (without a key it could enqueue twice).
+        attempt = 1
+        while True:
+            committing = False
+            try:
+                with self._conn() as conn:
+                    with conn.transaction():
+                        refs = self._insert(conn, rows, dedup_ttl)
+                        committing = True
+                return refs
+            except STATEMENT_ERRORS as exc:
+                if not isinstance(exc, UNAVAILABLE):
+                    raise _enqueue_error(exc) from exc
+                self.trouble()
+                if committing or attempt == 2 or isinstance(exc, PoolTimeout):
+                    raise _enqueue_error(exc) from exc
+                attempt += 1
+
+    def _insert(self, conn: psycopg.Connection, rows: list[dict], dedup_ttl: float) -> list[JobRef]:
+        refs: list[JobRef | None] = [None] * len(rows)
+        todo = list(range(len(rows)))
+        for _ in range(KEY_ROUNDS):
+            # Keys in one order in every transaction: two batches racing for
+            # the same keys then wait on each other instead of deadlocking.
+            batch = sorted((rows[i] for i in todo), key=lambda r: r["key"] or "")
+            inserted = {row[0] for row in conn.execute(QUERIES["enqueue"], _enqueue_params(batch, dedup_ttl))}
+            skipped = []
+            for i in todo:
+                if rows[i]["id"] in inserted:
+                    refs[i] = JobRef(rows[i]["id"], False)
+                else:
+                    skipped.append(i)
+            keys = sorted({rows[i]["key"] for i in skipped if rows[i]["key"]})
+            holders = {}
+            if keys:
+                holders = {key: (job_id, live) for key, job_id, live in
+                           conn.execute(QUERIES["key_holders"], {"keys": keys})}
+            todo = []
+            for i in skipped:
+                key = rows[i]["key"]
+                if key is None:  # this very message (same id) was enqueued before
+                    refs[i] = JobRef(rows[i]["id"], True)
+                elif key in holders and holders[key][1]:
+                    refs[i] = JobRef(holders[key][0], True)
+                else:  # the holder's TTL is over, or it was just deleted: take the key
+                    todo.append(i)
+            expired = [key for key, (_, live) in holders.items() if not live]
+            if expired:
+                conn.execute(QUERIES["release_expired_keys"], {"keys": expired})
+            if not todo:
+                return refs  # type: ignore[return-value]
+        raise BrokerUnavailable(f"could not settle the keys of {len(todo)} job(s) against concurrent "
+                                f"enqueues in {KEY_ROUNDS} rounds; nothing was enqueued")
+
+    # -- one delivery's life ------------------------------------------------------
+
+    def claim(self, queue: str, limit: int) -> list[tuple[str, str, str, int, str]]:
+        """Claim up to ``limit`` runnable jobs, FIFO within priority: (id, queue, job, delivery, message)."""
+        rows = self._execute("claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all")
+        rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: FIFO within priority
+        return [(r[0], r[1], r[2], r[3], r[6]) for r in rows]
+
+    def next_due(self, queue: str) -> float | None:
+        return self._execute("next_due", {"queue": queue}, fetch="one", fast=True)[0]
+
+    def start(self, job_id: str, delivery: int) -> int:
+        """Count the attempt of a claimed job; 0 when it was deleted or the delivery is superseded."""
+        row = self._execute("start", {"id": job_id, "delivery": delivery}, fetch="one", fast=True)
+        return row[0] if row else 0
+
+    def finish(self, outcomes: dict[tuple[str, int], tuple[str, str | None]]) -> int:
+        """Apply outcomes {(id, delivery): (status, error)} of current deliveries in one statement."""
+        keys = list(outcomes)
+        return self._execute("finish", {
+            "ids": [k[0] for k in keys], "deliveries": [k[1] for k in keys],
+            "statuses": [outcomes[k][0] for k in keys], "errors": [storable(outcomes[k][1]) for k in keys],
+            "slot": self.slot(),
+        }, fetch="one", fast=True)[0]
+
+    def retry(self, job_id: str, delivery: int, message: str, delay: float, error: str | None) -> None:
+        """The delivery failed and the job runs again after ``delay`` s, with its new message."""
+        self._execute("retry", {"id": job_id, "delivery": delivery, "delay": delay,
+                                "message": json.dumps(storable_json(json.loads(message))),
+                                "error": storable(error), "channel": CHANNEL}, fast=True)
+
+    def fail_malformed(self, job_id: str, delivery: int, error: str) -> bool:
+        """Fail a claimed row whose message does not decode; True when this call claimed its final failure."""
+        row = self._execute("fail_malformed", {"id": job_id, "delivery": delivery, "error": storable(error),
+                                               "slot": self.slot()}, fetch="one")
+        return bool(row and row[0])
+
+    def claim_final_failure(self, job_id: str, delivery: int) -> bool:
+        """True once per job, and only for its current delivery."""
+        return self._execute("claim_final_failure", {"id": job_id, "delivery": delivery}, fetch="one") is not None
+
+    # -- workers, recovery, pruning -------------------------------------------------
+
+    @staticmethod
+    def listen(conn: psycopg.Connection) -> None:
+        try:
+            conn.execute(QUERIES["listen"])
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "listen") from exc
+
+    @staticmethod
+    def notifications(conn: psycopg.Connection, timeout: float) -> Iterator[str]:
+        """The queues named by the notifications that arrive within ``timeout`` s, each as it arrives."""
+        try:
+            for notify in conn.notifies(timeout=timeout):
+                yield notify.payload
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "waiting for notifications") from exc
+
+    def heartbeat(self, conn: psycopg.Connection, hostname: str, pid: int, queues: list[str]) -> None:
+        try:
+            conn.execute(QUERIES["heartbeat"], {"id": self.worker_id, "hostname": hostname, "pid": pid,
+                                                "queues": queues})
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "heartbeat") from exc
+
+    def forget_worker(self) -> None:
+        self._execute("forget_worker", {"id": self.worker_id})
+
+    def recover(self, lease: float, limit: int) -> list[tuple]:
+        """Take back up to ``limit`` rows of workers dead for a lease (server clock); returns the moved rows."""
+        return self._execute("recover", {"lease": lease, "limit": limit, "slot": self.slot()}, fetch="all")
+
+    def release_orphans(self, lease: float, owned: set[str]) -> list[tuple[str, str]]:
+        """This worker's rows claimed over a lease ago that it no longer knows about: back to pending."""
+        return self._execute("release_orphans", {"worker": self.worker_id, "lease": lease, "held": sorted(owned)},
+                             fetch="all")
+
+    def forget_dead_workers(self, after: float) -> None:
+        self._execute("forget_dead_workers", {"after": after})
+
+    def prune(self, retention: float, limit: int) -> int:
+        return self._execute("prune", {"retention": retention, "limit": limit})
+
+    # -- reads and operator actions ---------------------------------------------------
+
+    def counts(self, queue: str) -> QueueCounts:
+        waiting, delayed, active, failed, completed_total, failed_total, paused, oldest = self._read(
+            "counts", {"queue": queue}, "one")
+        return QueueCounts(queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused,
+                           oldest)
+
+    def get(self, job_id: str):
+        row = self._read("get_job", {"id": job_id}, "one")
+        return job_record(row) if row else None
+
+    def list(self, queue: str, state: str, limit: int, offset: int):
+        name, status = LISTS[state]
+        rows = self._read(name, {"queue": queue, "status": status, "limit": limit, "offset": offset}, "all")
+        return [job_record(row) for row in rows]
+
+    def unfinished(self, queue: str) -> int:
+        return self._read("unfinished", {"queue": queue}, "one")[0]
+
+    def flush(self, queue: str) -> None:
+        self._execute("flush", {"queue": queue})
+
+    def pause(self, queue: str) -> None:
+        self._read("pause", {"queue": queue}, "none")
+
+    def resume(self, queue: str) -> None:
+        self._read("resume", {"queue": queue, "channel": CHANNEL}, "none")
+
+    def retry_failed(self, job_id: str | None, queue: str | None) -> int:
+        retried, _ = self._read("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL}, "one")
+        return retried
+
+    def delete(self, job_id: str) -> bool:
+        # A worker that claimed the job holds it (in_progress): only unheld jobs go.
+        return self._read("delete_job", {"id": job_id}, "one") is not None
+
+
+def _enqueue_error(exc: BaseException) -> Exception:
+    cause = translate(exc, "the enqueue")
+    return BrokerUnavailable(f"{cause}; nothing was enqueued")
+
+
+def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
+    return {
+        "ids": [r["id"] for r in rows], "queues": [r["queue"] for r in rows], "jobs": [r["job"] for r in rows],
+        "priorities": [r["priority"] for r in rows], "max_attempts": [r["max_attempts"] for r in rows],
+        "keys": [r["key"] for r in rows], "messages": [r["message"] for r in rows],
+        "errors": [storable(r["error"]) for r in rows], "delays": [r["delay"] for r in rows],
+        "dedup_ttl": float(dedup_ttl), "channel": CHANNEL,
+    }
+
+
+def _worker_session(conn: psycopg.Connection) -> None:
+    conn.execute(QUERIES["worker_session"])

@@ -1,0 +1,33 @@
+"""Job records from the jobs table's rows, as the dashboard and the API see them (``base.JobRecord``).
+
+Payloads are passed through as stored and never printed.
+"""
+
+from __future__ import annotations
+
+from ..base import JobRecord
+
+#: state -> (query in jobs.sql, status parameter)
+LISTS = {
+    "waiting": ("list_waiting", None),
+    "delayed": ("list_delayed", None),
+    "active": ("list_active", None),
+    "completed": ("list_finished", "done"),
+    "failed": ("list_finished", "failed"),
+}
+
+_STATES = {"pending": "waiting", "in_progress": "active", "done": "completed", "failed": "failed"}
+
+
+def job_record(row: tuple) -> JobRecord:
+    """One row of ``get_job`` / ``list_*`` as a record."""
+    (job_id, queue, job, status, delayed, attempt, key, payload, error,
+     created_at, started_at, completed_at, available_at) = row
+    state = "delayed" if status == "pending" and delayed else _STATES[status]
+    return JobRecord(
+        id=job_id, queue=queue, job=job, state=state, attempts=attempt, key=key,
+        payload=payload if isinstance(payload, dict) else {}, error=error,
+        enqueued_at=created_at.timestamp(), started_at=started_at.timestamp() if started_at else None,
+        finished_at=completed_at.timestamp() if completed_at else None,
+        eta=available_at.timestamp() if state == "delayed" else None,
+    )

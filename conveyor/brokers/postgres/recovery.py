@@ -1,0 +1,113 @@
+"""Recovery for the Postgres broker: dead workers' jobs, this worker's orphans, pruning.
+
+Every statement here is safe to run from many worker processes at once;
+liveness is judged on the server's clock (heartbeats are stamped with the
+server's ``now()`` and compared with it).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from ...logs import log_event
+from .deliveries import Deliveries
+from .jobs import Jobs
+from .listen import Listener
+
+#: Rows per recovery or prune statement, and statements per pass: both stay off the hot path.
+BATCH = 1000
+BATCHES_PER_PASS = 10
+
+#: Seconds between prune passes (the retention is days; no need to hurry).
+PRUNE_INTERVAL = 60.0
+
+#: Seconds after which a worker row that stopped heartbeating is forgotten.
+FORGET_WORKERS_AFTER = 24 * 3600.0
+
+#: ``on_dead(job_id, queue, job, message_text_or_None, attempt, error)``: run a final failure's hook.
+OnDead = Callable[[str, str, str, "str | None", int, str], None]
+
+
+class Recovery:
+    """``maintain()`` and what it calls, for one worker process."""
+
+    def __init__(self, jobs: Jobs, deliveries: Deliveries, *, lease: float, interval: float, retention: float,
+                 on_dead: OnDead) -> None:
+        self.jobs = jobs
+        self.deliveries = deliveries
+        self.lease = lease
+        self.interval = interval
+        self.retention = retention
+        self.on_dead = on_dead
+        self._running = threading.Lock()
+        self._last_recovery = -math.inf
+        self._last_prune = -math.inf
+
+    def maintain(self, listener: Listener) -> dict[str, list[str]]:
+        """Recovery (every ``CONVEYOR_PG_RECOVERY_SECONDS``) and pruning (every minute).
+
+        Skipped while this process's own connection came back less than a
+        lease ago: after an outage every worker's heartbeat looks stale until
+        each has had the time to write one. A process that never lost its
+        connection (a fresh one) recovers at once, but the ``recover``
+        statement itself takes nothing until the server has been up for a
+        lease, on the server's clock, so a fresh process started right after
+        a Postgres restart does not take the jobs of live workers still
+        reconnecting.
+        """
+        if not self._running.acquire(blocking=False):
+            return {}
+        try:
+            now = time.monotonic()
+            recovered: dict[str, list[str]] = {}
+            up_since = listener.up_since
+            settled = up_since is not None and now - up_since >= self.lease
+            if now - self._last_recovery >= self.interval and settled:
+                self._last_recovery = now
+                recovered = self.recover(own_rows=listener.ready.is_set())
+            if now - self._last_prune >= PRUNE_INTERVAL:
+                self._last_prune = now
+                self.prune()
+                self.jobs.forget_dead_workers(FORGET_WORKERS_AFTER)
+            return recovered
+        finally:
+            self._running.release()
+
+    def recover(self, *, own_rows: bool = True) -> dict[str, list[str]]:
+        """One recovery pass now; returns the ids put back to pending, by queue.
+
+        ``own_rows``: also hand back this worker's rows claimed over a lease
+        ago that it no longer owns (a claim whose answer was lost with its
+        connection, an outcome Postgres refused).
+        """
+        requeued: dict[str, list[str]] = {}
+        for _ in range(BATCHES_PER_PASS):
+            rows = self.jobs.recover(self.lease, BATCH)
+            for job_id, queue, job, status, run_hook, attempt, error, text in rows:
+                if status == "pending":
+                    requeued.setdefault(queue, []).append(job_id)
+                    continue
+                log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt, error=error)
+                if run_hook:
+                    self.on_dead(job_id, queue, job, text, attempt, error)
+            if len(rows) < BATCH:
+                break
+        if own_rows:
+            # owned() includes outcomes being written right now: a job that ran
+            # past the lease is never handed back just before its done lands.
+            for job_id, queue in self.jobs.release_orphans(self.lease, self.deliveries.owned()):
+                requeued.setdefault(queue, []).append(job_id)
+        return requeued
+
+    def prune(self) -> int:
+        """Delete finished jobs older than the retention, in batches; returns how many."""
+        total = 0
+        for _ in range(BATCHES_PER_PASS):
+            count = self.jobs.prune(self.retention, BATCH)
+            total += count
+            if count < BATCH:
+                break
+        return total

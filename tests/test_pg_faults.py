@@ -1,0 +1,334 @@
+"""The Postgres broker's fences under real faults: a crashed server, texts Postgres cannot store,
+refused writes, outages longer than the lease, superseded deliveries, outcomes in flight.
+
+Each test here failed before the fix it names (issue 10). Supersession is
+real: a worker stops heartbeating, a recovery pass takes its job back and
+another consumer claims it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import threading
+import time
+
+import psycopg
+import pytest
+
+from conveyor.app import App
+from conveyor.brokers.postgres.jobs import storable
+from conveyor.errors import InvalidPayload, PermanentError
+from conveyor.tasks.payloads import Payload
+from conveyor.tasks.registry import JOB_TYPES, job, on_final_failure
+from tests.harness import make_settings, running
+from tests.servers import PostgresServer
+from tests.waiting import wait_for
+
+BAD_TEXT = "bad \x00 text \ud800 and \udcff"
+
+
+def sql(database_url: str, query: str, params=None) -> list[tuple]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def finished(app, job_id):
+    record = app.broker.get_job(job_id)
+    return record if record and record.state in ("completed", "failed") else None
+
+
+@pytest.fixture
+def make_app(clean_env, database_url):
+    apps = []
+
+    def make(url: str = database_url, **overrides) -> App:
+        app = App(make_settings("postgres", None, url, **overrides))
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+# -- jobs whose errors Postgres cannot store as they are ----------------------------------
+
+
+class Bad(Payload):
+    token: str
+    fail_times: int = 0
+    permanent: bool = False
+    error: str = "nul"
+
+
+ERRORS = {"nul": BAD_TEXT, "poison": "poison"}
+
+
+@pytest.fixture
+def bad_jobs():
+    """``test.pg.bad``: raises an error with a NUL and lone surrogates (or a word a test forbids)."""
+
+    def bad(payload: Bad, ctx) -> None:
+        sql(ctx.app.settings.database_url, "INSERT INTO probe_runs (token, job_id, attempt, pid) "
+                                           "VALUES (%s, %s, %s, 0)", (payload.token, ctx.job_id, ctx.attempt))
+        if payload.permanent:
+            raise PermanentError(ERRORS[payload.error])
+        if ctx.attempt <= payload.fail_times:
+            raise RuntimeError(ERRORS[payload.error])
+
+    def dead(payload: Bad | None, error: str, ctx) -> None:
+        sql(ctx.app.settings.database_url, "INSERT INTO probe_dead (job_id, token, error) VALUES (%s, %s, %s)",
+            (ctx.job_id, payload.token if payload else None, storable(error)))
+
+    job("test.pg.bad", queue="critical", payload=Bad)(bad)
+    on_final_failure("test.pg.bad")(dead)
+    yield
+    JOB_TYPES.pop("test.pg.bad", None)
+
+
+def test_nul_and_lone_surrogates_in_an_error_keep_the_retry_and_the_final_failure(bad_jobs, make_app,
+                                                                                  database_url):
+    app = make_app()
+    with running(app, "critical"):
+        retried = app.jobs.enqueue("test.pg.bad", {"token": "retried", "fail_times": 1})
+        failed = app.jobs.enqueue("test.pg.bad", {"token": "failed", "permanent": True})
+        first = wait_for(lambda: finished(app, retried.id), timeout=30, message="the retried job")
+        last = wait_for(lambda: finished(app, failed.id), timeout=30, message="the failed job")
+        # The consumer is alive and its outbox not poisoned: later jobs still complete.
+        after = app.jobs.enqueue("test.probe.critical", {"token": "after-bad-text"})
+        wait_for(lambda: finished(app, after.id), timeout=30, message="a job after the bad texts")
+    assert (first.state, first.attempts) == ("completed", 2), "the retry was written, not lost"
+    assert last.state == "failed" and "\\x00" in last.error and "\\ud800" in last.error
+    dead = sql(database_url, "SELECT job_id, error FROM probe_dead")
+    assert [d[0] for d in dead] == [failed.id], "the final-failure hook ran once"
+    assert app.broker.get_job(after.id).state == "completed"
+
+
+def test_an_outcome_postgres_refuses_neither_blocks_the_others_nor_is_lost(bad_jobs, make_app, database_url):
+    # A real refusal, not a mock: the table refuses this one error text.
+    sql(database_url, "ALTER TABLE conveyor_jobs ADD CONSTRAINT test_no_poison "
+                      "CHECK (error IS NULL OR error NOT LIKE '%%poison%%')")
+    app = make_app()
+    with running(app, "critical"):
+        poisoned = app.jobs.enqueue("test.pg.bad", {"token": "poisoned", "permanent": True, "error": "poison"})
+        others = [app.jobs.enqueue("test.probe.critical", {"token": f"next-{i}"}) for i in range(5)]
+        for ref in others:
+            wait_for(lambda: finished(app, ref.id), timeout=30, message="the jobs next to the refused outcome")
+        record = wait_for(lambda: finished(app, poisoned.id), timeout=30, message="the refused outcome")
+    assert record.state == "failed" and "could not be stored" in record.error
+
+
+def test_a_payload_postgres_cannot_store_is_refused_naming_the_field(make_app):
+    app = make_app()
+    with pytest.raises(InvalidPayload, match="token") as caught:
+        app.jobs.enqueue("test.probe.critical", {"token": "a\x00b"})
+    assert "a\x00b" not in str(caught.value), "the value is not echoed"
+    assert app.broker.queue_counts("critical").waiting == 0
+
+
+# -- a crashed server (item 5) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def durable_pg():
+    """A private server that keeps what it acknowledged: fsync and synchronous commit on."""
+    settings = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+    with PostgresServer(tempfile.mkdtemp(prefix="conveyor-pg-durable-"), settings=settings) as server:
+        yield server
+
+
+@pytest.fixture
+def durable_url(durable_pg):
+    from conveyor.ledger.migrate import migrate
+
+    name = f"crash_{int(time.time() * 1000)}"
+    durable_pg.create_database(name)
+    url = durable_pg.url(name)
+    migrate(url)
+    yield url
+    if not durable_pg.is_running:
+        durable_pg.start()
+    durable_pg.drop_database(name)
+
+
+def _write_outcomes(app) -> None:
+    def written():
+        try:
+            app.broker.deliveries.write()
+        except Exception:
+            return False
+        return not app.broker.deliveries
+
+    wait_for(written, timeout=30, message="the outbox to be written after the restart")
+
+
+def _crash_before_the_wal_writer_flushes(server: PostgresServer, url: str) -> int:
+    """Freeze the WAL writer, so that asynchronous commits from now on stay unflushed (on a busy
+    server that window is up to ``wal_writer_delay``), and the caller's next steps run in it."""
+    writer = sql(url, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")[0][0]
+    os.kill(writer, signal.SIGSTOP)
+    return writer
+
+
+def test_a_postgres_crash_never_hands_the_same_delivery_out_twice(make_app, durable_pg, durable_url):
+    a, b = make_app(durable_url, pg_lease_seconds=60), make_app(durable_url, pg_lease_seconds=60)
+    ref = a.jobs.enqueue("test.probe.critical", {"token": "crash"})
+    consumer_a = a.broker.consume("critical", prefetch=1, timeout=1000)  # its heartbeat is written now
+    writer = _crash_before_the_wal_writer_flushes(durable_pg, durable_url)
+    run_a = next(consumer_a)
+    assert a.broker.start_job(run_a) == 1, "worker A runs the job"
+
+    os.kill(writer, signal.SIGKILL)
+    durable_pg.kill()  # SIGKILL of the postmaster: whatever was not flushed is gone
+    durable_pg.start()
+
+    consumer_b = wait_for(lambda: _consume(b), timeout=30, message="worker B to connect")
+    try:
+        got = next(consumer_b)
+        assert got is None or got.options["pg_delivery"] > run_a.options["pg_delivery"], \
+            "a delivery number handed out before the crash was handed out again"
+        delivery, worker = sql(durable_url, "SELECT delivery, worker_id FROM conveyor_jobs WHERE id = %s",
+                               (ref.id,))[0]
+        assert (delivery, worker) == (run_a.options["pg_delivery"], a.broker.worker_id), \
+            "A's claim survived the crash"
+        consumer_a.ack(run_a)
+        _write_outcomes(a)
+        assert a.broker.get_job(ref.id).state == "completed"
+    finally:
+        consumer_b.close()
+        with contextlib.suppress(Exception):
+            consumer_a.close()
+
+
+def _consume(app):
+    try:
+        return app.broker.consume("critical", prefetch=1, timeout=500)
+    except Exception:
+        return None
+
+
+# -- recovery after an outage (item 8) ------------------------------------------------------
+
+
+def test_a_process_started_right_after_an_outage_leaves_live_workers_jobs_alone(make_app, pg_server):
+    lease = 1.5
+    live = make_app(pg_lease_seconds=lease)
+    ref = live.jobs.enqueue("test.probe.critical", {"token": "outage"})
+    consumer = live.broker.consume("critical", prefetch=1, timeout=1000)
+    try:
+        held = next(consumer)
+        assert held.message_id == ref.id
+        pg_server.stop()
+        time.sleep(lease * 2)  # the outage outlasts the lease: every heartbeat is old now
+        pg_server.start()
+        fresh = make_app(pg_lease_seconds=lease)
+        assert fresh.broker.maintain() == {}, "a fresh process took a live worker's job at once"
+        assert live.broker.get_job(ref.id).state == "active"
+        # The live worker re-heartbeats within the lease and keeps its job.
+        wait_for(lambda: live.broker.listener.beating(within=lease / 3), timeout=20,
+                 message="the live worker to heartbeat again")
+        time.sleep(lease)
+        assert fresh.broker.recover() == {}
+        assert live.broker.get_job(ref.id).state == "active"
+    finally:
+        consumer.close()
+
+
+# -- superseded deliveries (items 8 and 9) ---------------------------------------------------
+
+
+def _supersede(make_app, lease: float = 1.0):
+    """Worker A holds delivery 1 of a job and stops heartbeating; recovery takes it back and B claims it."""
+    a, b = make_app(pg_lease_seconds=lease), make_app(pg_lease_seconds=lease)
+    ref = a.jobs.enqueue("test.probe.indexing", {"token": "twice"})
+    consumer_a = a.broker.consume("indexing", prefetch=1, timeout=1000)
+    old = next(consumer_a)
+    assert a.broker.start_job(old) == 1
+    a.broker.listener.stop()  # A's heartbeat stops (its host froze, say)
+    wait_for(lambda: b.broker.recover().get("indexing"), timeout=20, message="recovery to take A's job back")
+    consumer_b = b.broker.consume("indexing", prefetch=1, timeout=1000)
+    new = wait_for(lambda: next(consumer_b), timeout=10, message="B to claim the job")
+    assert new.message_id == ref.id
+    assert new.options["pg_delivery"] > old.options["pg_delivery"]
+    return ref, a, consumer_a, old, b, consumer_b, new
+
+
+def test_outcome_of_a_superseded_delivery_changes_nothing(make_app):
+    ref, a, consumer_a, old, b, consumer_b, new = _supersede(make_app)
+    try:
+        assert a.broker.start_job(old) == 0, "a superseded delivery does not start"
+        assert b.broker.start_job(new) == 2
+        consumer_a.ack(old)
+        a.broker.deliveries.write()
+        assert b.broker.get_job(ref.id).state == "active", "A's late ack did not end B's run"
+        consumer_b.ack(new)
+        b.broker.deliveries.write()
+        assert b.broker.get_job(ref.id).state == "completed"
+    finally:
+        consumer_a.close()
+        consumer_b.close()
+
+
+def test_a_superseded_delivery_cannot_claim_the_final_failure(make_app):
+    ref, a, consumer_a, old, b, consumer_b, new = _supersede(make_app)
+    try:
+        assert not a.broker.claim_final_failure(old), "the job is not over: B runs it"
+        assert b.broker.claim_final_failure(new), "the current delivery's final failure runs the hooks"
+        assert not b.broker.claim_final_failure(new), "once"
+    finally:
+        consumer_a.close()
+        consumer_b.close()
+
+
+def test_an_old_deliverys_ack_does_not_free_the_room_of_the_new_one(make_app, database_url):
+    lease = 1.0
+    a, b = make_app(pg_lease_seconds=lease), make_app(pg_lease_seconds=lease)
+    ref = a.jobs.enqueue("test.probe.indexing", {"token": "again"})
+    consumer = a.broker.consume("indexing", prefetch=2, timeout=300)
+    try:
+        old = next(consumer)
+        # A's heartbeat looked dead for a moment (a long GC pause, say): recovery takes the job back.
+        sql(database_url, "UPDATE conveyor_workers SET heartbeat_at = now() - interval '1 hour' WHERE id = %s",
+            (a.broker.worker_id,))
+        wait_for(lambda: b.broker.recover().get("indexing"), timeout=20, message="recovery to take the job back")
+        new = wait_for(lambda: next(consumer), timeout=10, message="A to claim the job again")
+        assert (new.message_id, new.options["pg_delivery"]) == (ref.id, old.options["pg_delivery"] + 1)
+        consumer.ack(old)  # the old run ends; the new one still runs
+        for i in range(3):
+            a.jobs.enqueue("test.probe.indexing", {"token": f"more-{i}"})
+        for _ in range(4):
+            next(consumer)
+        held = sql(database_url, "SELECT count(*) FROM conveyor_jobs WHERE worker_id = %s",
+                   (a.broker.worker_id,))[0][0]
+        assert held == 2, f"prefetch 2, but {held} jobs are claimed"
+    finally:
+        consumer.close()
+
+
+def test_a_job_that_ran_past_the_lease_is_not_handed_back_while_its_done_is_written(make_app):
+    lease = 1.0
+    app = make_app(pg_lease_seconds=lease)
+    ref = app.jobs.enqueue("test.probe.indexing", {"token": "long"})
+    consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)
+    try:
+        message = next(consumer)
+        assert app.broker.start_job(message) == 1
+        time.sleep(lease * 1.5)  # it runs past the lease
+        consumer.ack(message)
+        # Hold the worker pool's connections, so that the outbox write is in flight and waits.
+        jobs = app.broker.jobs
+        with contextlib.ExitStack() as stack:
+            for _ in range(16):
+                stack.enter_context(jobs._conn(fast=True))
+            writer = threading.Thread(target=app.broker.deliveries.write)
+            writer.start()
+            wait_for(lambda: not app.broker.deliveries, timeout=5, message="the write to take the outcome")
+            app.broker.recover()  # the orphan pass runs meanwhile
+        writer.join(10)
+        assert app.broker.get_job(ref.id).state == "completed", "the done was written, the job not handed back"
+    finally:
+        consumer.close()
