@@ -101,7 +101,8 @@ def world(request, fault_pg, fault_redis, tmp_path):
         finally:
             client.close()
         settings = fault_settings(broker, redis.url if broker == "redis" else None, pg.url(name), **overrides)
-        cluster = Cluster(settings, tmp_path / f"{broker}-{len(made)}")
+        env = {f"CONVEYOR_{name.upper()}": str(value) for name, value in overrides.items()}
+        cluster = Cluster(settings, tmp_path / f"{broker}-{len(made)}", env)
         cluster.fault = fault
         made.append((cluster, pg, name))
         return cluster

@@ -33,7 +33,7 @@ LEASE = 3.0
 RECOVERY = 0.5
 
 #: Seconds a key deduplicates: short, so the checker can see every key free again.
-DEDUP_TTL = 6.0
+DEDUP_TTL = 4.0
 
 #: Settings of every fault test: shortened through settings, never by sleeping longer.
 FAULT_SETTINGS = {
@@ -71,7 +71,8 @@ class Supervisor:
         self.queues = queues
         self.expected = len(queues) * processes
         self.log = cluster.logs / f"worker-{name}.log"
-        extra = {"FAULT_SPOOL": str(cluster.spool), "FAULT_HOST": name, "CONVEYOR_METRICS_PORT": "0", **env}
+        extra = {"FAULT_SPOOL": str(cluster.spool), "FAULT_HOST": name, "CONVEYOR_METRICS_PORT": "0",
+                 **cluster.env, **env}
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "conveyor", "worker", "--queues", ",".join(queues),
@@ -135,8 +136,10 @@ class Supervisor:
 class Cluster:
     """The app (producer side), the supervisors, and the record of every kill."""
 
-    def __init__(self, settings: Settings, workdir: Path) -> None:
+    def __init__(self, settings: Settings, workdir: Path, env: dict[str, str] | None = None) -> None:
         self.settings = settings
+        #: Environment for every worker: settings the test overrode that tests.harness.env_for does not pass.
+        self.env = dict(env or {})
         self.logs = workdir / "logs"
         self.spool = workdir / "spool"
         self.logs.mkdir(parents=True, exist_ok=True)

@@ -4,13 +4,14 @@
 the real ledger (``credits.consume``, the code ``credit.consume`` runs), or
 writes its effect and then waits to be killed before it can be acked. Each
 run first inserts a row into the run log (``fault_runs``, see faults.sql)
-and records how it ended; a run whose end cannot be written (the database is
-away, the host is cut off) appends it to a spool file instead
-(``FAULT_SPOOL``/<pid>.jsonl), which the checker merges.
+and records how it ended, first in a spool file (``FAULT_SPOOL``/<pid>.jsonl,
+local, so it is there even when the database is away or the host is cut
+off), then in the row; the checker merges the two.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -68,8 +69,11 @@ def delivery_of(message) -> int | None:
     if message is None:
         return None
     for name, value in message.options.items():
-        if name.endswith("delivery") and isinstance(value, int) and not isinstance(value, bool):
-            return value
+        if name.endswith("delivery") and not isinstance(value, bool):
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                continue
     return None
 
 
@@ -120,14 +124,13 @@ def work(payload: Work, ctx) -> None:
             raise RuntimeError(f"fault job {payload.token} fails on attempt {ctx.attempt} {text}")
         ok = True
     finally:
-        # The end is measured before it is written: a write that hangs on a cut-off network
-        # must not stretch the run.
+        # The end is measured before it is written, and spooled first: a write that hangs on a
+        # cut-off network must neither stretch the run nor leave its end unknown meanwhile.
         elapsed = time.monotonic() - began
-        try:
+        spool({"run_id": run_id, "elapsed": elapsed, "ok": ok})
+        with contextlib.suppress(Exception):
             with ctx.app.pool.connection() as conn:
                 conn.execute(END_RUN, (elapsed, ok, run_id))
-        except Exception:
-            spool({"run_id": run_id, "elapsed": elapsed, "ok": ok})
 
 
 def dead(payload: Work | None, error: str, ctx) -> None:

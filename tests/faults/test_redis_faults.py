@@ -12,7 +12,11 @@ from tests.waiting import wait_for
 #: Seconds Redis stays down between the SIGKILL and the restart.
 DOWN_SECONDS = 1.5
 
-#: The client timeout when the settings do not name one (redis-py's pool built from the URL).
+#: The Redis client timeout the pause test asks for (CONVEYOR_REDIS_SOCKET_TIMEOUT): short, so a
+#: pause longer than it stays short too.
+CLIENT_TIMEOUT = 2.0
+
+#: The client timeout of a build whose settings do not name one (redis-py's pool built from the URL).
 DEFAULT_CLIENT_TIMEOUT = 5.0
 
 
@@ -46,7 +50,7 @@ def test_redis_sigkill_and_restart_under_load(world, fault_redis):
 
 def test_redis_paused_longer_than_the_client_timeout(world, fault_redis):
     fault = "Redis paused longer than the client timeout (CLIENT PAUSE)"
-    cluster = world("redis", fault)
+    cluster = world("redis", fault, redis_socket_timeout=CLIENT_TIMEOUT)
     timeout = getattr(cluster.settings, "redis_socket_timeout", None) or DEFAULT_CLIENT_TIMEOUT
     pause = timeout + 3
     plan, producer = start(cluster, prefix="rpause")
