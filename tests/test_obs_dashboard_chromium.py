@@ -187,6 +187,7 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             wait_for(lambda: "job=obs.leak" in browser.current_url, timeout=15, message="the filtered list")
             rows = [r.get_attribute("data-job-id") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")]
             assert rows == [leak.id]
+            _screenshot(browser, "queue-filtered")
             browser.find_element(By.ID, "search").send_keys("order-4711", Keys.ENTER)
             wait_for(lambda: browser.current_url.endswith(f"/admin/jobs/{leak.id}"), timeout=15,
                      message="the search to open the job")
@@ -206,6 +207,7 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             trace = browser.find_element(By.CSS_SELECTOR, "pre.traceback").text
             assert "Traceback (most recent call last)" in trace and "_call_the_provider" in trace
             assert "[redacted]" in trace and SECRET not in browser.page_source
+            browser.execute_script("document.getElementById('history').scrollIntoView();")
             _screenshot(browser, "job")
 
             # The Workers page: the worker, then the job it runs, then its death by SIGKILL.
@@ -233,7 +235,7 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             wait_for(lambda: [s for s, _ in _worker_states(browser).values()].count("alive") == 2,
                      timeout=30, message="the restarted worker beside the other one")
             assert browser.execute_script("return window.notReloaded === true;")
-            _screenshot(browser, "workers-after-kill")
+            _screenshot(browser, "workers-gone")
 
             # Its job ran again elsewhere; the lost attempt names the dead worker.
             browser.get(f"{base}/admin/jobs/{slow.id}")
