@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 
 import pytest
 
@@ -112,6 +113,42 @@ def _state(browser) -> str:
 HEARTBEAT_TIMEOUT = "8"
 
 
+#: The policy the API serves (conveyor/api/guard.py on the apisec branch): no inline script at all.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+
+
+@contextmanager
+def _strict_api_server(app):
+    """The API as api_server runs it, every response under :data:`CSP`: live.js must work with no inline script."""
+    import threading
+
+    import uvicorn
+
+    from conveyor.api import create_app
+    from tests.servers import free_port
+
+    api = create_app(app)
+
+    @api.middleware("http")
+    async def policy(request, call_next):
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = CSP
+        return response
+
+    config = uvicorn.Config(api, host="127.0.0.1", port=free_port(), log_config=None, access_log=False,
+                            lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="test-uvicorn-csp", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=20, message="uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def _sign_in(browser, base: str, path: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -165,7 +202,7 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
                   CONVEYOR_MAINTENANCE_INTERVAL="0.5")
     supervisor = None
     try:
-        with api_server(app) as base:
+        with _strict_api_server(app) as base:
             # The queues page counts by itself.
             _sign_in(browser, base, "/admin/queues")
             browser.execute_script("window.notReloaded = true;")
@@ -187,6 +224,7 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             wait_for(lambda: "job=obs.leak" in browser.current_url, timeout=15, message="the filtered list")
             rows = [r.get_attribute("data-job-id") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")]
             assert rows == [leak.id]
+            _screenshot(browser, "queue-filtered")
             browser.find_element(By.ID, "search").send_keys("order-4711", Keys.ENTER)
             wait_for(lambda: browser.current_url.endswith(f"/admin/jobs/{leak.id}"), timeout=15,
                      message="the search to open the job")
@@ -206,6 +244,7 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             trace = browser.find_element(By.CSS_SELECTOR, "pre.traceback").text
             assert "Traceback (most recent call last)" in trace and "_call_the_provider" in trace
             assert "[redacted]" in trace and SECRET not in browser.page_source
+            browser.execute_script("document.getElementById('history').scrollIntoView();")
             _screenshot(browser, "job")
 
             # The Workers page: the worker, then the job it runs, then its death by SIGKILL.
@@ -233,7 +272,7 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             wait_for(lambda: [s for s, _ in _worker_states(browser).values()].count("alive") == 2,
                      timeout=30, message="the restarted worker beside the other one")
             assert browser.execute_script("return window.notReloaded === true;")
-            _screenshot(browser, "workers-after-kill")
+            _screenshot(browser, "workers-gone")
 
             # Its job ran again elsewhere; the lost attempt names the dead worker.
             browser.get(f"{base}/admin/jobs/{slow.id}")

@@ -7,6 +7,7 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
+from conveyor.brokers.fleet import fleet_store
 from conveyor.brokers.middleware.metrics import exposition_registry
 
 from conveyor.app import App
@@ -127,7 +128,11 @@ def test_metrics_from_two_worker_processes_add_up(redis_url, clean_env, tmp_path
         assert not (metrics_dir / "counter_424242.db").exists()  # the directory was emptied at start
         refs = [app.jobs.enqueue(JOB, {"n": n, "sleep": 0.05}) for n in range(60)]
         wait_for(lambda: app.broker.queue_counts(QUEUE).completed_total == 60, timeout=60, message="60 jobs")
-        workers = {app.broker.client.hget(f"conveyor:job:{r.id}", "worker") for r in refs}
+        # Who ran each job, from the attempt history (the broker's record forgets its worker once done).
+        store = fleet_store(app)
+        histories = wait_for(lambda: (h := [store.attempts(r.id) for r in refs]) and all(h) and h, timeout=30,
+                             message="every job's attempt in the history")
+        workers = {attempt.worker for history in histories for attempt in history}
         assert len(workers) == 2  # both processes ran some of them
         wait_for(lambda: value(scrape(), "conveyor_jobs_completed_total", queue=QUEUE) == 60,
                  message="the summed count")
