@@ -105,6 +105,29 @@ class BuildTimeout(JobError):
     """A build ran past its kind's time limit; it is retried while attempts remain."""
 
 
+class UnsafePath(BuildFailed):
+    """A path made from a request would leave the directory it belongs in (``..``, a slash, a symlink out)."""
+
+
+class SourceUnusable(BuildFailed):
+    """A build's source cannot be used: not an upload or under a configured root, missing, corrupt, too large.
+
+    One message for every reason, so a build request cannot probe the host's files.
+    """
+
+
+class SandboxUnavailable(JobError):
+    """This worker cannot start the build sandbox (bubblewrap missing or refused): another worker may."""
+
+
+class UploadRefused(ConveyorError):
+    """An uploaded archive was not stored: not a zip, malformed, or missing its fields."""
+
+
+class UploadTooLarge(UploadRefused):
+    """An uploaded archive is larger than ``CONVEYOR_UPLOAD_MAX_BYTES``; nothing was stored."""
+
+
 # -- schedules and secrets ----------------------------------------------------
 
 
@@ -191,32 +214,6 @@ class ProviderRateLimited(RetryLater, ProviderError):
 
 class DatabaseRefused(ConveyorError):
     """Postgres refused a statement for a reason a retry cannot fix: data it cannot store, a constraint, a bug."""
-
-
-# -- build security ------------------------------------------------------------
-
-
-class UnsafePath(BuildFailed):
-    """A path made from a request would leave the directory it belongs in (``..``, a slash, a symlink out)."""
-
-
-class SourceUnusable(BuildFailed):
-    """A build's source cannot be used: not an upload or under a configured root, missing, corrupt, too large.
-
-    One message for every reason, so a build request cannot probe the host's files.
-    """
-
-
-class SandboxUnavailable(JobError):
-    """This worker cannot start the build sandbox (bubblewrap missing or refused): another worker may."""
-
-
-class UploadRefused(ConveyorError):
-    """An uploaded archive was not stored: not a zip, malformed, or missing its fields."""
-
-
-class UploadTooLarge(UploadRefused):
-    """An uploaded archive is larger than ``CONVEYOR_UPLOAD_MAX_BYTES``; nothing was stored."""
 
 
 # -- brokers outside enqueue ----------------------------------------------------

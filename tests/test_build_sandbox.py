@@ -218,3 +218,20 @@ def test_a_secret_a_build_prints_is_scrubbed_from_its_log_error_and_events(build
                       app.broker.get_job(ticket.job_id).error or ""])
     for value in (ADMIN_TOKEN, OPENAI_KEY, KEY):
         assert value not in text
+
+
+@pytest.mark.slow
+def test_output_without_newlines_does_not_make_the_worker_hold_it(build_app, workers, workdir):  # noqa: F811
+    import resource
+
+    app = build_app()
+    store = BuildStore(app.pool)
+    workers(app)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, the peak so far
+    tree = make_tree(workdir / "loud", {"a.py": "x\n"}, "head -c 200000000 /dev/zero | tr '\\0' x; echo; echo end\n")
+    (record,) = finished(store, build(app, "upload", {"owner_id": "u", "agent_id": "ag-loud",
+                                                      "archive_path": str(make_zip(tree, workdir / "l.zip"))}).build_id,
+                         timeout=120)
+    assert record.status == "succeeded" and "\nend\n" in record.log
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown < 150 * 1024, f"the worker's peak memory grew by {grown // 1024} MiB"

@@ -125,6 +125,14 @@ def test_every_unusable_source_fails_at_once_with_one_message(build_app, workers
         tf.addfile(info, io.BytesIO(b"bad"))
     huge_dir = make_tree(workdir / "huge", {f"part{n}.bin": "y" * 400_000 for n in range(4)})
     (workdir / "etc-link").symlink_to("/etc")
+    # A zip the disk cannot hold as given: a name longer than any file system allows, a file where a dir must be.
+    long_name = workdir / "long.zip"
+    with zipfile.ZipFile(long_name, "w") as zf:
+        zf.writestr("n" * 300 + ".txt", "x")
+    clash = workdir / "clash.zip"
+    with zipfile.ZipFile(clash, "w") as zf:
+        zf.writestr("lib", "a file")
+        zf.writestr("lib/x.py", "x = 1\n")
     not_archive = workdir / "notes.txt"
     not_archive.write_text("just text\n")
     sources = {
@@ -133,6 +141,8 @@ def test_every_unusable_source_fails_at_once_with_one_message(build_app, workers
         "zip bomb": {"archive_path": str(bomb)},
         "too many files": {"archive_path": str(many)},
         "climbing tar": {"archive_path": str(climbing)},
+        "name too long": {"archive_path": str(long_name)},
+        "file where a directory must be": {"archive_path": str(clash)},
         "not an archive": {"archive_path": str(not_archive)},
         "missing file": {"archive_path": str(workdir / "nope.zip")},
         "outside the roots": {"archive_path": "/etc/passwd"},

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
 from python_multipart.multipart import MultipartParseError, MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from ..builds.requests import request_build
 from ..builds.store import BuildStore
@@ -108,6 +109,8 @@ async def upload_and_deploy(request: Request, app=Depends(conveyor_app)) -> dict
         raise HTTPException(422, str(exc)) from None
     except (MultipartParseError, ValueError):
         raise HTTPException(422, "the body is not a well-formed multipart/form-data form") from None
+    except ClientDisconnect:
+        raise HTTPException(400, "the upload was cut off before its end") from None
     finally:
         form.writer.abort()
     try:
@@ -130,7 +133,7 @@ def _upload_request(fields: dict[str, str], upload_id: str) -> tuple[str, dict[s
         raise UploadRefused("kind: upload or update")
     try:
         env = json.loads(fields.pop("env", "{}") or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # a deep one, too
         env = None
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise UploadRefused("env: a JSON object mapping variable names to string values")

@@ -155,8 +155,13 @@ class Sandbox:
         return code
 
 
+#: The longest piece of output read at once: a script that prints gigabytes without a newline
+#: must not make the worker hold them.
+READ_LIMIT = 64 * 1024
+
+
 def _pump(stream, log: BuildLog) -> None:
-    for line in stream:
+    while line := stream.readline(READ_LIMIT):
         log.write(line)
     stream.close()
 

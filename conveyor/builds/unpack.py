@@ -13,6 +13,7 @@ permanent error: the build fails at once instead of being retried.
 
 from __future__ import annotations
 
+import errno
 import lzma
 import os
 import shutil
@@ -56,12 +57,20 @@ class _Counter:
             raise SourceUnusable(UNUSABLE)
 
 
+#: OSErrors that say something about this host, not the archive: a retry (elsewhere, later) may succeed.
+TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+
+
 def _format_error(exc: BaseException) -> bool:
-    """True for what a corrupt archive raises (an OSError without errno is a codec's, not the disk's)."""
+    """True for what a corrupt or hostile archive raises; False for the host's own trouble (a full disk).
+
+    An OSError without errno is a codec's (gzip, bz2); one with errno is the archive's too
+    (a name too long, a file where a directory must be) unless it is in :data:`TRANSIENT_ERRNOS`.
+    """
     if isinstance(exc, (zipfile.BadZipFile, tarfile.TarError, zlib.error, lzma.LZMAError, EOFError,
                         NotImplementedError, ValueError, UnsafePath)):
         return True
-    return isinstance(exc, OSError) and exc.errno is None
+    return isinstance(exc, OSError) and exc.errno not in TRANSIENT_ERRNOS
 
 
 def unpack(archive: Path, dest: Path, caps: Caps, deadline: Deadline) -> None:

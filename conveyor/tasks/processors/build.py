@@ -30,9 +30,9 @@ import threading
 from ...builds.builder import BuildLog, Deadline
 from ...builds.executors import EXECUTORS, BuildContext
 from ...builds.local import LocalBuilder
-from ...builds.uploads import Uploads
 from ...builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINUTE, BuildPayload
 from ...builds.store import BuildStore
+from ...builds.uploads import Uploads
 from ...errors import BuildFailed, BuildTimeout, JobError, PermanentError, RetryLater
 from ...logs import log_event
 from ...redaction import Scrubber
