@@ -7,6 +7,7 @@ import time
 import pytest
 
 from conveyor.app import App
+from conveyor.brokers.middleware.base import ConveyorMiddleware
 from tests.obs_support import broker_app as make_app, running as run_workers
 from tests.waiting import wait_for
 
@@ -74,7 +75,7 @@ def test_retry_failed_retries_every_failed_job_of_the_queue(broker_app, tmp_path
 def test_a_retried_job_that_fails_again_runs_its_final_failure_hooks_again(broker_app):
     dead = []
 
-    class Recorder:
+    class Recorder(ConveyorMiddleware):
         def after_job_dead(self, broker, message, error):
             dead.append(message.message_id)
 

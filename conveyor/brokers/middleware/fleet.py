@@ -30,7 +30,6 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING
 
-from dramatiq import Middleware
 from dramatiq.common import q_name
 
 from ... import __version__
@@ -38,6 +37,7 @@ from ...errors import RetryLater
 from ...logs import log_event
 from ...redaction import payload_secrets, scrub, settings_secrets
 from ..base import describe_error
+from .base import ConveyorMiddleware
 from ..fleet import TRACEBACK_LIMIT, AttemptEvent, WorkerInfo, beat_interval, fleet_store, recovery_after
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ CHANGE_BEAT_SECONDS = 1.0
 MAX_BUFFER = 10000
 
 
-class Fleet(Middleware):
+class Fleet(ConveyorMiddleware):
     """Registers this worker process, heartbeats it, and records every attempt."""
 
     def __init__(self, app: "App") -> None:
