@@ -88,7 +88,7 @@ def build_app(database_url, redis_url, workdir):
 
     def make(**overrides) -> App:
         settings = dict(broker="redis", redis_url=redis_url, database_url=database_url, data_dir=workdir / "data",
-                        secret_key=KEY, admin_token="admin-token", shutdown_timeout=5,
+                        secret_key=KEY, admin_token="admin-token-builds-7e2d", shutdown_timeout=5,
                         build_heartbeat_interval=0.2, build_stale_after=2,
                         pg_poll_seconds=0.2, pg_recovery_seconds=0.5, pg_lease_seconds=2,
                         queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1)})

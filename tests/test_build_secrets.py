@@ -30,7 +30,7 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
     api = create_app(app)
     api.include_router(builds_api.router)
     client = TestClient(api)
-    auth = {"Authorization": "Bearer admin-token"}
+    auth = {"Authorization": "Bearer admin-token-builds-7e2d"}
     # The script proves it got the value (its sha256) and tries to print it.
     script = 'echo "key is $API_KEY"; printf %s "$API_KEY" | sha256sum; echo "old is ${OLD_PASSWORD:-unset}"\n'
     archive = make_zip(make_tree(workdir / "src", {"agent.py": "run()\n"}, script), workdir / "src.zip")

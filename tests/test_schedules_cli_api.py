@@ -58,12 +58,12 @@ def test_schedules_cli_creates_lists_pauses_resumes_deletes_and_the_scheduler_fi
 
 
 def test_schedule_routes_need_the_admin_token_and_give_clear_errors(database_url):
-    app = make_app(database_url, admin_token="t0ken")
+    app = make_app(database_url, admin_token="t0ken-schedules-3a9c")
     api = FastAPI()
     api.state.conveyor = app
     api.include_router(schedules_api.router)
     client = TestClient(api)
-    auth = {"Authorization": "Bearer t0ken"}
+    auth = {"Authorization": "Bearer t0ken-schedules-3a9c"}
     try:
         assert client.get("/api/schedules").status_code == 401
         assert client.get("/api/schedules", headers={"Authorization": "Bearer wrong"}).status_code == 401

@@ -17,15 +17,17 @@ from fastapi import APIRouter, Body, Depends, HTTPException, status
 from ..builds.requests import request_build
 from ..builds.store import BuildStore
 from ..errors import EnqueueError, SecretKeyError
-from .auth import require_admin
+from .. import records
+from .auth import Caller, require_admin, require_user_or_admin
 from .deps import conveyor_app
 
-router = APIRouter(prefix="/api", tags=["builds"], dependencies=[Depends(require_admin)])
+# A user's key asks for and reads that user's builds only (records.build_owners); the admin token, any.
+router = APIRouter(prefix="/api", tags=["builds"])
 
 
 @router.post("/builds", status_code=status.HTTP_202_ACCEPTED)
 def create_build(body: Any = Body(..., description="{kind, ...the variant's fields, env: {NAME: value}}"),
-                 app=Depends(conveyor_app)) -> dict[str, Any]:
+                 app=Depends(conveyor_app), caller: Caller = Depends(require_user_or_admin)) -> dict[str, Any]:
     if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
         raise HTTPException(422, "the body is a JSON object with a 'kind'")
     fields = dict(body)
@@ -38,21 +40,29 @@ def create_build(body: Any = Body(..., description="{kind, ...the variant's fiel
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
     except EnqueueError as exc:
         raise HTTPException(422, str(exc)) from None
+    if caller.user_id is not None:
+        with app.pool.connection() as conn:
+            records.claim_build(conn, ticket.build_id, caller.user_id)
     return {"build_id": ticket.build_id, "job_id": ticket.job_id, "status": "queued",
             "status_url": f"/api/builds/{ticket.build_id}"}
 
 
 @router.get("/builds/{build_id}")
-def get_build(build_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+def get_build(build_id: str, app=Depends(conveyor_app),
+              caller: Caller = Depends(require_user_or_admin)) -> dict[str, Any]:
     store = BuildStore(app.pool)
     record = store.get(build_id)
+    if caller.user_id is not None:
+        with app.pool.connection() as conn:
+            if records.build_owner(conn, build_id) != caller.user_id:
+                record = None  # another user's build is as missing as none
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no build {build_id!r}")
     events = [{"claim": c, "event": e, "detail": d} for c, e, d in store.events(build_id)]
     return {**record.as_dict(), "events": events}
 
 
-@router.get("/deployments/{target_kind}/{target_id}")
+@router.get("/deployments/{target_kind}/{target_id}", dependencies=[Depends(require_admin)])
 def get_deployment(target_kind: str, target_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
     if target_kind not in ("agent", "connector"):
         raise HTTPException(status.HTTP_404_NOT_FOUND, "target kind is agent or connector")

@@ -4,7 +4,11 @@ Pages: every queue with its counts (pause/resume, retry all failed); a
 queue's jobs by state with paging; one job (payload with secrets
 redacted, attempts, error, timings, retry/delete). Buttons call the JSON
 routes of :mod:`conveyor.api.admin`. A browser signs in once with the
-admin token in a form; see :mod:`conveyor.api.auth`.
+admin token in a form and gets a session (:mod:`conveyor.api.sessions`):
+it expires, logout (a POST carrying the page's CSRF token) ends it, and
+wrong tokens are throttled per client. The pages' script is a static file
+(``static/dashboard.js``, served under ``/admin/static/``) so the Content
+Security Policy can forbid inline scripts.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from ..brokers.base import JOB_STATES
 from ..errors import JobNotFound, UnknownQueue
-from .auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret, session_value
+from . import sessions
+from .auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret
 from .deps import inspector
 from .inspector import Inspector
 
@@ -65,9 +71,18 @@ _templates.filters.update(datetime=_datetime, duration=_duration, ago=_ago)
 _templates.globals.update(csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE, states=JOB_STATES)
 
 
-def _page(name: str, status: int = 200, **context) -> HTMLResponse:
-    html = _templates.get_template(name).render(**context)
-    return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+#: Where the dashboard's static files (its script) are served from.
+STATIC_DIR = Path(__file__).with_name("static")
+STATIC_PATH = "/admin/static"
+
+
+def _page(name: str, status: int = 200, request: Request | None = None, headers: dict | None = None,
+          **context) -> HTMLResponse:
+    """A page; given the ``request``, its sign-out form carries the session's CSRF token."""
+    cookie = request.cookies.get(COOKIE) if request is not None else None
+    html = _templates.get_template(name).render(csrf_token=sessions.csrf_token(cookie) if cookie else "",
+                                                static=STATIC_PATH, **context)
+    return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store", **(headers or {})})
 
 
 def _gate(request: Request) -> Response | None:
@@ -78,6 +93,11 @@ def _gate(request: Request) -> Response | None:
     if access is Access.CLOSED:
         return _page("closed.html", 403, title="Closed")
     return _page("login.html", 401, title="Sign in", next=request.url.path, error=None)
+
+
+def _client(request: Request) -> str:
+    """Whom sign-in failures are counted against: the peer address."""
+    return request.client.host if request.client else "unknown"
 
 
 @router.get("", include_in_schema=False)
@@ -93,18 +113,33 @@ async def login(request: Request) -> Response:
     form = parse_qs((await request.body()).decode(errors="replace"))
     given = (form.get("token") or [""])[0]
     target = (form.get("next") or ["/admin/queues"])[0]
-    if not target.startswith("/admin/") or target.startswith("/admin//"):
+    if not target.startswith("/admin/") or target.startswith("/admin//") or "\\" in target:
         target = "/admin/queues"  # only ever back into the dashboard
+    app, client = request.app.state.conveyor, _client(request)
+    if await run_in_threadpool(sessions.throttled, app, client):
+        window = int(app.settings.admin_login_window)
+        return _page("login.html", 429, title="Sign in", next=target, headers={"Retry-After": str(window)},
+                     error="Too many wrong tokens from this address: try again in a minute.")
     if not same_secret(given, token):
+        await run_in_threadpool(sessions.record_failure, app, client)
         return _page("login.html", 401, title="Sign in", next=target, error="That token is not the admin token.")
+    cookie = await run_in_threadpool(sessions.open_session, app, client)
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(COOKIE, session_value(token), httponly=True, samesite="strict", path="/",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(COOKIE, cookie, httponly=True, samesite="strict", path="/",
+                        max_age=int(app.settings.admin_session_seconds), secure=request.url.scheme == "https")
     return response
 
 
 @router.post("/logout")
-def logout() -> Response:
+async def logout(request: Request) -> Response:
+    """End the session: the cookie stops working everywhere, copies included. Needs the page's CSRF token."""
+    cookie = request.cookies.get(COOKIE)
+    form = parse_qs((await request.body()).decode(errors="replace"))
+    given = (form.get("csrf") or [""])[0]
+    by_script = request.headers.get(CSRF_HEADER) == CSRF_VALUE
+    if not cookie or not (by_script or same_secret(given, sessions.csrf_token(cookie))):
+        return _page("missing.html", 403, title="Forbidden", message="Sign out from the dashboard's own button.")
+    await run_in_threadpool(sessions.revoke, request.app.state.conveyor, cookie)
     response = RedirectResponse("/admin/queues", status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response
@@ -114,7 +149,7 @@ def logout() -> Response:
 def queues(request: Request, inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
-    return _page("queues.html", title="Queues", queues=inspect.queues(), broker=inspect.app.settings.broker_name)
+    return _page("queues.html", request=request, title="Queues", queues=inspect.queues(), broker=inspect.app.settings.broker_name)
 
 
 @router.get("/queues/{queue}", response_class=HTMLResponse)
@@ -128,10 +163,10 @@ def queue(request: Request, queue: str, state: str = "waiting", cursor: str | No
         view = inspect.queue(queue)
         page = inspect.jobs(queue, state, limit=PAGE_SIZE, cursor=cursor)
     except UnknownQueue as exc:
-        return _page("missing.html", 404, title="Not found", message=str(exc))
+        return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
     except ValueError:
         page = inspect.jobs(queue, state, limit=PAGE_SIZE)
-    return _page("queue.html", title=f"Queue {queue}", queue=view, page=page)
+    return _page("queue.html", request=request, title=f"Queue {queue}", queue=view, page=page)
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -141,7 +176,7 @@ def job(request: Request, job_id: str, inspect: Inspector = Depends(inspector)) 
     try:
         view = inspect.job(job_id)
     except JobNotFound as exc:
-        return _page("missing.html", 404, title="Not found", message=str(exc))
+        return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
     refresh = JOB_REFRESH_SECONDS if view.state in ("waiting", "delayed", "active") else None
-    return _page("job.html", title=f"Job {view.job}", job=view, refresh=refresh,
+    return _page("job.html", request=request, title=f"Job {view.job}", job=view, refresh=refresh,
                  payload_json=json.dumps(view.payload, indent=2, sort_keys=True, default=str))
