@@ -19,7 +19,7 @@ from ..builds.store import BuildStore
 from ..errors import EnqueueError, SecretKeyError
 from .. import records
 from .auth import Caller, require_admin, require_user_or_admin
-from .deps import conveyor_app
+from .deps import NamePath, conveyor_app
 
 # A user's key asks for and reads that user's builds only (records.build_owners); the admin token, any.
 router = APIRouter(prefix="/api", tags=["builds"])
@@ -48,7 +48,7 @@ def create_build(body: Any = Body(..., description="{kind, ...the variant's fiel
 
 
 @router.get("/builds/{build_id}")
-def get_build(build_id: str, app=Depends(conveyor_app),
+def get_build(build_id: NamePath, app=Depends(conveyor_app),
               caller: Caller = Depends(require_user_or_admin)) -> dict[str, Any]:
     store = BuildStore(app.pool)
     record = store.get(build_id)
@@ -63,7 +63,7 @@ def get_build(build_id: str, app=Depends(conveyor_app),
 
 
 @router.get("/deployments/{target_kind}/{target_id}", dependencies=[Depends(require_admin)])
-def get_deployment(target_kind: str, target_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+def get_deployment(target_kind: NamePath, target_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
     if target_kind not in ("agent", "connector"):
         raise HTTPException(status.HTTP_404_NOT_FOUND, "target kind is agent or connector")
     store = BuildStore(app.pool)

@@ -19,7 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Depends, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -28,7 +30,7 @@ from ..brokers.base import JOB_STATES
 from ..errors import JobNotFound, UnknownQueue
 from . import sessions
 from .auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret
-from .deps import inspector
+from .deps import CursorQuery, NamePath, inspector
 from .inspector import Inspector
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
@@ -153,24 +155,27 @@ def queues(request: Request, inspect: Inspector = Depends(inspector)) -> Respons
 
 
 @router.get("/queues/{queue}", response_class=HTMLResponse)
-def queue(request: Request, queue: str, state: str = "waiting", cursor: str | None = None,
+def queue(request: Request, queue: NamePath, state: Annotated[str, Query(max_length=20)] = "waiting",
+          cursor: CursorQuery = None,
           inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
     if state not in JOB_STATES:
-        state = "waiting"
+        return _page("missing.html", 400, request=request, title="Bad request",
+                     message=f"state is one of {', '.join(JOB_STATES)}")
     try:
         view = inspect.queue(queue)
         page = inspect.jobs(queue, state, limit=PAGE_SIZE, cursor=cursor)
     except UnknownQueue as exc:
         return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
     except ValueError:
-        page = inspect.jobs(queue, state, limit=PAGE_SIZE)
+        return _page("missing.html", 400, request=request, title="Bad request",
+                     message="cursor: not a page of this dashboard; start again from the queue's first page")
     return _page("queue.html", request=request, title=f"Queue {queue}", queue=view, page=page)
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job(request: Request, job_id: str, inspect: Inspector = Depends(inspector)) -> Response:
+def job(request: Request, job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
     try:

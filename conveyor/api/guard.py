@@ -26,6 +26,7 @@ import uuid
 from typing import Any, Awaitable, Callable
 from urllib.parse import unquote_to_bytes
 
+from ..jsonchecks import holds_nul, json_depth_exceeds
 from ..logs import log_event
 from ..redaction import scrub, settings_secrets
 
@@ -62,35 +63,6 @@ def _json_response(status: int, body: dict, extra: list[tuple[bytes, bytes]] = (
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *extra]
     return ({"type": "http.response.start", "status": status, "headers": headers},
             {"type": "http.response.body", "body": data})
-
-
-def json_depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether a parsed JSON value nests deeper than ``limit`` (iterative: no recursion to exhaust)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
-            if depth > limit:
-                return True
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
-
-
-def holds_nul(value: Any) -> bool:
-    """Whether a parsed JSON value has a NUL in any string, key or value."""
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            if "\x00" in node:
-                return True
-        elif isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
 
 
 def check_json(body: bytes, max_depth: int) -> dict | None:

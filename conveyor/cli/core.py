@@ -137,6 +137,7 @@ def cmd_up(args) -> int:
 
 
 def cmd_enqueue(args) -> int:
+    from ..jsonchecks import json_depth_exceeds
     from ..tasks.jobqueue import JobRequest
 
     app = _app()
@@ -147,7 +148,12 @@ def cmd_enqueue(args) -> int:
                 continue
             try:
                 row = json.loads(line)
+                if json_depth_exceeds(row, app.settings.api_max_json_depth):
+                    raise ValueError(f"nested deeper than {app.settings.api_max_json_depth} levels")
                 requests.append(JobRequest(row["job"], row.get("payload"), row.get("key"), row.get("delay")))
+            except RecursionError:
+                print(f"conveyor: error: line {n} is not a job: nested too deep", file=sys.stderr)
+                return 2
             except (ValueError, KeyError, TypeError) as exc:
                 print(f"conveyor: error: line {n} is not a job: {exc}", file=sys.stderr)
                 return 2
