@@ -34,6 +34,8 @@ def create_build(body: Any = Body(..., description="{kind, ...the variant's fiel
     kind, env, build_id = fields.pop("kind"), fields.pop("env", None) or {}, fields.pop("build_id", None)
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise HTTPException(422, "env maps variable names to string values")
+    if caller.user_id is not None and fields.get("owner_id", caller.user_id) != caller.user_id:
+        raise HTTPException(422, [{"loc": ["body", "owner_id"], "msg": "a build belongs to the key's user"}])
     try:
         ticket = request_build(app, kind, fields, env=env, build_id=build_id)
     except SecretKeyError as exc:
