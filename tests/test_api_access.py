@@ -241,3 +241,23 @@ def test_worker_metrics_listen_on_loopback_unless_configured(clean_env):
     assert Settings().metrics_host == "0.0.0.0"
     compose = (Path(__file__).parents[1] / "compose" / "docker-compose.yml").read_text()
     assert 'CONVEYOR_METRICS_HOST: "0.0.0.0"' in compose  # compose sets it for Prometheus, explicitly
+
+
+def test_the_openapi_document_says_who_may_call_each_route(app):
+    from conveyor.api import create_app
+
+    document = create_app(app).openapi()
+    assert set(document["components"]["securitySchemes"]) == {"userKey", "adminToken"}
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            schemes = {name for requirement in operation.get("security", []) for name in requirement}
+            if path.startswith(("/api/tasks", "/api/runs", "/api/resources")):
+                assert schemes == {"userKey"}, (method, path)
+            elif path.startswith("/api/builds"):
+                assert schemes == {"userKey", "adminToken"}, (method, path)
+            elif path == "/metrics":
+                assert not schemes
+            else:
+                assert schemes == {"adminToken"}, (method, path)
+            if schemes:
+                assert "401" in operation["responses"], (method, path)

@@ -18,7 +18,9 @@ from .auth import require_admin
 from .deps import CursorQuery, NamePath, NameQuery, inspector
 from .inspector import MAX_PAGE, Inspector
 
-router = APIRouter(prefix="/api/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+router = APIRouter(prefix="/api/admin", tags=["admin"], dependencies=[Depends(require_admin)],
+                   responses={401: {"description": "no valid admin token"},
+                              403: {"description": "closed: CONVEYOR_ADMIN_TOKEN is not set"}})
 
 State = Literal["waiting", "delayed", "active", "completed", "failed"]
 

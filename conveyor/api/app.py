@@ -51,6 +51,19 @@ a body over `CONVEYOR_API_MAX_BODY_BYTES` answers 413.
 """
 
 
+#: Who may call each tag's routes, shown in the OpenAPI document.
+TAGS = [
+    {"name": "runs", "description": "Producer: a user's API key (userKey); your own tasks, runs and streams only."},
+    {"name": "resources", "description": "Producer: a user's API key (userKey); your own resources only."},
+    {"name": "builds", "description": "A user's API key (your own builds only) or the admin token (every build); "
+                                      "deployments: admin token."},
+    {"name": "schedules", "description": "Admin token (adminToken): a schedule can enqueue any job."},
+    {"name": "admin", "description": "Admin token (adminToken): queues and jobs of every user."},
+    {"name": "metrics", "description": "Open: counts and names only, for Prometheus."},
+]
+
+
+
 def field_errors(errors) -> list[dict]:
     """Validation errors as field and problem only: pydantic's ``input`` (and ``ctx``) would echo the request."""
     return [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))[:MAX_MSG_CHARS]}
@@ -63,7 +76,7 @@ def create_app(app: "App") -> FastAPI:
 
     from .dashboard import STATIC_DIR, STATIC_PATH
 
-    api = FastAPI(title="conveyor", version=__version__, description=DESCRIPTION)
+    api = FastAPI(title="conveyor", version=__version__, description=DESCRIPTION, openapi_tags=TAGS)
     api.state.conveyor = app
     #: Paths whose body may be larger than CONVEYOR_API_MAX_BODY_BYTES: {path: bytes}.
     api.state.body_limits = {}

@@ -22,7 +22,7 @@ from .auth import Caller, require_admin, require_user_or_admin
 from .deps import NamePath, conveyor_app
 
 # A user's key asks for and reads that user's builds only (records.build_owners); the admin token, any.
-router = APIRouter(prefix="/api", tags=["builds"])
+router = APIRouter(prefix="/api", tags=["builds"], responses={401: {"description": "no valid API key or admin token"}})
 
 
 @router.post("/builds", status_code=status.HTTP_202_ACCEPTED)

@@ -17,7 +17,9 @@ from .auth import require_admin
 from .deps import NamePath, conveyor_app
 
 
-router = APIRouter(prefix="/api/schedules", tags=["schedules"], dependencies=[Depends(require_admin)])
+router = APIRouter(prefix="/api/schedules", tags=["schedules"], dependencies=[Depends(require_admin)],
+                   responses={401: {"description": "no valid admin token"},
+                              403: {"description": "closed: CONVEYOR_ADMIN_TOKEN is not set"}})
 
 
 class ScheduleIn(BaseModel):
