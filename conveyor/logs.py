@@ -95,7 +95,7 @@ class JsonFormatter(logging.Formatter):
             else:
                 out["message"] = message
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, default=str, separators=(",", ":"))
 
 
@@ -139,11 +139,8 @@ class RedactingFilter(logging.Filter):
         if clean != message:
             record.msg, record.args = clean, None
         if record.exc_info:
-            text = logging.Formatter().formatException(record.exc_info)
-            record.exc_text = scrub(text, self.secrets)
-            record.exc_info = None
-            record.msg = f"{record.msg}\n{record.exc_text}"
-            record.exc_text = None
+            # Formatters print exc_text when it is set: the traceback, scrubbed.
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), self.secrets)
         return True
 
 

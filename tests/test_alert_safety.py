@@ -88,3 +88,21 @@ def test_no_log_line_of_a_real_alert_names_the_webhook_url(receiver):
     secret_path = receiver.url.split("://", 1)[1].split("/", 1)[1]
     assert secret_path not in text and receiver.url not in text, text
     assert "retrying POST [redacted]" in text
+
+
+def test_a_logged_traceback_is_scrubbed_too():
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    secret = "https://hooks.example.com/services/T1/B2/very-secret-path"
+    configure_logging("INFO", stream=stream, secrets=[secret])
+    try:
+        try:
+            raise RuntimeError(f"could not post to {secret}")
+        except RuntimeError:
+            logging.getLogger("urllib3.connectionpool").error("request failed", exc_info=True)
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    line = json.loads(stream.getvalue().strip().splitlines()[-1])
+    assert "RuntimeError" in line["exc"] and "very-secret-path" not in stream.getvalue()
