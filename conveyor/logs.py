@@ -134,7 +134,10 @@ class RedactingFilter(logging.Filter):
         if not self.secrets or (record.args and isinstance(record.args, tuple) and len(record.args) == 1
                                 and isinstance(record.args[0], _EventLine)):
             return True  # conveyor's own events carry no secret values (see log_event)
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed call: logging reports it when the handler formats the line
+            return True
         clean = scrub(message, self.secrets)
         if clean != message:
             record.msg, record.args = clean, None
