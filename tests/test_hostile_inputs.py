@@ -263,3 +263,27 @@ def test_a_deeply_nested_batch_line_is_refused_without_a_traceback(redis_url, da
                               env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr and "line 1" in done.stderr and "deep" in done.stderr
+
+
+def test_a_50_mb_body_is_refused_with_413_under_the_default_cap(redis_url, database_url):
+    app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, admin_token=TOKEN))
+    try:
+        make_task(app, "t1", user_id="mallory")
+        user = user_key(app, "mallory")
+        huge = json.dumps({"content": MARK * (50 * 1024 * 1024 // len(MARK))})
+        with serve(app) as base, httpx.Client(base_url=base, timeout=60) as client:
+            for headers in ({}, {"content-type": "application/json"}):
+                try:
+                    response = client.post("/api/tasks/t1/runs", content=huge,
+                                           headers={**user, "content-type": "application/json", **headers})
+                except httpx.TransportError:
+                    continue  # the server answered 413 and closed before the client finished sending: refused too
+                assert response.status_code == 413 and MARK not in response.text
+                assert len(response.content) < 200
+            streamed = client.post("/api/tasks/t1/runs", content=_chunks(huge),
+                                   headers={**user, "content-type": "application/json"})
+            assert streamed.status_code == 413 and MARK not in streamed.text
+        with app.pool.connection() as conn:
+            assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    finally:
+        app.close()
