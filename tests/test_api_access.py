@@ -207,6 +207,22 @@ def test_sessions_end_at_logout_and_expire(app):
         assert client.get("/admin/queues").status_code == 401
 
 
+def test_rotating_the_admin_token_ends_the_old_tokens_sessions(redis_url, database_url):
+    first = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, admin_token=TOKEN))
+    rotated = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url,
+                           admin_token="rotated-admin-token-0b7d"))
+    try:
+        with serve(first) as base, httpx.Client(base_url=base, timeout=30) as client:
+            assert _sign_in(client).status_code == 303
+            cookie = {"Cookie": f"{COOKIE}={client.cookies[COOKIE]}"}
+            assert client.get("/admin/queues", headers=cookie).status_code == 200
+        with serve(rotated) as base, httpx.Client(base_url=base, timeout=30) as client:
+            assert client.get("/admin/queues", headers=cookie).status_code == 401
+    finally:
+        first.close()
+        rotated.close()
+
+
 def test_every_dashboard_response_carries_the_security_headers_and_no_inline_script(app):
     with serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
         for path in ("/admin/queues", "/admin/static/dashboard.js", "/api/runs/x", "/metrics", "/nope"):

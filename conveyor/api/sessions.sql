@@ -2,11 +2,12 @@
 -- Every time is the database's clock, one for every API process.
 
 -- name: create_session
-INSERT INTO admin_sessions (digest, client, expires_at)
-VALUES (%(digest)s, %(client)s, now() + make_interval(secs => %(seconds)s))
+INSERT INTO admin_sessions (digest, token_epoch, client, expires_at)
+VALUES (%(digest)s, %(epoch)s, %(client)s, now() + make_interval(secs => %(seconds)s))
 
 -- name: live_session
-SELECT 1 FROM admin_sessions WHERE digest = %(digest)s AND revoked_at IS NULL AND expires_at > now()
+SELECT 1 FROM admin_sessions
+WHERE digest = %(digest)s AND token_epoch = %(epoch)s AND revoked_at IS NULL AND expires_at > now()
 
 -- name: revoke_session
 UPDATE admin_sessions SET revoked_at = coalesce(revoked_at, now()) WHERE digest = %(digest)s
