@@ -377,22 +377,18 @@ def upsert_own_resource(conn, *, id: str, user_id: str, task_id: str | None, tit
     return version
 
 
-def scoped_message_id(user_id: str, message_id: str) -> str:
-    """The stored id of a client-chosen message id: one user's ``m1`` is not another's.
+def scoped_id(kind: str, user_id: str, client_id: str) -> str:
+    """The stored id of a client-chosen id: one user's ``m1`` is not another's.
 
-    Message ids are one namespace in the database; without this, a taken id
-    would answer 409 to a stranger and so tell them it exists.
+    Ids are one namespace in the database; without this, an id another user
+    took would answer 409 (or their record) to a stranger, and so tell them
+    it exists. Letters and digits only: safe in a path and in any id pattern.
     """
+    digest = hashlib.sha256(f"{kind}\x1f{user_id}\x1f{client_id}".encode()).hexdigest()[:32]
+    return f"{kind[:5]}c{digest}"
+
+
+def scoped_message_id(user_id: str, message_id: str) -> str:
+    """The stored id of a client-chosen message id (see :func:`scoped_id`; this form predates it)."""
     digest = hashlib.sha256(f"{user_id}\x1f{message_id}".encode()).hexdigest()[:32]
     return f"msgc_{digest}"
-
-
-def claim_build(conn, build_id: str, user_id: str) -> None:
-    """Record that ``user_id`` asked for ``build_id`` (through the producer API)."""
-    conn.execute(QUERIES["claim_build"], {"build_id": build_id, "user_id": user_id})
-
-
-def build_owner(conn, build_id: str) -> str | None:
-    """The user who asked for a build, or None (asked for with the admin token, or unknown)."""
-    row = conn.execute(QUERIES["build_owner"], {"build_id": build_id}).fetchone()
-    return row[0] if row else None

@@ -183,9 +183,3 @@ ON CONFLICT (id) DO UPDATE
     SET title = EXCLUDED.title, body = EXCLUDED.body, version = EXCLUDED.version, updated_at = now()
     WHERE resources.version <> EXCLUDED.version AND resources.user_id = EXCLUDED.user_id
 RETURNING user_id
-
--- name: claim_build
-INSERT INTO build_owners (build_id, user_id) VALUES (%(build_id)s, %(user_id)s) ON CONFLICT (build_id) DO NOTHING
-
--- name: build_owner
-SELECT user_id FROM build_owners WHERE build_id = %(build_id)s

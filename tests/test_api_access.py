@@ -117,10 +117,23 @@ def test_a_user_sees_and_changes_only_their_own_records(app):
         assert client.get("/api/resources/search", params={"q": "password", "user_id": "alice"},
                           headers=bob).json()["results"] == []
 
-        # Builds: one asked for with the admin token is no user's; a user's own is theirs alone.
-        with app.pool.connection() as conn:
-            records.claim_build(conn, "b-alice", "alice")
-        assert client.get("/api/builds/b-alice", headers=bob).status_code == 404
+        # Builds: a user's own are theirs alone, and so are their agents.
+        asked = client.post("/api/builds", headers=alice, json={"kind": "rollback", "agent_id": "agent-alice",
+                                                                 "target_version": "v1", "build_id": "b1"})
+        assert asked.status_code == 202, asked.text
+        build_id = asked.json()["build_id"]
+        assert client.get(f"/api/builds/{build_id}", headers=alice).json()["owner_id"] == "alice"
+        a, b = client.get(f"/api/builds/{build_id}", headers=bob), client.get("/api/builds/b-none", headers=bob)
+        assert a.status_code == b.status_code == 404
+        assert client.get(f"/api/builds/{build_id}", headers=ADMIN).status_code == 200
+        foreign = client.post("/api/builds", headers=bob, json={"kind": "rollback", "agent_id": "agent-alice",
+                                                                 "target_version": "v1"})
+        assert foreign.status_code == 404 and foreign.json()["detail"] == "no agent 'agent-alice'"
+        assert client.post("/api/builds", headers=bob, json={"kind": "rollback", "agent_id": "agent-bob",
+                                                             "target_version": "v1", "owner_id": "alice"}).status_code == 422
+        mine = client.post("/api/builds", headers=bob, json={"kind": "rollback", "agent_id": "agent-bob",
+                                                             "target_version": "v1", "build_id": "b1"})
+        assert mine.status_code == 202 and mine.json()["build_id"] != build_id  # his b1 is not hers
 
 
 def test_search_snippets_are_escaped_text_with_the_matches_in_bold(app):

@@ -16,12 +16,13 @@ from fastapi import APIRouter, Body, Depends, HTTPException, status
 
 from ..builds.requests import request_build
 from ..builds.store import BuildStore
-from ..errors import EnqueueError, SecretKeyError
 from .. import records
+from ..errors import EnqueueError, SecretKeyError
 from .auth import Caller, require_admin, require_user_or_admin
 from .deps import NamePath, conveyor_app
 
-# A user's key asks for and reads that user's builds only (records.build_owners); the admin token, any.
+# A user's key asks for builds of that user's own agents and connectors and reads only that user's
+# builds (owner_id); another user's answer 404 as missing ones. The admin token: any.
 router = APIRouter(prefix="/api", tags=["builds"], responses={401: {"description": "no valid API key or admin token"}})
 
 
@@ -34,19 +35,30 @@ def create_build(body: Any = Body(..., description="{kind, ...the variant's fiel
     kind, env, build_id = fields.pop("kind"), fields.pop("env", None) or {}, fields.pop("build_id", None)
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise HTTPException(422, "env maps variable names to string values")
-    if caller.user_id is not None and fields.get("owner_id", caller.user_id) != caller.user_id:
-        raise HTTPException(422, [{"loc": ["body", "owner_id"], "msg": "a build belongs to the key's user"}])
+    if caller.user_id is not None:
+        if fields.setdefault("owner_id", caller.user_id) != caller.user_id:
+            raise HTTPException(422, [{"loc": ["body", "owner_id"], "msg": "a build belongs to the key's user"}])
+        _refuse_foreign_target(app, fields, caller.user_id)
+        if isinstance(build_id, str):  # one user's client-chosen id tells another nothing
+            build_id = records.scoped_id("build", caller.user_id, build_id)
     try:
         ticket = request_build(app, kind, fields, env=env, build_id=build_id)
     except SecretKeyError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
     except EnqueueError as exc:
         raise HTTPException(422, str(exc)) from None
-    if caller.user_id is not None:
-        with app.pool.connection() as conn:
-            records.claim_build(conn, ticket.build_id, caller.user_id)
     return {"build_id": ticket.build_id, "job_id": ticket.job_id, "status": "queued",
             "status_url": f"/api/builds/{ticket.build_id}"}
+
+
+def _refuse_foreign_target(app, fields: dict[str, Any], user_id: str) -> None:
+    """404 when the build is for an agent or connector of another user (as if there were none)."""
+    for kind, field in (("agent", "agent_id"), ("connector", "connector_id")):
+        target_id = fields.get(field)
+        if isinstance(target_id, str) and len(target_id) <= 200:
+            target = BuildStore(app.pool).target(kind, target_id)
+            if target is not None and target.owner_id != user_id:
+                raise HTTPException(status.HTTP_404_NOT_FOUND, f"no {kind} {target_id!r}")
 
 
 @router.get("/builds/{build_id}")
@@ -54,10 +66,8 @@ def get_build(build_id: NamePath, app=Depends(conveyor_app),
               caller: Caller = Depends(require_user_or_admin)) -> dict[str, Any]:
     store = BuildStore(app.pool)
     record = store.get(build_id)
-    if caller.user_id is not None:
-        with app.pool.connection() as conn:
-            if records.build_owner(conn, build_id) != caller.user_id:
-                record = None  # another user's build is as missing as none
+    if record is not None and caller.user_id is not None and record.owner_id != caller.user_id:
+        record = None  # another user's build is as missing as none
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no build {build_id!r}")
     events = [{"claim": c, "event": e, "detail": d} for c, e, d in store.events(build_id)]
