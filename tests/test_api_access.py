@@ -171,13 +171,12 @@ def test_users_and_keys_commands_create_list_and_revoke(redis_url, database_url,
     assert conveyor("users", "create", "../etc").returncode == 2
     assert conveyor("keys", "revoke", key_id).returncode == 0
     assert "revoked" in conveyor("keys", "list", "dora").stdout
-    with httpx.Client() as _:
-        app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url))
-        try:
-            with app.pool.connection() as conn:
-                assert records.key_user(conn, key) is None
-        finally:
-            app.close()
+    app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url))
+    try:
+        with app.pool.connection() as conn:
+            assert records.key_user(conn, key) is None
+    finally:
+        app.close()
 
 
 # -- the dashboard's session ------------------------------------------------------------------
