@@ -3,6 +3,13 @@
 Events: ``active``, ``completed``, ``failed``, ``retry``, ``stalled``, ``error``
 (and ``skipped`` for deleted or superseded jobs). Payloads are never logged,
 so no secret value can reach a log line.
+
+Other libraries log too, and some print what conveyor keeps secret (httpx's
+INFO line names the URL of every request, a chat webhook's included). So
+:func:`configure_logging` keeps the chatty third-party loggers
+(:data:`QUIET_LOGGERS`) at WARNING or above, and every line that goes
+through the handler, any logger's, is scrubbed of every secret setting
+(:class:`RedactingFilter`).
 """
 
 from __future__ import annotations
@@ -11,7 +18,10 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Iterable
+from urllib.parse import urlsplit
+
+from .redaction import scrub
 
 logger = logging.getLogger("conveyor.events")
 
@@ -85,20 +95,81 @@ class JsonFormatter(logging.Formatter):
             else:
                 out["message"] = message
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, default=str, separators=(",", ":"))
 
 
-def configure_logging(level: str = "INFO", stream: Any = None) -> None:
-    """Send every log line to ``stream`` (stderr) as JSON. Dramatiq's own chatter is kept at WARNING."""
+#: Third-party loggers kept at WARNING or above: their INFO lines name URLs (a
+#: webhook's path is its secret), request lines and connection details.
+QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "uvicorn.access", "uvicorn.error", "dramatiq", "selenium")
+
+
+def secret_fragments(secrets: Iterable[str]) -> list[str]:
+    """What to scrub for each secret: the value, and for a URL its path and query too
+    (a library may log the URL rebuilt, with another host form or port)."""
+    out = set()
+    for secret in secrets:
+        if not secret:
+            continue
+        out.add(secret)
+        parts = urlsplit(secret) if "://" in secret else None
+        if parts is not None:
+            if len(parts.path) > 1:
+                out.add(parts.path)
+            if parts.query:
+                out.add(parts.query)
+            if parts.password:
+                out.add(parts.password)
+    return sorted(out, key=len, reverse=True)
+
+
+class RedactingFilter(logging.Filter):
+    """Scrubs every secret from a record's message, arguments and traceback before any handler writes it."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self.secrets = secret_fragments(secrets)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.secrets or (record.args and isinstance(record.args, tuple) and len(record.args) == 1
+                                and isinstance(record.args[0], _EventLine)):
+            return True  # conveyor's own events carry no secret values (see log_event)
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed call: logging reports it when the handler formats the line
+            return True
+        clean = scrub(message, self.secrets)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info:
+            # Formatters print exc_text when it is set: the traceback, scrubbed.
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), self.secrets)
+        return True
+
+
+def _settings_secrets() -> list[str]:
+    try:
+        from .redaction import settings_secrets
+        from .settings import get_settings
+
+        return settings_secrets(get_settings())
+    except Exception:  # settings that do not validate are reported elsewhere; nothing to scrub yet
+        return []
+
+
+def configure_logging(level: str = "INFO", stream: Any = None, secrets: Iterable[str] | None = None) -> None:
+    """Send every log line to ``stream`` (stderr) as JSON, scrubbed of ``secrets`` (default: every
+    secret setting of the environment). Third-party chatter (:data:`QUIET_LOGGERS`) is kept at WARNING."""
     global _direct
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(RedactingFilter(_settings_secrets() if secrets is None else secrets))
     _direct = handler
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    logging.getLogger("dramatiq").setLevel(max(logging.WARNING, root.level))
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
     # Dramatiq logs every failed run with its traceback at ERROR; conveyor's
     # own retry/failed events already say it once, with the job's ids.
     logging.getLogger("dramatiq.worker.WorkerThread").setLevel(logging.CRITICAL)

@@ -1,4 +1,4 @@
-"""The agent platform's records in Postgres: tasks, messages, runs, memories, resources.
+"""The agent platform's records in Postgres: tasks, messages, runs, memories, resources, users and API keys.
 
 Plain functions over a connection, returning dataclasses; the SQL is in
 ``records.sql``. Every record is found by its ID. Processors, the API and
@@ -8,6 +8,10 @@ the demo all go through here.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import html
+import re
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -242,7 +246,149 @@ def get_resource(conn, resource_id: str) -> Resource:
     return Resource(*row)
 
 
+#: Where ts_headline marks a match (search_resources): control characters, so
+#: the marks survive HTML escaping of the text around them.
+_START_SEL, _STOP_SEL = "\x02", "\x03"
+
+
+def safe_snippet(headline: str) -> str:
+    """A headline as HTML: the resource's text escaped first, then its matches put in ``<b>``.
+
+    ts_headline's own ``<b>`` marks would sit in raw text, so a body holding
+    ``<img onerror=...>`` came back live; its text is escaped here instead.
+    """
+    return html.escape(headline, quote=True).replace(_START_SEL, "<b>").replace(_STOP_SEL, "</b>")
+
+
 def search_resources(conn, q: str, *, user_id: str | None = None, limit: int = 20) -> list[SearchHit]:
-    """Full-text search over indexed chunks (web-search syntax: words, "phrases", -exclusions, or)."""
+    """Full-text search over indexed chunks (web-search syntax: words, "phrases", -exclusions, or).
+
+    Each snippet is safe HTML (:func:`safe_snippet`).
+    """
     rows = conn.execute(QUERIES["search_resources"], {"q": q, "user_id": user_id, "limit": limit}).fetchall()
-    return [SearchHit(*row) for row in rows]
+    return [SearchHit(resource_id, title, seq, safe_snippet(snippet), rank)
+            for resource_id, title, seq, snippet, rank in rows]
+
+
+# -- users and API keys -----------------------------------------------------------
+
+#: A user's id: what tasks and resources carry as ``user_id`` (no dots or slashes).
+USER_ID = re.compile(r"^[A-Za-z0-9_:@-]{1,128}$")
+
+#: Every API key starts with this, so a leaked one is recognisable (secret scanners, logs).
+KEY_PREFIX = "cvk"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A key as it is listed: never the key itself, which is shown once at creation."""
+
+    id: str
+    user_id: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def key_digest(key: str) -> str:
+    """What is stored of a key. SHA-256 is enough: the key holds 256 random bits, nothing to brute-force."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create_user(conn, user_id: str) -> bool:
+    """Create a user; False when it exists already."""
+    if not USER_ID.match(user_id):
+        raise ValueError("a user id is 1-128 letters, digits, '_', ':', '@' or '-'")
+    return conn.execute(QUERIES["create_user"], {"id": user_id}).fetchone() is not None
+
+
+def user_exists(conn, user_id: str) -> bool:
+    return conn.execute(QUERIES["get_user"], {"id": user_id}).fetchone() is not None
+
+
+def create_api_key(conn, user_id: str) -> tuple[str, str]:
+    """A new key of ``user_id``: (key id, key). The key is not stored, only its digest."""
+    if not user_exists(conn, user_id):
+        raise RecordNotFound(f"no user {user_id!r}")
+    key_id = secrets.token_hex(6)
+    key = f"{KEY_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
+    conn.execute(QUERIES["create_api_key"], {"id": key_id, "user_id": user_id, "digest": key_digest(key)})
+    return key_id, key
+
+
+def revoke_api_key(conn, key_id: str) -> str:
+    """Revoke a key by its id (again: no change); returns its user. :class:`RecordNotFound` if there is none."""
+    row = conn.execute(QUERIES["revoke_api_key"], {"id": key_id}).fetchone()
+    if row is None:
+        raise RecordNotFound(f"no API key {key_id!r}")
+    return row[0]
+
+
+def api_keys(conn, user_id: str) -> list[ApiKey]:
+    return [ApiKey(*row) for row in conn.execute(QUERIES["list_api_keys"], {"user_id": user_id})]
+
+
+def key_user(conn, key: str) -> str | None:
+    """The user a live key belongs to, or None (unknown, revoked, malformed or wrong)."""
+    prefix, _, rest = key.partition("_")
+    key_id, _, secret = rest.partition("_")
+    if prefix != KEY_PREFIX or not secret or not re.fullmatch(r"[0-9a-f]{12}", key_id):
+        return None
+    row = conn.execute(QUERIES["api_key_digest"], {"id": key_id}).fetchone()
+    if row is None:
+        return None
+    user_id, digest = row
+    return user_id if hmac.compare_digest(digest, key_digest(key)) else None
+
+
+# -- ownership --------------------------------------------------------------------
+#
+# A producer reads and writes only its own records. Each lookup below answers
+# RecordNotFound with the same text for a record of another user as for one
+# that does not exist, so an id cannot be probed.
+
+
+def get_task_of(conn, task_id: str, user_id: str) -> Task:
+    row = conn.execute(QUERIES["get_task_of_user"], {"id": task_id, "user_id": user_id}).fetchone()
+    if row is None:
+        raise RecordNotFound(f"no task {task_id!r}")
+    return Task(*row)
+
+
+def get_run_of(conn, run_id: str, user_id: str) -> Run:
+    row = conn.execute(QUERIES["get_run_of_user"], {"id": run_id, "user_id": user_id}).fetchone()
+    if row is None:
+        raise RecordNotFound(f"no run {run_id!r}")
+    return Run(*row)
+
+
+def get_resource_of(conn, resource_id: str, user_id: str) -> Resource:
+    resource = get_resource(conn, resource_id)
+    if resource.user_id != user_id:
+        raise RecordNotFound(f"no resource {resource_id!r}")
+    return resource
+
+
+def upsert_own_resource(conn, *, id: str, user_id: str, task_id: str | None, title: str, body: str) -> str:
+    """:func:`upsert_resource` that never touches another user's resource (:class:`RecordNotFound` then)."""
+    version = resource_version(title, body)
+    conn.execute(QUERIES["upsert_own_resource"], {"id": id, "user_id": user_id, "task_id": task_id,
+                                                  "title": title, "body": body, "version": version})
+    get_resource_of(conn, id, user_id)
+    return version
+
+
+def scoped_id(kind: str, user_id: str, client_id: str) -> str:
+    """The stored id of a client-chosen id: one user's ``m1`` is not another's.
+
+    Ids are one namespace in the database; without this, an id another user
+    took would answer 409 (or their record) to a stranger, and so tell them
+    it exists. Letters and digits only: safe in a path and in any id pattern.
+    """
+    digest = hashlib.sha256(f"{kind}\x1f{user_id}\x1f{client_id}".encode()).hexdigest()[:32]
+    return f"{kind[:5]}c{digest}"
+
+
+def scoped_message_id(user_id: str, message_id: str) -> str:
+    """The stored id of a client-chosen message id (see :func:`scoped_id`; this form predates it)."""
+    digest = hashlib.sha256(f"{user_id}\x1f{message_id}".encode()).hexdigest()[:32]
+    return f"msgc_{digest}"

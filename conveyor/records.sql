@@ -128,7 +128,9 @@ UPDATE resources SET indexed_version = %(version)s, indexed_at = now() WHERE id 
 -- name: search_resources
 -- Best chunks first; a resource appears once per matching chunk.
 SELECT c.resource_id, r.title, c.seq,
-       ts_headline('english', c.body, q, 'MaxWords=30, MinWords=10') AS snippet,
+       -- Matches marked with control characters (chr 2, 3): records.safe_snippet escapes, then makes them <b>.
+       ts_headline('english', c.body, q, 'MaxWords=30, MinWords=10, StartSel=' || chr(2) || ', StopSel=' || chr(3))
+           AS snippet,
        ts_rank(c.tsv, q) AS rank
 FROM resource_chunks c
 JOIN resources r ON r.id = c.resource_id,
@@ -136,3 +138,48 @@ JOIN resources r ON r.id = c.resource_id,
 WHERE c.tsv @@ q AND (%(user_id)s::text IS NULL OR r.user_id = %(user_id)s::text)
 ORDER BY rank DESC, c.resource_id, c.seq
 LIMIT %(limit)s
+
+-- -- users and API keys (migration 0050_access.sql) ---------------------------
+
+-- name: create_user
+INSERT INTO users (id) VALUES (%(id)s) ON CONFLICT (id) DO NOTHING RETURNING id
+
+-- name: get_user
+SELECT id, created_at FROM users WHERE id = %(id)s
+
+-- name: create_api_key
+INSERT INTO api_keys (id, user_id, digest) VALUES (%(id)s, %(user_id)s, %(digest)s)
+
+-- name: revoke_api_key
+-- Revoking twice keeps the first time; no row when there is no such key.
+UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = %(id)s RETURNING user_id
+
+-- name: list_api_keys
+SELECT id, user_id, created_at, revoked_at FROM api_keys WHERE user_id = %(user_id)s ORDER BY created_at, id
+
+-- name: api_key_digest
+-- A live key of an existing user, by its public id: the caller compares the digest.
+SELECT k.user_id, k.digest FROM api_keys k JOIN users u ON u.id = k.user_id
+WHERE k.id = %(id)s AND k.revoked_at IS NULL
+
+-- -- ownership: every producer read and write is one user's -----------------
+
+-- name: get_task_of_user
+SELECT id, user_id, kind, title, instructions, created_at FROM tasks WHERE id = %(id)s AND user_id = %(user_id)s
+
+-- name: get_run_of_user
+SELECT r.id, r.task_id, r.job, r.user_message_id, r.assistant_message_id, r.status, r.attempts,
+       r.prompt_tokens, r.completion_tokens, r.total_tokens, r.error,
+       r.created_at, r.started_at, r.finished_at, r.finalized_at
+FROM runs r JOIN tasks t ON t.id = r.task_id
+WHERE r.id = %(id)s AND t.user_id = %(user_id)s
+
+-- name: upsert_own_resource
+-- Like upsert_resource, but a resource of another user is left as it is
+-- (the caller then finds it is not theirs and answers as if it did not exist).
+INSERT INTO resources (id, user_id, task_id, title, body, version)
+VALUES (%(id)s, %(user_id)s, %(task_id)s, %(title)s, %(body)s, %(version)s)
+ON CONFLICT (id) DO UPDATE
+    SET title = EXCLUDED.title, body = EXCLUDED.body, version = EXCLUDED.version, updated_at = now()
+    WHERE resources.version <> EXCLUDED.version AND resources.user_id = EXCLUDED.user_id
+RETURNING user_id

@@ -30,6 +30,11 @@ def _default_data_dir() -> Path:
     return Path(base) / "conveyor"
 
 
+#: The weakest admin token accepted: a guess must not be within reach of the sign-in throttle.
+MIN_ADMIN_TOKEN_LENGTH = 16
+MIN_ADMIN_TOKEN_DISTINCT = 8
+
+
 class QueueOverride(BaseModel):
     """Environment overrides for one queue; unset fields keep the table's value."""
 
@@ -48,6 +53,8 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="ignore",
         populate_by_name=True,
+        # A bad value may be a secret (a weak admin token): errors name the field, never the value.
+        hide_input_in_errors=True,
     )
 
     redis_url: str | None = Field(
@@ -134,7 +141,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         9191, ge=0, le=65535, description="Port of a worker supervisor's Prometheus /metrics; 0 turns it off."
     )
-    metrics_host: str = Field("0.0.0.0", description="Address a worker supervisor's /metrics listens on.")
+    metrics_host: str = Field(
+        "127.0.0.1", description="Address a worker supervisor's /metrics listens on (0.0.0.0: every interface)."
+    )
     metrics_dir: Path | None = Field(
         None,
         description="Multi-process metrics directory of a worker supervisor (emptied at start); "
@@ -252,6 +261,35 @@ class Settings(BaseSettings):
         None, description="`conveyor demo --duplicates`: rounds given two extra finalizes (default: a quarter)."
     )
     demo_timeout: float = Field(100, description="`conveyor demo --timeout`: seconds before the demo gives up.")
+    # -- API access and input limits -------------------------------------------
+    admin_session_seconds: float = Field(
+        12 * 3600, gt=0, description="Seconds a dashboard sign-in lasts; logout ends it sooner."
+    )
+    admin_login_attempts: int = Field(
+        5, ge=1, description="Wrong admin tokens a client may try per window before sign-in answers 429."
+    )
+    admin_login_window: float = Field(60, gt=0, description="Seconds of the dashboard sign-in throttle's window.")
+    api_max_body_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Largest request body the API reads; a larger one answers 413."
+    )
+    api_max_json_depth: int = Field(
+        32, ge=2, le=1000, description="Deepest nesting of a JSON request body (or enqueue --batch line)."
+    )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _strong_admin_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # Never quote the value: pydantic prints the message, and this is a secret.
+        if value is None or not value.get_secret_value():
+            return value
+        token = value.get_secret_value()
+        if len(token) < MIN_ADMIN_TOKEN_LENGTH or len(set(token)) < MIN_ADMIN_TOKEN_DISTINCT:
+            raise ValueError(
+                f"CONVEYOR_ADMIN_TOKEN is too weak: use at least {MIN_ADMIN_TOKEN_LENGTH} random characters "
+                f"with {MIN_ADMIN_TOKEN_DISTINCT} or more different ones, for example the output of "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+        return value
 
     # Which queues and build kinds exist is known to the modules that declare them, not here
     # (settings imports nothing from conveyor): the App checks the names once it loaded them

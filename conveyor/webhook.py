@@ -4,7 +4,11 @@
 ``blocks``; Mattermost and Rocket.Chat take the same), Discord
 (``content``) or any other receiver (generic JSON with the job's
 metadata). An alert never carries the payload, and its error text is
-scrubbed of secrets before it gets here.
+scrubbed of secrets before it gets here. Error text is a stranger's text
+(a processor may put any input into its exception): in chat formats it is
+escaped so it can neither mention anyone (``@everyone``, Slack's
+``<!channel>``; Discord bodies also say ``allowed_mentions: none``) nor
+leave its code block.
 
 :class:`WebhookSender` posts from one background thread fed by a bounded
 queue: a worker hands an alert over and goes on. Each alert is tried
@@ -60,18 +64,49 @@ def guess_format(url: str) -> Format:
     return "generic"
 
 
+#: Stands in for a backtick inside a code block: it looks alike and cannot close the block.
+_BACKTICK_STAND_IN = "\u02cb"
+
+#: Discord: mention nobody, whatever the text says.
+NO_MENTIONS = {"parse": []}
+
+
+def _defuse_mentions(text: str) -> str:
+    # A zero-width space after '@' keeps the text readable and makes it no mention.
+    return text.replace("@everyone", "@\u200beveryone").replace("@here", "@\u200bhere")
+
+
+def slack_text(text: str) -> str:
+    """Text safe in Slack mrkdwn: no control sequences (``<!everyone>``, ``<@U1>``, links), no @-mentions."""
+    return _defuse_mentions(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+
+
+def code_block_text(text: str) -> str:
+    """Text that stays inside a ``` code block."""
+    return text.replace("`", _BACKTICK_STAND_IN)
+
+
+def discord_text(text: str) -> str:
+    """Text safe in Discord markdown outside a code block: no mentions (allowed_mentions says so too)."""
+    return _defuse_mentions(text).replace("<@", "<\u200b@")
+
+
 def render(alert: Alert, fmt: Format) -> dict:
     """The JSON body of ``alert`` in format ``fmt``."""
     error = alert.error if len(alert.error) <= MAX_ERROR_CHARS else alert.error[:MAX_ERROR_CHARS] + "…"
+    if fmt != "generic":
+        error = code_block_text(error)
     attempts = f"after {alert.attempts} attempt{'s' if alert.attempts != 1 else ''}" if alert.attempts else ""
     when = datetime.fromtimestamp(alert.failed_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     summary = f"Job {alert.job} ({alert.job_id}) on queue {alert.queue} failed for good {attempts}".rstrip()
     if fmt == "slack":
+        error, job_id = slack_text(error), code_block_text(slack_text(alert.job_id))
+        summary = slack_text(summary)
         blocks: list[dict] = [
             {"type": "header", "text": {"type": "plain_text", "text": f"Job failed: {alert.job}"[:150]}},
             {"type": "section", "fields": [
-                {"type": "mrkdwn", "text": f"*Queue*\n{alert.queue}"},
-                {"type": "mrkdwn", "text": f"*Job id*\n`{alert.job_id}`"},
+                {"type": "mrkdwn", "text": f"*Queue*\n{slack_text(alert.queue)}"},
+                {"type": "mrkdwn", "text": f"*Job id*\n`{job_id}`"},
                 {"type": "mrkdwn", "text": f"*Attempts*\n{alert.attempts or '-'}"},
                 {"type": "mrkdwn", "text": f"*Failed at*\n{when}"},
             ]},
@@ -82,10 +117,10 @@ def render(alert: Alert, fmt: Format) -> dict:
                 {"type": "button", "text": {"type": "plain_text", "text": "Open in dashboard"}, "url": alert.link}]})
         return {"text": f"{summary}: {error}", "blocks": blocks}
     if fmt == "discord":
-        lines = [f"**{summary}**", f"```{error}```"]
+        lines = [f"**{discord_text(summary)}**", f"```{discord_text(error)}```"]
         if alert.link:
             lines.append(alert.link)
-        return {"content": "\n".join(lines)[:2000]}
+        return {"content": "\n".join(lines)[:2000], "allowed_mentions": NO_MENTIONS}
     body = {"event": "job.dead", "text": summary, **asdict(alert)}
     body["error"] = error
     body["failed_at"] = datetime.fromtimestamp(alert.failed_at, timezone.utc).isoformat()

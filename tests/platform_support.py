@@ -37,6 +37,14 @@ def make_task(app, task_id: str, *, user_id: str = "u1", kind: str = "chat", tit
                                    instructions=instructions)
 
 
+def user_key(app, user_id: str) -> dict[str, str]:
+    """Headers carrying a new API key of ``user_id`` (the user is created if need be)."""
+    with app.pool.connection() as conn:
+        records.create_user(conn, user_id)
+        _, key = records.create_api_key(conn, user_id)
+    return {"Authorization": f"Bearer {key}"}
+
+
 def run_status(app, run_id: str) -> records.Run:
     with app.pool.connection() as conn:
         return records.get_run(conn, run_id)

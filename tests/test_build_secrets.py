@@ -120,6 +120,7 @@ def test_the_scrubber_catches_each_key_and_url_password_and_never_mangles_its_ow
     from conveyor.settings import Settings
 
     key_a, key_b = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    # (An admin token must be long and varied now, so the short secret inside the marker is the OpenAI key.)
     settings = Settings(database_url="postgresql://app:db-pass-81x@db/conveyor", redis_url="redis://:r3dis-pw@r:6379/0",
                         secret_key=f"{key_b},{key_a}", admin_token="Zq8-admin-token-scrub-4471",
                         openai_api_key="dac")

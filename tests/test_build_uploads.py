@@ -23,6 +23,7 @@ from tests.build_sources import (  # noqa: F401 (fixtures)
     workers,
 )
 from tests.obs_support import api_server
+from tests.platform_support import user_key
 from tests.waiting import wait_for
 
 AUTH = ADMIN_AUTH
@@ -115,8 +116,10 @@ def test_oversize_non_zip_and_bad_forms_are_refused_and_nothing_is_stored(build_
         not_zip = client.post(ROUTE, headers=AUTH, files={"file": ("a.zip", b"this is not a zip archive\n")},
                               data=fields)
         assert not_zip.status_code == 422 and "file" in not_zip.text and "zip" in not_zip.text
-        missing = client.post(ROUTE, headers=AUTH, data=fields, files={"other": ("x", b"y")})
-        assert missing.status_code == 422 and "other" in missing.text
+        missing = client.post(ROUTE, headers=AUTH, data=fields, files={"zq9other": ("x", b"y")})
+        # The form's fields are listed; the stranger's name (the client's input) is not echoed.
+        assert missing.status_code == 422 and "unknown field" in missing.text and "agent_id" in missing.text
+        assert "zq9other" not in missing.text
         control = client.post(ROUTE, headers=AUTH, data={**fields, "version": "1"},
                               files={"file": ("a.zip", _tiny_zip())}).status_code
         assert control == 202  # the control: the same form with a good file is taken
@@ -134,6 +137,44 @@ def test_oversize_non_zip_and_bad_forms_are_refused_and_nothing_is_stored(build_
     # Only the one good upload was kept (its build is queued; no worker runs here).
     assert len(leftovers(data)) == 1 and leftovers(data)[0].startswith("upl_")
     assert store.target("agent", "ag-bad") is not None
+
+
+def test_a_users_key_uploads_for_that_user_only_and_the_upload_route_has_its_own_body_cap(build_app, workdir):  # noqa: F811
+    # The API's body cap is far below the upload's: the upload route is allowed its own (Guard.body_limits).
+    app = build_app(upload_max_bytes=256 * 1024, api_max_body_bytes=16 * 1024)
+    data = Path(app.settings.data_dir)
+    store = BuildStore(app.pool)
+    alice, bob = user_key(app, "alice-up"), user_key(app, "bob-up")
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("agent.py", "run()\n")
+        zf.writestr("blob.bin", bytes(range(256)) * 256)  # 64 KiB stored: past the API's cap, inside the upload's
+    zipped = archive.getvalue()
+    with api_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        # The key's user owns the upload's build and its agent; owner_id may be left out.
+        mine = client.post(ROUTE, headers=alice, data={"agent_id": "ag-alice"}, files={"file": ("a.zip", zipped)})
+        assert mine.status_code == 202, mine.text
+        build_id = mine.json()["build_id"]
+        assert store.get(build_id).owner_id == "alice-up" and store.target("agent", "ag-alice").owner_id == "alice-up"
+        assert client.get(f"/api/builds/{build_id}", headers=alice).status_code == 200
+        assert client.get(f"/api/builds/{build_id}", headers=bob).status_code == 404  # another's: as missing
+        kept = leftovers(data)
+        assert len(kept) == 1
+        # Naming another owner is refused, naming the field ...
+        owner = client.post(ROUTE, headers=bob, data={"agent_id": "ag-bob", "owner_id": "alice-up"},
+                            files={"file": ("a.zip", zipped)})
+        assert owner.status_code == 422 and "owner_id" in owner.text
+        # ... and another user's agent answers 404, as one that does not exist; neither upload is kept.
+        foreign = client.post(ROUTE, headers=bob, data={"agent_id": "ag-alice", "kind": "update"},
+                              files={"file": ("a.zip", zipped)})
+        assert foreign.status_code == 404, foreign.text
+        assert leftovers(data) == kept and store.target("agent", "ag-alice").owner_id == "alice-up"
+        # The admin token still names the owner.
+        unowned = client.post(ROUTE, headers=AUTH, data={"agent_id": "ag-admin"}, files={"file": ("a.zip", zipped)})
+        assert unowned.status_code == 422 and "owner_id" in unowned.text
+        # Every other route keeps the API's cap.
+        big_json = client.post("/api/builds", headers=alice, json={"kind": "upload", "agent_id": "x" * 20_000})
+        assert big_json.status_code == 413
 
 
 def _tiny_zip() -> bytes:

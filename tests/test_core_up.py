@@ -22,7 +22,7 @@ def test_up_then_enqueue_in_another_shell_moves_the_balance_once(clean_env, embe
            and k not in ("REDIS_URL", "DATABASE_URL")}
     port = free_port()
     env.update(HOME=home, PYTHONPATH=str(ROOT), CONVEYOR_DATA_DIR=str(embedded_data_dir),
-               CONVEYOR_SHUTDOWN_TIMEOUT="20", CONVEYOR_API_PORT=str(port), CONVEYOR_ADMIN_TOKEN="up-token",
+               CONVEYOR_SHUTDOWN_TIMEOUT="20", CONVEYOR_API_PORT=str(port), CONVEYOR_ADMIN_TOKEN="up-token-core-4b8f1",
                CONVEYOR_METRICS_PORT="0")
     log = tmp_path / "up.log"
 
@@ -48,7 +48,7 @@ def test_up_then_enqueue_in_another_shell_moves_the_balance_once(clean_env, embe
                  timeout=60, message="the charge to be applied by the embedded stack")
         assert conveyor("ledger", "verify").returncode == 0
         def charged_once():
-            metrics = _get(f"http://127.0.0.1:{port}/api/admin/queue-metrics", "up-token")
+            metrics = _get(f"http://127.0.0.1:{port}/api/admin/queue-metrics", "up-token-core-4b8f1")
             return metrics and metrics["critical"]["completedTotal"] == 1
 
         wait_for(charged_once, message="the API that conveyor up started to count the charge")

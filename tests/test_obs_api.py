@@ -8,7 +8,8 @@ import time
 import httpx
 import pytest
 
-from conveyor.api.auth import COOKIE, session_value
+from conveyor.api import sessions
+from conveyor.api.auth import COOKIE
 from tests.obs_support import SECRET, TOKEN, CliProcess, Receiver, api_server, cli_env, redis_app, value, worker
 from tests.waiting import wait_for
 
@@ -46,6 +47,8 @@ def app(redis_url):
 
 @pytest.fixture
 def api(app):
+    with app.pool.connection() as conn:  # the sign-in throttle counts per address: start each test afresh
+        conn.execute("DELETE FROM admin_login_failures")
     with api_server(app) as url:
         with httpx.Client(base_url=url, timeout=10) as client:
             yield client
@@ -59,9 +62,10 @@ def workers(redis_url):
     worker_app.close()
 
 
-def session(token: str = TOKEN) -> dict:
-    """The dashboard's session cookie for ``token``, as a header."""
-    return {"Cookie": f"{COOKIE}={session_value(token)}"}
+def session(app=None) -> dict:
+    """A live dashboard session cookie of ``app`` as a header (none given: a made-up cookie)."""
+    cookie = sessions.open_session(app, "test") if app is not None else "made-up-session-cookie"
+    return {"Cookie": f"{COOKIE}={cookie}"}
 
 
 def metrics_of(api) -> dict:
@@ -79,7 +83,7 @@ def test_every_admin_route_answers_401_without_a_token_and_with_a_wrong_one(api,
     assert api.request(method, path, headers={"Authorization": "Bearer wrong-token"}).status_code == 401
     assert api.request(method, path, headers={"Authorization": f"Bearer {TOKEN}x"}).status_code == 401
     assert api.request(method, path, headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
-    assert api.request(method, path, headers=session("wrong-token")).status_code == 401
+    assert api.request(method, path, headers=session()).status_code == 401
 
 
 def test_admin_routes_are_closed_when_no_token_is_configured(redis_url):
@@ -95,7 +99,7 @@ def test_admin_routes_are_closed_when_no_token_is_configured(redis_url):
         app.close()
 
 
-def test_the_dashboard_signs_in_with_the_token_then_uses_a_session_cookie(api):
+def test_the_dashboard_signs_in_with_the_token_then_uses_a_session_cookie(api, app):
     page = api.get("/admin/queues")
     assert page.status_code == 401 and 'name="token"' in page.text
     wrong = api.post("/admin/login", data={"token": "nope", "next": "/admin/queues"})
@@ -103,14 +107,14 @@ def test_the_dashboard_signs_in_with_the_token_then_uses_a_session_cookie(api):
     response = api.post("/admin/login", data={"token": TOKEN, "next": "/admin/queues/indexing"})
     assert response.status_code == 303 and response.headers["location"] == "/admin/queues/indexing"
     cookie = response.cookies[COOKIE]
-    assert cookie == session_value(TOKEN) != TOKEN and TOKEN not in response.headers["set-cookie"]
+    assert TOKEN not in cookie and TOKEN not in response.headers["set-cookie"]
     assert "httponly" in response.headers["set-cookie"].lower()
     assert "samesite=strict" in response.headers["set-cookie"].lower()
     api.cookies.clear()
-    assert api.get("/admin/queues", headers=session()).status_code == 200
+    assert api.get("/admin/queues", headers=session(app)).status_code == 200
     # A change with only the cookie needs the dashboard's header (no other site can send it).
-    assert api.post("/api/admin/queues/indexing/pause", headers=session()).status_code == 401
-    paused = api.post("/api/admin/queues/indexing/pause", headers={**session(), "X-Requested-With": "conveyor"})
+    assert api.post("/api/admin/queues/indexing/pause", headers=session(app)).status_code == 401
+    paused = api.post("/api/admin/queues/indexing/pause", headers={**session(app), "X-Requested-With": "conveyor"})
     assert paused.status_code == 200 and paused.json()["paused"] is True
     # Only back into the dashboard after sign-in.
     elsewhere = api.post("/admin/login", data={"token": TOKEN, "next": "https://evil.example/"})
@@ -223,7 +227,7 @@ def test_the_dashboard_renders_queues_jobs_and_a_job(api, app, workers, tmp_path
     marker.touch()
     ref = app.jobs.enqueue("obs.work", {"n": 1, "api_key": SECRET, "fail_while": str(marker)})
     wait_for(lambda: app.broker.queue_counts(QUEUE).failed == 1, message="a failed job")
-    cookies = session()
+    cookies = session(app)
     overview = api.get("/admin/queues", headers=cookies)
     assert overview.status_code == 200 and 'data-queue="indexing"' in overview.text
     listing = api.get(f"/admin/queues/{QUEUE}?state=failed", headers=cookies)
@@ -282,7 +286,7 @@ def test_a_failed_jobs_secret_appears_in_no_page_json_log_or_webhook(api, app, r
     assert ref.id in logs and '"event":"failed"' in logs  # the worker did log the job
     body = receiver.requests[0]["body"]
     assert ref.id in body and f"http://dash.example/admin/jobs/{ref.id}" in body
-    cookies = session()
+    cookies = session(app)
     shown = [
         logs,
         body,

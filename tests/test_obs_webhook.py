@@ -68,7 +68,7 @@ def test_slack_body_has_text_and_blocks_with_the_dashboard_link():
 
 def test_discord_body_is_content_within_its_limit():
     body = render(Alert(**{**ALERT.__dict__, "error": "x" * 5000}), "discord")
-    assert set(body) == {"content"} and len(body["content"]) <= 2000 and ALERT.link in body["content"]
+    assert set(body) == {"content", "allowed_mentions"} and len(body["content"]) <= 2000 and ALERT.link in body["content"]
 
 
 def test_generic_body_carries_the_jobs_metadata():

@@ -16,7 +16,7 @@ from conveyor.settings import Settings
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.processors.finalize import finalize_run
 from conveyor.tasks.payloads import RunFinalize
-from tests.platform_support import make_task, parse_sse, run_status, serve, workers
+from tests.platform_support import make_task, parse_sse, run_status, serve, user_key, workers
 from tests.waiting import wait_for
 
 PRICE = Decimal("0.002")
@@ -57,7 +57,8 @@ def _round_done(app, user_id: str, message_id: str):
 
 def test_a_run_streams_to_a_client_that_disconnects_and_resumes(app):
     make_task(app, "t1", user_id="alice", title="Migration plan")
-    with workers(app), serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+    with workers(app), serve(app) as base, \
+            httpx.Client(base_url=base, timeout=30, headers=user_key(app, "alice")) as client:
         response = client.post("/api/tasks/t1/runs", json={"content": "Plan the postgres migration for friday"})
         assert response.status_code == 202, response.text
         accepted = response.json()
@@ -102,7 +103,8 @@ def test_a_run_streams_to_a_client_that_disconnects_and_resumes(app):
 
 def test_finalize_twice_charges_once_and_enqueues_nothing_new(app):
     make_task(app, "t1", user_id="bob", kind="task", instructions="Summarise the week")
-    with workers(app), serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+    with workers(app), serve(app) as base, \
+            httpx.Client(base_url=base, timeout=30, headers=user_key(app, "bob")) as client:
         accepted = client.post("/api/tasks/t1/runs", json={"content": "weekly report about invoices"}).json()
         wait_for(lambda: _round_done(app, "bob", accepted["assistant_message_id"]), timeout=60,
                  message="the round's charge, memories and index")
@@ -136,7 +138,7 @@ def test_finalize_twice_charges_once_and_enqueues_nothing_new(app):
 def test_invalid_and_unknown_ids_get_clear_4xx(redis_url, database_url):
     app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url))
     make_task(app, "t1")
-    with serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+    with serve(app) as base, httpx.Client(base_url=base, timeout=30, headers=user_key(app, "u1")) as client:
         _check_4xx(client)
     app.close()
 
@@ -161,7 +163,8 @@ def _check_4xx(client: httpx.Client) -> None:
 
 def test_a_resource_is_indexed_once_per_version_and_found_by_search(app):
     body = {"user_id": "carol", "title": "Runbook", "body": "Rotate the kafka certificates every quarter. " * 60}
-    with workers(app), serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+    with workers(app), serve(app) as base, \
+            httpx.Client(base_url=base, timeout=30, headers=user_key(app, "carol")) as client:
         first = client.put("/api/resources/doc1", json=body)
         assert first.status_code == 202
         wait_for(lambda: client.get("/api/resources/doc1").json()["indexed"], timeout=30, message="indexing")

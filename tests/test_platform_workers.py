@@ -17,7 +17,7 @@ from conveyor.rounds import start_round
 from conveyor.settings import Settings
 from conveyor.streams import buffer_for
 from tests.platform_support import (completed_round, make_task, parse_sse, run_status, serve, stop_process,
-                                    worker_process)
+                                    user_key, worker_process)
 from tests.waiting import wait_for
 
 PEAK_SQL = """
@@ -81,7 +81,7 @@ def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_en
     try:
         started = start_round(app, task_id="t1", content=content)
         buffer = buffer_for(app)
-        with serve(app) as base, httpx.Client(base_url=base, timeout=60) as client, \
+        with serve(app) as base, httpx.Client(base_url=base, timeout=60, headers=user_key(app, "frank")) as client, \
                 client.stream("GET", f"/api/runs/{started.run_id}/stream") as response:
             events = parse_sse(response.iter_lines())
             seen = []

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
+import httpx
 
-from conveyor.api import schedules as schedules_api
 from conveyor.scheduling.schedules import Schedules
+from tests.obs_support import api_server
 from tests.sched_jobs import make_app, runs
 
 
@@ -58,13 +58,12 @@ def test_schedules_cli_creates_lists_pauses_resumes_deletes_and_the_scheduler_fi
 
 
 def test_schedule_routes_need_the_admin_token_and_give_clear_errors(database_url):
-    app = make_app(database_url, admin_token="t0ken")
-    api = FastAPI()
-    api.state.conveyor = app
-    api.include_router(schedules_api.router)
-    client = TestClient(api)
-    auth = {"Authorization": "Bearer t0ken"}
+    app = make_app(database_url, admin_token="t0ken-schedules-3a9c")
+    auth = {"Authorization": "Bearer t0ken-schedules-3a9c"}
+    stack = contextlib.ExitStack()
     try:
+        # The real app on a real server (the schedules router among the others).
+        client = stack.enter_context(httpx.Client(base_url=stack.enter_context(api_server(app)), timeout=30))
         assert client.get("/api/schedules").status_code == 401
         assert client.get("/api/schedules", headers={"Authorization": "Bearer wrong"}).status_code == 401
         bad = client.post("/api/schedules", headers=auth, json={"cron": "0 25 * * *", "job": "test.record",
@@ -83,12 +82,13 @@ def test_schedule_routes_need_the_admin_token_and_give_clear_errors(database_url
         assert client.get(f"/api/schedules/{sid}", headers=auth).status_code == 404
         assert Schedules(app).list() == []
     finally:
+        stack.close()
         app.close()
 
     closed = make_app(database_url)  # no admin token configured: the routes are closed
-    api.state.conveyor = closed
     try:
-        assert "CONVEYOR_ADMIN_TOKEN is not set" in TestClient(api).get("/api/schedules", headers=auth).text
+        with api_server(closed) as base, httpx.Client(base_url=base, timeout=30) as client:
+            assert "CONVEYOR_ADMIN_TOKEN is not set" in client.get("/api/schedules", headers=auth).text
     finally:
         closed.close()
 

@@ -15,10 +15,12 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from .auth import require_admin
-from .deps import inspector
+from .deps import CursorQuery, NamePath, NameQuery, inspector
 from .inspector import MAX_PAGE, Inspector
 
-router = APIRouter(prefix="/api/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+router = APIRouter(prefix="/api/admin", tags=["admin"], dependencies=[Depends(require_admin)],
+                   responses={401: {"description": "no valid admin token"},
+                              403: {"description": "closed: CONVEYOR_ADMIN_TOKEN is not set"}})
 
 State = Literal["waiting", "delayed", "active", "completed", "failed"]
 
@@ -132,7 +134,7 @@ def queue_metrics(inspect: Inspector = Depends(inspector)) -> dict[str, QueueMet
 
 
 @router.get("/jobs", response_model=JobList, summary="Jobs of a queue in a state, newest first")
-def list_jobs(queue: str, state: State, limit: int = Query(50, ge=1, le=MAX_PAGE), cursor: str | None = None,
+def list_jobs(queue: NameQuery, state: State, limit: int = Query(50, ge=1, le=MAX_PAGE), cursor: CursorQuery = None,
               job: str | None = Query(None, max_length=200, description="only jobs of this type"),
               inspect: Inspector = Depends(inspector)) -> JobList:
     return JobList.model_validate(inspect.jobs(queue, state, limit=limit, cursor=cursor, job=job))
@@ -149,31 +151,31 @@ def search(q: str = Query(..., min_length=1, max_length=1000), inspect: Inspecto
 
 
 @router.get("/jobs/{job_id}", response_model=Job, summary="One job")
-def get_job(job_id: str, inspect: Inspector = Depends(inspector)) -> Job:
+def get_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
     return Job.model_validate(inspect.job(job_id))
 
 
 @router.post("/jobs/{job_id}/retry", response_model=Job, summary="Retry a failed job (409 if it has not failed)")
-def retry_job(job_id: str, inspect: Inspector = Depends(inspector)) -> Job:
+def retry_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
     return Job.model_validate(inspect.retry(job_id))
 
 
 @router.delete("/jobs/{job_id}", response_model=Deleted, summary="Delete a job that is not running (409 if it is)")
-def delete_job(job_id: str, inspect: Inspector = Depends(inspector)) -> Deleted:
+def delete_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Deleted:
     inspect.delete(job_id)
     return Deleted(deleted=job_id)
 
 
 @router.post("/queues/{queue}/retry-failed", response_model=Retried, summary="Retry every failed job of a queue")
-def retry_failed(queue: str, inspect: Inspector = Depends(inspector)) -> Retried:
+def retry_failed(queue: NamePath, inspect: Inspector = Depends(inspector)) -> Retried:
     return Retried(retried=inspect.retry_failed(queue))
 
 
 @router.post("/queues/{queue}/pause", response_model=QueueMetrics, summary="Workers stop taking jobs from the queue")
-def pause(queue: str, inspect: Inspector = Depends(inspector)) -> QueueMetrics:
+def pause(queue: NamePath, inspect: Inspector = Depends(inspector)) -> QueueMetrics:
     return QueueMetrics.model_validate(inspect.pause(queue))
 
 
 @router.post("/queues/{queue}/resume", response_model=QueueMetrics, summary="Workers take jobs from the queue again")
-def resume(queue: str, inspect: Inspector = Depends(inspector)) -> QueueMetrics:
+def resume(queue: NamePath, inspect: Inspector = Depends(inspector)) -> QueueMetrics:
     return QueueMetrics.model_validate(inspect.resume(queue))

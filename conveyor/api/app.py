@@ -6,9 +6,12 @@ import importlib
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from . import errors
+from .guard import Guard
 
 if TYPE_CHECKING:
     from ..app import App
@@ -26,21 +29,65 @@ ROUTERS = (
     "conveyor.api.metrics:router",
 )
 
+#: Longest problem text in a 4xx (a validator's message could be long).
+MAX_MSG_CHARS = 300
+
+DESCRIPTION = """conveyor's HTTP API. Who may call what:
+
+- **Producer routes** (`/api/tasks`, `/api/runs`, `/api/resources`, `/api/builds`,
+  `/api/agents/upload-and-deploy`): a user's API key,
+  `Authorization: Bearer cvk_...` (`conveyor users create NAME`, then `conveyor keys create NAME`).
+  A user reads and writes only their own tasks, runs, streams, resources and builds; another user's
+  id answers 404, exactly as one that does not exist. `/api/builds` and the upload route also take
+  the admin token.
+- **Admin routes** (`/api/admin`, `/api/schedules`, the `/admin/queues` dashboard):
+  `Authorization: Bearer $CONVEYOR_ADMIN_TOKEN` (the dashboard signs in with it once); closed (403)
+  when no admin token is configured. No user key opens them.
+- **`/metrics`**: open, as Prometheus scrapes it; it holds counts and names only.
+
+Bad input answers 4xx with `{"detail": [{"loc", "msg"}]}`, naming the field, never echoing its value;
+a body over `CONVEYOR_API_MAX_BODY_BYTES` answers 413 (an upload: over `CONVEYOR_UPLOAD_MAX_BYTES`).
+"""
+
+
+#: Who may call each tag's routes, shown in the OpenAPI document.
+TAGS = [
+    {"name": "runs", "description": "Producer: a user's API key (userKey); your own tasks, runs and streams only."},
+    {"name": "resources", "description": "Producer: a user's API key (userKey); your own resources only."},
+    {"name": "builds", "description": "A user's API key (your own builds only) or the admin token (every build); "
+                                      "deployments: admin token."},
+    {"name": "schedules", "description": "Admin token (adminToken): a schedule can enqueue any job."},
+    {"name": "admin", "description": "Admin token (adminToken): queues and jobs of every user."},
+    {"name": "metrics", "description": "Open: counts and names only, for Prometheus."},
+]
+
+
+def field_errors(errors) -> list[dict]:
+    """Validation errors as field and problem only: pydantic's ``input`` (and ``ctx``) would echo the request."""
+    return [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))[:MAX_MSG_CHARS]}
+            for err in errors]
+
 
 def create_app(app: "App") -> FastAPI:
     """The HTTP application of ``app``. The caller owns ``app`` and closes it."""
     from .. import __version__
+    from .builds import FORM_OVERHEAD, UPLOAD_PATH
+    from .dashboard import STATIC_DIR, STATIC_PATH, StaticAssets
 
-    api = FastAPI(
-        title="conveyor",
-        version=__version__,
-        description="conveyor's HTTP API: admin routes (Bearer CONVEYOR_ADMIN_TOKEN), "
-                    "the /admin/queues dashboard and Prometheus /metrics.",
-    )
+    api = FastAPI(title="conveyor", version=__version__, description=DESCRIPTION, openapi_tags=TAGS)
     api.state.conveyor = app
+    #: Paths whose body may be larger than CONVEYOR_API_MAX_BODY_BYTES: {path: bytes}.
+    api.state.body_limits = {UPLOAD_PATH: app.settings.upload_max_bytes + FORM_OVERHEAD}
     for spec in ROUTERS:
         module, _, attribute = spec.partition(":")
         api.include_router(getattr(importlib.import_module(module), attribute))
+    # The dashboard's scripts (and any other static file there): same origin, so CSP script-src 'self' allows them.
+    api.mount(STATIC_PATH, StaticAssets(directory=STATIC_DIR), name="admin-static")
+    api.add_middleware(Guard, conveyor=app, body_limits=api.state.body_limits)
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": field_errors(exc.errors())}, status_code=422)
 
     errors.install(api)  # every ConveyorError a route lets through: conveyor.api.errors.STATUS
 
@@ -51,6 +98,8 @@ def create_app(app: "App") -> FastAPI:
 
     @api.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+        if isinstance(exc, ValidationError):  # its text quotes the input
+            return JSONResponse({"detail": field_errors(exc.errors())}, status_code=422)
+        return JSONResponse({"detail": str(exc)[:MAX_MSG_CHARS]}, status_code=400)
 
     return api

@@ -1,9 +1,19 @@
-"""Who may use ``/admin`` and ``/api/admin``: whoever holds ``CONVEYOR_ADMIN_TOKEN``.
+"""Who may call what.
+
+Producer routes (``/api/tasks``, ``/api/runs``, ``/api/resources``,
+``/api/builds``) need a user's API key, ``Authorization: Bearer cvk_...``
+(:func:`require_user`), and read and write only that user's records. Keys
+are made with ``conveyor keys create USER`` and kept hashed
+(:mod:`conveyor.records`).
+
+``/admin``, ``/api/admin`` and ``/api/schedules`` need ``CONVEYOR_ADMIN_TOKEN``,
+which is no user's key and no key is it.
 
 Callers present it as ``Authorization: Bearer <token>``. The dashboard,
 which a browser opens, takes it once in a login form and then carries a
-session cookie derived from it (an HMAC of the token, never the token
-itself; HttpOnly, SameSite=Strict). A request that changes something
+session cookie: a random value whose session lives in Postgres
+(:mod:`conveyor.api.sessions`), expires, and ends at logout (HttpOnly,
+SameSite=Strict). A request that changes something
 with only the cookie must also carry ``X-Requested-With: conveyor``,
 which no other site can make a browser send.
 
@@ -16,8 +26,15 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from .. import records
+from . import sessions
 
 #: The dashboard's session cookie.
 COOKIE = "conveyor_admin"
@@ -45,11 +62,6 @@ def same_secret(given: str, expected: str) -> bool:
     return hmac.compare_digest(_digest(given), _digest(expected))
 
 
-def session_value(token: str) -> str:
-    """The dashboard cookie for ``token``: proves the token was given without being it."""
-    return hmac.new(token.encode(), b"conveyor dashboard session v1", hashlib.sha256).hexdigest()
-
-
 def configured_token(request: Request) -> str | None:
     secret = request.app.state.conveyor.settings.admin_token
     value = secret.get_secret_value() if secret is not None else ""
@@ -66,13 +78,13 @@ def check_access(request: Request) -> Access:
     if scheme.lower() == "bearer" and credentials:
         return Access.GRANTED if same_secret(credentials.strip(), token) else Access.DENIED
     cookie = request.cookies.get(COOKIE)
-    if cookie and same_secret(cookie, session_value(token)):
+    if cookie and sessions.is_live(request.app.state.conveyor, cookie):
         if request.method in _SAFE_METHODS or request.headers.get(CSRF_HEADER) == CSRF_VALUE:
             return Access.GRANTED
     return Access.DENIED
 
 
-def require_admin(request: Request) -> None:
+def require_admin(request: Request, _: AdminToken) -> None:
     """FastAPI dependency of every JSON admin route: 403 when closed, 401 without the right token."""
     access = check_access(request)
     if access is Access.CLOSED:
@@ -80,3 +92,72 @@ def require_admin(request: Request) -> None:
     if access is Access.DENIED:
         raise HTTPException(401, "a valid admin token is required (Authorization: Bearer <token>)",
                             headers={"WWW-Authenticate": "Bearer"})
+
+
+# -- producer routes: a user's API key -------------------------------------------
+
+#: The producer routes' security scheme in the OpenAPI document.
+user_key_scheme = HTTPBearer(scheme_name="userKey", auto_error=False,
+                             description="A user's API key (`conveyor keys create USER`): cvk_<id>_<secret>.")
+
+#: The admin routes' security scheme in the OpenAPI document.
+admin_token_scheme = HTTPBearer(scheme_name="adminToken", auto_error=False,
+                                description="CONVEYOR_ADMIN_TOKEN (the dashboard signs in with it once).")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling a producer route: a user (by API key), or the operator (admin token) where allowed."""
+
+    user_id: str | None
+    admin: bool = False
+
+
+_NEED_KEY = "a valid API key is required (Authorization: Bearer <key>; `conveyor keys create USER`)"
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    credentials = credentials.strip()
+    return credentials if scheme.lower() == "bearer" and credentials else None
+
+
+async def _user_of(request: Request) -> str | None:
+    key = _bearer(request)
+    if key is None or not key.startswith(records.KEY_PREFIX + "_") or len(key) > 200:
+        return None
+    app = request.app.state.conveyor
+
+    def look_up() -> str | None:
+        with app.pool.connection() as conn:
+            return records.key_user(conn, key)
+
+    return await run_in_threadpool(look_up)
+
+
+def _unauthorized() -> HTTPException:
+    return HTTPException(401, _NEED_KEY, headers={"WWW-Authenticate": "Bearer"})
+
+
+UserKey = Annotated[HTTPAuthorizationCredentials | None, Depends(user_key_scheme)]
+AdminToken = Annotated[HTTPAuthorizationCredentials | None, Depends(admin_token_scheme)]
+
+
+async def require_user(request: Request, _: UserKey) -> str:
+    """FastAPI dependency of every producer route: the user whose live API key this is, else 401."""
+    user_id = await _user_of(request)
+    if user_id is None:
+        raise _unauthorized()
+    return user_id
+
+
+async def require_user_or_admin(request: Request, _: UserKey, __: AdminToken) -> Caller:
+    """A user's key (their own records only) or the admin token (everyone's), else 401."""
+    user_id = await _user_of(request)
+    if user_id is not None:
+        return Caller(user_id)
+    token = configured_token(request)
+    given = _bearer(request)
+    if token is not None and given is not None and same_secret(given, token):
+        return Caller(None, admin=True)
+    raise _unauthorized()

@@ -1,4 +1,4 @@
-"""/api/builds: request an agent or connector build (202) and read its outcome (admin token required).
+"""/api/builds: request an agent or connector build (202) and read its outcome (a user's key or the admin token).
 
 A build request names a ``kind`` (upload, update, rollback, standalone_build,
 github_clone, mcp_upload) and its fields, plus ``env``: variables whose
@@ -13,6 +13,11 @@ streams a zip to disk (never whole in memory, 413 past
 ``update`` and ``mcp_upload`` take the ``upload_id`` it answers. A request
 naming a host path (``archive_path``, ``source_dir``, a local repository)
 is refused here: that is for operators' own code, under configured roots.
+
+A user's API key builds only that user's own agents and connectors (the
+build's ``owner_id`` is the key's user; another user's target answers 404,
+as a missing one) and reads only that user's builds; the admin token may
+build and read any. The upload route is no exception.
 """
 
 from __future__ import annotations
@@ -25,32 +30,39 @@ from python_multipart.multipart import MultipartParseError, MultipartParser, par
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from .. import records
 from ..builds.requests import request_build
 from ..builds.store import BuildStore
 from ..builds.uploads import Uploads, UploadWriter
 from ..errors import EnqueueError, SecretKeyError, UploadRefused, UploadTooLarge
-from .auth import require_admin
-from .deps import conveyor_app
+from .auth import Caller, require_admin, require_user_or_admin
+from .deps import NamePath, conveyor_app
 
-router = APIRouter(prefix="/api", tags=["builds"], dependencies=[Depends(require_admin)])
+# A user's key asks for builds of that user's own agents and connectors and reads only that user's
+# builds (owner_id); another user's answer 404 as missing ones. The admin token: any.
+router = APIRouter(prefix="/api", tags=["builds"], responses={401: {"description": "no valid API key or admin token"}})
 
 #: The upload route: its body may be CONVEYOR_UPLOAD_MAX_BYTES + FORM_OVERHEAD, more than other routes'.
 UPLOAD_PATH = "/api/agents/upload-and-deploy"
 #: Bytes a multipart body may hold beyond its file: boundaries, headers and the small fields.
 FORM_OVERHEAD = 256 * 1024
-#: The upload form's text fields; anything else is refused, naming the field.
+#: The upload form's text fields; anything else is refused (listing these, not echoing the stranger).
 UPLOAD_FIELDS = ("agent_id", "owner_id", "kind", "version", "changelog", "env")
 
 
 @router.post("/builds", status_code=status.HTTP_202_ACCEPTED)
 def create_build(body: Any = Body(..., description="{kind, ...the variant's fields, env: {NAME: value}}"),
-                 app=Depends(conveyor_app)) -> dict[str, Any]:
+                 app=Depends(conveyor_app), caller: Caller = Depends(require_user_or_admin)) -> dict[str, Any]:
     if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
         raise HTTPException(422, "the body is a JSON object with a 'kind'")
     fields = dict(body)
     kind, env, build_id = fields.pop("kind"), fields.pop("env", None) or {}, fields.pop("build_id", None)
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise HTTPException(422, "env maps variable names to string values")
+    if caller.user_id is not None:
+        _own(app, fields, caller.user_id)
+        if isinstance(build_id, str):  # one user's client-chosen id tells another nothing
+            build_id = records.scoped_id("build", caller.user_id, build_id)
     try:
         ticket = request_build(app, kind, fields, env=env, build_id=build_id)
     except SecretKeyError as exc:
@@ -61,18 +73,38 @@ def create_build(body: Any = Body(..., description="{kind, ...the variant's fiel
             "status_url": f"/api/builds/{ticket.build_id}"}
 
 
+def _own(app, fields: dict[str, Any], user_id: str) -> None:
+    """A user's build is owned by that user (422 naming ``owner_id`` if another is given), for a target of theirs."""
+    if fields.setdefault("owner_id", user_id) != user_id:
+        raise HTTPException(422, [{"loc": ["body", "owner_id"], "msg": "a build belongs to the key's user"}])
+    _refuse_foreign_target(app, fields, user_id)
+
+
+def _refuse_foreign_target(app, fields: dict[str, Any], user_id: str) -> None:
+    """404 when the build is for an agent or connector of another user (as if there were none)."""
+    for kind, field in (("agent", "agent_id"), ("connector", "connector_id")):
+        target_id = fields.get(field)
+        if isinstance(target_id, str) and len(target_id) <= 200:
+            target = BuildStore(app.pool).target(kind, target_id)
+            if target is not None and target.owner_id != user_id:
+                raise HTTPException(status.HTTP_404_NOT_FOUND, f"no {kind} {target_id!r}")
+
+
 @router.get("/builds/{build_id}")
-def get_build(build_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+def get_build(build_id: NamePath, app=Depends(conveyor_app),
+              caller: Caller = Depends(require_user_or_admin)) -> dict[str, Any]:
     store = BuildStore(app.pool)
     record = store.get(build_id)
+    if record is not None and caller.user_id is not None and record.owner_id != caller.user_id:
+        record = None  # another user's build is as missing as none
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no build {build_id!r}")
     events = [{"claim": c, "event": e, "detail": d} for c, e, d in store.events(build_id)]
     return {**record.as_dict(), "events": events}
 
 
-@router.get("/deployments/{target_kind}/{target_id}")
-def get_deployment(target_kind: str, target_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+@router.get("/deployments/{target_kind}/{target_id}", dependencies=[Depends(require_admin)])
+def get_deployment(target_kind: NamePath, target_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
     if target_kind not in ("agent", "connector"):
         raise HTTPException(status.HTTP_404_NOT_FOUND, "target kind is agent or connector")
     store = BuildStore(app.pool)
@@ -83,12 +115,13 @@ def get_deployment(target_kind: str, target_id: str, app=Depends(conveyor_app)) 
             "versions": [{"version": v, "artifact_sha256": a} for v, a in store.versions(target_kind, target_id)]}
 
 
-# Admin-only on the route itself too, so it stays closed whatever the router's own dependencies become.
-@router.post(UPLOAD_PATH.removeprefix("/api"), status_code=status.HTTP_202_ACCEPTED,
-             dependencies=[Depends(require_admin)])
-async def upload_and_deploy(request: Request, app=Depends(conveyor_app)) -> dict[str, Any]:
-    """multipart/form-data: ``file`` (a zip), ``agent_id``, ``owner_id``; optional ``kind`` (upload, or
-    update for an agent that exists), ``version``, ``changelog``, ``env`` (a JSON object of strings)."""
+# The caller is checked on the route itself (the router has no dependencies), before any byte is read.
+@router.post(UPLOAD_PATH.removeprefix("/api"), status_code=status.HTTP_202_ACCEPTED)
+async def upload_and_deploy(request: Request, app=Depends(conveyor_app),
+                            caller: Caller = Depends(require_user_or_admin)) -> dict[str, Any]:
+    """multipart/form-data: ``file`` (a zip), ``agent_id``, ``owner_id`` (a user's key: theirs, may be left out);
+    optional ``kind`` (upload, or update for an agent that exists), ``version``, ``changelog``, ``env`` (a JSON
+    object of strings)."""
     cap = app.settings.upload_max_bytes
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > cap + FORM_OVERHEAD:
@@ -102,7 +135,7 @@ async def upload_and_deploy(request: Request, app=Depends(conveyor_app)) -> dict
         async for chunk in request.stream():
             parser.write(chunk)
         parser.finalize()
-        upload_id = await run_in_threadpool(form.finish)
+        upload_id = await run_in_threadpool(form.finish, ("agent_id",) if caller.user_id else ("agent_id", "owner_id"))
     except UploadTooLarge as exc:
         raise HTTPException(413, str(exc)) from None
     except UploadRefused as exc:
@@ -115,7 +148,14 @@ async def upload_and_deploy(request: Request, app=Depends(conveyor_app)) -> dict
         form.writer.abort()
     try:
         kind, fields, env = _upload_request(form.fields, upload_id)
+        if caller.user_id is not None:
+            if not fields.get("owner_id"):
+                fields.pop("owner_id", None)  # left empty in the form: the key's user
+            await run_in_threadpool(_own, app, fields, caller.user_id)
         ticket = await run_in_threadpool(request_build, app, kind, fields, env=env)
+    except HTTPException:  # not the caller's to build: nothing will use the upload
+        Uploads(app.settings.data_dir).remove(upload_id)
+        raise
     except SecretKeyError as exc:
         Uploads(app.settings.data_dir).remove(upload_id)
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
@@ -188,8 +228,8 @@ class _StreamedForm:
                 raise UploadRefused("file: give one file")
             self._saw_file = True
         elif name not in UPLOAD_FIELDS:
-            raise UploadRefused(f"the upload form has no field {name[:64]!r}; its fields: file, "
-                                f"{', '.join(UPLOAD_FIELDS)}")
+            # The name is the client's: not echoed back.
+            raise UploadRefused(f"the upload form has an unknown field; its fields: file, {', '.join(UPLOAD_FIELDS)}")
         elif name in self.fields:
             raise UploadRefused(f"{name}: given twice")
         self._name = name
@@ -209,10 +249,10 @@ class _StreamedForm:
             except UnicodeDecodeError:
                 raise UploadRefused(f"{self._name}: not UTF-8 text") from None
 
-    def finish(self) -> str:
+    def finish(self, required: tuple[str, ...]) -> str:
         if not self._saw_file:
             raise UploadRefused("file: missing (a zip archive)")
-        missing = [name for name in ("agent_id", "owner_id") if not self.fields.get(name)]
+        missing = [name for name in required if not self.fields.get(name)]
         if missing:
             raise UploadRefused(f"{', '.join(missing)}: missing")
         return self.writer.finish()

@@ -5,14 +5,18 @@ queue's jobs by state with paging, filtered by job type; one job (payload
 with secrets redacted, attempts with their tracebacks, error, timings,
 retry/delete); the worker processes; search by job id or key. Buttons
 call the JSON routes of :mod:`conveyor.api.admin`. A browser signs in once
-with the admin token in a form; see :mod:`conveyor.api.auth`.
+with the admin token in a form and gets a session (:mod:`conveyor.api.sessions`):
+it expires, logout (a POST carrying the page's CSRF token) ends it, and
+wrong tokens are throttled per client.
 
-Live pages: ``static/live.js`` asks the page's own URL again every few
-seconds with the :data:`LIVE_HEADER`; the route then answers JSON with the
-page's ``live_*`` template blocks rendered (``{"regions": {id: html},
-"follow": bool}``) and the script swaps them in. ``follow`` false (a job
-that ended) stops the polling. No inline script: the CSP allows
-``script-src 'self'``.
+The pages' scripts are static files under ``/admin/static/`` (``static/``),
+never inline, so the Content Security Policy can say ``script-src 'self'``:
+``dashboard.js`` runs the buttons, ``live.js`` the live pages. A live page's
+script asks the page's own URL again every few seconds with the
+:data:`LIVE_HEADER`; the route then answers JSON with the page's ``live_*``
+template blocks rendered (``{"regions": {id: html}, "follow": bool}``) and
+the script swaps them in. ``follow`` false (a job that ended) stops the
+polling.
 """
 
 from __future__ import annotations
@@ -21,16 +25,20 @@ import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import parse_qs, quote
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from ..brokers.base import JOB_STATES
 from ..errors import JobNotFound, UnknownQueue
-from .auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret, session_value
-from .deps import inspector
+from . import sessions
+from .auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret
+from .deps import CursorQuery, NamePath, inspector
 from .inspector import Inspector
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
@@ -43,8 +51,6 @@ LIVE_SECONDS = 2
 
 #: Header live.js sends to get a page's live regions as JSON instead of the page.
 LIVE_HEADER = "X-Conveyor-Live"
-
-_STATIC = Path(__file__).with_name("static")
 
 _templates = Environment(
     loader=FileSystemLoader(Path(__file__).with_name("templates")),
@@ -78,16 +84,34 @@ _templates.filters.update(datetime=_datetime, duration=_duration, ago=_ago)
 _templates.globals.update(csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE, states=JOB_STATES)
 
 
-def _page(name: str, status: int = 200, **context) -> HTMLResponse:
-    html = _templates.get_template(name).render(**context)
-    return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+#: Where the dashboard's static files (its scripts) are served from.
+STATIC_DIR = Path(__file__).with_name("static")
+STATIC_PATH = "/admin/static"
+
+
+class StaticAssets(StaticFiles):
+    """The dashboard's scripts, revalidated on every load (``no-cache``) so an upgrade's pages never run old ones."""
+
+    def file_response(self, *args, **kwargs) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+def _page(name: str, status: int = 200, request: Request | None = None, headers: dict | None = None,
+          **context) -> HTMLResponse:
+    """A page; given the ``request``, its sign-out form carries the session's CSRF token."""
+    cookie = request.cookies.get(COOKIE) if request is not None else None
+    html = _templates.get_template(name).render(csrf_token=sessions.csrf_token(cookie) if cookie else "",
+                                                static=STATIC_PATH, **context)
+    return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store", **(headers or {})})
 
 
 def _live_page(request: Request, name: str, *, follow: bool = True, **context) -> Response:
     """The page, or (asked by live.js) its ``live_*`` blocks as JSON; ``follow`` false stops the refreshing."""
     context.update(live=LIVE_SECONDS if follow else None)
     if request.headers.get(LIVE_HEADER) != "1":
-        return _page(name, **context)
+        return _page(name, request=request, **context)
     template = _templates.get_template(name)
     ctx = template.new_context(context)
     regions = {block[len("live_"):]: "".join(render(ctx)) for block, render in template.blocks.items()
@@ -105,6 +129,11 @@ def _gate(request: Request) -> Response | None:
     return _page("login.html", 401, title="Sign in", next=request.url.path, error=None)
 
 
+def _client(request: Request) -> str:
+    """Whom sign-in failures are counted against: the peer address."""
+    return request.client.host if request.client else "unknown"
+
+
 @router.get("", include_in_schema=False)
 def root() -> RedirectResponse:
     return RedirectResponse("/admin/queues", status_code=303)
@@ -118,26 +147,36 @@ async def login(request: Request) -> Response:
     form = parse_qs((await request.body()).decode(errors="replace"))
     given = (form.get("token") or [""])[0]
     target = (form.get("next") or ["/admin/queues"])[0]
-    if not target.startswith("/admin/") or target.startswith("/admin//"):
+    if not target.startswith("/admin/") or target.startswith("/admin//") or "\\" in target:
         target = "/admin/queues"  # only ever back into the dashboard
+    app, client = request.app.state.conveyor, _client(request)
+    if await run_in_threadpool(sessions.throttled, app, client):
+        window = int(app.settings.admin_login_window)
+        return _page("login.html", 429, title="Sign in", next=target, headers={"Retry-After": str(window)},
+                     error="Too many wrong tokens from this address: try again in a minute.")
     if not same_secret(given, token):
+        await run_in_threadpool(sessions.record_failure, app, client)
         return _page("login.html", 401, title="Sign in", next=target, error="That token is not the admin token.")
+    cookie = await run_in_threadpool(sessions.open_session, app, client)
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(COOKIE, session_value(token), httponly=True, samesite="strict", path="/",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(COOKIE, cookie, httponly=True, samesite="strict", path="/",
+                        max_age=int(app.settings.admin_session_seconds), secure=request.url.scheme == "https")
     return response
 
 
 @router.post("/logout")
-def logout() -> Response:
+async def logout(request: Request) -> Response:
+    """End the session: the cookie stops working everywhere, copies included. Needs the page's CSRF token."""
+    cookie = request.cookies.get(COOKIE)
+    form = parse_qs((await request.body()).decode(errors="replace"))
+    given = (form.get("csrf") or [""])[0]
+    by_script = request.headers.get(CSRF_HEADER) == CSRF_VALUE
+    if not cookie or not (by_script or same_secret(given, sessions.csrf_token(cookie))):
+        return _page("missing.html", 403, title="Forbidden", message="Sign out from the dashboard's own button.")
+    await run_in_threadpool(sessions.revoke, request.app.state.conveyor, cookie)
     response = RedirectResponse("/admin/queues", status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response
-
-
-@router.get("/static/live.js", include_in_schema=False)
-def live_js() -> FileResponse:
-    return FileResponse(_STATIC / "live.js", media_type="text/javascript", headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/queues", response_class=HTMLResponse)
@@ -149,33 +188,36 @@ def queues(request: Request, inspect: Inspector = Depends(inspector)) -> Respons
 
 
 @router.get("/queues/{queue}", response_class=HTMLResponse)
-def queue(request: Request, queue: str, state: str = "waiting", cursor: str | None = None, job: str | None = None,
+def queue(request: Request, queue: NamePath, state: Annotated[str, Query(max_length=20)] = "waiting",
+          cursor: CursorQuery = None, job: Annotated[str | None, Query(max_length=200)] = None,
           inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
     if state not in JOB_STATES:
-        state = "waiting"
+        return _page("missing.html", 400, request=request, title="Bad request",
+                     message=f"state is one of {', '.join(JOB_STATES)}")
     job_names = sorted(t.name for t in inspect.app.job_types.values() if t.queue == queue)
     if job not in job_names:
-        job = None
+        job = None  # an unknown job type filters nothing (and is not echoed)
     try:
         view = inspect.queue(queue)
         page = inspect.jobs(queue, state, limit=PAGE_SIZE, cursor=cursor, job=job)
     except UnknownQueue as exc:
-        return _page("missing.html", 404, title="Not found", message=str(exc))
+        return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
     except ValueError:
-        page = inspect.jobs(queue, state, limit=PAGE_SIZE, job=job)
+        return _page("missing.html", 400, request=request, title="Bad request",
+                     message="cursor: not a page of this dashboard; start again from the queue's first page")
     return _live_page(request, "queue.html", title=f"Queue {queue}", queue=view, page=page, job_names=job_names)
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job(request: Request, job_id: str, inspect: Inspector = Depends(inspector)) -> Response:
+def job(request: Request, job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
     try:
         view = inspect.job(job_id)
     except JobNotFound as exc:
-        return _page("missing.html", 404, title="Not found", message=str(exc))
+        return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
     # Followed until it ends; a failed or completed job changes only by an operator's click (which reloads).
     return _live_page(request, "job.html", follow=view.state in ("waiting", "delayed", "active"),
                       title=f"Job {view.job}", job=view,
@@ -191,11 +233,12 @@ def workers(request: Request, inspect: Inspector = Depends(inspector)) -> Respon
 
 
 @router.get("/search", response_class=HTMLResponse)
-def search(request: Request, q: str = "", inspect: Inspector = Depends(inspector)) -> Response:
+def search(request: Request, q: Annotated[str, Query(max_length=1000)] = "",
+           inspect: Inspector = Depends(inspector)) -> Response:
     """A job id or key: straight to the job when one matches, else the matches or a not-found page."""
     if (gate := _gate(request)) is not None:
         return gate
     found = inspect.search(q)
     if len(found) == 1:
         return RedirectResponse(f"/admin/jobs/{quote(found[0].id, safe='')}", status_code=303)
-    return _page("search.html", 200 if found else 404, title="Search", jobs=found)
+    return _page("search.html", 200 if found else 404, request=request, title="Search", jobs=found)

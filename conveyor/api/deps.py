@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
-from fastapi import Request
+from fastapi import Path, Query, Request
 
 from .inspector import Inspector
 
@@ -23,3 +23,12 @@ def inspector(request: Request) -> Inspector:
     if getattr(state, "inspector", None) is None:
         state.inspector = Inspector(state.conveyor)
     return state.inspector
+
+
+#: A job id, queue or other name in a path: bounded, no control characters, so
+#: a hostile one is refused (422) before it reaches a broker or an error message.
+NamePath = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+#: The same, as a query parameter.
+NameQuery = Annotated[str, Query(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+#: A page cursor as a query parameter (the read layer checks what it holds).
+CursorQuery = Annotated[str | None, Query(max_length=20)]

@@ -3,7 +3,12 @@
 ``PUT /api/resources/{resource_id}`` stores the text and enqueues its
 indexing (202); the same text again is a no-op. ``GET
 /api/resources/search?q=`` is Postgres full-text search over the indexed
-chunks, best first.
+chunks, best first; snippets are HTML-escaped text with the matches in
+``<b>``, never markup from a resource's body.
+
+Every route needs a user's API key and touches only that user's resources:
+another user's resource answers 404 as if it did not exist, and is never
+replaced.
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ from pydantic import BaseModel, Field
 from .. import records
 from ..errors import EnqueueError, RecordNotFound
 from ..tasks.payloads import Id, ResourceIndex
-from .runs import IdPath, conveyor_app
+from .auth import require_user
+from .runs import AUTH_RESPONSES, IdPath, conveyor_app
 
 router = APIRouter(prefix="/api/resources", tags=["resources"])
 
 
 class PutResource(BaseModel):
-    user_id: Id
+    #: Optional and only ever the caller: a resource belongs to the key's user.
+    user_id: Id | None = None
     task_id: Id | None = None
     title: str = Field("", max_length=500)
     body: str = Field(min_length=1, max_length=5_000_000)
@@ -58,25 +65,39 @@ class SearchResults(BaseModel):
     results: list[SearchResult]
 
 
-@router.get("/search", response_model=SearchResults)
+@router.get("/search", response_model=SearchResults, responses=AUTH_RESPONSES)
 def search(q: Annotated[str, Query(min_length=1, max_length=500, description="words, \"a phrase\", -not, or")],
-           user_id: Annotated[Id | None, Query()] = None,
+           user_id: Annotated[Id | None, Query(description="only ever you: another user finds nothing")] = None,
            limit: Annotated[int, Query(ge=1, le=100)] = 20,
-           app=Depends(conveyor_app)) -> SearchResults:
-    """Full-text search over every indexed resource (or one user's), best match first."""
+           app=Depends(conveyor_app), caller: str = Depends(require_user)) -> SearchResults:
+    """Full-text search over your indexed resources (API key), best match first.
+
+    ``snippet`` is HTML: escaped text with the matching words in ``<b>``.
+    """
+    if user_id is not None and user_id != caller:
+        return SearchResults(query=q, results=[])
     with app.pool.connection() as conn:
-        hits = records.search_resources(conn, q, user_id=user_id, limit=limit)
+        hits = records.search_resources(conn, q, user_id=caller, limit=limit)
     return SearchResults(query=q, results=[SearchResult(**hit.__dict__) for hit in hits])
 
 
 @router.put("/{resource_id}", status_code=202, response_model=ResourceAccepted,
-            responses={503: {"description": "the broker is unavailable; stored but not yet indexed"}})
+            responses={**AUTH_RESPONSES, 404: {"description": "the resource, or its task, is another user's"},
+                       422: {"description": "user_id is not you"},
+                       503: {"description": "the broker is unavailable; stored but not yet indexed"}})
 def put_resource(resource_id: IdPath, body: PutResource, response: Response,
-                 app=Depends(conveyor_app)) -> ResourceAccepted:
-    """Store the resource's text and enqueue its indexing; unchanged text enqueues nothing new."""
+                 app=Depends(conveyor_app), user_id: str = Depends(require_user)) -> ResourceAccepted:
+    """Store your resource's text (API key) and enqueue its indexing; unchanged text enqueues nothing new."""
+    if body.user_id is not None and body.user_id != user_id:
+        raise HTTPException(422, [{"loc": ["body", "user_id"], "msg": "a resource belongs to the key's user"}])
     with app.pool.connection() as conn:
-        version = records.upsert_resource(conn, id=resource_id, user_id=body.user_id, task_id=body.task_id,
-                                          title=body.title, body=body.body)
+        try:
+            if body.task_id is not None:
+                records.get_task_of(conn, body.task_id, user_id)
+            version = records.upsert_own_resource(conn, id=resource_id, user_id=user_id, task_id=body.task_id,
+                                                  title=body.title, body=body.body)
+        except RecordNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
     payload = ResourceIndex(resource_id=resource_id, version=version)
     try:
         ref = app.jobs.enqueue("resource.index", payload, key=payload.idempotency_key())
@@ -86,12 +107,13 @@ def put_resource(resource_id: IdPath, body: PutResource, response: Response,
     return ResourceAccepted(resource_id=resource_id, version=version, job_id=ref.id, deduplicated=ref.deduplicated)
 
 
-@router.get("/{resource_id}", response_model=ResourceState, responses={404: {"description": "no such resource"}})
-def get_resource(resource_id: IdPath, app=Depends(conveyor_app)) -> ResourceState:
-    """The resource's current version and whether that version is indexed (its body is not returned)."""
+@router.get("/{resource_id}", response_model=ResourceState,
+            responses={**AUTH_RESPONSES, 404: {"description": "no such resource of yours"}})
+def get_resource(resource_id: IdPath, app=Depends(conveyor_app), user_id: str = Depends(require_user)) -> ResourceState:
+    """Your resource's current version and whether that version is indexed (its body is not returned)."""
     with app.pool.connection() as conn:
         try:
-            r = records.get_resource(conn, resource_id)
+            r = records.get_resource_of(conn, resource_id, user_id)
         except RecordNotFound as exc:
             raise HTTPException(404, str(exc)) from None
     return ResourceState(id=r.id, user_id=r.user_id, task_id=r.task_id, title=r.title, version=r.version,

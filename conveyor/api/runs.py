@@ -6,6 +6,11 @@ chunk with ``id: <seq>``, so a client that reconnects with
 ``Last-Event-ID`` resumes after the last chunk it got, never receiving one
 twice; ``GET /api/runs/{run_id}`` is the run as the database has it.
 
+Every route needs a user's API key (:func:`~conveyor.api.auth.require_user`)
+and sees only that user's tasks and runs: another user's id answers 404
+with the same body as an id that does not exist. A client-chosen
+``message_id`` is the user's own (:func:`~conveyor.records.scoped_message_id`).
+
 The routers need the conveyor :class:`~conveyor.app.App` in
 ``request.app.state.conveyor`` (see :func:`conveyor_app`).
 """
@@ -28,8 +33,15 @@ from ..errors import EnqueueError, RecordConflict, RecordNotFound
 from ..rounds import start_round
 from ..streams import buffer_for
 from ..tasks.payloads import Id
+from .auth import require_user
 
 router = APIRouter(prefix="/api", tags=["runs"])
+
+#: Every producer route answers these besides its own.
+AUTH_RESPONSES = {401: {"description": "no valid API key"}}
+
+#: Largest chunk number a client may resume after (``run_chunks.seq`` is an INTEGER).
+MAX_SEQ = 2**31 - 1
 
 #: Seconds between SSE comments that keep idle proxies from closing the stream.
 KEEPALIVE_SECONDS = 15.0
@@ -89,12 +101,17 @@ def stream_url(run_id: str) -> str:
 
 
 @router.post("/tasks/{task_id}/runs", status_code=202, response_model=RunAccepted,
-             responses={404: {"description": "no such task"}, 409: {"description": "message ID taken"},
+             responses={**AUTH_RESPONSES, 404: {"description": "no such task of yours"},
+                        409: {"description": "you used this message ID for other content"},
                         503: {"description": "the broker is unavailable; nothing was started"}})
-def post_run(task_id: IdPath, body: StartRun, response: Response, app=Depends(conveyor_app)) -> RunAccepted:
-    """Start a round of the task; the run happens on a worker. Answers 202 with where to follow it."""
+def post_run(task_id: IdPath, body: StartRun, response: Response, app=Depends(conveyor_app),
+             user_id: str = Depends(require_user)) -> RunAccepted:
+    """Start a round of one of your tasks (API key); the run happens on a worker. Answers 202 with where to follow it."""
+    message_id = records.scoped_message_id(user_id, body.message_id) if body.message_id else None
     try:
-        started = start_round(app, task_id=task_id, content=body.content, message_id=body.message_id)
+        with app.pool.connection() as conn:
+            records.get_task_of(conn, task_id, user_id)  # another user's task is as missing as none
+        started = start_round(app, task_id=task_id, content=body.content, message_id=message_id)
     except RecordNotFound as exc:
         raise HTTPException(404, str(exc)) from None
     except RecordConflict as exc:
@@ -108,44 +125,49 @@ def post_run(task_id: IdPath, body: StartRun, response: Response, app=Depends(co
                        created=started.created, stream_url=stream_url(started.run_id), status_url=status_url)
 
 
-def _load_run(app, run_id: str) -> records.Run:
+def _load_run(app, run_id: str, user_id: str) -> records.Run:
     with app.pool.connection() as conn:
         try:
-            return records.get_run(conn, run_id)
+            return records.get_run_of(conn, run_id, user_id)
         except RecordNotFound as exc:
             raise HTTPException(404, str(exc)) from None
 
 
-@router.get("/runs/{run_id}", response_model=RunStatus, responses={404: {"description": "no such run"}})
-def get_run(run_id: IdPath, app=Depends(conveyor_app)) -> RunStatus:
-    """The run as the database has it: status, attempts, token usage, error."""
-    run = _load_run(app, run_id)
+@router.get("/runs/{run_id}", response_model=RunStatus,
+            responses={**AUTH_RESPONSES, 404: {"description": "no such run of yours"}})
+def get_run(run_id: IdPath, app=Depends(conveyor_app), user_id: str = Depends(require_user)) -> RunStatus:
+    """One of your runs (API key) as the database has it: status, attempts, token usage, error."""
+    run = _load_run(app, run_id, user_id)
     return RunStatus(**{k: getattr(run, k) for k in RunStatus.model_fields if k != "stream_url"},
                      stream_url=stream_url(run.id))
 
 
 @router.get("/runs/{run_id}/stream", responses={
     200: {"content": {"text/event-stream": {}}, "description": "chunk events, then one end event"},
-    400: {"description": "Last-Event-ID is not a chunk number"}, 404: {"description": "no such run"}})
+    400: {"description": "Last-Event-ID is not a chunk number"}, **AUTH_RESPONSES,
+    404: {"description": "no such run of yours"}})
 async def get_run_stream(run_id: IdPath, request: Request,
                          last_event_id: Annotated[str | None, Header()] = None,
-                         after: Annotated[int | None, Query(ge=0, description="resume after this seq")] = None,
-                         app=Depends(conveyor_app)) -> StreamingResponse:
-    """Server-Sent Events: ``event: chunk`` (``{"text"}``) per chunk, then ``event: end`` (``{"status"}``).
+                         after: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="resume after this seq")] = None,
+                         app=Depends(conveyor_app), user_id: str = Depends(require_user)) -> StreamingResponse:
+    """Server-Sent Events of one of your runs (API key): ``event: chunk`` (``{"text"}``) per chunk, then
+    ``event: end`` (``{"status"}``).
 
     Resumable: reconnect with ``Last-Event-ID`` (or ``?after=``) to get only what follows.
     """
     start = after or 0
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
+        text = last_event_id.strip()
+        # ASCII digits only (str.isdigit takes '²'), and no more than a chunk number can be.
+        if not (text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_SEQ):
             raise HTTPException(400, "Last-Event-ID must be the number of the last chunk received")
-        start = int(last_event_id)
-    await run_in_threadpool(_load_run, app, run_id)
-    return StreamingResponse(_events(app, run_id, start), media_type="text/event-stream",
+        start = int(text)
+    await run_in_threadpool(_load_run, app, run_id, user_id)
+    return StreamingResponse(_events(app, run_id, start, user_id), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _events(app, run_id: str, after: int) -> AsyncIterator[str]:
+async def _events(app, run_id: str, after: int, user_id: str) -> AsyncIterator[str]:
     buffer = buffer_for(app)
     poll = app.settings.stream_poll_interval
     yield "retry: 1000\n\n"
@@ -165,7 +187,7 @@ async def _events(app, run_id: str, after: int) -> AsyncIterator[str]:
             continue
         if now - last_status_check >= STATUS_CHECK_SECONDS:
             last_status_check = now
-            run = await run_in_threadpool(_load_run, app, run_id)
+            run = await run_in_threadpool(_load_run, app, run_id, user_id)
             # Seen ended twice with nothing new in between: no end entry is coming (expired stream).
             if run.terminal and terminal_seen:
                 yield _event(after + 1, "end", {"status": run.status})

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InvalidSchedule, ScheduleNotFound
 from ..scheduling.schedules import Schedule, Schedules
 from .auth import require_admin
-from .deps import conveyor_app
+from .deps import NamePath, conveyor_app
 
 
-router = APIRouter(prefix="/api/schedules", tags=["schedules"], dependencies=[Depends(require_admin)])
+router = APIRouter(prefix="/api/schedules", tags=["schedules"], dependencies=[Depends(require_admin)],
+                   responses={401: {"description": "no valid admin token"},
+                              403: {"description": "closed: CONVEYOR_ADMIN_TOKEN is not set"}})
 
 
 class ScheduleIn(BaseModel):
@@ -53,12 +55,13 @@ def create_schedule(body: ScheduleIn, app=Depends(conveyor_app)) -> dict[str, An
 
 
 @router.get("")
-def list_schedules(limit: int = 100, offset: int = 0, app=Depends(conveyor_app)) -> list[dict[str, Any]]:
-    return [_out(s) for s in Schedules(app).list(limit=min(max(limit, 1), 1000), offset=max(offset, 0))]
+def list_schedules(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=10**9),
+                   app=Depends(conveyor_app)) -> list[dict[str, Any]]:
+    return [_out(s) for s in Schedules(app).list(limit=limit, offset=offset)]
 
 
 @router.get("/{schedule_id}")
-def get_schedule(schedule_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+def get_schedule(schedule_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
     schedules = Schedules(app)
     try:
         schedule = schedules.get(schedule_id)
@@ -68,7 +71,7 @@ def get_schedule(schedule_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
 
 
 @router.post("/{schedule_id}/pause")
-def pause_schedule(schedule_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+def pause_schedule(schedule_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
     try:
         return _out(Schedules(app).pause(schedule_id))
     except ScheduleNotFound as exc:
@@ -76,7 +79,7 @@ def pause_schedule(schedule_id: str, app=Depends(conveyor_app)) -> dict[str, Any
 
 
 @router.post("/{schedule_id}/resume")
-def resume_schedule(schedule_id: str, app=Depends(conveyor_app)) -> dict[str, Any]:
+def resume_schedule(schedule_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
     try:
         return _out(Schedules(app).resume(schedule_id))
     except (ScheduleNotFound, InvalidSchedule) as exc:
@@ -84,7 +87,7 @@ def resume_schedule(schedule_id: str, app=Depends(conveyor_app)) -> dict[str, An
 
 
 @router.delete("/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_schedule(schedule_id: str, app=Depends(conveyor_app)) -> Response:
+def delete_schedule(schedule_id: NamePath, app=Depends(conveyor_app)) -> Response:
     try:
         Schedules(app).delete(schedule_id)
     except ScheduleNotFound as exc:

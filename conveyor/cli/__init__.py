@@ -7,6 +7,8 @@ import importlib
 import sys
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from ..errors import ConveyorError
 from ..settings import Settings, env_help, get_settings
 
@@ -20,6 +22,7 @@ COMMAND_MODULES = (
     "conveyor.cli.schedules",
     "conveyor.cli.bench",
     "conveyor.cli.workers",
+    "conveyor.cli.users",
 )
 
 
@@ -73,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConveyorError as exc:
         print(f"conveyor: error: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:  # the settings: each bad variable by name, never its value
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        print(f"conveyor: error: invalid settings: {problems}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

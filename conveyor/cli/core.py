@@ -197,6 +197,7 @@ def _enqueue_batch(app, chunk_size: int) -> int:
     keyed jobs, whose second enqueue is a no-op.
     """
     from ..errors import ConveyorError
+    from ..jsonchecks import json_depth_exceeds
     from ..tasks.jobqueue import JobRequest
     from .progress import CommandProgress, is_terminal
 
@@ -214,8 +215,12 @@ def _enqueue_batch(app, chunk_size: int) -> int:
                     continue
                 try:
                     row = json.loads(line)
+                    if json_depth_exceeds(row, app.settings.api_max_json_depth):
+                        raise ValueError(f"nested deeper than {app.settings.api_max_json_depth} levels")
                     request = JobRequest(row["job"], row.get("payload"), row.get("key"), row.get("delay"))
                     app.jobs.prepare(request)  # validated now: a bad line stops the batch before anything is sent
+                except RecursionError:
+                    raise _BadLine(f"line {n} is not a job: nested too deep") from None
                 except (ValueError, KeyError, TypeError) as exc:
                     raise _BadLine(f"line {n} is not a job: {exc}") from None
                 except ConveyorError as exc:

@@ -97,7 +97,7 @@ class Supervisor:
 
     def __init__(self, queues: list[str], processes: int = 1, threads: int | None = None,
                  shutdown_timeout: float = 600, *, worker: Callable[[str, int | None], None],
-                 metrics_port: int = 0, metrics_host: str = "0.0.0.0",
+                 metrics_port: int = 0, metrics_host: str = "127.0.0.1",
                  metrics_dir: str | None = None, services: tuple[tuple[str, Callable, tuple], ...] = ()) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.children = [_Child(q, worker, (q, threads)) for q in queues for _ in range(processes)]
