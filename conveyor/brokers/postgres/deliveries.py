@@ -125,10 +125,16 @@ class Deliveries:
                     try:
                         self.jobs.retry(key[0], key[1], retry.message, max(0.0, retry.due - time.time()),
                                         retry.error)
+                        # The ack that may still come must not be written (it could turn a retry a
+                        # crash undid into done); as in PostgresBroker._retry.
+                        with self._lock:
+                            self._abandoned.add(key)
                     except DatabaseRefused as exc:
                         # Not storable even after sanitising: run it again now rather than never.
                         _log_refused(key, "its retry", exc)
                         outcomes[key] = ("pending", None)
+                        with self._lock:
+                            self._abandoned.add(key)
                     del retries[key]
                 if outcomes:
                     self._finish(outcomes)

@@ -180,7 +180,7 @@ class Jobs:
                     self.database_url, min_size=1, max_size=POOL_MAX, open=False,
                     kwargs={"autocommit": True, **CONNECTION},
                     name="conveyor-pg-worker" if fast else "conveyor-pg-broker", timeout=POOL_TIMEOUT,
-                    reconnect_timeout=60, configure=_worker_session if fast else None)
+                    reconnect_timeout=60, configure=_worker_session if fast else _durable_session)
                 pool.open(wait=False)
         with pool.connection() as conn:
             yield conn
@@ -464,3 +464,9 @@ def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
 
 def _worker_session(conn: psycopg.Connection) -> None:
     conn.execute(QUERIES["worker_session"])
+
+
+def _durable_session(conn: psycopg.Connection) -> None:
+    # Enqueues, synchronous claims, final failures and recovery wait for the
+    # flush whatever the server's or the role's default says.
+    conn.execute(QUERIES["prover_session"])
