@@ -172,3 +172,7 @@ class ProviderRateLimited(RetryLater):
 
 class DatabaseRefused(ConveyorError):
     """Postgres refused a statement for a reason a retry cannot fix: data it cannot store, a constraint, a bug."""
+
+
+class EnqueueOutcomeUnknown(EnqueueError):
+    """The connection broke while the enqueue committed: the job may or may not exist. Retry only with a key."""

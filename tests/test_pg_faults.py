@@ -241,7 +241,7 @@ def test_a_deferred_retry_lost_in_a_crash_is_not_turned_into_done_either(make_ap
         # The retry found Postgres away and waits in the outbox (what PostgresBroker._retry does then) ...
         stored = message.copy(options={"last_error": "RuntimeError: once"}).encode().decode()
         app.broker.deliveries.put_retry(ref.id, message.options["pg_delivery"],
-                                        Retry(stored, time.time(), "RuntimeError: once"))
+                                        Retry(stored, time.monotonic(), "RuntimeError: once"))
         writer = _crash_before_the_wal_writer_flushes(durable_pg, durable_url)
         app.broker.deliveries.write()  # ... is written once it is back (asynchronously) ...
         consumer.ack(message)  # ... and Dramatiq's ack comes after it

@@ -46,7 +46,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from ...db import load_queries
-from ...errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable
+from ...errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable, EnqueueOutcomeUnknown
 from ..base import JobRef, QueueCounts
 from .records import LISTS, job_record
 
@@ -257,7 +257,10 @@ class Jobs:
                 if not isinstance(exc, UNAVAILABLE):
                     raise _enqueue_error(exc) from exc
                 self.trouble()
-                if committing or attempt == 2 or isinstance(exc, PoolTimeout):
+                if committing:
+                    raise EnqueueOutcomeUnknown(f"{translate(exc, 'the enqueue')}; the connection broke while "
+                                                f"it committed, so the job(s) may have been enqueued") from exc
+                if attempt == 2 or isinstance(exc, PoolTimeout):
                     raise _enqueue_error(exc) from exc
                 attempt += 1
 
