@@ -408,3 +408,42 @@ def test_the_brokers_durable_writes_commit_synchronously_whatever_the_servers_de
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
     with app.broker.jobs._conn(fast=True) as conn:  # starts, outcomes, retries
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+
+
+def test_a_run_that_raised_is_never_acked_done_without_its_retry(make_app):
+    app = make_app()
+    ref = app.jobs.enqueue("test.probe.indexing", {"token": "raised"})
+    consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)
+    try:
+        message = next(consumer)
+        assert app.broker.start_job(message) == 1
+        # The run raised and the retries middleware broke before writing the retry (Dramatiq only logs
+        # that): the ack that follows must not end the job.
+        message.stuff_exception(RuntimeError("the run failed"))
+        consumer.ack(message)
+        app.broker.deliveries.write()
+        assert app.broker.get_job(ref.id).state == "waiting"
+    finally:
+        consumer.close()
+
+
+def test_skipped_outcomes_leave_no_mark_that_could_swallow_a_later_one(make_app):
+    app = make_app()
+    first = app.jobs.enqueue("test.probe.indexing", {"token": "retried-now"})
+    second = app.jobs.enqueue("test.probe.indexing", {"token": "retried-later"})
+    consumer = app.broker.consume("indexing", prefetch=2, timeout=1000)
+    try:
+        a, b = next(consumer), next(consumer)
+        for message in (a, b):
+            assert app.broker.start_job(message) == 1
+        app.broker.enqueue(a.copy(options={"last_error": "RuntimeError: once"}), delay=0)  # written at once
+        consumer.ack(a)
+        stored = b.copy(options={"last_error": "RuntimeError: once"}).encode().decode()
+        app.broker.deliveries.put_retry(b.message_id, b.options["pg_delivery"],
+                                        Retry(stored, time.monotonic(), "RuntimeError: once"))
+        consumer.ack(b)  # the ack comes before the deferred retry is written
+        app.broker.deliveries.write()
+        assert {app.broker.get_job(r.id).state for r in (first, second)} == {"waiting"}
+        assert not app.broker.deliveries._abandoned, "a stale mark would drop a re-issued delivery's outcome"
+    finally:
+        consumer.close()
