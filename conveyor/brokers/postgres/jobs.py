@@ -441,13 +441,17 @@ class Jobs:
     def resume(self, queue: str) -> None:
         self._read("resume", {"queue": queue, "channel": CHANNEL}, "none")
 
+    # Not repeated after a broken connection (unlike _read): a repeat of one that committed would
+    # report "nothing retried" / "not found" for what it just did. The caller sees DatabaseUnavailable.
+
     def retry_failed(self, job_id: str | None, queue: str | None) -> int:
-        retried, _ = self._read("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL}, "one")
+        retried, _ = self._execute("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL},
+                                   fetch="one")
         return retried
 
     def delete(self, job_id: str) -> bool:
         # A worker that claimed the job holds it (in_progress): only unheld jobs go.
-        return self._read("delete_job", {"id": job_id}, "one") is not None
+        return self._execute("delete_job", {"id": job_id}, fetch="one") is not None
 
 
 def _enqueue_error(exc: BaseException) -> Exception:
