@@ -229,3 +229,7 @@ class BrokerUnreachable(BrokerError):
 
 class BrokerRejected(BrokerError):
     """The broker answered with an error (a script error, out of memory, a read-only replica)."""
+
+
+class EnqueueOutcomeUnknown(EnqueueError):
+    """The connection broke while the enqueue committed: the job may or may not exist. Retry only with a key."""

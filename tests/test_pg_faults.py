@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from conveyor.app import App
+from conveyor.brokers.postgres.deliveries import Retry
 from conveyor.brokers.postgres.jobs import storable
 from conveyor.errors import InvalidPayload, PermanentError
 from conveyor.tasks.payloads import Payload
@@ -230,6 +231,29 @@ def test_a_retry_lost_in_a_crash_is_not_turned_into_done_by_the_ack_after_it(mak
         consumer.close()
 
 
+def test_a_deferred_retry_lost_in_a_crash_is_not_turned_into_done_either(make_app, durable_pg, durable_url):
+    app = make_app(durable_url, pg_lease_seconds=1.5)
+    ref = app.jobs.enqueue("test.probe.critical", {"token": "lost-deferred-retry"})
+    consumer = app.broker.consume("critical", prefetch=1, timeout=1000)
+    try:
+        message = next(consumer)
+        assert app.broker.start_job(message) == 1
+        # The retry found Postgres away and waits in the outbox (what PostgresBroker._retry does then) ...
+        stored = message.copy(options={"last_error": "RuntimeError: once"}).encode().decode()
+        app.broker.deliveries.put_retry(ref.id, message.options["pg_delivery"],
+                                        Retry(stored, time.monotonic(), "RuntimeError: once"))
+        writer = _crash_before_the_wal_writer_flushes(durable_pg, durable_url)
+        app.broker.deliveries.write()  # ... is written once it is back (asynchronously) ...
+        consumer.ack(message)  # ... and Dramatiq's ack comes after it
+        os.kill(writer, signal.SIGKILL)
+        durable_pg.kill()
+        durable_pg.start()
+        _write_outcomes(app)
+        assert app.broker.get_job(ref.id).state != "completed", "the ack ended a job whose retry was lost"
+    finally:
+        consumer.close()
+
+
 def _consume(app):
     try:
         return app.broker.consume("critical", prefetch=1, timeout=500)
@@ -304,10 +328,26 @@ def test_a_superseded_delivery_cannot_claim_the_final_failure(make_app):
     try:
         assert not a.broker.claim_final_failure(old), "the job is not over: B runs it"
         assert b.broker.claim_final_failure(new), "the current delivery's final failure runs the hooks"
-        assert not b.broker.claim_final_failure(new), "once"
+        assert b.broker.get_job(ref.id).state == "failed", "failed in the same write"
+        # Asked again by the same delivery (its first reply was lost): still its claim; never the old one's.
+        assert b.broker.claim_final_failure(new)
+        assert not a.broker.claim_final_failure(old)
+        assert b.broker.queue_counts("indexing").failed_total == 1, "counted once"
     finally:
         consumer_a.close()
         consumer_b.close()
+
+
+def test_a_start_repeated_after_a_lost_reply_counts_the_attempt_once(make_app):
+    app = make_app()
+    app.jobs.enqueue("test.probe.indexing", {"token": "start-twice"})
+    consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)
+    try:
+        message = next(consumer)
+        assert app.broker.start_job(message) == 1
+        assert app.broker.start_job(message) == 1, "the same delivery's start, repeated, is one attempt"
+    finally:
+        consumer.close()
 
 
 def test_an_old_deliverys_ack_does_not_free_the_room_of_the_new_one(make_app, database_url):
@@ -356,5 +396,54 @@ def test_a_job_that_ran_past_the_lease_is_not_handed_back_while_its_done_is_writ
             app.broker.recover()  # the orphan pass runs meanwhile
         writer.join(10)
         assert app.broker.get_job(ref.id).state == "completed", "the done was written, the job not handed back"
+    finally:
+        consumer.close()
+
+
+def test_the_brokers_durable_writes_commit_synchronously_whatever_the_servers_default(make_app, database_url):
+    # The session's test server runs with synchronous_commit off (tests/servers.py), as an operator might.
+    assert sql(database_url, "SHOW synchronous_commit") == [("off",)]
+    app = make_app()
+    with app.broker.jobs._conn() as conn:  # enqueues, synchronous claims, final failures, recovery
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    with app.broker.jobs._conn(fast=True) as conn:  # starts, outcomes, retries
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+
+
+def test_a_run_that_raised_is_never_acked_done_without_its_retry(make_app):
+    app = make_app()
+    ref = app.jobs.enqueue("test.probe.indexing", {"token": "raised"})
+    consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)
+    try:
+        message = next(consumer)
+        assert app.broker.start_job(message) == 1
+        # The run raised and the retries middleware broke before writing the retry (Dramatiq only logs
+        # that): the ack that follows must not end the job.
+        message.stuff_exception(RuntimeError("the run failed"))
+        consumer.ack(message)
+        app.broker.deliveries.write()
+        assert app.broker.get_job(ref.id).state == "waiting"
+    finally:
+        consumer.close()
+
+
+def test_skipped_outcomes_leave_no_mark_that_could_swallow_a_later_one(make_app):
+    app = make_app()
+    first = app.jobs.enqueue("test.probe.indexing", {"token": "retried-now"})
+    second = app.jobs.enqueue("test.probe.indexing", {"token": "retried-later"})
+    consumer = app.broker.consume("indexing", prefetch=2, timeout=1000)
+    try:
+        a, b = next(consumer), next(consumer)
+        for message in (a, b):
+            assert app.broker.start_job(message) == 1
+        app.broker.enqueue(a.copy(options={"last_error": "RuntimeError: once"}), delay=0)  # written at once
+        consumer.ack(a)
+        stored = b.copy(options={"last_error": "RuntimeError: once"}).encode().decode()
+        app.broker.deliveries.put_retry(b.message_id, b.options["pg_delivery"],
+                                        Retry(stored, time.monotonic(), "RuntimeError: once"))
+        consumer.ack(b)  # the ack comes before the deferred retry is written
+        app.broker.deliveries.write()
+        assert {app.broker.get_job(r.id).state for r in (first, second)} == {"waiting"}
+        assert not app.broker.deliveries._abandoned, "a stale mark would drop a re-issued delivery's outcome"
     finally:
         consumer.close()

@@ -136,8 +136,10 @@ class PostgresBroker(ConveyorBroker, Broker):
             log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                       error=f"outcomes of {self.deliveries.unwritten()} job(s) not written, recovery "
                             f"will hand them out again: {exc}")
-        if listener.ready.is_set():
+        if listener.ready.is_set() and not self.deliveries.owned():
             # Gone for good: its leftover rows are recovered at the next pass, not after the lease.
+            # Not while it still owns deliveries (a job running past the shutdown timeout): those
+            # would be rerun at once while they run; they age out through the lease instead.
             with contextlib.suppress(ConveyorError):
                 self.jobs.forget_worker()
         self.jobs.close()
@@ -265,12 +267,21 @@ class PostgresBroker(ConveyorBroker, Broker):
         if delivery is None:
             return
         if message.options.get(ABANDON):
-            return  # abandoned when it was decided (claim_final_failure)
+            self.deliveries.forget(message.message_id, delivery)  # its last outcome: abandoned when decided
+            return
+        if status == "done" and getattr(message, "_exception", None) is not None:
+            # It raised, yet no retry was written and it was not failed: something between the run
+            # and its outcome broke (Dramatiq swallows middleware errors). Run it again, never "done".
+            status = "pending"
         if message.options.get("pg_release"):
             status, error = "pending", None  # never started: hand it back
         if status == "pending" and not self._proven(message, START_GRACE):
-            # A hand-back of a claim a crash may have undone could land on someone else's claim.
-            self._abandon(message, "handed back before its claim was proven durable")
+            # A hand-back of a claim a crash may have undone could land on someone else's claim:
+            # write nothing; the row (if it is still ours) comes back through the orphan pass.
+            self.deliveries.drop(message.message_id, delivery)
+            log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
+                      job_id=message.message_id, attempt=None,
+                      error=f"delivery {delivery} not handed back: its claim was never proven durable")
             return
         self.deliveries.settle(message.message_id, delivery, status, error)
 
@@ -298,7 +309,7 @@ class PostgresBroker(ConveyorBroker, Broker):
             self.deliveries.settle(message.message_id, delivery, "pending")
         except Exception:
             # Kept until Postgres is back; it supersedes the ack that follows.
-            self.deliveries.put_retry(message.message_id, delivery, Retry(text, time.time() + seconds, error))
+            self.deliveries.put_retry(message.message_id, delivery, Retry(text, time.monotonic() + seconds, error))
         self.emit_after("enqueue", message, delay)
         return message
 

@@ -35,7 +35,7 @@ class Retry:
     """A retry written while Postgres was away: the message to store, when it may run, its error."""
 
     message: str
-    due: float  # time.time() at which it may run
+    due: float  # time.monotonic() at which it may run (a host clock stepped back must not delay it)
     error: str | None
 
 
@@ -50,7 +50,9 @@ class Deliveries:
         self._outcomes: dict[Key, tuple[str, str | None]] = {}
         self._retries: dict[Key, Retry] = {}
         self._writing: set[str] = set()  # ids whose outcome a write has in flight
-        self._abandoned: set[Key] = set()  # deliveries whose outcome must not be written
+        self._abandoned: set[Key] = set()  # deliveries whose next outcome must not be written
+        self._retry_acked: set[Key] = set()  # deferred retries whose (void) ack already came
+        self._writing_retries: set[Key] = set()
 
     # -- worker and consumer threads ---------------------------------------------
 
@@ -64,11 +66,20 @@ class Deliveries:
         with self._lock:
             if key in self._abandoned:
                 self._abandoned.discard(key)
-            elif key not in self._retries:
+            elif key in self._retries or key in self._writing_retries:
+                self._retry_acked.add(key)  # the retry supersedes it
+            else:
                 previous = self._outcomes.get(key)
                 # Handed back unstarted: the ack Dramatiq sends for the skipped run changes nothing.
                 if not (previous and previous[0] == "pending"):
                     self._outcomes[key] = (status, error)
+            if self._held.get(job_id) == delivery:
+                del self._held[job_id]
+
+    def forget(self, job_id: str, delivery: int) -> None:
+        """The abandoned delivery's own last outcome came (and was not written): nothing more to skip."""
+        with self._lock:
+            self._abandoned.discard((job_id, delivery))
             if self._held.get(job_id) == delivery:
                 del self._held[job_id]
 
@@ -119,16 +130,25 @@ class Deliveries:
                 retries, self._retries = self._retries, {}
                 outcomes, self._outcomes = self._outcomes, {}
                 self._writing = {k[0] for k in retries} | {k[0] for k in outcomes}
+                self._writing_retries = set(retries)
             try:
                 while retries:
                     key, retry = next(iter(retries.items()))
                     try:
-                        self.jobs.retry(key[0], key[1], retry.message, max(0.0, retry.due - time.time()),
+                        self.jobs.retry(key[0], key[1], retry.message, max(0.0, retry.due - time.monotonic()),
                                         retry.error)
                     except DatabaseRefused as exc:
                         # Not storable even after sanitising: run it again now rather than never.
                         _log_refused(key, "its retry", exc)
                         outcomes[key] = ("pending", None)
+                    with self._lock:
+                        # The ack that may still come must not be written (it could turn a retry a
+                        # crash undid into done); as in PostgresBroker._retry. If it came already, done.
+                        if key in self._retry_acked:
+                            self._retry_acked.discard(key)
+                        else:
+                            self._abandoned.add(key)
+                        self._writing_retries.discard(key)
                     del retries[key]
                 if outcomes:
                     self._finish(outcomes)
@@ -144,6 +164,7 @@ class Deliveries:
             finally:
                 with self._lock:
                     self._writing = set()
+                    self._writing_retries = set()
 
     def _finish(self, outcomes: dict[Key, tuple[str, str | None]]) -> None:
         """Write ``outcomes``, removing each from the dict once written (or given up)."""

@@ -46,7 +46,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from ...db import load_queries
-from ...errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable
+from ...errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable, EnqueueOutcomeUnknown
 from ..base import JobRef, QueueCounts
 from .records import LISTS, job_record
 
@@ -180,7 +180,7 @@ class Jobs:
                     self.database_url, min_size=1, max_size=POOL_MAX, open=False,
                     kwargs={"autocommit": True, **CONNECTION},
                     name="conveyor-pg-worker" if fast else "conveyor-pg-broker", timeout=POOL_TIMEOUT,
-                    reconnect_timeout=60, configure=_worker_session if fast else None)
+                    reconnect_timeout=60, configure=_worker_session if fast else _durable_session)
                 pool.open(wait=False)
         with pool.connection() as conn:
             yield conn
@@ -257,7 +257,10 @@ class Jobs:
                 if not isinstance(exc, UNAVAILABLE):
                     raise _enqueue_error(exc) from exc
                 self.trouble()
-                if committing or attempt == 2 or isinstance(exc, PoolTimeout):
+                if committing:
+                    raise EnqueueOutcomeUnknown(f"{translate(exc, 'the enqueue')}; the connection broke while "
+                                                f"it committed, so the job(s) may have been enqueued") from exc
+                if attempt == 2 or isinstance(exc, PoolTimeout):
                     raise _enqueue_error(exc) from exc
                 attempt += 1
 
@@ -438,13 +441,17 @@ class Jobs:
     def resume(self, queue: str) -> None:
         self._read("resume", {"queue": queue, "channel": CHANNEL}, "none")
 
+    # Not repeated after a broken connection (unlike _read): a repeat of one that committed would
+    # report "nothing retried" / "not found" for what it just did. The caller sees DatabaseUnavailable.
+
     def retry_failed(self, job_id: str | None, queue: str | None) -> int:
-        retried, _ = self._read("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL}, "one")
+        retried, _ = self._execute("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL},
+                                   fetch="one")
         return retried
 
     def delete(self, job_id: str) -> bool:
         # A worker that claimed the job holds it (in_progress): only unheld jobs go.
-        return self._read("delete_job", {"id": job_id}, "one") is not None
+        return self._execute("delete_job", {"id": job_id}, fetch="one") is not None
 
 
 def _enqueue_error(exc: BaseException) -> Exception:
@@ -464,3 +471,9 @@ def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
 
 def _worker_session(conn: psycopg.Connection) -> None:
     conn.execute(QUERIES["worker_session"])
+
+
+def _durable_session(conn: psycopg.Connection) -> None:
+    # Enqueues, synchronous claims, final failures and recovery wait for the
+    # flush whatever the server's or the role's default says.
+    conn.execute(QUERIES["prover_session"])

@@ -65,7 +65,10 @@ WHERE queue = %(queue)s AND status = 'pending'
 -- name: start
 -- A claimed job starts: count the attempt. No row when the job was deleted
 -- or this delivery is no longer the current one.
-UPDATE conveyor_jobs SET attempt = attempt + 1, started_at = now()
+-- Safe to repeat (a start whose reply was lost): a delivery counts its attempt once.
+UPDATE conveyor_jobs
+SET attempt = CASE WHEN started_delivery IS DISTINCT FROM %(delivery)s THEN attempt + 1 ELSE attempt END,
+    started_delivery = %(delivery)s, started_at = now()
 WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
 RETURNING attempt
 
@@ -131,10 +134,13 @@ SELECT unclaimed FROM moved
 -- The current delivery fails for good and claims the final-failure hook, in
 -- one synchronous write (the nack that follows then matches nothing). A
 -- superseded delivery (its worker was declared dead, another one runs the
--- job) claims nothing: the job is not over. Returns a row when claimed.
+-- job) claims nothing: the job is not over. Returns a row when claimed, and
+-- again when the same delivery asks again (its first reply was lost), so
+-- that the hook still runs.
 WITH moved AS (
     UPDATE conveyor_jobs
-    SET final_failure_at = now(), status = 'failed', error = %(error)s, completed_at = now(), worker_id = NULL
+    SET final_failure_at = now(), final_failure_delivery = %(delivery)s, status = 'failed', error = %(error)s,
+        completed_at = now(), worker_id = NULL
     WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND final_failure_at IS NULL
     RETURNING id, queue
 ), totals AS (
@@ -143,6 +149,10 @@ WITH moved AS (
     ON CONFLICT (queue, slot) DO UPDATE SET failed = t.failed + 1
 )
 SELECT id FROM moved
+UNION ALL
+SELECT id FROM conveyor_jobs
+WHERE id = %(id)s AND final_failure_delivery = %(delivery)s AND delivery = %(delivery)s AND status = 'failed'
+  AND NOT EXISTS (SELECT 1 FROM moved)
 
 -- name: worker_session
 -- Starts, outcomes and retries commit without waiting for the WAL flush
@@ -150,7 +160,9 @@ SELECT id FROM moved
 SET synchronous_commit = off
 
 -- name: prover_session
--- The claim prover's connection commits synchronously, whatever the server's default.
+-- The claim prover's connection, and the broker's synchronous pool (enqueues,
+-- synchronous claims, final failures, recovery), commit synchronously,
+-- whatever the server's or the role's default.
 SET synchronous_commit = on
 
 -- name: prove
@@ -300,7 +312,8 @@ DELETE FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending'
 -- stays until the job completes. Idle workers of the queues are woken.
 WITH r AS (
     UPDATE conveyor_jobs
-    SET status = 'pending', attempt = 0, available_at = now(), completed_at = NULL, final_failure_at = NULL
+    SET status = 'pending', attempt = 0, available_at = now(), completed_at = NULL, final_failure_at = NULL,
+        final_failure_delivery = NULL, started_delivery = NULL
     WHERE status = 'failed' AND (id = %(id)s OR (%(id)s::text IS NULL AND queue = %(queue)s))
     RETURNING queue
 ), woke AS (
