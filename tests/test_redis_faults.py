@@ -386,3 +386,28 @@ def test_a_retry_whose_error_text_has_a_lone_surrogate_and_a_nul_is_written(make
     consumer.ack(again)
     app.broker.acks.flush()
     assert app.broker.get_job(ref.id).state == "completed"
+
+
+def test_after_a_gap_in_recovery_nobody_is_declared_dead_until_they_had_a_timeout_to_heartbeat(make_app):
+    a, b = make_app(), make_app()
+    b.broker.maintain()  # recovery has been running
+    ref = a.jobs.enqueue(JOB, {"token": "gap"})
+    held = _next_message(a.broker.consume(QUEUE, prefetch=1, timeout=100))
+    # Redis paused (or down) longer than the heartbeat timeout: every heartbeat is stale, nobody ran a pass.
+    time.sleep(a.settings.heartbeat_timeout + 0.5)
+    # The passes queued behind the pause land first, one after the other.
+    assert b.broker.maintain() == {} and b.broker.maintain() == {}, "a live worker was declared dead"
+    assert a.broker.start_job(held) == 1, "the live worker's delivery was taken from it"
+    assert a.broker.get_job(ref.id).attempts == 1
+
+
+def test_a_delay_is_counted_on_the_servers_clock_not_the_producers(make_app, monkeypatch):
+    import conveyor.brokers.redis.broker as redis_broker
+
+    app = make_app()
+    real = redis_broker.current_millis
+    monkeypatch.setattr(redis_broker, "current_millis", lambda: real() + 3_600_000)  # the producer is an hour ahead
+    app.jobs.enqueue(JOB, {"token": "skewed-delay"}, delay=1)
+    monkeypatch.setattr(redis_broker, "current_millis", real)
+    held = _next_message(app.broker.consume(f"{QUEUE}.DQ", prefetch=1, timeout=100))
+    assert held.options["eta"] - real() <= 1500, "the worker would hold the job for the producer's hour"

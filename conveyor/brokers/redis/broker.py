@@ -55,7 +55,7 @@ class _Retry:
 
     rid: str
     data: bytes
-    eta: int | str
+    delay: int | str  # ms, "" for none
     error: str
 
 
@@ -87,6 +87,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             dead_message_ttl=int(retention * _MS),
         )
         self.retention_ms = int(retention * _MS)
+        #: A pause between recovery passes (anyone's) longer than this means Redis or every worker was away:
+        #: recovery waits a heartbeat timeout before declaring anyone dead (see maintain in jobs.lua).
+        self.recovery_gap_ms = int(max(heartbeat_timeout / 2, 3 * settings.maintenance_interval) * _MS)
         #: An idle consumer's BLPOP never outlasts half the socket timeout (or it would read as a timeout).
         self.wait_cap = max(0.1, settings.redis_socket_timeout / 2)
         self.keys = Keys(namespace)
@@ -149,18 +152,20 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         with self._lock:
             return self._fetch_locks.setdefault(name, threading.Lock())
 
-    def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str]]:
+    def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
         """Fetch up to ``room`` messages; each is held from the same critical section the release pass uses."""
         with self._fetch_lock(name):
             rows = self._call("fetch", name, room)
             out = []
             with self._lock:
                 held = self._held.setdefault(name, {})
-                for i in range(0, len(rows), 4):
+                for i in range(0, len(rows), 5):
                     rid = rows[i].decode()
                     delivery = int(rows[i + 2])
                     held[rid] = delivery
-                    out.append((rid, rows[i + 1], delivery, rows[i + 3].decode()))
+                    wait = rows[i + 4]
+                    out.append((rid, rows[i + 1], delivery, rows[i + 3].decode(),
+                                int(wait) if wait not in (b"", "", None) else None))
         return out
 
     def _held_count(self, name: str) -> int:
@@ -224,7 +229,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                         message.actor_name,
                         item.key or "",
                         int(dedup_ttl * _MS),
-                        message.options.get("eta", ""),
+                        "" if item.delay_ms is None else int(item.delay_ms),
                         storable(message.options.get("last_error", "")),
                         client=pipe,
                     )
@@ -246,7 +251,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         rid, delivery = delivery_of(message)  # type: ignore[misc]
         new = self._prepare(_fresh(message).copy(queue_name=q_name(message.queue_name)), delay)
         self.emit_before("enqueue", new, delay)
-        retry = _Retry(new.options["redis_message_id"], new.encode(), new.options.get("eta", ""),
+        retry = _Retry(new.options["redis_message_id"], new.encode(), "" if delay is None else int(delay),
                        storable(new.options.get("last_error", "")))
         with self._lock:
             self._retries[(message.message_id, delivery)] = retry
@@ -333,7 +338,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return claimed == 1
 
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
-        done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.eta, retry.error)
+        done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)
         self._settle(name, [rid])
         if done == -1:
             self._refused("retry", q_name(name), job_id)
@@ -355,7 +360,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """Recover dead workers' jobs (server clock), hand back what this worker holds but runs nowhere, prune."""
         names = sorted(self.queues) + sorted(dq_name(q) for q in self.queues)
         recovered: dict[str, list[str]] = {}
-        rows = self._call("maintain", "", self.heartbeat_timeout, self.retention_ms, self.dead_message_ttl, *names)
+        rows = self._call("maintain", "", self.heartbeat_timeout, self.retention_ms, self.dead_message_ttl,
+                          self.recovery_gap_ms, *names)
         for i in range(0, len(rows), 2):
             recovered.setdefault(rows[i].decode(), []).append(rows[i + 1].decode())
         self.release_orphans()
