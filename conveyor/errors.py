@@ -183,3 +183,8 @@ class BrokerUnreachable(BrokerError):
 
 class BrokerRejected(BrokerError):
     """The broker answered with an error (a script error, out of memory, a read-only replica)."""
+
+
+class HeartbeatLost(JobError):
+    """The worker could not heartbeat for most of the heartbeat timeout: its running job is interrupted
+    (and retried) before recovery hands it to another worker, so two deliveries never run at once."""

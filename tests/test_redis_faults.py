@@ -411,3 +411,19 @@ def test_a_delay_is_counted_on_the_servers_clock_not_the_producers(make_app, mon
     monkeypatch.setattr(redis_broker, "current_millis", real)
     held = _next_message(app.broker.consume(f"{QUEUE}.DQ", prefetch=1, timeout=100))
     assert held.options["eta"] - real() <= 1500, "the worker would hold the job for the producer's hour"
+
+
+def test_a_worker_cut_off_longer_than_most_of_the_heartbeat_timeout_interrupts_its_running_job(
+        make_app, client, database_url):
+    app = make_app(heartbeat_timeout=4)
+    reader = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "cut-off", "sleep": 5})
+    with running(app, QUEUE):
+        wait_for(lambda: probe_runs(database_url, "cut-off"), message="the job to start")
+        # Nothing of the worker reaches Redis for longer than 3/4 of the heartbeat timeout.
+        client.execute_command("CLIENT", "PAUSE", 4000, "ALL")
+        wait_for(lambda: reader.broker.get_job(ref.id).state == "completed", timeout=60,
+                 message="the job to complete after its interrupted run")
+    runs = probe_runs(database_url, "cut-off")
+    assert runs[0]["finished_at"] is None, "the cut-off run went on to its end"
+    assert [r["attempt"] for r in runs] == [1, 2] and runs[1]["finished_at"] is not None

@@ -213,6 +213,7 @@ class RedisConsumer(Consumer):
     # -- outcomes (called from worker threads) -----------------------------------
 
     def ack(self, message: Any) -> None:
+        self.broker._ran()
         held = delivery_of(message)
         if held is None:
             return
@@ -233,6 +234,7 @@ class RedisConsumer(Consumer):
         self.broker.acks.add(self.queue_name, rid, message.message_id, delivery)
 
     def nack(self, message: Any) -> None:
+        self.broker._ran()
         held = delivery_of(message)
         if held is None:
             return
