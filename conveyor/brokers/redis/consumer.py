@@ -168,8 +168,8 @@ class RedisConsumer(Consumer):
                     self._receive(rid, data, delivery, note, wait)
                 if self.cache:
                     continue
-            # Before waiting: acks no start carried go now (not only from the flusher thread).
-            if self.broker.acks.waiting(self.queue_name):
+            # Idle, before waiting: acks no start will carry go now (not only from the flusher thread).
+            if room > 0 and self.broker.acks.waiting(self.queue_name):
                 self.broker.acks.flush(self.queue_name)
             # Wait for an enqueue's wake-up, at most the (growing) idle backoff: a
             # lost wake-up costs one backoff, never a job.
