@@ -442,3 +442,32 @@ def test_a_worker_cut_off_longer_than_most_of_the_heartbeat_timeout_interrupts_i
     runs = probe_runs(database_url, "cut-off")
     assert runs[0]["finished_at"] is None, "the cut-off run went on to its end"
     assert [r["attempt"] for r in runs] == [1, 2] and runs[1]["finished_at"] is not None
+
+
+def test_an_old_deliverys_refused_ack_does_not_unhold_the_same_workers_new_delivery(make_app):
+    a, b = make_app(), make_app()
+    ref = a.jobs.enqueue(JOB, {"token": "same-rid"})
+    consumer = a.broker.consume(QUEUE, prefetch=1, timeout=100)
+    old = _next_message(consumer)
+    time.sleep(a.settings.heartbeat_timeout + 0.5)
+    assert b.broker.maintain() == {QUEUE: [ref.id]}
+    a.broker.acks.flush()
+    new = _next_message(a.broker.consume(QUEUE, prefetch=2, timeout=100))  # the same rid, back to the same worker
+    assert new.options["redis_message_id"] == old.options["redis_message_id"]
+    consumer.ack(old)  # the old run ends: refused
+    a.broker.acks.flush()
+    assert a.broker.release_orphans() == {}, "the new delivery was handed back while its worker holds it"
+    assert a.broker.start_job(new) == 1
+
+
+def test_a_start_or_final_failure_claim_repeated_after_a_lost_reply_counts_once(make_app):
+    app = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "repeated"})
+    message = _next_message(app.broker.consume(QUEUE, prefetch=1, timeout=100))
+    rid, delivery = message.options["redis_message_id"], message.options["redis_delivery"]
+    # What redis-py's retry does after a timeout whose call had run: the same call again.
+    assert app.broker._call("start", QUEUE, rid, ref.id, delivery, 1000, 0)[0] == 1
+    assert app.broker._call("start", QUEUE, rid, ref.id, delivery, 1000, 0)[0] == 1
+    assert app.broker.get_job(ref.id).attempts == 1
+    assert app.broker.claim_final_failure(message) is True
+    assert app.broker.claim_final_failure(message) is True, "the repeated claim of the same delivery was lost"

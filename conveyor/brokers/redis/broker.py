@@ -188,12 +188,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _held_count(self, name: str) -> int:
         return len(self._held.get(name, ()))
 
-    def _settle(self, name: str, rids) -> None:
+    def _settle(self, name: str, pairs) -> None:
+        """(rid, delivery) pairs are no longer held here; a hold of a newer delivery of the same rid stays."""
         with self._lock:
             held = self._held.get(name)
             if held:
-                for rid in rids:
-                    held.pop(rid.decode() if isinstance(rid, bytes) else rid, None)
+                for rid, delivery in pairs:
+                    rid = rid.decode() if isinstance(rid, bytes) else rid
+                    if delivery is None or held.get(rid) == int(delivery):
+                        held.pop(rid, None)
 
     def _refused(self, what: str, queue: str, job_id: str) -> None:
         log_event("refused", level="warning", queue=queue, job=None, job_id=job_id, attempt=None,
@@ -287,7 +290,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None
             raise BrokerRejected(f"Redis refused the promotion: {type(exc).__name__}: {exc}") from exc
-        self._settle(origin, [rid])
+        self._settle(origin, [(rid, delivery)])
         if done == -1:
             self._refused("promotion", q_name(origin), message.message_id)
         elif done == 1:
@@ -389,13 +392,13 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
         done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)
-        self._settle(name, [rid])
+        self._settle(name, [(rid, delivery)])
         if done == -1:
             self._refused("retry", q_name(name), job_id)
 
     def _write_nack(self, name: str, rid: str, job_id: str, delivery: int, error: str) -> None:
         done = self._call("nack", name, rid, job_id, delivery, self.retention_ms, storable(error))
-        self._settle(name, [rid])
+        self._settle(name, [(rid, delivery)])
         if done == -1:
             self._refused("failure", q_name(name), job_id)
 
@@ -403,7 +406,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if not pairs:
             return
         self._call("requeue", name, *(x for pair in pairs for x in pair))
-        self._settle(name, [rid for rid, _ in pairs])
+        self._settle(name, pairs)
 
     @translated
     def maintain(self) -> dict[str, list[str]]:

@@ -245,7 +245,8 @@ if command == "enqueue" then
     local dedup_ttl, delay, err = ARGV[9], ARGV[10], ARGV[11]
     -- A deleted job's message may still come back: drop it. A call repeated
     -- after a lost reply (same rid) must not push the message twice.
-    if redis.call("exists", ns .. ":deleted:" .. id) == 1 or redis.call("hexists", queue.msgs, rid) == 1 then
+    if redis.call("exists", ns .. ":deleted:" .. id) == 1 or redis.call("hexists", queue.msgs, rid) == 1
+            or redis.call("hget", job_key(id), "rid") == rid then
         return {id, 0}
     end
     if key ~= "" then
@@ -364,11 +365,15 @@ elseif command == "start" then
     local f = fence(id, rid, delivery)
     local attempt = f
     if f == 1 then
-        if redis.call("hget", job_key(id), "state") ~= "active" then
+        local r = redis.call("hmget", job_key(id), "state", "started_delivery", "attempts")
+        if r[1] ~= "active" then
             attempt = -1
+        elseif tostring(r[2]) == tostring(delivery) then
+            attempt = tonumber(r[3]) -- the same start repeated after a lost reply counts once
         else
             attempt = redis.call("hincrby", job_key(id), "attempts", 1)
-            redis.call("hset", job_key(id), "started_at", now, "worker", worker, "updated_at", now)
+            redis.call("hset", job_key(id), "started_at", now, "worker", worker, "updated_at", now,
+                       "started_delivery", delivery)
         end
     end
     table.insert(refused, 1, attempt)
@@ -466,7 +471,11 @@ elseif command == "claim_final" then
     if fence(id, rid, delivery) ~= 1 then
         return -1
     end
-    return redis.call("hsetnx", job_key(id), "final_failure", now)
+    if redis.call("hsetnx", job_key(id), "final_failure", delivery) == 1 then
+        return 1
+    end
+    -- The same claim repeated after a lost reply is still this delivery's.
+    return redis.call("hget", job_key(id), "final_failure") == delivery and 1 or 0
 
 -- poison(rid): a message that cannot even be decoded goes to the dead
 -- letters alone; the consumer carries on with the rest.
