@@ -328,6 +328,21 @@ def test_redis_without_persistence_or_with_eviction_is_named(database_url, clean
             assert samples == {"no_persistence": 1, "eviction_policy": 1}
         finally:
             app.close()
+        # The dashboard's banner, over real HTTP.
+        import httpx
+
+        from conveyor.api.auth import COOKIE, session_value
+        from tests.obs_support import TOKEN, api_server, redis_app
+
+        dashboard_app = redis_app(volatile.url)
+        try:
+            with api_server(dashboard_app) as url:
+                page = httpx.get(f"{url}/admin/queues", headers={"Cookie": f"{COOKIE}={session_value(TOKEN)}"},
+                                 timeout=10)
+            assert page.status_code == 200
+            assert page.text.count('class="config-warning"') == 2 and "allkeys-lru" in page.text
+        finally:
+            dashboard_app.close()
 
 
 def test_a_persistent_noeviction_redis_has_no_warning(make_app):
@@ -386,3 +401,73 @@ def test_a_retry_whose_error_text_has_a_lone_surrogate_and_a_nul_is_written(make
     consumer.ack(again)
     app.broker.acks.flush()
     assert app.broker.get_job(ref.id).state == "completed"
+
+
+def test_after_a_gap_in_recovery_nobody_is_declared_dead_until_they_had_a_timeout_to_heartbeat(make_app):
+    a, b = make_app(), make_app()
+    b.broker.maintain()  # recovery has been running
+    ref = a.jobs.enqueue(JOB, {"token": "gap"})
+    held = _next_message(a.broker.consume(QUEUE, prefetch=1, timeout=100))
+    # Redis paused (or down) longer than the heartbeat timeout: every heartbeat is stale, nobody ran a pass.
+    time.sleep(a.settings.heartbeat_timeout + 0.5)
+    # The passes queued behind the pause land first, one after the other.
+    assert b.broker.maintain() == {} and b.broker.maintain() == {}, "a live worker was declared dead"
+    assert a.broker.start_job(held) == 1, "the live worker's delivery was taken from it"
+    assert a.broker.get_job(ref.id).attempts == 1
+
+
+def test_a_delay_is_counted_on_the_servers_clock_not_the_producers(make_app, monkeypatch):
+    import conveyor.brokers.redis.broker as redis_broker
+
+    app = make_app()
+    real = redis_broker.current_millis
+    monkeypatch.setattr(redis_broker, "current_millis", lambda: real() + 3_600_000)  # the producer is an hour ahead
+    app.jobs.enqueue(JOB, {"token": "skewed-delay"}, delay=1)
+    monkeypatch.setattr(redis_broker, "current_millis", real)
+    held = _next_message(app.broker.consume(f"{QUEUE}.DQ", prefetch=1, timeout=100))
+    assert held.options["eta"] - real() <= 1500, "the worker would hold the job for the producer's hour"
+
+
+def test_a_worker_cut_off_longer_than_most_of_the_heartbeat_timeout_interrupts_its_running_job(
+        make_app, client, database_url):
+    app = make_app(heartbeat_timeout=4)
+    reader = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "cut-off", "sleep": 5})
+    with running(app, QUEUE):
+        wait_for(lambda: probe_runs(database_url, "cut-off"), message="the job to start")
+        # Nothing of the worker reaches Redis for longer than 3/4 of the heartbeat timeout.
+        client.execute_command("CLIENT", "PAUSE", 4000, "ALL")
+        wait_for(lambda: reader.broker.get_job(ref.id).state == "completed", timeout=60,
+                 message="the job to complete after its interrupted run")
+    runs = probe_runs(database_url, "cut-off")
+    assert runs[0]["finished_at"] is None, "the cut-off run went on to its end"
+    assert [r["attempt"] for r in runs] == [1, 2] and runs[1]["finished_at"] is not None
+
+
+def test_an_old_deliverys_refused_ack_does_not_unhold_the_same_workers_new_delivery(make_app):
+    a, b = make_app(), make_app()
+    ref = a.jobs.enqueue(JOB, {"token": "same-rid"})
+    consumer = a.broker.consume(QUEUE, prefetch=1, timeout=100)
+    old = _next_message(consumer)
+    time.sleep(a.settings.heartbeat_timeout + 0.5)
+    assert b.broker.maintain() == {QUEUE: [ref.id]}
+    a.broker.acks.flush()
+    new = _next_message(a.broker.consume(QUEUE, prefetch=2, timeout=100))  # the same rid, back to the same worker
+    assert new.options["redis_message_id"] == old.options["redis_message_id"]
+    consumer.ack(old)  # the old run ends: refused
+    a.broker.acks.flush()
+    assert a.broker.release_orphans() == {}, "the new delivery was handed back while its worker holds it"
+    assert a.broker.start_job(new) == 1
+
+
+def test_a_start_or_final_failure_claim_repeated_after_a_lost_reply_counts_once(make_app):
+    app = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "repeated"})
+    message = _next_message(app.broker.consume(QUEUE, prefetch=1, timeout=100))
+    rid, delivery = message.options["redis_message_id"], message.options["redis_delivery"]
+    # What redis-py's retry does after a timeout whose call had run: the same call again.
+    assert app.broker._call("start", QUEUE, rid, ref.id, delivery, 1000, 0)[0] == 1
+    assert app.broker._call("start", QUEUE, rid, ref.id, delivery, 1000, 0)[0] == 1
+    assert app.broker.get_job(ref.id).attempts == 1
+    assert app.broker.claim_final_failure(message) is True
+    assert app.broker.claim_final_failure(message) is True, "the repeated claim of the same delivery was lost"

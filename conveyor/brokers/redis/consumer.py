@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from dramatiq import Consumer, Message
-from dramatiq.common import compute_backoff, q_name
+from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from ...errors import BrokerRejected
@@ -92,7 +92,7 @@ class AckBuffer:
 
     def sent(self, queue: str, items: list, refused: list) -> None:
         """Acks Redis took: their jobs are no longer held; refused ones were superseded deliveries."""
-        self.broker._settle(queue, items[0::3])
+        self.broker._settle(queue, list(zip(items[0::3], items[2::3])))
         for job_id in refused:
             self.broker._refused("ack", q_name(queue), _text(job_id))
 
@@ -111,13 +111,15 @@ class AckBuffer:
             self.sent(name, items, refused)
 
     def _run(self) -> None:
-        while not self._stop.wait(ACK_FLUSH_SECONDS):
+        # time.sleep, not Event.wait: a condition wait with a timeout misbehaves under a faked clock.
+        while not self._stop.is_set():
+            time.sleep(ACK_FLUSH_SECONDS)
             try:
                 self.flush()
             except Exception as exc:  # Redis away for a moment: the acks wait for it
                 log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                           error=f"acks not sent yet: {type(exc).__name__}: {exc}")
-                self._stop.wait(1.0)
+                time.sleep(1.0)
 
     def close(self) -> None:
         """Stop the flusher and send what is left; raises if Redis cannot take it."""
@@ -162,10 +164,19 @@ class RedisConsumer(Consumer):
                 return message
             room = self.prefetch - self.outstanding_message_count
             if room > 0:
-                for rid, data, delivery, note in self.broker._fetch(self.queue_name, room):
-                    self._receive(rid, data, delivery, note)
+                rows = self.broker._fetch(self.queue_name, room)
+                for i, (rid, data, delivery, note, wait) in enumerate(rows):
+                    try:
+                        self._receive(rid, data, delivery, note, wait)
+                    except BaseException:
+                        # Not cached, so not handed back by close(): unhold them for the release pass.
+                        self.broker._settle(self.queue_name, [(r[0], r[2]) for r in rows[i:]])
+                        raise
                 if self.cache:
                     continue
+            # Idle, before waiting: acks no start will carry go now (not only from the flusher thread).
+            if room > 0 and self.broker.acks.waiting(self.queue_name):
+                self.broker.acks.flush(self.queue_name)
             # Wait for an enqueue's wake-up, at most the (growing) idle backoff: a
             # lost wake-up costs one backoff, never a job.
             self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
@@ -175,17 +186,20 @@ class RedisConsumer(Consumer):
                 time.sleep(backoff_ms / 1000)
             return None
 
-    def _receive(self, rid: str, data: bytes, delivery: int, note: str) -> None:
+    def _receive(self, rid: str, data: bytes, delivery: int, note: str, wait: int | None) -> None:
         try:
             if delivery == 0:
                 raise DecodeError("no message id", data, ValueError("the script could not read its message id"))
             message = Message.decode(data)
         except DecodeError as exc:
-            self._poison(rid, exc)
+            self._poison(rid, delivery, exc)
             return
         options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
         # The fetch is the truth about which message and which delivery this is.
         options.update(redis_message_id=rid, redis_delivery=delivery, redis_queue=self.queue_name)
+        if wait is not None:
+            # Due on the server's clock: Dramatiq compares the eta with this host's clock.
+            options["eta"] = current_millis() + wait
         message = message.copy(queue_name=self.queue_name)
         message.options.clear()
         message.options.update(options)
@@ -195,9 +209,9 @@ class RedisConsumer(Consumer):
                       reason="message without a job record (an older producer): record created, job runs")
         self.cache.append(SafeMessageProxy(message))
 
-    def _poison(self, rid: str, exc: Exception) -> None:
+    def _poison(self, rid: str, delivery: int, exc: Exception) -> None:
         self.broker._call("poison", self.queue_name, rid)
-        self.broker._settle(self.queue_name, [rid])
+        self.broker._settle(self.queue_name, [(rid, delivery)])
         log_event("error", level="error", queue=q_name(self.queue_name), job=None, job_id=None, attempt=None,
                   error=f"malformed message {rid} moved to the dead letters: {exc}")
 
@@ -210,6 +224,7 @@ class RedisConsumer(Consumer):
     # -- outcomes (called from worker threads) -----------------------------------
 
     def ack(self, message: Any) -> None:
+        self.broker._ran()
         held = delivery_of(message)
         if held is None:
             return
@@ -230,6 +245,7 @@ class RedisConsumer(Consumer):
         self.broker.acks.add(self.queue_name, rid, message.message_id, delivery)
 
     def nack(self, message: Any) -> None:
+        self.broker._ran()
         held = delivery_of(message)
         if held is None:
             return
@@ -247,10 +263,20 @@ class RedisConsumer(Consumer):
         self._hand_back(list(messages))
 
     def _hand_back(self, messages: list) -> None:
+        """Raises only ConnectionClosed (Dramatiq retries or logs it); a refused hand-back unholds the
+        messages for the release pass, since Dramatiq's callers (ConsumerThread.close) die on anything else."""
         pairs = [held for held in map(delivery_of, messages) if held is not None]
         for rid, _ in pairs:
             self.handed.pop(rid, None)
-        self._guard(lambda: self.broker._requeue(self.queue_name, pairs), None)
+        try:
+            self.broker._requeue(self.queue_name, pairs)
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise ConnectionClosed(exc) from None
+            self.broker._settle(self.queue_name, pairs)
+            log_event("error", level="error", queue=q_name(self.queue_name), job=None, job_id=None, attempt=None,
+                      error=f"{len(pairs)} job(s) not handed back, the release pass will: "
+                            f"{type(exc).__name__}: {exc}")
 
     def _guard(self, write, message: Any, restore=None) -> None:
         """Run an outcome's write. Redis away: keep the job held and raise ConnectionClosed (Dramatiq retries).
@@ -263,7 +289,7 @@ class RedisConsumer(Consumer):
                     restore()
                 raise ConnectionClosed(exc) from None
             if message is not None and (held := delivery_of(message)):
-                self.broker._settle(self.queue_name, [held[0]])
+                self.broker._settle(self.queue_name, [held])
             log_event("error", level="error", queue=q_name(self.queue_name), job=None,
                       job_id=getattr(message, "message_id", None), attempt=None,
                       error=f"outcome not written, the job will be handed back: {type(exc).__name__}: {exc}")
@@ -284,7 +310,7 @@ class RedisConsumer(Consumer):
             self.broker._requeue(self.queue_name, pairs)
         except Exception as exc:
             # No longer in flight here either way: the next release pass (or recovery) hands them back.
-            self.broker._settle(self.queue_name, [rid for rid, _ in pairs])
+            self.broker._settle(self.queue_name, pairs)
             log_event("error", level="warning", queue=q_name(self.queue_name), job=None, job_id=None,
                       attempt=None, error=f"{len(pairs)} fetched job(s) not handed back yet: "
                                           f"{type(exc).__name__}: {exc}")

@@ -16,7 +16,9 @@ def is_unavailable(exc: BaseException) -> bool:
     """True for a connection error, a timeout, or a reply saying Redis cannot serve now (a long script, loading)."""
     if isinstance(exc, UNAVAILABLE):
         return True
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith(("BUSY", "LOADING", "MASTERDOWN"))
+    # OOM: a full Redis under noeviction refuses writes until memory frees; READONLY/NOREPLICAS: a failover.
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(
+        ("BUSY", "LOADING", "MASTERDOWN", "OOM", "READONLY", "NOREPLICAS"))
 
 
 def translated(method):
