@@ -187,3 +187,8 @@ class BrokerRejected(BrokerError):
 
 class DatabaseRefused(ConveyorError):
     """Postgres refused a statement for a reason a retry cannot fix: data it cannot store, a constraint, a bug."""
+
+
+class HeartbeatLost(JobError):
+    """The worker could not heartbeat for most of the heartbeat timeout: its running job is interrupted
+    (and retried) before recovery hands it to another worker, so two deliveries never run at once."""

@@ -375,6 +375,55 @@ def test_a_retry_whose_error_text_has_a_lone_surrogate_and_a_nul_is_written(make
     record = app.broker.get_job(ref.id)
     assert record.state == "delayed"
     assert record.error == "RuntimeError: bad\\ud800text with a \x00 in it"
-    message.fail()
-    message.options["last_error"] = error
     assert app.broker.start_job(message) == 0, "the retried delivery is over"
+    # The retry's message carries the error text in its options: the delay queue reads its id all the same.
+    held = _next_message(app.broker.consume(f"{QUEUE}.DQ", prefetch=1, timeout=100))
+    due = held.copy(queue_name=QUEUE)
+    del due.options["eta"]
+    app.broker.enqueue(due)
+    again = _next_message(consumer)
+    assert app.broker.start_job(again) == 2
+    consumer.ack(again)
+    app.broker.acks.flush()
+    assert app.broker.get_job(ref.id).state == "completed"
+
+
+def test_after_a_gap_in_recovery_nobody_is_declared_dead_until_they_had_a_timeout_to_heartbeat(make_app):
+    a, b = make_app(), make_app()
+    b.broker.maintain()  # recovery has been running
+    ref = a.jobs.enqueue(JOB, {"token": "gap"})
+    held = _next_message(a.broker.consume(QUEUE, prefetch=1, timeout=100))
+    # Redis paused (or down) longer than the heartbeat timeout: every heartbeat is stale, nobody ran a pass.
+    time.sleep(a.settings.heartbeat_timeout + 0.5)
+    # The passes queued behind the pause land first, one after the other.
+    assert b.broker.maintain() == {} and b.broker.maintain() == {}, "a live worker was declared dead"
+    assert a.broker.start_job(held) == 1, "the live worker's delivery was taken from it"
+    assert a.broker.get_job(ref.id).attempts == 1
+
+
+def test_a_delay_is_counted_on_the_servers_clock_not_the_producers(make_app, monkeypatch):
+    import conveyor.brokers.redis.broker as redis_broker
+
+    app = make_app()
+    real = redis_broker.current_millis
+    monkeypatch.setattr(redis_broker, "current_millis", lambda: real() + 3_600_000)  # the producer is an hour ahead
+    app.jobs.enqueue(JOB, {"token": "skewed-delay"}, delay=1)
+    monkeypatch.setattr(redis_broker, "current_millis", real)
+    held = _next_message(app.broker.consume(f"{QUEUE}.DQ", prefetch=1, timeout=100))
+    assert held.options["eta"] - real() <= 1500, "the worker would hold the job for the producer's hour"
+
+
+def test_a_worker_cut_off_longer_than_most_of_the_heartbeat_timeout_interrupts_its_running_job(
+        make_app, client, database_url):
+    app = make_app(heartbeat_timeout=4)
+    reader = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "cut-off", "sleep": 5})
+    with running(app, QUEUE):
+        wait_for(lambda: probe_runs(database_url, "cut-off"), message="the job to start")
+        # Nothing of the worker reaches Redis for longer than 3/4 of the heartbeat timeout.
+        client.execute_command("CLIENT", "PAUSE", 4000, "ALL")
+        wait_for(lambda: reader.broker.get_job(ref.id).state == "completed", timeout=60,
+                 message="the job to complete after its interrupted run")
+    runs = probe_runs(database_url, "cut-off")
+    assert runs[0]["finished_at"] is None, "the cut-off run went on to its end"
+    assert [r["attempt"] for r in runs] == [1, 2] and runs[1]["finished_at"] is not None

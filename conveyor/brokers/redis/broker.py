@@ -27,10 +27,12 @@ from dramatiq.brokers.redis import RedisBroker as DramatiqRedisBroker
 from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import SkipMessage
+from dramatiq.threading import raise_thread_exception
+from dramatiq.worker import WorkerThread
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from ...errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable
+from ...errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable, HeartbeatLost
 from ...logs import log_event
 from ..base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts
 from .errors import is_unavailable, translated
@@ -48,6 +50,9 @@ RETRY_BATCH = 500
 #: Seconds a job's start (or its final-failure claim) waits for Redis to come back before giving up on it.
 START_GRACE = 5.0
 
+#: Script commands that write this worker's heartbeat (see jobs.lua).
+HEARTBEATS = frozenset({"fetch", "start", "acks", "nack", "retry", "promote", "requeue", "release", "maintain"})
+
 
 @dataclasses.dataclass(frozen=True)
 class _Retry:
@@ -55,7 +60,7 @@ class _Retry:
 
     rid: str
     data: bytes
-    eta: int | str
+    delay: int | str  # ms, "" for none
     error: str
 
 
@@ -87,6 +92,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             dead_message_ttl=int(retention * _MS),
         )
         self.retention_ms = int(retention * _MS)
+        #: A pause between recovery passes (anyone's) longer than this means Redis or every worker was away:
+        #: recovery waits a heartbeat timeout before declaring anyone dead (see maintain in jobs.lua).
+        self.recovery_gap_ms = int(max(heartbeat_timeout / 2, 3 * settings.maintenance_interval) * _MS)
         #: An idle consumer's BLPOP never outlasts half the socket timeout (or it would read as a timeout).
         self.wait_cap = max(0.1, settings.redis_socket_timeout / 2)
         self.keys = Keys(namespace)
@@ -98,11 +106,19 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self._retries: dict[tuple[str, int], _Retry] = {}  # (job id, delivery) -> its retry, written at its ack
         self._consumed: set[str] = set()
         self._config_warnings: dict[str, str] | None = None
+        self._beat_at = time.monotonic()
+        #: Worker threads running a started delivery: thread id -> (queue, job id).
+        self._running: dict[int, tuple[str, str]] = {}
+        self._watchdog: threading.Thread | None = None
 
     # -- plumbing -----------------------------------------------------------
 
     def _call(self, command: str, queue: str, *args: Any, client: Any = None) -> Any:
-        return self._jobs(keys=[self.namespace], args=[command, queue, self.broker_id, *args], client=client)
+        sent = time.monotonic()
+        result = self._jobs(keys=[self.namespace], args=[command, queue, self.broker_id, *args], client=client)
+        if command in HEARTBEATS and client is None:
+            self._beat_at = max(self._beat_at, sent)  # the server wrote the heartbeat after `sent`
+        return result
 
     @property
     def consumer_class(self):
@@ -111,38 +127,39 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> RedisConsumer:
         with self._lock:
             self._consumed.add(queue_name)
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watch_heartbeat, name="conveyor-heartbeat-watch",
+                                                  daemon=True)
+                self._watchdog.start()
         with contextlib.suppress(Exception):
             self.config_warnings()
         return RedisConsumer(self, queue_name, prefetch, timeout)
 
     def close(self) -> None:
-        """A graceful stop: send buffered acks, hand back every message of this worker that has not ended, leave.
+        """A graceful stop: send buffered acks, hand back what this worker holds and runs nowhere, leave.
 
-        Jobs whose outcome cannot be written now stay in this worker's acks
-        sets and are recovered after the heartbeat timeout.
+        By now Dramatiq's worker has handed back its prefetched and delayed
+        messages through the consumers; the release pass returns whatever a
+        replaced consumer left behind. Jobs still running (past the shutdown
+        timeout, or of another worker in this process) and outcomes that
+        cannot be written now stay held, and are recovered after the
+        heartbeat timeout if this process exits.
         """
         try:
             self.acks.close()
         except Exception as exc:
             log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                       error=f"buffered acks not sent, their jobs will run again: {type(exc).__name__}: {exc}")
-        with self._lock:
-            consumed = sorted(self._consumed)
         try:
-            for name in consumed:
-                ids = self._call("release", name)
-                with self._lock:
-                    self._held.pop(name, None)
-                if ids:
-                    log_event("released", queue=q_name(name), job=None, job_id=None, attempt=None,
-                              count=len(ids), reason="worker stopping: handed back unfinished jobs")
-            if consumed:
+            self.release_orphans()
+            with self._lock:
+                left = any(self._held.values())
+                consumed = bool(self._consumed)
+            if consumed and not left:
                 self._call("leave", "")
-        except redis.RedisError as exc:
+        except Exception as exc:
             log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                       error=f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}")
-        with self._lock:
-            self._consumed.clear()
         self.client.close()
         self.client.connection_pool.disconnect()
 
@@ -152,18 +169,20 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         with self._lock:
             return self._fetch_locks.setdefault(name, threading.Lock())
 
-    def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str]]:
+    def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
         """Fetch up to ``room`` messages; each is held from the same critical section the release pass uses."""
         with self._fetch_lock(name):
             rows = self._call("fetch", name, room)
             out = []
             with self._lock:
                 held = self._held.setdefault(name, {})
-                for i in range(0, len(rows), 4):
+                for i in range(0, len(rows), 5):
                     rid = rows[i].decode()
                     delivery = int(rows[i + 2])
                     held[rid] = delivery
-                    out.append((rid, rows[i + 1], delivery, rows[i + 3].decode()))
+                    wait = rows[i + 4]
+                    out.append((rid, rows[i + 1], delivery, rows[i + 3].decode(),
+                                int(wait) if wait not in (b"", "", None) else None))
         return out
 
     def _held_count(self, name: str) -> int:
@@ -227,7 +246,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                         message.actor_name,
                         item.key or "",
                         int(dedup_ttl * _MS),
-                        message.options.get("eta", ""),
+                        "" if item.delay_ms is None else int(item.delay_ms),
                         storable(message.options.get("last_error", "")),
                         client=pipe,
                     )
@@ -249,7 +268,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         rid, delivery = delivery_of(message)  # type: ignore[misc]
         new = self._prepare(_fresh(message).copy(queue_name=q_name(message.queue_name)), delay)
         self.emit_before("enqueue", new, delay)
-        retry = _Retry(new.options["redis_message_id"], new.encode(), new.options.get("eta", ""),
+        retry = _Retry(new.options["redis_message_id"], new.encode(), "" if delay is None else int(delay),
                        storable(new.options.get("last_error", "")))
         with self._lock:
             self._retries[(message.message_id, delivery)] = retry
@@ -306,7 +325,40 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if attempt == -1:
             self._refused("start", q_name(queue), message.message_id)
             return 0
+        if attempt > 0 and isinstance(threading.current_thread(), WorkerThread):  # never a caller's own thread
+            with self._lock:
+                self._running[threading.get_ident()] = (q_name(queue), message.message_id)
         return attempt
+
+    def _ran(self) -> None:
+        """The calling worker thread's run is over (its outcome is being settled)."""
+        with self._lock:
+            self._running.pop(threading.get_ident(), None)
+
+    def _watch_heartbeat(self) -> None:
+        """Interrupt running jobs once this worker has not heartbeaten for most of the heartbeat timeout.
+
+        Cut off from Redis (a partition, a pause), the worker is about to be
+        declared dead and its jobs handed to others: a job that kept running
+        would overlap its next delivery. The job's thread gets HeartbeatLost
+        (Dramatiq's TimeLimit mechanism: raised when the thread next runs
+        Python code, so also right after a call that hung in the cut); its
+        outcome is fenced like any other.
+        """
+        limit = 0.75 * self.heartbeat_timeout / _MS
+        while True:
+            time.sleep(min(0.5, limit / 4))
+            silent = time.monotonic() - self._beat_at
+            if silent < limit:
+                continue
+            with self._lock:
+                running = list(self._running.items())
+                self._running.clear()
+            for thread_id, (queue, job_id) in running:
+                log_event("error", level="error", queue=queue, job=None, job_id=job_id, attempt=None,
+                          error=f"no heartbeat reached Redis for {silent:.1f}s: job interrupted before "
+                                f"recovery hands it to another worker")
+                raise_thread_exception(thread_id, HeartbeatLost)
 
     def claim_final_failure(self, message: Any) -> bool:
         held = delivery_of(message)
@@ -336,7 +388,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return claimed == 1
 
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
-        done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.eta, retry.error)
+        done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)
         self._settle(name, [rid])
         if done == -1:
             self._refused("retry", q_name(name), job_id)
@@ -358,7 +410,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """Recover dead workers' jobs (server clock), hand back what this worker holds but runs nowhere, prune."""
         names = sorted(self.queues) + sorted(dq_name(q) for q in self.queues)
         recovered: dict[str, list[str]] = {}
-        rows = self._call("maintain", "", self.heartbeat_timeout, self.retention_ms, self.dead_message_ttl, *names)
+        rows = self._call("maintain", "", self.heartbeat_timeout, self.retention_ms, self.dead_message_ttl,
+                          self.recovery_gap_ms, *names)
         for i in range(0, len(rows), 2):
             recovered.setdefault(rows[i].decode(), []).append(rows[i + 1].decode())
         self.release_orphans()

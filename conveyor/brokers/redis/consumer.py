@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from dramatiq import Consumer, Message
-from dramatiq.common import compute_backoff, q_name
+from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from ...errors import BrokerRejected
@@ -162,8 +162,8 @@ class RedisConsumer(Consumer):
                 return message
             room = self.prefetch - self.outstanding_message_count
             if room > 0:
-                for rid, data, delivery, note in self.broker._fetch(self.queue_name, room):
-                    self._receive(rid, data, delivery, note)
+                for rid, data, delivery, note, wait in self.broker._fetch(self.queue_name, room):
+                    self._receive(rid, data, delivery, note, wait)
                 if self.cache:
                     continue
             # Wait for an enqueue's wake-up, at most the (growing) idle backoff: a
@@ -175,10 +175,10 @@ class RedisConsumer(Consumer):
                 time.sleep(backoff_ms / 1000)
             return None
 
-    def _receive(self, rid: str, data: bytes, delivery: int, note: str) -> None:
+    def _receive(self, rid: str, data: bytes, delivery: int, note: str, wait: int | None) -> None:
         try:
             if delivery == 0:
-                raise DecodeError(data, ValueError("the script could not read its message id"))
+                raise DecodeError("no message id", data, ValueError("the script could not read its message id"))
             message = Message.decode(data)
         except DecodeError as exc:
             self._poison(rid, exc)
@@ -186,6 +186,9 @@ class RedisConsumer(Consumer):
         options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
         # The fetch is the truth about which message and which delivery this is.
         options.update(redis_message_id=rid, redis_delivery=delivery, redis_queue=self.queue_name)
+        if wait is not None:
+            # Due on the server's clock: Dramatiq compares the eta with this host's clock.
+            options["eta"] = current_millis() + wait
         message = message.copy(queue_name=self.queue_name)
         message.options.clear()
         message.options.update(options)
@@ -210,6 +213,7 @@ class RedisConsumer(Consumer):
     # -- outcomes (called from worker threads) -----------------------------------
 
     def ack(self, message: Any) -> None:
+        self.broker._ran()
         held = delivery_of(message)
         if held is None:
             return
@@ -230,6 +234,7 @@ class RedisConsumer(Consumer):
         self.broker.acks.add(self.queue_name, rid, message.message_id, delivery)
 
     def nack(self, message: Any) -> None:
+        self.broker._ran()
         held = delivery_of(message)
         if held is None:
             return

@@ -100,11 +100,23 @@ local function heartbeat()
     redis.call("zadd", heartbeats_key, now, worker)
 end
 
--- The job id inside an encoded message, or nil when it cannot be decoded.
+-- The job id inside an encoded message, and its actor's name; nil when
+-- neither can be read. Read from the text, not with cjson (which refuses
+-- the lone surrogates JSON may carry in an error text, and costs a parse
+-- per message): Dramatiq's encoding puts the top-level message_id after
+-- args, kwargs and options, so it is the last unescaped occurrence (a
+-- payload may have a key of that name too); actor_name comes before args.
 local function message_id(data)
+    local id = nil
+    for found in string.gmatch(data, '"message_id":"([^"\\]*)"') do
+        id = found
+    end
+    if id and id ~= "" then
+        return id, string.match(data, '"actor_name":"([^"\\]*)"')
+    end
     local ok, decoded = pcall(cjson.decode, data)
     if ok and type(decoded) == "table" and type(decoded["message_id"]) == "string" then
-        return decoded["message_id"], decoded
+        return decoded["message_id"], decoded["actor_name"]
     end
     return nil, nil
 end
@@ -225,12 +237,12 @@ local function ack_buffered(first)
     return refused
 end
 
--- enqueue(rid, id, data, job, key, dedup_ttl_ms, eta_ms, error)
+-- enqueue(rid, id, data, job, key, dedup_ttl_ms, delay_ms, error)
 -- Returns {id, deduplicated}. With a key, the key is taken and the
 -- message pushed in one step; a key whose job record is gone is free again.
 if command == "enqueue" then
     local rid, id, data, job, key = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-    local dedup_ttl, eta, err = ARGV[9], ARGV[10], ARGV[11]
+    local dedup_ttl, delay, err = ARGV[9], ARGV[10], ARGV[11]
     -- A deleted job's message may still come back: drop it. A call repeated
     -- after a lost reply (same rid) must not push the message twice.
     if redis.call("exists", ns .. ":deleted:" .. id) == 1 or redis.call("hexists", queue.msgs, rid) == 1 then
@@ -260,19 +272,22 @@ if command == "enqueue" then
     end
     redis.call("persist", record)
     if queue.delay then
-        set_state(queue, id, "delayed", {"eta", eta})
+        -- Due on the server's clock; each worker holding it waits out what is left on its own.
+        set_state(queue, id, "delayed", {"eta", now + (tonumber(delay) or 0)})
     else
         set_state(queue, id, "waiting")
     end
     return {id, 0}
 
--- fetch(count) -> {rid, data, delivery, note, ...}; nothing from a paused
+-- fetch(count) -> {rid, data, delivery, note, wait_ms, ...}; nothing from a paused
 -- queue. Each message handed out is a new delivery; a job fetched from
 -- its queue reads `active` (claimed, as on Postgres) until it ends or is
 -- handed back. A message without a record (an older producer's) gets one
 -- (note "adopted"); one whose record points at another message, or whose
 -- job was deleted, is dropped; an undecodable one comes back with
--- delivery 0 so the worker dead-letters it.
+-- delivery 0 so the worker dead-letters it. wait_ms: from a delay queue,
+-- how long the job is still delayed on the server's clock ("" if unknown),
+-- so a worker whose clock is off still holds it for the right time.
 elseif command == "fetch" then
     heartbeat()
     redis.call("sadd", acksets_key(worker), queue.name)
@@ -281,16 +296,17 @@ elseif command == "fetch" then
     end
     local out = {}
     local wanted = tonumber(ARGV[4])
-    while #out < 4 * wanted do
+    while #out < 5 * wanted do
         local rid = redis.call("lpop", queue.list)
         if not rid then
             break
         end
         local data = redis.call("hget", queue.msgs, rid)
         if data then
-            local id, decoded = message_id(data)
+            local id, actor = message_id(data)
             local keep = not id -- undecodable: the worker dead-letters it
             local note = ""
+            local wait = ""
             local delivery = 0
             if id then
                 local record = job_key(id)
@@ -300,7 +316,7 @@ elseif command == "fetch" then
                         id = nil
                     else
                         redis.call("hset", record, "queue", queue.canonical, "job",
-                                   tostring(decoded["actor_name"] or ""), "rid", rid, "payload", data,
+                                   tostring(actor or ""), "rid", rid, "payload", data,
                                    "enqueued_at", now, "attempts", 0, "delivery", 0)
                         set_state(queue, id, queue.delay and "delayed" or "waiting")
                         current = rid
@@ -317,6 +333,11 @@ elseif command == "fetch" then
                     delivery = redis.call("hincrby", record, "delivery", 1)
                     if not queue.delay then
                         set_state(queue, id, "active", {"worker", worker})
+                    else
+                        local eta = tonumber(redis.call("hget", record, "eta") or "")
+                        if eta then
+                            wait = math.max(0, eta - now)
+                        end
                     end
                 end
             end
@@ -326,6 +347,7 @@ elseif command == "fetch" then
                 table.insert(out, data)
                 table.insert(out, delivery)
                 table.insert(out, note)
+                table.insert(out, wait)
             end
         end
     end
@@ -379,13 +401,13 @@ elseif command == "nack" then
     end
     return f
 
--- retry(rid, id, delivery, new_rid, data, eta_ms, error) -> fence.
+-- retry(rid, id, delivery, new_rid, data, delay_ms, error) -> fence.
 -- The delivery failed and the job runs again: in one step its message
 -- leaves this worker and the retry's message enters the delay queue (or
 -- the queue, without an eta). Nothing is written for a superseded delivery.
 elseif command == "retry" then
     heartbeat()
-    local rid, id, delivery, new_rid, data, eta, err = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+    local rid, id, delivery, new_rid, data, delay, err = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
     local f = fence(id, rid, delivery)
     if f ~= 1 then
         if f == 0 then
@@ -396,7 +418,7 @@ elseif command == "retry" then
     end
     redis.call("srem", acks_key(worker, queue), rid)
     redis.call("hdel", queue.msgs, rid)
-    local target = Q(eta ~= "" and (queue.canonical .. ".DQ") or queue.canonical)
+    local target = Q(delay ~= "" and (queue.canonical .. ".DQ") or queue.canonical)
     redis.call("hset", target.msgs, new_rid, data)
     redis.call("rpush", target.list, new_rid)
     wake(target)
@@ -406,8 +428,8 @@ elseif command == "retry" then
     if err ~= "" then
         redis.call("hset", record, "error", err)
     end
-    if eta ~= "" then
-        set_state(target, id, "delayed", {"eta", eta})
+    if delay ~= "" then
+        set_state(target, id, "delayed", {"eta", now + tonumber(delay)})
     else
         set_state(target, id, "waiting")
     end
@@ -511,27 +533,33 @@ elseif command == "leave" then
     end
     return left
 
--- maintain(heartbeat_timeout_ms, retention_ms, dead_message_ttl_ms, queue...)
+-- maintain(heartbeat_timeout_ms, retention_ms, dead_message_ttl_ms, gap_ms, queue...)
 -- -> {queue, id, ...} of recovered jobs. Messages held by workers whose
 -- heartbeat is older than the timeout (server clock) go back to the front
 -- of their lists as new deliveries; finished records leave the indexes
--- after the retention. After a gap in recovery passes longer than the
--- timeout (Redis was down, or restarted from its append-only file, or
--- nobody ran), no worker is declared dead on this pass: live ones get the
--- time to heartbeat again first.
+-- after the retention. After a gap between recovery passes longer than
+-- gap_ms (Redis was paused, down, restarted from its append-only file, or
+-- nobody ran), nobody is declared dead for one heartbeat timeout: every
+-- live worker's heartbeat is as old as the gap, and its calls (queued
+-- behind a pause, or reconnecting) need the time to land first.
 -- Safe to run from every worker at once.
 elseif command == "maintain" then
     heartbeat()
     local timeout, retention, dead_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+    local gap = tonumber(ARGV[7])
     local names = {}
-    for i = 7, #ARGV do
+    for i = 8, #ARGV do
         names[#names + 1] = ARGV[i]
     end
     local recovered = {}
     local marker = ns .. ":__maintained_at__"
+    local resume_key = ns .. ":__recovery_resumes_at__"
     local last = tonumber(redis.call("get", marker) or now)
     redis.call("set", marker, now)
-    if now - last <= timeout then
+    if now - last > gap then
+        redis.call("set", resume_key, now + timeout)
+    end
+    if now >= tonumber(redis.call("get", resume_key) or 0) then
         for _, dead in ipairs(redis.call("zrangebyscore", heartbeats_key, 0, now - timeout)) do
             local seen = {}
             local held = redis.call("smembers", acksets_key(dead))
