@@ -178,6 +178,7 @@ def test_a_postgres_crash_never_hands_the_same_delivery_out_twice(make_app, dura
     a, b = make_app(durable_url, pg_lease_seconds=60), make_app(durable_url, pg_lease_seconds=60)
     ref = a.jobs.enqueue("test.probe.critical", {"token": "crash"})
     consumer_a = a.broker.consume("critical", prefetch=1, timeout=1000)  # its heartbeat is written now
+    wait_for(lambda: a.broker.proofs.epoch, timeout=10, message="the claim prover to connect")
     writer = _crash_before_the_wal_writer_flushes(durable_pg, durable_url)
     run_a = next(consumer_a)
     assert a.broker.start_job(run_a) == 1, "worker A runs the job"
@@ -202,6 +203,31 @@ def test_a_postgres_crash_never_hands_the_same_delivery_out_twice(make_app, dura
         consumer_b.close()
         with contextlib.suppress(Exception):
             consumer_a.close()
+
+
+def test_a_retry_lost_in_a_crash_is_not_turned_into_done_by_the_ack_after_it(make_app, durable_pg, durable_url):
+    app = make_app(durable_url, pg_lease_seconds=1.5)
+    ref = app.jobs.enqueue("test.probe.critical", {"token": "lost-retry"})
+    consumer = app.broker.consume("critical", prefetch=1, timeout=1000)
+    wait_for(lambda: app.broker.proofs.epoch, timeout=10, message="the claim prover to connect")
+    try:
+        writer = _crash_before_the_wal_writer_flushes(durable_pg, durable_url)
+        message = next(consumer)
+        assert app.broker.start_job(message) == 1
+        # The run failed: the retries middleware writes its retry, then Dramatiq acks the delivery.
+        app.broker.enqueue(message.copy(options={"last_error": "RuntimeError: once"}), delay=0)
+        consumer.ack(message)
+        os.kill(writer, signal.SIGKILL)
+        durable_pg.kill()  # the retry, committed asynchronously, is lost
+        durable_pg.start()
+        _write_outcomes(app)
+        assert app.broker.get_job(ref.id).state != "completed", "the ack ended a job whose retry was lost"
+        # Still held by its (durable) claim: the orphan pass hands it out again.
+        wait_for(lambda: ref.id in app.broker.recover().get("critical", []), timeout=30,
+                 message="the orphan pass to hand the job back")
+        assert app.broker.get_job(ref.id).state == "waiting"
+    finally:
+        consumer.close()
 
 
 def _consume(app):

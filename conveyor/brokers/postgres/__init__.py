@@ -20,10 +20,10 @@ nothing once it is superseded; a job whose start or outcome could not be
 written stays held by its worker and is handed out again, never acked.
 """
 
-#: Whether a worker's starts, outcomes and retries also wait for the WAL
-#: flush. They do not: jobs.py says why losing one of them in a crash only
-#: makes a job run once more (or count one attempt less). Claims always wait:
-#: their delivery number is the fence and must never be handed out twice.
+#: Whether a worker's claims, starts, outcomes and retries wait for the WAL
+#: flush. They do not: jobs.py says why losing a start, an outcome or a retry
+#: in a crash only makes a job run once more (or count one attempt less), and
+#: claims are proven durable per batch before their jobs start (durability.py).
 WORKER_SYNCHRONOUS_COMMIT = False
 
 from .broker import PostgresBroker  # noqa: E402

@@ -36,6 +36,7 @@ from ...logs import log_event
 from ..base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts, describe_error
 from .consumer import DELIVERY_OPTIONS, PostgresConsumer
 from .deliveries import Deliveries, Retry
+from .durability import PROVEN, ClaimProofs
 from .jobs import POOL_TIMEOUT, Jobs, unstorable_path
 from .listen import Listener
 from .recovery import Recovery
@@ -77,6 +78,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         self._on_dead = on_dead or _retries_callback(self.middleware)
         self._lock = threading.RLock()
         self.listener = self._new_listener()
+        self.proofs = ClaimProofs(self.jobs)
         self._consumed: set[str] = set()
 
     def _new_listener(self) -> Listener:
@@ -105,6 +107,8 @@ class PostgresBroker(ConveyorBroker, Broker):
             self._consumed.add(q_name(queue_name))
             if not self.listener.is_alive():
                 self.listener.start()
+            if not self.proofs.is_alive():
+                self.proofs.start()
         # Claim nothing before this worker's heartbeat row exists: recovery
         # would take the claims of a worker it cannot see.
         if not self.listener.ready.wait(POOL_TIMEOUT):
@@ -122,8 +126,10 @@ class PostgresBroker(ConveyorBroker, Broker):
         """Stop listening and heartbeating, write pending outcomes, leave. The broker can be used again."""
         with self._lock:
             listener, self.listener = self.listener, self._new_listener()
+            proofs, self.proofs = self.proofs, ClaimProofs(self.jobs)
             self._consumed.clear()
         listener.stop()
+        proofs.stop()
         try:
             self.deliveries.write()
         except ConveyorError as exc:
@@ -197,6 +203,9 @@ class PostgresBroker(ConveyorBroker, Broker):
         delivery = message.options.get("pg_delivery")
         if delivery is None:
             return 0
+        if not self._proven(message, START_GRACE):
+            self._abandon(message, "its claim could not be proven durable (Postgres restarted or is away)")
+            raise SkipMessage("the claim could not be proven durable")
         deadline = time.monotonic() + START_GRACE
         while True:
             try:
@@ -213,7 +222,7 @@ class PostgresBroker(ConveyorBroker, Broker):
                 raise SkipMessage("the start could not be recorded") from None
 
     def claim_final_failure(self, message: Any) -> bool:
-        """True once per job, for its current delivery only.
+        """True once per job, for its current delivery only; the job is failed in the same durable write.
 
         When it cannot be written the job must not end: the delivery is
         abandoned (its nack is not written), the row stays held, and the
@@ -225,18 +234,26 @@ class PostgresBroker(ConveyorBroker, Broker):
         deadline = time.monotonic() + START_GRACE
         while True:
             try:
-                return self.jobs.claim_final_failure(message.message_id, delivery)
+                return self.jobs.claim_final_failure(message.message_id, delivery,
+                                                     message.options.get("last_error") or "failed")
             except Exception as exc:
                 if isinstance(exc, DatabaseUnavailable) and time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
-                message.options[ABANDON] = True
-                self.deliveries.abandon(message.message_id, delivery)
-                log_event("error", level="error", queue=q_name(message.queue_name), job=message.actor_name,
-                          job_id=message.message_id, attempt=message.options.get("attempt"),
-                          error=f"could not claim the final failure, the job stays held and runs again: "
-                                f"{type(exc).__name__}: {exc}")
+                self._abandon(message, f"its final failure could not be claimed: {type(exc).__name__}: {exc}")
                 return False
+
+    def _proven(self, message: Any, timeout: float) -> bool:
+        return self.proofs.wait(message.options.get("pg_proof", PROVEN), timeout) is True
+
+    def _abandon(self, message: Any, why: str) -> None:
+        """Write nothing more for this delivery: the row stays held and the orphan pass hands it out again."""
+        message.options[ABANDON] = True
+        self.deliveries.abandon(message.message_id, message.options["pg_delivery"])
+        log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
+                  job_id=message.message_id, attempt=message.options.get("attempt"),
+                  error=f"delivery {message.options['pg_delivery']} abandoned, the job runs again after the "
+                        f"lease: {why}")
 
     def may_claim(self) -> bool:
         """A worker whose heartbeat is late may be declared dead: claim nothing it could lose."""
@@ -251,6 +268,10 @@ class PostgresBroker(ConveyorBroker, Broker):
             return  # abandoned when it was decided (claim_final_failure)
         if message.options.get("pg_release"):
             status, error = "pending", None  # never started: hand it back
+        if status == "pending" and not self._proven(message, START_GRACE):
+            # A hand-back of a claim a crash may have undone could land on someone else's claim.
+            self._abandon(message, "handed back before its claim was proven durable")
+            return
         self.deliveries.settle(message.message_id, delivery, status, error)
 
     def _retry(self, message: Message, delay: int | None) -> Message:
@@ -264,6 +285,11 @@ class PostgresBroker(ConveyorBroker, Broker):
         error = stored.options.get("last_error")
         try:
             self.jobs.retry(message.message_id, delivery, text, seconds, error)
+            # The ack Dramatiq sends next must never be written: if a crash
+            # undoes this (asynchronous) retry, a "done" would end the job
+            # without its retry. Held still, the row then goes back through
+            # the orphan pass.
+            self.deliveries.abandon(message.message_id, delivery)
         except DatabaseRefused as exc:
             # Refused even as sanitised text: run it again now rather than lose it (the ack that follows is void).
             log_event("error", level="error", queue=q_name(message.queue_name), job=message.actor_name,

@@ -13,19 +13,22 @@ Every write that belongs to one delivery of a job (start, outcome, retry,
 final-failure claim) names the delivery number its claim returned, and
 matches no row once that delivery is superseded.
 
-**Durability, and why claims commit synchronously.** The delivery number
-is the fence. A number that a crash could roll back would be handed out
-again: worker A claims delivery 7 and runs the job, Postgres crashes
-before the claim reached the disk, after the restart worker B claims the
-same job and gets delivery 7 again, and A's outcome then lands on B's
-claim while B still runs (and a retry of A's starts a third run). So the
-claim waits for the WAL flush: one flush per claim *batch*, never per
-job. Everything else a worker writes commits asynchronously, because none
-of it can make a number repeat: an outcome or retry lost in a crash
-leaves the row held by its (durable) claim, and the worker's orphan pass
-or recovery hands it out again under a new delivery; a start lost in a
-crash counts one attempt less. And whatever reads an asynchronous commit
-and then commits synchronously (a claim of a retried job) flushes it too.
+**Durability.** The delivery number is the fence, and a number that a
+crash could roll back would be handed out again: worker A claims delivery 7
+and runs the job, Postgres crashes before the claim reached the disk,
+after the restart worker B claims the same job and gets delivery 7 again,
+and A's outcome then lands on B's claim while B still runs (and a retry of
+A's starts a third run). So no job starts before its claim is on disk:
+claims commit asynchronously and ``durability.py`` proves each batch
+durable with one synchronous commit on a thread of its own (or, without
+that thread's connection, the claim itself commits synchronously).
+Everything else a worker writes commits asynchronously, because none of it
+can make a number repeat: an outcome or retry lost in a crash leaves the
+row held by its (durable) claim, and the worker's orphan pass or recovery
+hands it out again under a new delivery; a start lost in a crash counts
+one attempt less. Final failures are the exception: they are written with
+their claim of the final-failure hook, synchronously, so that a crash
+cannot undo the failure of a job whose hooks ran.
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ KEY_ROUNDS = 5
 
 #: Slots of conveyor_queue_totals (see the migration).
 TOTAL_SLOTS = 8
+
+#: Every connection's options. Keepalives and the TCP user timeout: a connection on a
+#: dead network path fails within ~15 s instead of hanging the consumer (and the jobs
+#: it claimed) for good.
+CONNECTION = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+              "keepalives_count": 3, "tcp_user_timeout": 15000}
 
 #: Errors that mean "Postgres is not reachable right now (or timed out, or chose this
 #: transaction as a deadlock victim)": try again later. Every other psycopg error is a refusal.
@@ -150,10 +159,9 @@ class Jobs:
     # -- connections -----------------------------------------------------------
 
     def connect(self) -> psycopg.Connection:
-        """A connection of its own (the listener's). Keepalives: a dead network path is noticed within ~15 s."""
+        """A connection of its own (the listener's)."""
         try:
-            return psycopg.connect(self.database_url, autocommit=True, connect_timeout=5, keepalives=1,
-                                   keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+            return psycopg.connect(self.database_url, autocommit=True, **CONNECTION)
         except STATEMENT_ERRORS as exc:
             raise translate(exc, "connecting") from exc
 
@@ -169,7 +177,8 @@ class Jobs:
             pool = self._pools.get(fast)
             if pool is None:
                 pool = self._pools[fast] = ConnectionPool(
-                    self.database_url, min_size=1, max_size=POOL_MAX, open=False, kwargs={"autocommit": True},
+                    self.database_url, min_size=1, max_size=POOL_MAX, open=False,
+                    kwargs={"autocommit": True, **CONNECTION},
                     name="conveyor-pg-worker" if fast else "conveyor-pg-broker", timeout=POOL_TIMEOUT,
                     reconnect_timeout=60, configure=_worker_session if fast else None)
                 pool.open(wait=False)
@@ -290,9 +299,13 @@ class Jobs:
 
     # -- one delivery's life ------------------------------------------------------
 
-    def claim(self, queue: str, limit: int) -> list[tuple[str, str, str, int, str]]:
-        """Claim up to ``limit`` runnable jobs, FIFO within priority: (id, queue, job, delivery, message)."""
-        rows = self._execute("claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all")
+    def claim(self, queue: str, limit: int, *, synchronous: bool) -> list[tuple[str, str, str, int, str]]:
+        """Claim up to ``limit`` runnable jobs, FIFO within priority: (id, queue, job, delivery, message).
+
+        ``synchronous=False``: the caller proves the claim durable before its jobs start (durability.py).
+        """
+        rows = self._execute("claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all",
+                             fast=not synchronous)
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: FIFO within priority
         return [(r[0], r[1], r[2], r[3], r[6]) for r in rows]
 
@@ -325,11 +338,35 @@ class Jobs:
                                                "slot": self.slot()}, fetch="one")
         return bool(row and row[0])
 
-    def claim_final_failure(self, job_id: str, delivery: int) -> bool:
-        """True once per job, and only for its current delivery."""
-        return self._execute("claim_final_failure", {"id": job_id, "delivery": delivery}, fetch="one") is not None
+    def claim_final_failure(self, job_id: str, delivery: int, error: str) -> bool:
+        """True once per job, and only for its current delivery, which fails in the same (synchronous) write.
+
+        Failing the row here, not in the nack that follows, means a crash
+        cannot undo the failure of a job whose hooks ran.
+        """
+        params = {"id": job_id, "delivery": delivery, "error": storable(error), "slot": self.slot()}
+        try:
+            return self._execute("claim_final_failure", params, fetch="one") is not None
+        except DatabaseRefused as exc:  # the error text, most likely: the failure matters more than its text
+            params["error"] = f"(the error text could not be stored: {type(exc.__cause__ or exc).__name__})"
+            return self._execute("claim_final_failure", params, fetch="one") is not None
 
     # -- workers, recovery, pruning -------------------------------------------------
+
+    @staticmethod
+    def prover_session(conn: psycopg.Connection) -> None:
+        try:
+            conn.execute(QUERIES["prover_session"])
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "prover session") from exc
+
+    @staticmethod
+    def prove(conn: psycopg.Connection) -> None:
+        """One synchronous commit on the prover's connection: every claim committed before it is on disk."""
+        try:
+            conn.execute(QUERIES["prove"])
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "proving claims") from exc
 
     @staticmethod
     def listen(conn: psycopg.Connection) -> None:

@@ -36,9 +36,10 @@ WHERE job_key = ANY(%(keys)s::text[]) AND key_expires_at <= now()
 -- Claim up to `limit` runnable jobs in one statement: lock them skipping
 -- rows other workers hold, mark them in progress, stamp the pick time and
 -- the worker, count the delivery. FIFO by available time within priority.
--- Runs on a synchronous-commit connection: the delivery number is the fence
--- of every later start, outcome, retry and final-failure claim, and it must
--- never be handed out twice, not even after a crash (jobs.py says why).
+-- The delivery number is the fence of every later start, outcome, retry and
+-- final-failure claim, and must never be handed out twice, not even after a
+-- crash: a claim commits asynchronously and is proven durable before any of
+-- its jobs starts (durability.py), or commits synchronously when it cannot be.
 WITH picked AS (
     SELECT id FROM conveyor_jobs
     WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
@@ -127,17 +128,38 @@ WITH old AS (
 SELECT unclaimed FROM moved
 
 -- name: claim_final_failure
--- The current delivery fails for good and claims the final-failure hook.
--- A superseded delivery (its worker was declared dead, another one runs
--- the job) claims nothing: the job is not over.
-UPDATE conveyor_jobs SET final_failure_at = now()
-WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND final_failure_at IS NULL
-RETURNING id
+-- The current delivery fails for good and claims the final-failure hook, in
+-- one synchronous write (the nack that follows then matches nothing). A
+-- superseded delivery (its worker was declared dead, another one runs the
+-- job) claims nothing: the job is not over. Returns a row when claimed.
+WITH moved AS (
+    UPDATE conveyor_jobs
+    SET final_failure_at = now(), status = 'failed', error = %(error)s, completed_at = now(), worker_id = NULL
+    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND final_failure_at IS NULL
+    RETURNING id, queue
+), totals AS (
+    INSERT INTO conveyor_queue_totals AS t (queue, slot, failed)
+    SELECT queue, %(slot)s, 1 FROM moved
+    ON CONFLICT (queue, slot) DO UPDATE SET failed = t.failed + 1
+)
+SELECT id FROM moved
 
 -- name: worker_session
 -- Starts, outcomes and retries commit without waiting for the WAL flush
 -- (jobs.py, WORKER_SYNCHRONOUS_COMMIT says why that is safe; claims do wait).
 SET synchronous_commit = off
+
+-- name: prover_session
+-- The claim prover's connection commits synchronously, whatever the server's default.
+SET synchronous_commit = on
+
+-- name: prove
+-- A transaction that writes WAL, committed synchronously: its flush also
+-- flushes every claim committed before it (durability.py). A transactional
+-- logical message is the smallest such write: it touches no table. (A
+-- transaction that only takes an id, txid_current(), writes no WAL before
+-- its commit record, and Postgres does not flush such a commit.)
+SELECT pg_logical_emit_message(true, 'conveyor.claims', '')
 
 -- name: listen
 -- The channel is jobs.py's CHANNEL; the enqueue's NOTIFY names the queue.
