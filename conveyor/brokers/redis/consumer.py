@@ -111,13 +111,15 @@ class AckBuffer:
             self.sent(name, items, refused)
 
     def _run(self) -> None:
-        while not self._stop.wait(ACK_FLUSH_SECONDS):
+        # time.sleep, not Event.wait: a condition wait with a timeout misbehaves under a faked clock.
+        while not self._stop.is_set():
+            time.sleep(ACK_FLUSH_SECONDS)
             try:
                 self.flush()
             except Exception as exc:  # Redis away for a moment: the acks wait for it
                 log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
                           error=f"acks not sent yet: {type(exc).__name__}: {exc}")
-                self._stop.wait(1.0)
+                time.sleep(1.0)
 
     def close(self) -> None:
         """Stop the flusher and send what is left; raises if Redis cannot take it."""
@@ -166,6 +168,9 @@ class RedisConsumer(Consumer):
                     self._receive(rid, data, delivery, note, wait)
                 if self.cache:
                     continue
+            # Before waiting: acks no start carried go now (not only from the flusher thread).
+            if self.broker.acks.waiting(self.queue_name):
+                self.broker.acks.flush(self.queue_name)
             # Wait for an enqueue's wake-up, at most the (growing) idle backoff: a
             # lost wake-up costs one backoff, never a job.
             self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
