@@ -185,20 +185,21 @@ def open_runs(cluster: Cluster, token_prefix: str, *, effect: bool = False) -> l
 
 
 def kill_holders(cluster: Cluster, tokens: set[str], timeout: float = 60) -> float:
-    """SIGKILL every process holding one of ``tokens`` past its effect, until each has been killed once.
+    """Once every job of ``tokens`` is past its effect and waiting for its ack, SIGKILL their processes.
 
-    Returns the time of the last kill.
+    All at once: killing one process while another holder in it has not reached its effect yet
+    would make that one a mid-job kill. Returns the time of the last kill.
     """
-    done: set[str] = set()
+    def holding() -> dict[str, int]:
+        return {token: pid for token, pid, _ in open_runs(cluster, "", effect=True) if token in tokens}
+
+    def all_holding() -> dict[str, int] | None:
+        now = holding()
+        return now if set(now) == tokens else None
+
+    held = wait_for(all_holding, timeout=timeout, interval=0.05,
+                    message=f"jobs {sorted(tokens)} to hold after their effect")
     last = time.time()
-    deadline = time.monotonic() + timeout
-    while done != tokens:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"holding jobs never ran: {sorted(tokens - done)}")
-        for token, pid, _ in open_runs(cluster, "", effect=True):
-            if token in tokens and token not in done:
-                if pid not in cluster.kills:
-                    last = cluster.kill(pid)
-                done.add(token)
-        time.sleep(0.05)
+    for pid in sorted(set(held.values())):
+        last = cluster.kill(pid)
     return last

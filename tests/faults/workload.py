@@ -13,8 +13,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass, field
-from decimal import Decimal
+from dataclasses import dataclass
 
 from conveyor.errors import ConveyorError
 from conveyor.ledger import credits
@@ -168,18 +167,3 @@ def enqueue_now(app, plan: list[Planned]) -> list[Planned]:
         item.sent_at = item.done_at = now
         item.ref_id, item.deduplicated, item.acknowledged = ref.id, ref.deduplicated, True
     return plan
-
-
-def expected_cost(tokens: int, settings) -> Decimal:
-    return credits.cost(tokens, settings.price_per_1k_tokens)
-
-
-@dataclass
-class Plan:
-    """Everything a test enqueued, for the checker."""
-
-    items: list[Planned] = field(default_factory=list)
-
-    def add(self, items: list[Planned]) -> list[Planned]:
-        self.items.extend(items)
-        return items
