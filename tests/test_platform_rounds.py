@@ -145,7 +145,7 @@ def test_invalid_and_unknown_ids_get_clear_4xx(redis_url, database_url):
 
 def _check_4xx(client: httpx.Client) -> None:
     assert client.post("/api/tasks/nope/runs", json={"content": "hi"}).status_code == 404
-    assert client.post("/api/tasks/nope/runs", json={"content": "hi"}).json()["detail"] == "no task 'nope'"
+    assert client.post("/api/tasks/nope/runs", json={"content": "hi"}).json()["detail"] == "no such task"
     assert client.post("/api/tasks/bad id!/runs", json={"content": "hi"}).status_code == 422
     assert client.post("/api/tasks/t1/runs", json={"content": ""}).status_code == 422
     assert client.post("/api/tasks/t1/runs", json={}).status_code == 422

@@ -35,6 +35,7 @@ from ..builds.requests import request_build
 from ..builds.store import BuildStore
 from ..builds.uploads import Uploads, UploadWriter
 from ..errors import EnqueueError, SecretKeyError, UploadRefused, UploadTooLarge
+from .errors import not_found
 from .auth import Caller, require_admin, require_user_or_admin
 from .deps import NamePath, conveyor_app
 
@@ -87,7 +88,7 @@ def _refuse_foreign_target(app, fields: dict[str, Any], user_id: str) -> None:
         if isinstance(target_id, str) and len(target_id) <= 200:
             target = BuildStore(app.pool).target(kind, target_id)
             if target is not None and target.owner_id != user_id:
-                raise HTTPException(status.HTTP_404_NOT_FOUND, f"no {kind} {target_id!r}")
+                raise not_found(kind)
 
 
 @router.get("/builds/{build_id}")
@@ -98,7 +99,7 @@ def get_build(build_id: NamePath, app=Depends(conveyor_app),
     if record is not None and caller.user_id is not None and record.owner_id != caller.user_id:
         record = None  # another user's build is as missing as none
     if record is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no build {build_id!r}")
+        raise not_found("build")
     events = [{"claim": c, "event": e, "detail": d} for c, e, d in store.events(build_id)]
     return {**record.as_dict(), "events": events}
 
@@ -110,7 +111,7 @@ def get_deployment(target_kind: NamePath, target_id: NamePath, app=Depends(conve
     store = BuildStore(app.pool)
     target = store.target(target_kind, target_id)
     if target is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no {target_kind} {target_id!r}")
+        raise not_found(target_kind)
     return {"target": target.__dict__, "deployment": store.deployment(target_kind, target_id),
             "versions": [{"version": v, "artifact_sha256": a} for v, a in store.versions(target_kind, target_id)]}
 

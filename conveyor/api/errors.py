@@ -54,11 +54,29 @@ def status_for(exc: BaseException) -> int:
 
 
 def detail_for(exc: BaseException) -> str:
-    """What the client is told: the error's message, which never carries an input value,
-    or a generic line for a 500 (the log has the rest)."""
+    """What the client is told: the error's message, or a generic line for a 500 (the log has
+    the rest). A not-found error names the kind of thing only (:func:`not_found`): its message
+    quotes the id asked for, and an answer never echoes input."""
     if status_for(exc) == 500:
         return "internal error"
+    if isinstance(exc, e.RecordNotFound | e.ScheduleNotFound):
+        return not_found_detail(exc)
     return str(exc)
+
+
+def not_found_detail(exc: BaseException | str) -> str:
+    """``no such <kind>`` for a not-found error (``no task 'x'`` -> ``no such task``) or a kind."""
+    text = exc if isinstance(exc, str) else str(exc)
+    kind = text.removeprefix("no ").split(" ", 1)[0] if text.startswith("no ") else text
+    return f"no such {kind}"
+
+
+def not_found(what: BaseException | str):
+    """The 404 a route raises for a missing (or another user's) thing, given the not-found error
+    or the kind's name: the same body either way, and never the id asked for."""
+    from fastapi import HTTPException
+
+    return HTTPException(404, not_found_detail(what))
 
 
 def install(api: "FastAPI") -> None:

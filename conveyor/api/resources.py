@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from .. import records
 from ..errors import EnqueueError, RecordNotFound
 from ..tasks.payloads import Id, ResourceIndex
+from .errors import not_found
 from .auth import require_user
 from .runs import AUTH_RESPONSES, IdPath, conveyor_app
 
@@ -97,7 +98,7 @@ def put_resource(resource_id: IdPath, body: PutResource, response: Response,
             version = records.upsert_own_resource(conn, id=resource_id, user_id=user_id, task_id=body.task_id,
                                                   title=body.title, body=body.body)
         except RecordNotFound as exc:
-            raise HTTPException(404, str(exc)) from None
+            raise not_found(exc) from None
     payload = ResourceIndex(resource_id=resource_id, version=version)
     try:
         ref = app.jobs.enqueue("resource.index", payload, key=payload.idempotency_key())
@@ -115,6 +116,6 @@ def get_resource(resource_id: IdPath, app=Depends(conveyor_app), user_id: str = 
         try:
             r = records.get_resource_of(conn, resource_id, user_id)
         except RecordNotFound as exc:
-            raise HTTPException(404, str(exc)) from None
+            raise not_found(exc) from None
     return ResourceState(id=r.id, user_id=r.user_id, task_id=r.task_id, title=r.title, version=r.version,
                          indexed_version=r.indexed_version, indexed=r.indexed_version == r.version)

@@ -33,6 +33,7 @@ from ..errors import EnqueueError, RecordConflict, RecordNotFound
 from ..rounds import start_round
 from ..streams import buffer_for
 from ..tasks.payloads import Id
+from .errors import not_found
 from .auth import require_user
 
 router = APIRouter(prefix="/api", tags=["runs"])
@@ -113,7 +114,7 @@ def post_run(task_id: IdPath, body: StartRun, response: Response, app=Depends(co
             records.get_task_of(conn, task_id, user_id)  # another user's task is as missing as none
         started = start_round(app, task_id=task_id, content=body.content, message_id=message_id)
     except RecordNotFound as exc:
-        raise HTTPException(404, str(exc)) from None
+        raise not_found(exc) from None
     except RecordConflict as exc:
         raise HTTPException(409, str(exc)) from None
     except EnqueueError as exc:
@@ -130,7 +131,7 @@ def _load_run(app, run_id: str, user_id: str) -> records.Run:
         try:
             return records.get_run_of(conn, run_id, user_id)
         except RecordNotFound as exc:
-            raise HTTPException(404, str(exc)) from None
+            raise not_found(exc) from None
 
 
 @router.get("/runs/{run_id}", response_model=RunStatus,

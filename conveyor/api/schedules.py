@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InvalidSchedule, ScheduleNotFound
 from ..scheduling.schedules import Schedule, Schedules
+from .errors import not_found
 from .auth import require_admin
 from .deps import NamePath, conveyor_app
 
@@ -42,7 +43,7 @@ def _out(schedule: Schedule) -> dict[str, Any]:
 
 def _errors(exc: Exception) -> HTTPException:
     if isinstance(exc, ScheduleNotFound):
-        return HTTPException(status.HTTP_404_NOT_FOUND, str(exc))
+        return not_found("schedule")
     return HTTPException(422, str(exc))
 
 
