@@ -471,3 +471,18 @@ def test_a_start_or_final_failure_claim_repeated_after_a_lost_reply_counts_once(
     assert app.broker.get_job(ref.id).attempts == 1
     assert app.broker.claim_final_failure(message) is True
     assert app.broker.claim_final_failure(message) is True, "the repeated claim of the same delivery was lost"
+
+
+def test_a_supervised_worker_cut_off_from_redis_exits_instead_of_running_beside_the_next_delivery(
+        make_app, workers, client, database_url):
+    app = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "cut-off-process", "sleep": 4})
+    worker = workers(QUEUE)
+    wait_for(lambda: probe_runs(database_url, "cut-off-process"), timeout=60, message="the job to start")
+    client.execute_command("CLIENT", "PAUSE", 3000, "ALL")  # longer than 3/4 of the 2 s heartbeat timeout
+    wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=90,
+             message="the job to complete after the worker process restarted")
+    runs = probe_runs(database_url, "cut-off-process")
+    assert runs[0]["finished_at"] is None, "the cut-off run went on to its end"
+    assert any(e.get("exitcode") == 75 for e in worker.events("worker_died"))
+    worker.terminate()

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import multiprocessing
+import os
 import threading
 import time
 import uuid
@@ -343,10 +346,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
         Cut off from Redis (a partition, a pause), the worker is about to be
         declared dead and its jobs handed to others: a job that kept running
-        would overlap its next delivery. The job's thread gets HeartbeatLost
-        (Dramatiq's TimeLimit mechanism: raised when the thread next runs
-        Python code, so also right after a call that hung in the cut); its
-        outcome is fenced like any other.
+        would overlap its next delivery. A supervised worker process exits
+        hard (its jobs are recovered as a killed worker's). Elsewhere (workers
+        inside another process, as in tests) the job's thread gets
+        HeartbeatLost (Dramatiq's TimeLimit mechanism: raised when the thread
+        next runs Python code, so also right after a call that hung in the
+        cut); its outcome is fenced like any other.
         """
         limit = 0.75 * self.heartbeat_timeout / _MS
         while True:
@@ -357,6 +362,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             with self._lock:
                 running = list(self._running.items())
                 self._running.clear()
+            if running and multiprocessing.parent_process() is not None:
+                # A supervised worker process: exit hard (the supervisor restarts it). Its jobs are then
+                # recovered like those of a killed worker, and no async exception can land outside a job.
+                log_event("error", level="error", queue=None, job=None, job_id=None, attempt=None,
+                          error=f"no heartbeat reached Redis for {silent:.1f}s while running {len(running)} "
+                                f"job(s): exiting before recovery hands them to another worker")
+                logging.shutdown()
+                os._exit(75)
             for thread_id, (queue, job_id) in running:
                 log_event("error", level="error", queue=queue, job=None, job_id=job_id, attempt=None,
                           error=f"no heartbeat reached Redis for {silent:.1f}s: job interrupted before "
