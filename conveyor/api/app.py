@@ -70,7 +70,7 @@ def field_errors(errors) -> list[dict]:
 
 def create_app(app: "App") -> FastAPI:
     """The HTTP application of ``app``. The caller owns ``app`` and closes it."""
-    from .. import __version__
+    from ..version import __version__
     from .builds import FORM_OVERHEAD, UPLOAD_PATH
     from .dashboard import STATIC_DIR, STATIC_PATH, StaticAssets
 
