@@ -18,11 +18,10 @@ leaves the agent platform's jobs and queues out); enqueue with
 ``App().jobs.enqueue("email.send", {"to": "a@example.com"})``.
 """
 
-__version__ = "0.1.0"
-
-from .app import App  # noqa: E402
-from .tasks.payloads import Payload  # noqa: E402
-from .tasks.queues import Queue  # noqa: E402
-from .tasks.registry import job, on_final_failure  # noqa: E402
+from .app import App
+from .tasks.payloads import Payload
+from .tasks.queues import Queue
+from .tasks.registry import job, on_final_failure
+from .version import __version__
 
 __all__ = ["App", "Payload", "Queue", "job", "on_final_failure", "__version__"]

@@ -104,7 +104,8 @@ class App:
         elif name == "postgres":
             from .brokers.postgres import PostgresBroker
 
-            broker = PostgresBroker(self.database_url, middleware=middleware, settings=settings)
+            broker = PostgresBroker(self.database_url, middleware=middleware, settings=settings,
+                                    on_dead=self.final_failure)
         else:
             from .brokers.inline import InlineBroker
 

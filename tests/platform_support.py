@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from dramatiq import Worker
 
-from conveyor import records
+from conveyor import access, records
 from tests.obs_support import api_server
 
 #: The queues a round's jobs run on.
@@ -40,8 +40,8 @@ def make_task(app, task_id: str, *, user_id: str = "u1", kind: str = "chat", tit
 def user_key(app, user_id: str) -> dict[str, str]:
     """Headers carrying a new API key of ``user_id`` (the user is created if need be)."""
     with app.pool.connection() as conn:
-        records.create_user(conn, user_id)
-        _, key = records.create_api_key(conn, user_id)
+        access.create_user(conn, user_id)
+        _, key = access.create_api_key(conn, user_id)
     return {"Authorization": f"Bearer {key}"}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor import records
+from conveyor import access, records
 from conveyor.api.auth import COOKIE
 from conveyor.app import App
 from conveyor.settings import Settings
@@ -46,8 +46,8 @@ def app(redis_url, database_url):
 
 def test_every_producer_route_needs_a_live_user_key(app):
     with app.pool.connection() as conn:
-        records.create_user(conn, "alice")
-        key_id, key = records.create_api_key(conn, "alice")
+        access.create_user(conn, "alice")
+        key_id, key = access.create_api_key(conn, "alice")
     with serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
         for method, path, body in PRODUCER_ROUTES:
             for headers in ({}, {"Authorization": "Bearer cvk_000000000000_nope"}, {"Authorization": key},
@@ -65,8 +65,8 @@ def test_every_producer_route_needs_a_live_user_key(app):
         live = {"Authorization": f"Bearer {key}"}
         assert client.get("/api/resources/search?q=x", headers=live).status_code == 200
         with app.pool.connection() as conn:
-            assert records.revoke_api_key(conn, key_id) == "alice"
-            assert records.api_keys(conn, "alice")[0].revoked_at is not None
+            assert access.revoke_api_key(conn, key_id) == "alice"
+            assert access.api_keys(conn, "alice")[0].revoked_at is not None
         assert client.get("/api/resources/search?q=x", headers=live).status_code == 401  # at once
         with app.pool.connection() as conn:
             stored = conn.execute("SELECT digest FROM api_keys WHERE id = %s", (key_id,)).fetchone()[0]
@@ -140,7 +140,7 @@ def test_search_snippets_are_escaped_text_with_the_matches_in_bold(app):
     # Forms Postgres's headline parser does not take for tags, so it passed them through live.
     body = 'Reset the password <img/src=x onerror=alert(1)> & "><svg/onload=alert(2)> <b onmouseover=alert(3)>x'
     with app.pool.connection() as conn:
-        records.create_user(conn, "carol")
+        access.create_user(conn, "carol")
         version = records.upsert_resource(conn, id="xss", user_id="carol", task_id=None, title="t", body=body)
         conn.execute("INSERT INTO resource_chunks (resource_id, seq, version, body) VALUES ('xss', 1, %s, %s)",
                      (version, body))
@@ -174,7 +174,7 @@ def test_users_and_keys_commands_create_list_and_revoke(redis_url, database_url,
     app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url))
     try:
         with app.pool.connection() as conn:
-            assert records.key_user(conn, key) is None
+            assert access.key_user(conn, key) is None
     finally:
         app.close()
 

@@ -70,17 +70,21 @@ def field_errors(errors) -> list[dict]:
 
 def create_app(app: "App") -> FastAPI:
     """The HTTP application of ``app``. The caller owns ``app`` and closes it."""
-    from .. import __version__
-    from .builds import FORM_OVERHEAD, UPLOAD_PATH
+    from ..version import __version__
     from .dashboard import STATIC_DIR, STATIC_PATH, StaticAssets
 
     api = FastAPI(title="conveyor", version=__version__, description=DESCRIPTION, openapi_tags=TAGS)
     api.state.conveyor = app
-    #: Paths whose body may be larger than CONVEYOR_API_MAX_BODY_BYTES: {path: bytes}.
-    api.state.body_limits = {UPLOAD_PATH: app.settings.upload_max_bytes + FORM_OVERHEAD}
+    #: Paths whose body may be larger than CONVEYOR_API_MAX_BODY_BYTES: {path: bytes}. A router's module
+    #: asks for its own with ``body_limits(settings) -> dict[str, int]``, so this module names none of them.
+    api.state.body_limits = {}
     for spec in ROUTERS:
-        module, _, attribute = spec.partition(":")
-        api.include_router(getattr(importlib.import_module(module), attribute))
+        module_name, _, attribute = spec.partition(":")
+        module = importlib.import_module(module_name)
+        api.include_router(getattr(module, attribute))
+        limits = getattr(module, "body_limits", None)
+        if limits is not None:
+            api.state.body_limits.update(limits(app.settings))
     # The dashboard's scripts (and any other static file there): same origin, so CSP script-src 'self' allows them.
     api.mount(STATIC_PATH, StaticAssets(directory=STATIC_DIR), name="admin-static")
     api.add_middleware(Guard, conveyor=app, body_limits=api.state.body_limits)

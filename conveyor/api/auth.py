@@ -4,7 +4,7 @@ Producer routes (``/api/tasks``, ``/api/runs``, ``/api/resources``,
 ``/api/builds``) need a user's API key, ``Authorization: Bearer cvk_...``
 (:func:`require_user`), and read and write only that user's records. Keys
 are made with ``conveyor keys create USER`` and kept hashed
-(:mod:`conveyor.records`).
+(:mod:`conveyor.access`).
 
 ``/admin``, ``/api/admin`` and ``/api/schedules`` need ``CONVEYOR_ADMIN_TOKEN``,
 which is no user's key and no key is it.
@@ -33,7 +33,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from .. import records
+from .. import access
 from . import sessions
 
 #: The dashboard's session cookie.
@@ -124,13 +124,13 @@ def _bearer(request: Request) -> str | None:
 
 async def _user_of(request: Request) -> str | None:
     key = _bearer(request)
-    if key is None or not key.startswith(records.KEY_PREFIX + "_") or len(key) > 200:
+    if key is None or not key.startswith(access.KEY_PREFIX + "_") or len(key) > 200:
         return None
     app = request.app.state.conveyor
 
     def look_up() -> str | None:
         with app.pool.connection() as conn:
-            return records.key_user(conn, key)
+            return access.key_user(conn, key)
 
     return await run_in_threadpool(look_up)
 

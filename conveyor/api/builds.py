@@ -47,6 +47,13 @@ router = APIRouter(prefix="/api", tags=["builds"], responses={401: {"description
 UPLOAD_PATH = "/api/agents/upload-and-deploy"
 #: Bytes a multipart body may hold beyond its file: boundaries, headers and the small fields.
 FORM_OVERHEAD = 256 * 1024
+
+
+def body_limits(settings) -> dict[str, int]:
+    """The upload route's body cap, larger than other routes': :func:`conveyor.api.app.create_app` asks for it."""
+    return {UPLOAD_PATH: settings.upload_max_bytes + FORM_OVERHEAD}
+
+
 #: The upload form's text fields; anything else is refused (listing these, not echoing the stranger).
 UPLOAD_FIELDS = ("agent_id", "owner_id", "kind", "version", "changelog", "env")
 

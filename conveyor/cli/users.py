@@ -39,13 +39,13 @@ def _app():
 
 
 def cmd_users_create(args) -> int:
-    from .. import records
+    from .. import access
 
     app = _app()
     try:
         with app.pool.connection() as conn:
             try:
-                created = records.create_user(conn, args.name)
+                created = access.create_user(conn, args.name)
             except ValueError as exc:
                 print(f"conveyor: error: {exc}", file=sys.stderr)
                 return 2
@@ -56,12 +56,12 @@ def cmd_users_create(args) -> int:
 
 
 def cmd_keys_create(args) -> int:
-    from .. import records
+    from .. import access
 
     app = _app()
     try:
         with app.pool.connection() as conn:
-            key_id, key = records.create_api_key(conn, args.user)
+            key_id, key = access.create_api_key(conn, args.user)
     finally:
         app.close()
     print(f"key {key_id} for {args.user} (shown once; conveyor keeps only its hash):", file=sys.stderr)
@@ -70,12 +70,12 @@ def cmd_keys_create(args) -> int:
 
 
 def cmd_keys_list(args) -> int:
-    from .. import records
+    from .. import access
 
     app = _app()
     try:
         with app.pool.connection() as conn:
-            keys = records.api_keys(conn, args.user)
+            keys = access.api_keys(conn, args.user)
     finally:
         app.close()
     for key in keys:
@@ -89,12 +89,12 @@ def cmd_keys_list(args) -> int:
 
 
 def cmd_keys_revoke(args) -> int:
-    from .. import records
+    from .. import access
 
     app = _app()
     try:
         with app.pool.connection() as conn:
-            user = records.revoke_api_key(conn, args.key_id)
+            user = access.revoke_api_key(conn, args.key_id)
     finally:
         app.close()
     print(f"key {args.key_id} of {user} revoked")

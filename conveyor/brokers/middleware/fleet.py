@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 
 from dramatiq.common import q_name
 
-from ... import __version__
 from ...errors import RetryLater
 from ...logs import log_event
 from ...redaction import payload_secrets, scrub, settings_secrets
+from ...version import __version__
 from ..base import describe_error
 from .base import ConveyorMiddleware
 from ..fleet import TRACEBACK_LIMIT, AttemptEvent, WorkerInfo, beat_interval, fleet_store, recovery_after

@@ -52,8 +52,10 @@ class PostgresBroker(ConveyorBroker, Broker):
     """Dramatiq broker plus conveyor's job interface, on one Postgres table.
 
     ``on_dead(broker, message, error)`` runs a job's final failure found by
-    recovery or at claim (undecodable message); by default the callback the
-    Retries middleware runs (``App.final_failure``).
+    recovery or at claim (undecodable message). The App passes its own
+    ``App.final_failure`` (the callback its Retries middleware runs too); with
+    None such a job is only logged. Passed in, not looked up in the
+    middleware, so the broker never imports a middleware.
     """
 
     transactional_enqueue = True
@@ -75,7 +77,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         self.recovery = Recovery(self.jobs, self.deliveries, lease=self.lease,
                                  interval=settings.pg_recovery_seconds, retention=settings.retention,
                                  on_dead=self._run_on_dead)
-        self._on_dead = on_dead or _retries_callback(self.middleware)
+        self._on_dead = on_dead
         self._lock = threading.RLock()
         self.listener = self._new_listener()
         self.proofs = ClaimProofs(self.jobs)
@@ -386,12 +388,3 @@ class PostgresBroker(ConveyorBroker, Broker):
 def _without_delivery(message: Message) -> Message:
     options = {k: v for k, v in message.options.items() if k not in (*DELIVERY_OPTIONS, ABANDON)}
     return dataclasses.replace(message, options=options)
-
-
-def _retries_callback(middleware: list) -> Callable[[Any, Any, str], None] | None:
-    from ..middleware.retries import Retries
-
-    for m in middleware:
-        if isinstance(m, Retries):
-            return m.on_final_failure
-    return None
