@@ -41,6 +41,9 @@ from .scripts import JOBS
 
 _MS = 1000  # settings are in seconds, the script counts milliseconds
 
+#: The jobs.lua commands that write this worker's heartbeat (they call heartbeat()).
+HEARTBEATS = frozenset({"fetch", "start", "acks", "nack", "retry", "promote", "requeue", "release", "maintain"})
+
 #: Failed jobs moved per script call by retry_failed: each call blocks Redis
 #: while it runs, so a queue with many failures is retried in slices.
 RETRY_BATCH = 500
@@ -98,11 +101,22 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self._retries: dict[tuple[str, int], _Retry] = {}  # (job id, delivery) -> its retry, written at its ack
         self._consumed: set[str] = set()
         self._config_warnings: dict[str, str] | None = None
+        #: monotonic time a script call that heartbeats (see HEARTBEATS) was sent, of the last that succeeded.
+        self._beat_at: float | None = None
 
     # -- plumbing -----------------------------------------------------------
 
     def _call(self, command: str, queue: str, *args: Any, client: Any = None) -> Any:
-        return self._jobs(keys=[self.namespace], args=[command, queue, self.broker_id, *args], client=client)
+        sent = time.monotonic()
+        result = self._jobs(keys=[self.namespace], args=[command, queue, self.broker_id, *args], client=client)
+        if command in HEARTBEATS and client is None:
+            with self._lock:  # the server wrote the heartbeat after `sent`
+                self._beat_at = sent if self._beat_at is None else max(self._beat_at, sent)
+        return result
+
+    def heartbeat_age(self) -> float | None:
+        beat = self._beat_at
+        return None if beat is None else time.monotonic() - beat
 
     @property
     def consumer_class(self):
