@@ -51,7 +51,7 @@ class ProcessWorker:
         self.broker.emit_after("process_boot")
         self.worker.start()
         self._maintainer.start()
-        # Runs through stop() too: a draining worker cut off from the server must not outlive its lease.
+        # Runs through most of stop() too: a draining worker cut off from the server must not outlive its lease.
         self._watchdog.start()
         log_event("worker_started", queue=self.queue, job=None, job_id=None, attempt=None,
                   pid=os.getpid(), threads=self.threads)
@@ -61,6 +61,9 @@ class ProcessWorker:
         self._stop.set()
         self.worker.stop(timeout=int(self.app.settings.shutdown_timeout * 1000))
         self.broker.close()
+        # Only now: the drain above is guarded too. A closed broker heartbeats no more, and a
+        # ProcessWorker stopped inside a longer-lived process (tests, embedding) must not end it.
+        self._watchdog.stop()
         log_event("worker_stopped", queue=self.queue, job=None, job_id=None, attempt=None, pid=os.getpid())
 
     def _maintain_loop(self) -> None:
