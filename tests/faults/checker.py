@@ -162,14 +162,14 @@ class Checker:
         out: dict[int, float] = {}
         for supervisor in self.cluster.supervisors:
             for event in supervisor.events("self_fence"):
-                at = dt.datetime.strptime(event["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
+                at = dt.datetime.strptime(event["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
                 out[event["pid"]] = at.timestamp() + 0.001 + LOG_GRACE
         return out
 
     @staticmethod
     def overlaps(runs: list[Run]) -> dict[str, list[tuple[Run, Run]]]:
         """Job id -> pairs of its runs that were running at the same time (an unknown end is 'still running')."""
-        forever = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+        forever = dt.datetime.max.replace(tzinfo=dt.UTC)
         by_job: dict[str, list[Run]] = defaultdict(list)
         for run in runs:
             by_job[run.job_id].append(run)

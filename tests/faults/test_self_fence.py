@@ -29,7 +29,7 @@ JOB_SECONDS = 2 * LEASE
 
 
 def _ts(event: dict) -> float:
-    return dt.datetime.strptime(event["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    return dt.datetime.strptime(event["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC).timestamp()
 
 
 @pytest.mark.parametrize("broker", ["redis", "postgres"])
