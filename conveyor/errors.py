@@ -233,8 +233,3 @@ class BrokerRejected(BrokerError):
 
 class EnqueueOutcomeUnknown(EnqueueError):
     """The connection broke while the enqueue committed: the job may or may not exist. Retry only with a key."""
-
-
-class HeartbeatLost(JobError):
-    """The worker could not heartbeat for most of the heartbeat timeout: its running job is interrupted
-    (and retried) before recovery hands it to another worker, so two deliveries never run at once."""

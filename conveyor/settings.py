@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BrokerName = Literal["redis", "postgres", "inline"]
@@ -108,6 +108,14 @@ class Settings(BaseSettings):
         15, gt=0,
         description="Postgres broker: seconds without a heartbeat (sent every third of it) before a "
                     "worker's jobs go back to the queue; with the recovery interval, at most 25 s by default.",
+    )
+    self_fence_fraction: float = Field(
+        0.6, gt=0, lt=1,
+        description="A worker process that has not written a heartbeat for this fraction of the lease "
+                    "(Postgres: pg_lease_seconds; Redis: heartbeat_timeout) exits (code 75) and is restarted, "
+                    "so a cut-off worker stops its jobs before recovery hands them to another. The rest of "
+                    "the lease must cover the watchdog's check interval and a pause (GC, swap, CPU "
+                    "starvation); recovery waits the full lease and then a recovery pass.",
     )
     price_per_1k_tokens: Decimal = Field(
         Decimal("0.002"), ge=0, description="Credits charged per 1000 tokens."
@@ -307,6 +315,51 @@ class Settings(BaseSettings):
         if bad:
             raise ValueError(f"build time limits must be positive: {bad}")
         return value
+
+    @model_validator(mode="after")
+    def _self_fence_before_recovery(self) -> "Settings":
+        """The self-fence must fire after a missed heartbeat or two, and well before recovery can act.
+
+        A worker's jobs can be handed out no earlier than a full lease after
+        its last heartbeat reached the server; the worker exits at most
+        threshold + check interval after it. What is left of the lease is the
+        margin for a pause. And the threshold must outlast the heartbeat's own
+        cadence, or a healthy worker would fence itself.
+        """
+        if self.broker_name == "inline":
+            return self
+        lease, threshold = self.worker_lease, self.self_fence_threshold
+        if lease - threshold < self.self_fence_interval + self.self_fence_margin:
+            raise ValueError(
+                f"self_fence_fraction: a worker exits {threshold:.2f}s after its last heartbeat, too close to "
+                f"the {lease:.2f}s lease (needs {self.self_fence_interval + self.self_fence_margin:.2f}s "
+                "to spare): lower it or lengthen the lease")
+        cadence = self.pg_lease_seconds / 3 if self.broker_name == "postgres" else self.maintenance_interval
+        if threshold < 1.5 * cadence:
+            raise ValueError(
+                f"self_fence_fraction: a worker would exit {threshold:.2f}s after its last heartbeat but "
+                f"heartbeats only every {cadence:.2f}s: raise it, or shorten maintenance_interval (Redis)")
+        return self
+
+    @property
+    def worker_lease(self) -> float:
+        """Seconds without a heartbeat after which the broker in use hands a worker's jobs to others."""
+        return self.pg_lease_seconds if self.broker_name == "postgres" else self.heartbeat_timeout
+
+    @property
+    def self_fence_threshold(self) -> float:
+        """Seconds without a heartbeat after which a worker process exits (see ``self_fence_fraction``)."""
+        return self.self_fence_fraction * self.worker_lease
+
+    @property
+    def self_fence_interval(self) -> float:
+        """How often the worker's watchdog looks at its heartbeat's age."""
+        return min(0.5, self.worker_lease / 20)
+
+    @property
+    def self_fence_margin(self) -> float:
+        """What the lease must keep beyond threshold + check interval: a GC pause, a starved CPU."""
+        return max(0.2, self.worker_lease / 10)
 
     @property
     def broker_name(self) -> BrokerName:

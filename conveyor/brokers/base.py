@@ -117,6 +117,16 @@ class ConveyorBroker:
         """
         raise NotImplementedError
 
+    def heartbeat_age(self) -> float | None:
+        """Seconds (monotonic clock) since this process's last heartbeat that reached the server.
+
+        Counted from when that heartbeat was SENT (the server stamps it later,
+        so the age errs on the old side). None before the first one, and for
+        brokers without recovery (inline). The worker's watchdog exits the
+        process when this nears the lease (conveyor.tasks.watchdog).
+        """
+        return None
+
     def queue_counts(self, queue: str) -> QueueCounts:
         """The counts of one queue."""
         raise NotImplementedError

@@ -20,12 +20,16 @@ from typing import Callable
 from dramatiq import Worker
 
 from ..logs import log_event
+from .watchdog import SELF_FENCE_EXIT, Watchdog
 
 #: Idle consumers wake this often (ms) to check for shutdown and delayed jobs.
 WORKER_TIMEOUT_MS = 1000
 
 #: A child that dies sooner than this after starting is restarted with a growing delay.
 RESTART_BACKOFF_MAX = 30.0
+
+#: Seconds before a self-fenced child (exit code 75, see watchdog.py) is restarted.
+SELF_FENCE_RESTART_DELAY = 0.5
 
 
 class ProcessWorker:
@@ -40,12 +44,15 @@ class ProcessWorker:
                              worker_timeout=WORKER_TIMEOUT_MS)
         self._stop = threading.Event()
         self._maintainer = threading.Thread(target=self._maintain_loop, name="conveyor-maintain", daemon=True)
+        self._watchdog = Watchdog(self.broker, app.settings, queue)
 
     def start(self) -> None:
         # Without process_boot, Dramatiq's TimeLimit never starts its timer thread.
         self.broker.emit_after("process_boot")
         self.worker.start()
         self._maintainer.start()
+        # Runs through most of stop() too: a draining worker cut off from the server must not outlive its lease.
+        self._watchdog.start()
         log_event("worker_started", queue=self.queue, job=None, job_id=None, attempt=None,
                   pid=os.getpid(), threads=self.threads)
 
@@ -54,6 +61,9 @@ class ProcessWorker:
         self._stop.set()
         self.worker.stop(timeout=int(self.app.settings.shutdown_timeout * 1000))
         self.broker.close()
+        # Only now: the drain above is guarded too. A closed broker heartbeats no more, and a
+        # ProcessWorker stopped inside a longer-lived process (tests, embedding) must not end it.
+        self._watchdog.stop()
         log_event("worker_stopped", queue=self.queue, job=None, job_id=None, attempt=None, pid=os.getpid())
 
     def _maintain_loop(self) -> None:
@@ -134,12 +144,19 @@ class Supervisor:
                     child.process.join()
                     self.metrics.process_died(child.process.pid)
                     child.process = None
-                    # A child that lived long was fine before it died: restart at once.
-                    child.failures = 0 if now - child.started > 60 else child.failures + 1
-                    delay = 0.0 if child.failures == 0 else min(RESTART_BACKOFF_MAX, 0.25 * 2 ** (child.failures - 1))
+                    if code == SELF_FENCE_EXIT:
+                        # It lost the server, it did not crash: no crash count, a short pause (the new
+                        # process waits at boot until the server answers, it does not spin).
+                        delay = SELF_FENCE_RESTART_DELAY
+                    else:
+                        # A child that lived long was fine before it died: restart at once.
+                        child.failures = 0 if now - child.started > 60 else child.failures + 1
+                        delay = 0.0 if child.failures == 0 else min(RESTART_BACKOFF_MAX,
+                                                                     0.25 * 2 ** (child.failures - 1))
                     child.restart_at = now + delay
-                    log_event("worker_died", level="error", queue=child.name, job=None, job_id=None,
-                              attempt=None, exitcode=code, restart_in_s=round(child.restart_at - now, 2))
+                    log_event("worker_died", level="warning" if code == SELF_FENCE_EXIT else "error",
+                              queue=child.name, job=None, job_id=None, attempt=None, exitcode=code,
+                              self_fenced=code == SELF_FENCE_EXIT, restart_in_s=round(child.restart_at - now, 2))
                 if child.process is None and now >= child.restart_at:
                     self._spawn(child)
         return self._shutdown()

@@ -133,6 +133,7 @@ class Checker:
                 if line.strip():
                     record = json.loads(line)
                     spooled[record["run_id"]] = record
+        fenced = self.self_fenced()
         for run in runs:
             if run.ended_at is None and run.run_id in spooled:
                 record = spooled[run.run_id]
@@ -143,12 +144,32 @@ class Checker:
                 run.ended_at = utc(self.cluster.kills[run.pid])  # it died with its process
                 run.ok = False
                 run.end_known = True
+            elif run.ended_at is None and run.pid in fenced:
+                run.ended_at = utc(fenced[run.pid])  # its process fenced itself (os._exit)
+                run.ok = False
+                run.end_known = True
         return runs
+
+    def self_fenced(self) -> dict[int, float]:
+        """pid -> UNIX time by which a worker that logged ``self_fence`` was gone.
+
+        The watchdog arms an os._exit LOG_GRACE seconds out before it logs,
+        then exits right after the line: the line's time plus LOG_GRACE bounds
+        the end of every run the process had.
+        """
+        from conveyor.tasks.watchdog import LOG_GRACE
+
+        out: dict[int, float] = {}
+        for supervisor in self.cluster.supervisors:
+            for event in supervisor.events("self_fence"):
+                at = dt.datetime.strptime(event["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+                out[event["pid"]] = at.timestamp() + 0.001 + LOG_GRACE
+        return out
 
     @staticmethod
     def overlaps(runs: list[Run]) -> dict[str, list[tuple[Run, Run]]]:
         """Job id -> pairs of its runs that were running at the same time (an unknown end is 'still running')."""
-        forever = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+        forever = dt.datetime.max.replace(tzinfo=dt.UTC)
         by_job: dict[str, list[Run]] = defaultdict(list)
         for run in runs:
             by_job[run.job_id].append(run)

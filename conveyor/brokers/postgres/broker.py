@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import socket
 import threading
@@ -258,6 +259,10 @@ class PostgresBroker(ConveyorBroker, Broker):
                   job_id=message.message_id, attempt=message.options.get("attempt"),
                   error=f"delivery {message.options['pg_delivery']} abandoned, the job runs again after the "
                         f"lease: {why}")
+
+    def heartbeat_age(self) -> float | None:
+        beat = self.listener.last_beat
+        return None if beat == -math.inf else time.monotonic() - beat
 
     def may_claim(self) -> bool:
         """A worker whose heartbeat is late may be declared dead: claim nothing it could lose."""

@@ -71,7 +71,7 @@ class Listener(threading.Thread):
         self._wakes: dict[str, set[Wake]] = defaultdict(set)
         #: Set once the first heartbeat is written: this worker may claim.
         self.ready = threading.Event()
-        #: monotonic time of the last heartbeat written.
+        #: monotonic time the last heartbeat that was written was sent.
         self.last_beat = -math.inf
         #: monotonic time since which the connection has been up; None while it is down.
         #: Starts in the distant past: a fresh worker may run recovery at once.
@@ -145,6 +145,7 @@ class Listener(threading.Thread):
                 self._wake(queue)
 
     def _beat(self, conn: psycopg.Connection) -> None:
+        sent = time.monotonic()  # the server stamps the heartbeat after this: an age from here errs on the old side
         self._heartbeat(conn)
-        self.last_beat = time.monotonic()
+        self.last_beat = sent
         self.ready.set()

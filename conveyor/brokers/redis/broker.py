@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
-import multiprocessing
-import os
 import threading
 import time
 import uuid
@@ -30,12 +27,10 @@ from dramatiq.brokers.redis import RedisBroker as DramatiqRedisBroker
 from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import SkipMessage
-from dramatiq.threading import raise_thread_exception
-from dramatiq.worker import WorkerThread
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from ...errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable, HeartbeatLost
+from ...errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable
 from ...logs import log_event
 from ..base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts
 from .errors import is_unavailable, translated
@@ -45,6 +40,9 @@ from .records import record_from_hash
 from .scripts import JOBS
 
 _MS = 1000  # settings are in seconds, the script counts milliseconds
+
+#: The jobs.lua commands that write this worker's heartbeat (they call heartbeat()).
+HEARTBEATS = frozenset({"fetch", "start", "acks", "nack", "retry", "promote", "requeue", "release", "maintain"})
 
 #: Failed jobs moved per script call by retry_failed: each call blocks Redis
 #: while it runs, so a queue with many failures is retried in slices.
@@ -109,10 +107,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self._retries: dict[tuple[str, int], _Retry] = {}  # (job id, delivery) -> its retry, written at its ack
         self._consumed: set[str] = set()
         self._config_warnings: dict[str, str] | None = None
-        self._beat_at = time.monotonic()
-        #: Worker threads running a started delivery: thread id -> (queue, job id).
-        self._running: dict[int, tuple[str, str]] = {}
-        self._watchdog: threading.Thread | None = None
+        #: monotonic time a script call that heartbeats (see HEARTBEATS) was sent, of the last that succeeded.
+        self._beat_at: float | None = None
 
     # -- plumbing -----------------------------------------------------------
 
@@ -120,8 +116,13 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         sent = time.monotonic()
         result = self._jobs(keys=[self.namespace], args=[command, queue, self.broker_id, *args], client=client)
         if command in HEARTBEATS and client is None:
-            self._beat_at = max(self._beat_at, sent)  # the server wrote the heartbeat after `sent`
+            with self._lock:  # the server wrote the heartbeat after `sent`
+                self._beat_at = sent if self._beat_at is None else max(self._beat_at, sent)
         return result
+
+    def heartbeat_age(self) -> float | None:
+        beat = self._beat_at
+        return None if beat is None else time.monotonic() - beat
 
     @property
     def consumer_class(self):
@@ -130,10 +131,6 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> RedisConsumer:
         with self._lock:
             self._consumed.add(queue_name)
-            if self._watchdog is None:
-                self._watchdog = threading.Thread(target=self._watch_heartbeat, name="conveyor-heartbeat-watch",
-                                                  daemon=True)
-                self._watchdog.start()
         with contextlib.suppress(Exception):
             self.config_warnings()
         return RedisConsumer(self, queue_name, prefetch, timeout)
@@ -331,50 +328,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if attempt == -1:
             self._refused("start", q_name(queue), message.message_id)
             return 0
-        if attempt > 0 and isinstance(threading.current_thread(), WorkerThread):  # never a caller's own thread
-            with self._lock:
-                self._running[threading.get_ident()] = (q_name(queue), message.message_id)
         return attempt
-
-    def _ran(self) -> None:
-        """The calling worker thread's run is over (its outcome is being settled)."""
-        with self._lock:
-            self._running.pop(threading.get_ident(), None)
-
-    def _watch_heartbeat(self) -> None:
-        """Interrupt running jobs once this worker has not heartbeaten for most of the heartbeat timeout.
-
-        Cut off from Redis (a partition, a pause), the worker is about to be
-        declared dead and its jobs handed to others: a job that kept running
-        would overlap its next delivery. A supervised worker process exits
-        hard (its jobs are recovered as a killed worker's). Elsewhere (workers
-        inside another process, as in tests) the job's thread gets
-        HeartbeatLost (Dramatiq's TimeLimit mechanism: raised when the thread
-        next runs Python code, so also right after a call that hung in the
-        cut); its outcome is fenced like any other.
-        """
-        limit = 0.75 * self.heartbeat_timeout / _MS
-        while True:
-            time.sleep(min(0.5, limit / 4))
-            silent = time.monotonic() - self._beat_at
-            if silent < limit:
-                continue
-            with self._lock:
-                running = list(self._running.items())
-                self._running.clear()
-            if running and multiprocessing.parent_process() is not None:
-                # A supervised worker process: exit hard (the supervisor restarts it). Its jobs are then
-                # recovered like those of a killed worker, and no async exception can land outside a job.
-                log_event("error", level="error", queue=None, job=None, job_id=None, attempt=None,
-                          error=f"no heartbeat reached Redis for {silent:.1f}s while running {len(running)} "
-                                f"job(s): exiting before recovery hands them to another worker")
-                logging.shutdown()
-                os._exit(75)
-            for thread_id, (queue, job_id) in running:
-                log_event("error", level="error", queue=queue, job=None, job_id=job_id, attempt=None,
-                          error=f"no heartbeat reached Redis for {silent:.1f}s: job interrupted before "
-                                f"recovery hands it to another worker")
-                raise_thread_exception(thread_id, HeartbeatLost)
 
     def claim_final_failure(self, message: Any) -> bool:
         held = delivery_of(message)

@@ -224,7 +224,6 @@ class RedisConsumer(Consumer):
     # -- outcomes (called from worker threads) -----------------------------------
 
     def ack(self, message: Any) -> None:
-        self.broker._ran()
         held = delivery_of(message)
         if held is None:
             return
@@ -245,7 +244,6 @@ class RedisConsumer(Consumer):
         self.broker.acks.add(self.queue_name, rid, message.message_id, delivery)
 
     def nack(self, message: Any) -> None:
-        self.broker._ran()
         held = delivery_of(message)
         if held is None:
             return
