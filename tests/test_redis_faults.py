@@ -331,14 +331,15 @@ def test_redis_without_persistence_or_with_eviction_is_named(database_url, clean
         # The dashboard's banner, over real HTTP.
         import httpx
 
-        from conveyor.api.auth import COOKIE, session_value
-        from tests.obs_support import TOKEN, api_server, redis_app
+        from conveyor.api import sessions
+        from conveyor.api.auth import COOKIE
+        from tests.obs_support import api_server, redis_app
 
         dashboard_app = redis_app(volatile.url)
         try:
             with api_server(dashboard_app) as url:
-                page = httpx.get(f"{url}/admin/queues", headers={"Cookie": f"{COOKIE}={session_value(TOKEN)}"},
-                                 timeout=10)
+                cookie = sessions.open_session(dashboard_app, "test")  # a signed-in operator's session
+                page = httpx.get(f"{url}/admin/queues", headers={"Cookie": f"{COOKIE}={cookie}"}, timeout=10)
             assert page.status_code == 200
             assert page.text.count('class="config-warning"') == 2 and "allkeys-lru" in page.text
         finally:
