@@ -57,8 +57,12 @@ class CreditRun:
 
 def charge(k: int, tag: str) -> dict:
     """The k-th charge's payload (a CreditConsume)."""
-    return {"user_id": f"u{k % USERS}", "task_id": f"task-{tag}", "message_id": f"m{k}",
-            "total_tokens": 1000 + k % 5000}
+    return {
+        "user_id": f"u{k % USERS}",
+        "task_id": f"task-{tag}",
+        "message_id": f"m{k}",
+        "total_tokens": 1000 + k % 5000,
+    }
 
 
 class _CreditWorkers(Peer):
@@ -122,8 +126,14 @@ def _function_runner(env: dict, threads: int):
         for k in share:
             c = charge(k, env["tag"])
             with pool.connection() as conn:
-                credits.consume(conn, user_id=c["user_id"], task_id=c["task_id"], message_id=c["message_id"],
-                                total_tokens=c["total_tokens"], price_per_1k=PRICE_PER_1K)
+                credits.consume(
+                    conn,
+                    user_id=c["user_id"],
+                    task_id=c["task_id"],
+                    message_id=c["message_id"],
+                    total_tokens=c["total_tokens"],
+                    price_per_1k=PRICE_PER_1K,
+                )
             probe.hit({"i": k})
 
     run.ready = barrier.ready
@@ -132,6 +142,7 @@ def _function_runner(env: dict, threads: int):
 
 def _sql_runner(env: dict, threads: int):
     import psycopg
+
     from conveyor.ledger import credits
 
     from . import probe
@@ -142,12 +153,20 @@ def _sql_runner(env: dict, threads: int):
         params = []
         for k in share:
             c = charge(k, env["tag"])
-            params.append((k, {
-                "reference_id": credits.consume_reference(c["task_id"], c["message_id"]),
-                "user_id": c["user_id"], "kind": "consume",
-                "amount": -credits.cost(c["total_tokens"], PRICE_PER_1K), "tokens": c["total_tokens"],
-                "task_id": c["task_id"], "message_id": c["message_id"],
-            }))
+            params.append(
+                (
+                    k,
+                    {
+                        "reference_id": credits.consume_reference(c["task_id"], c["message_id"]),
+                        "user_id": c["user_id"],
+                        "kind": "consume",
+                        "amount": -credits.cost(c["total_tokens"], PRICE_PER_1K),
+                        "tokens": c["total_tokens"],
+                        "task_id": c["task_id"],
+                        "message_id": c["message_id"],
+                    },
+                )
+            )
         statement = credits.QUERIES["apply_entry"]
         with psycopg.connect(env["database_url"], autocommit=True) as conn:
             barrier.arrive()
@@ -163,7 +182,7 @@ def _sql_runner(env: dict, threads: int):
 def _prepare_ledger(servers, tag: str) -> str:
     from conveyor.db import connect
     from conveyor.ledger import credits
-    from conveyor.ledger.migrate import migrate
+    from conveyor.schema.migrate import migrate
 
     url = servers.fresh_database("credit")
     migrate(url)
@@ -186,8 +205,15 @@ def _verify(url: str, ops: int) -> bool:
 def measure_credit(kind: str, servers, *, ops: int, processes: int, threads: int, tag: str) -> CreditRun:
     """Apply ``ops`` charges the ``kind`` way; see the module docstring."""
     url = _prepare_ledger(servers, tag)
-    env = {"broker": "redis", "redis_url": servers.redis_url, "database_url": url, "run_dir": str(servers.run_dir),
-           "tag": tag, "ops": ops, "processes": processes}
+    env = {
+        "broker": "redis",
+        "redis_url": servers.redis_url,
+        "database_url": url,
+        "run_dir": str(servers.run_dir),
+        "tag": tag,
+        "ops": ops,
+        "processes": processes,
+    }
     probe = Probe.create(processes)
     progress = probe.total
     producer = None
@@ -196,14 +222,15 @@ def measure_credit(kind: str, servers, *, ops: int, processes: int, threads: int
         producer = ConveyorProducer(env)
         requests = [_credit_request(k, tag) for k in range(ops)]
         for start in range(0, ops, BULK_CHUNK):
-            producer.app.jobs.enqueue_many(requests[start:start + BULK_CHUNK])
+            producer.app.jobs.enqueue_many(requests[start : start + BULK_CHUNK])
         broker = producer.app.broker
 
         def progress() -> int:
             return broker.queue_counts(QUEUE).completed_total
 
-    workers = Workers(_CreditWorkers(kind), env, processes, threads, probe, servers.run_dir,
-                      target=credit_child, target_name=kind)
+    workers = Workers(
+        _CreditWorkers(kind), env, processes, threads, probe, servers.run_dir, target=credit_child, target_name=kind
+    )
     try:
         with running(workers):
             cpu_before, server_before = workers.cpu_seconds(), servers.cpu_seconds()
@@ -212,8 +239,9 @@ def measure_credit(kind: str, servers, *, ops: int, processes: int, threads: int
             deadline = started + 60 + ops / 20
             while progress() < ops:
                 if time.perf_counter() > deadline:
-                    raise MeasurementFailed(f"credit/{kind}: {progress()} of {ops} charges in time"
-                                            f"{workers._log_tail()}")
+                    raise MeasurementFailed(
+                        f"credit/{kind}: {progress()} of {ops} charges in time{workers._log_tail()}"
+                    )
                 workers.check_alive()
                 time.sleep(POLL_SECONDS)
             seconds = time.perf_counter() - started
@@ -226,9 +254,8 @@ def measure_credit(kind: str, servers, *, ops: int, processes: int, threads: int
 
 
 def _credit_request(k: int, tag: str):
+    from conveyor.platform.payloads import CreditConsume
     from conveyor.tasks.jobqueue import JobRequest
-    from conveyor.tasks.payloads import CreditConsume
 
     payload = CreditConsume(**charge(k, tag))
     return JobRequest("credit.consume", payload, key=payload.idempotency_key())
-

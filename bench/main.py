@@ -59,29 +59,51 @@ def run(plan: dict, servers: Servers) -> Results:
     if any(p.name.startswith("conveyor") for p in peers) or plan["credit"]:
         from .peers.conveyor_peer import middleware_names
 
-        results.conveyor_middleware = middleware_names({"broker": "redis", "redis_url": servers.redis_url,
-                                                        "database_url": servers.admin_url})
+        results.conveyor_middleware = middleware_names(
+            {"broker": "redis", "redis_url": servers.redis_url, "database_url": servers.admin_url}
+        )
     common = {"processes": plan["processes"], "threads": plan["threads"]}
     started = time.monotonic()
     for rep in range(1, plan["reps"] + 1):
         if plan["throughput"]:
             for peer in peers:
-                _attempt(results, f"throughput/{peer.name} rep {rep}", results.throughput, peer.name,
-                         lambda: measure_throughput(peer, servers, jobs=plan["jobs"], tag=f"t{rep}", **common),
-                         lambda r: f"{r.rate:,.0f} jobs/s, enqueue {r.enqueue_rate:,.0f}/s, "
-                                   f"RSS {max(r.peak_rss_kb) // 1024} MiB")
+                _attempt(
+                    results,
+                    f"throughput/{peer.name} rep {rep}",
+                    results.throughput,
+                    peer.name,
+                    lambda: measure_throughput(peer, servers, jobs=plan["jobs"], tag=f"t{rep}", **common),
+                    lambda r: (
+                        f"{r.rate:,.0f} jobs/s, enqueue {r.enqueue_rate:,.0f}/s, RSS {max(r.peak_rss_kb) // 1024} MiB"
+                    ),
+                )
         if plan["latency"]:
             for peer in peers:
-                _attempt(results, f"latency/{peer.name} rep {rep}", results.latency, peer.name,
-                         lambda: measure_latency(peer, servers, jobs=plan["latency_jobs"],
-                                                 interval=plan["interval_ms"] / 1000, tag=f"l{rep}", **common),
-                         lambda r: f"p50 {r.percentile(50):.2f} p95 {r.percentile(95):.2f} "
-                                   f"p99 {r.percentile(99):.2f} ms")
+                _attempt(
+                    results,
+                    f"latency/{peer.name} rep {rep}",
+                    results.latency,
+                    peer.name,
+                    lambda: measure_latency(
+                        peer,
+                        servers,
+                        jobs=plan["latency_jobs"],
+                        interval=plan["interval_ms"] / 1000,
+                        tag=f"l{rep}",
+                        **common,
+                    ),
+                    lambda r: f"p50 {r.percentile(50):.2f} p95 {r.percentile(95):.2f} p99 {r.percentile(99):.2f} ms",
+                )
         if plan["credit"]:
             for kind in CREDIT_KINDS:
-                _attempt(results, f"credit/{kind} rep {rep}", results.credit, kind,
-                         lambda: measure_credit(kind, servers, ops=plan["credit_ops"], tag=f"c{rep}{kind}", **common),
-                         lambda r: f"{r.rate:,.0f} charges/s" + ("" if r.verified else " LEDGER NOT VERIFIED"))
+                _attempt(
+                    results,
+                    f"credit/{kind} rep {rep}",
+                    results.credit,
+                    kind,
+                    lambda: measure_credit(kind, servers, ops=plan["credit_ops"], tag=f"c{rep}{kind}", **common),
+                    lambda r: f"{r.rate:,.0f} charges/s" + ("" if r.verified else " LEDGER NOT VERIFIED"),
+                )
         servers.drop_databases()
     results.wall_seconds = time.monotonic() - started
     return results
@@ -108,8 +130,11 @@ def _attempt(results: Results, label: str, into: dict, key: str, measure, summar
 def server_versions(servers: Servers) -> dict:
     out = {}
     try:
-        out["redis-server"] = subprocess.run(["redis-server", "--version"], capture_output=True, text=True,
-                                             timeout=10).stdout.split()[2].removeprefix("v=")
+        out["redis-server"] = (
+            subprocess.run(["redis-server", "--version"], capture_output=True, text=True, timeout=10)
+            .stdout.split()[2]
+            .removeprefix("v=")
+        )
     except (OSError, IndexError, subprocess.SubprocessError):
         out["redis-server"] = "unknown"
     with servers.pg.connect() as conn:
@@ -125,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
 def run_from_args(args: argparse.Namespace) -> int:
     """Run with parsed options (``conveyor bench`` parses them itself); exit code 1 if anything failed."""
     plan = make_plan(args)
-    say(f"plan: {plan['jobs']:,} jobs x {plan['reps']} rep(s), peers: {', '.join(plan['peers_considered'])}"
-        + (", credit" if plan["credit"] else ""))
+    say(
+        f"plan: {plan['jobs']:,} jobs x {plan['reps']} rep(s), peers: {', '.join(plan['peers_considered'])}"
+        + (", credit" if plan["credit"] else "")
+    )
     with Servers.start(pg_durable=plan["pg_durable"]) as servers:
         say(f"private Redis at {servers.redis_url}, Postgres on port {servers.pg.port}")
         results = run(plan, servers)

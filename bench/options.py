@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-DESCRIPTION = ("Run conveyor's benchmarks against bare Dramatiq, Celery, dramatiq-postgres and procrastinate "
-               "on private Redis and Postgres servers, and write bench/RESULTS.md.")
+DESCRIPTION = (
+    "Run conveyor's benchmarks against bare Dramatiq, Celery, dramatiq-postgres and procrastinate "
+    "on private Redis and Postgres servers, and write bench/RESULTS.md."
+)
 
 DEFAULT_OUTPUT = Path(__file__).with_name("RESULTS.md")
 
@@ -27,12 +29,16 @@ def build_parser(prog: str = "python -m bench", add_help: bool = True) -> argpar
     p.add_argument("--credit-ops", type=int, help=f"charges per credit run (default {FULL['credit_ops']:,})")
     p.add_argument("--processes", type=int, default=2, help="worker processes per peer (default 2)")
     p.add_argument("--threads", type=int, default=8, help="threads (concurrency) per process (default 8)")
-    p.add_argument("--only", help="comma-separated peers (conveyor-redis, dramatiq-redis, celery-redis, "
-                   "conveyor-postgres, dramatiq-postgres, procrastinate) and/or 'credit'; default: all")
+    p.add_argument(
+        "--only",
+        help="comma-separated peers (conveyor-redis, dramatiq-redis, celery-redis, "
+        "conveyor-postgres, dramatiq-postgres, procrastinate) and/or 'credit'; default: all",
+    )
     p.add_argument("--skip", default="", help="comma-separated scenarios to leave out: throughput, latency, credit")
-    p.add_argument("--pg-durable", action="store_true",
-                   help="run Postgres durable (fsync, synchronous_commit on) instead of the test suite's fast settings")
+    p.add_argument(
+        "--pg-durable",
+        action="store_true",
+        help="run Postgres durable (fsync, synchronous_commit on) instead of the test suite's fast settings",
+    )
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"report path (default {DEFAULT_OUTPUT})")
     return p
-
-

@@ -56,8 +56,9 @@ def remaining(url: str, query: str) -> int:
         return conn.execute(query).fetchone()[0]
 
 
-def measure(url: str, enqueue, start_worker, stop_worker, remaining_query: str, probe: Probe,
-            jobs: int, samples: int) -> dict:
+def measure(
+    url: str, enqueue, start_worker, stop_worker, remaining_query: str, probe: Probe, jobs: int, samples: int
+) -> dict:
     t0 = time.perf_counter()
     for i in range(jobs):
         enqueue(f"bulk-{i}")
@@ -98,7 +99,7 @@ def run_conveyor(url: str, threads: int, jobs: int, samples: int, sync_worker_co
     sys.path.insert(0, str(ROOT))
     import conveyor.brokers.postgres
     from conveyor.app import App
-    from conveyor.ledger.migrate import migrate
+    from conveyor.schema.migrate import migrate
     from conveyor.settings import Settings
     from conveyor.tasks.payloads import Payload
     from conveyor.tasks.registry import job
@@ -118,9 +119,16 @@ def run_conveyor(url: str, threads: int, jobs: int, samples: int, sync_worker_co
     app = App(Settings(broker="postgres", database_url=url))
     worker = ProcessWorker(app, QUEUE, threads=threads)
     try:
-        return measure(url, lambda token: app.jobs.enqueue("bench.noop", {"token": token}), worker.start,
-                       worker.stop, "SELECT count(*) FROM conveyor_jobs WHERE status <> 'done'", probe, jobs,
-                       samples)
+        return measure(
+            url,
+            lambda token: app.jobs.enqueue("bench.noop", {"token": token}),
+            worker.start,
+            worker.stop,
+            "SELECT count(*) FROM conveyor_jobs WHERE status <> 'done'",
+            probe,
+            jobs,
+            samples,
+        )
     finally:
         app.close()
 
@@ -134,8 +142,9 @@ def run_dramatiq_postgres(url: str, threads: int, jobs: int, samples: int) -> di
     with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
         init(cur)
     broker = PostgresBroker(url=url, results=False)
-    return _run_dramatiq(broker, dramatiq, url, threads, jobs, samples,
-                         "SELECT count(*) FROM dramatiq.queue WHERE state <> 'rejected'")
+    return _run_dramatiq(
+        broker, dramatiq, url, threads, jobs, samples, "SELECT count(*) FROM dramatiq.queue WHERE state <> 'rejected'"
+    )
 
 
 def run_dramatiq_pg(url: str, threads: int, jobs: int, samples: int) -> dict:
@@ -147,8 +156,15 @@ def run_dramatiq_pg(url: str, threads: int, jobs: int, samples: int) -> dict:
     with psycopg2.connect(url) as conn, conn.cursor() as cur:
         cur.execute(generate_init_sql())
     broker = PostgresBroker(url=url, results=False)
-    return _run_dramatiq(broker, dramatiq, url, threads, jobs, samples,
-                         "SELECT count(*) FROM dramatiq.queue WHERE state IN ('queued', 'consumed')")
+    return _run_dramatiq(
+        broker,
+        dramatiq,
+        url,
+        threads,
+        jobs,
+        samples,
+        "SELECT count(*) FROM dramatiq.queue WHERE state IN ('queued', 'consumed')",
+    )
 
 
 def _run_dramatiq(broker, dramatiq, url, threads, jobs, samples, remaining_query) -> dict:
@@ -166,8 +182,7 @@ def _run_dramatiq(broker, dramatiq, url, threads, jobs, samples, remaining_query
         worker.start()
 
     try:
-        return measure(url, lambda token: noop.send(token), start, worker.stop, remaining_query, probe, jobs,
-                       samples)
+        return measure(url, lambda token: noop.send(token), start, worker.stop, remaining_query, probe, jobs, samples)
     finally:
         broker.close()
 
@@ -186,8 +201,13 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument("--peer", action="append", default=[], metavar="NAME=PYTHON",
-                        help="also measure a peer (dramatiq-postgres, dramatiq-pg) with that interpreter")
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="also measure a peer (dramatiq-postgres, dramatiq-pg) with that interpreter",
+    )
     parser.add_argument("--system", choices=sorted(SYSTEMS), help="(internal) measure one system on --url")
     parser.add_argument("--url", help="(internal) the database of --system")
     args = parser.parse_args()
@@ -206,9 +226,26 @@ def main() -> int:
         for name, python in runs:
             db = f"bench_{name.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
             pg.create_database(db)
-            out = subprocess.run([python, __file__, "--system", name, "--url", pg.url(db), "--jobs", str(args.jobs),
-                                  "--threads", str(args.threads), "--samples", str(args.samples)],
-                                 capture_output=True, text=True, cwd=ROOT, timeout=1800)
+            out = subprocess.run(
+                [
+                    python,
+                    __file__,
+                    "--system",
+                    name,
+                    "--url",
+                    pg.url(db),
+                    "--jobs",
+                    str(args.jobs),
+                    "--threads",
+                    str(args.threads),
+                    "--samples",
+                    str(args.samples),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=1800,
+            )
             lines = [line for line in out.stdout.splitlines() if line.startswith('{"system"')]
             if out.returncode or not lines:
                 print(json.dumps({"system": name, "error": out.stderr.strip().splitlines()[-5:]}), flush=True)

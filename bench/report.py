@@ -15,8 +15,18 @@ from .credit import KINDS as CREDIT_KINDS
 from .peers import PEERS
 
 #: Distributions whose versions the report lists.
-DISTRIBUTIONS = ("conveyor", "dramatiq", "redis", "celery", "kombu", "dramatiq-postgres", "procrastinate",
-                 "psycopg", "psycopg-pool", "pydantic")
+DISTRIBUTIONS = (
+    "conveyor",
+    "dramatiq",
+    "redis",
+    "celery",
+    "kombu",
+    "dramatiq-postgres",
+    "procrastinate",
+    "psycopg",
+    "psycopg-pool",
+    "pydantic",
+)
 
 
 @dataclass
@@ -30,7 +40,7 @@ class Results:
     skipped: dict = field(default_factory=dict)  # peer -> why
     failures: list = field(default_factory=list)  # "scenario/peer rep n: message"
     notes: list = field(default_factory=list)
-    started: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc))
+    started: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC))
     load_before: tuple = field(default_factory=os.getloadavg)
     load_after: tuple = ()
     wall_seconds: float = 0.0
@@ -52,8 +62,9 @@ class Target:
 TARGETS = (
     Target("conveyor on Redis >= 0.85x bare Dramatiq throughput", "ratio", 0.85, "conveyor-redis", "dramatiq-redis"),
     Target("conveyor on Redis >= 3x Celery throughput", "ratio", 3.0, "conveyor-redis", "celery-redis"),
-    Target("conveyor's Postgres broker >= 1.0x dramatiq-postgres", "ratio", 1.0, "conveyor-postgres",
-           "dramatiq-postgres"),
+    Target(
+        "conveyor's Postgres broker >= 1.0x dramatiq-postgres", "ratio", 1.0, "conveyor-postgres", "dramatiq-postgres"
+    ),
     Target("conveyor's Postgres broker >= 3x procrastinate", "ratio", 3.0, "conveyor-postgres", "procrastinate"),
     Target("p50 enqueue-to-start <= 5 ms on Redis", "max_ms", 5.0, "conveyor-redis"),
     Target("p50 enqueue-to-start <= 15 ms on Postgres", "max_ms", 15.0, "conveyor-postgres"),
@@ -144,8 +155,16 @@ def versions() -> dict:
 
 def git_revision() -> str:
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                              timeout=10, cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "describe", "--always", "--dirty"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                cwd=os.path.dirname(__file__),
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -203,10 +222,14 @@ def render(results: Results) -> str:
         rows.append([target.text, figure, paired, verdict])
     lines += _table(["target (issue 7)", "measured (ratio of medians)", "per repetition", "verdict"], rows)
     lines += ["", "## 1–2, 5. No-op throughput, bulk enqueue, worker memory", ""]
-    lines += [f"{plan['jobs']:,} jobs enqueued first, then drained; rate = jobs / (last job start − first job start)."
-              " CPU is all worker processes (resp. the Redis or Postgres server with its backends) during the"
-              " drain, per job.", ""]
+    lines += [
+        f"{plan['jobs']:,} jobs enqueued first, then drained; rate = jobs / (last job start − first job start)."
+        " CPU is all worker processes (resp. the Redis or Postgres server with its backends) during the"
+        " drain, per job.",
+        "",
+    ]
     for backend in ("redis", "postgres"):
+
         def row(name):
             runs = results.throughput.get(name, [])
             if not runs:
@@ -222,29 +245,50 @@ def render(results: Results) -> str:
         rows = _peer_rows(results, backend, row)
         if rows:
             lines += [f"**{backend.capitalize()}**", ""]
-            lines += _table(["peer", "jobs/s", "bulk enqueue jobs/s", "peak RSS per worker process (MiB)",
-                             "worker CPU ms/job", "server CPU ms/job"], rows)
+            lines += _table(
+                [
+                    "peer",
+                    "jobs/s",
+                    "bulk enqueue jobs/s",
+                    "peak RSS per worker process (MiB)",
+                    "worker CPU ms/job",
+                    "server CPU ms/job",
+                ],
+                rows,
+            )
             lines.append("")
-    lines += ["## 3. Enqueue-to-start latency (idle workers)", "",
-              "Time from just before the enqueue call to the start of the job body, in ms.", ""]
+    lines += [
+        "## 3. Enqueue-to-start latency (idle workers)",
+        "",
+        "Time from just before the enqueue call to the start of the job body, in ms.",
+        "",
+    ]
     for backend in ("redis", "postgres"):
+
         def row(name):
             runs = results.latency.get(name, [])
             if not runs:
                 return [_absent(results, "latency"), "", "", ""]
             return [spread([r.percentile(p) for r in runs], "{:.2f}") for p in (50, 95, 99)] + [
-                str(min(len(r.seconds) for r in runs))]
+                str(min(len(r.seconds) for r in runs))
+            ]
 
         rows = _peer_rows(results, backend, row)
         if rows:
             lines += _table([f"peer ({backend})", "p50", "p95", "p99", "jobs timed"], rows)
             lines.append("")
-    lines += ["## 4. credit.consume end to end vs the SQL it runs", "",
-              f"{plan['credit_ops']:,} charges over 100 accounts from {plan['processes']} x {plan['threads']}"
-              " threads; timed from the go signal to the last charge applied; ledger verified after each run.", ""]
-    labels = {"conveyor": "credit.consume jobs through conveyor on Redis (enqueued first)",
-              "function": "ledger.credits.consume() on app.pool, no broker",
-              "sql": "the apply_entry statement alone, one connection per thread"}
+    lines += [
+        "## 4. credit.consume end to end vs the SQL it runs",
+        "",
+        f"{plan['credit_ops']:,} charges over 100 accounts from {plan['processes']} x {plan['threads']}"
+        " threads; timed from the go signal to the last charge applied; ledger verified after each run.",
+        "",
+    ]
+    labels = {
+        "conveyor": "credit.consume jobs through conveyor on Redis (enqueued first)",
+        "function": "ledger.credits.consume() on app.pool, no broker",
+        "sql": "the apply_entry statement alone, one connection per thread",
+    }
     rows = []
     sql = [r.rate for r in results.credit.get("sql", [])]
     for kind in CREDIT_KINDS:
@@ -254,29 +298,56 @@ def render(results: Results) -> str:
             continue
         rate = [r.rate for r in runs]
         vs = f"{statistics.median(rate) / statistics.median(sql):.2f}x" if sql else "—"
-        rows.append([labels[kind], spread(rate), vs,
-                     spread([r.worker_cpu_s / r.ops * 1000 for r in runs], "{:.3f}"),
-                     spread([r.server_cpu_s / r.ops * 1000 for r in runs], "{:.3f}"),
-                     "yes" if all(r.verified for r in runs) else "**NO**"])
-    lines += _table(["path", "charges/s", "vs raw SQL", "client CPU ms/charge", "Redis + Postgres CPU ms/charge",
-                     "ledger verified"], rows)
+        rows.append(
+            [
+                labels[kind],
+                spread(rate),
+                vs,
+                spread([r.worker_cpu_s / r.ops * 1000 for r in runs], "{:.3f}"),
+                spread([r.server_cpu_s / r.ops * 1000 for r in runs], "{:.3f}"),
+                "yes" if all(r.verified for r in runs) else "**NO**",
+            ]
+        )
+    lines += _table(
+        [
+            "path",
+            "charges/s",
+            "vs raw SQL",
+            "client CPU ms/charge",
+            "Redis + Postgres CPU ms/charge",
+            "ledger verified",
+        ],
+        rows,
+    )
     lines += ["", "## How each peer ran", ""]
     for name, peer in PEERS.items():
         if name in plan["peers_considered"]:
             lines.append(f"- **{peer.label}** (`{name}`): {peer.describe()}.")
     if results.conveyor_middleware:
-        lines.append(f"- conveyor's middleware in this run: {', '.join(results.conveyor_middleware)}"
-                     + ("" if any("etric" in m for m in results.conveyor_middleware)
-                        else " (no metrics middleware exists on this branch yet)") + ".")
-    lines.append(f"- conveyor's event logs: INFO, JSON lines written to a file per worker process "
-                 f"(a real disk write per line, as in production).")
+        lines.append(
+            f"- conveyor's middleware in this run: {', '.join(results.conveyor_middleware)}"
+            + (
+                ""
+                if any("etric" in m for m in results.conveyor_middleware)
+                else " (no metrics middleware exists on this branch yet)"
+            )
+            + "."
+        )
+    lines.append(
+        "- conveyor's event logs: INFO, JSON lines written to a file per worker process "
+        "(a real disk write per line, as in production)."
+    )
     if plan.get("pg_durable"):
-        lines.append("- Redis and Postgres are private servers started for the run; Postgres is **durable** "
-                     "(fsync, synchronous_commit, full_page_writes on: every commit waits for the disk).")
+        lines.append(
+            "- Redis and Postgres are private servers started for the run; Postgres is **durable** "
+            "(fsync, synchronous_commit, full_page_writes on: every commit waits for the disk)."
+        )
     else:
-        lines.append("- Redis and Postgres are private servers started for the run; Postgres runs with fsync and "
-                     "synchronous_commit off (the test suite's settings), the same for every Postgres peer "
-                     "(`--pg-durable` runs it durable, as in production).")
+        lines.append(
+            "- Redis and Postgres are private servers started for the run; Postgres runs with fsync and "
+            "synchronous_commit off (the test suite's settings), the same for every Postgres peer "
+            "(`--pg-durable` runs it durable, as in production)."
+        )
     for note in results.notes:
         lines.append(f"- {note}")
     if results.failures:
@@ -289,15 +360,33 @@ def render(results: Results) -> str:
     raw = []
     for name, runs in results.throughput.items():
         for n, r in enumerate(runs, 1):
-            raw.append([f"throughput/{name}", str(n), f"{r.rate:,.0f} jobs/s in {r.seconds:.2f} s",
-                        f"enqueue {r.enqueue_rate:,.0f}/s, RSS {'/'.join(str(k // 1024) for k in r.peak_rss_kb)} MiB"])
+            raw.append(
+                [
+                    f"throughput/{name}",
+                    str(n),
+                    f"{r.rate:,.0f} jobs/s in {r.seconds:.2f} s",
+                    f"enqueue {r.enqueue_rate:,.0f}/s, RSS {'/'.join(str(k // 1024) for k in r.peak_rss_kb)} MiB",
+                ]
+            )
     for name, runs in results.latency.items():
         for n, r in enumerate(runs, 1):
-            raw.append([f"latency/{name}", str(n), f"p50 {r.percentile(50):.2f} / p95 {r.percentile(95):.2f} / "
-                        f"p99 {r.percentile(99):.2f} ms", f"mean {r.mean_ms:.2f} ms, {len(r.seconds)} jobs"])
+            raw.append(
+                [
+                    f"latency/{name}",
+                    str(n),
+                    f"p50 {r.percentile(50):.2f} / p95 {r.percentile(95):.2f} / p99 {r.percentile(99):.2f} ms",
+                    f"mean {r.mean_ms:.2f} ms, {len(r.seconds)} jobs",
+                ]
+            )
     for kind, runs in results.credit.items():
         for n, r in enumerate(runs, 1):
-            raw.append([f"credit/{kind}", str(n), f"{r.rate:,.0f} charges/s in {r.seconds:.2f} s",
-                        "verified" if r.verified else "NOT VERIFIED"])
+            raw.append(
+                [
+                    f"credit/{kind}",
+                    str(n),
+                    f"{r.rate:,.0f} charges/s in {r.seconds:.2f} s",
+                    "verified" if r.verified else "NOT VERIFIED",
+                ]
+            )
     lines += _table(["measurement", "rep", "figure", "detail"], raw)
     return "\n".join(lines) + "\n"

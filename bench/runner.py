@@ -103,15 +103,36 @@ def _redirect_output(path: str) -> None:
 class Workers:
     """``processes`` worker processes of one peer, started and readied together."""
 
-    def __init__(self, peer: Peer, env: dict, processes: int, threads: int, probe: Probe, run_dir: Path,
-                 target=child_main, target_name: str | None = None) -> None:
+    def __init__(
+        self,
+        peer: Peer,
+        env: dict,
+        processes: int,
+        threads: int,
+        probe: Probe,
+        run_dir: Path,
+        target=child_main,
+        target_name: str | None = None,
+    ) -> None:
         self.go = _spawn.Event()
         self.ready = [_spawn.Event() for _ in range(processes)]
         self.logs = [run_dir / f"{peer.name}-worker-{slot}-{time.monotonic_ns()}.log" for slot in range(processes)]
         self.processes = [
-            _spawn.Process(target=target, name=f"bench-{peer.name}-{slot}", daemon=True,
-                           args=(target_name or peer.name, env, threads, probe, slot, self.ready[slot], self.go,
-                                 str(self.logs[slot])))
+            _spawn.Process(
+                target=target,
+                name=f"bench-{peer.name}-{slot}",
+                daemon=True,
+                args=(
+                    target_name or peer.name,
+                    env,
+                    threads,
+                    probe,
+                    slot,
+                    self.ready[slot],
+                    self.go,
+                    str(self.logs[slot]),
+                ),
+            )
             for slot in range(processes)
         ]
 
@@ -123,8 +144,9 @@ class Workers:
             while not ready.wait(0.1):
                 self.check_alive()
                 if time.monotonic() > deadline:
-                    raise MeasurementFailed(f"worker {process.name} not ready within {BOOT_TIMEOUT:.0f}s"
-                                            f"{self._log_tail()}")
+                    raise MeasurementFailed(
+                        f"worker {process.name} not ready within {BOOT_TIMEOUT:.0f}s{self._log_tail()}"
+                    )
 
     def release(self) -> None:
         self.go.set()
@@ -132,8 +154,7 @@ class Workers:
     def check_alive(self) -> None:
         for process in self.processes:
             if not process.is_alive():
-                raise MeasurementFailed(f"worker {process.name} exited with code {process.exitcode}"
-                                        f"{self._log_tail()}")
+                raise MeasurementFailed(f"worker {process.name} exited with code {process.exitcode}{self._log_tail()}")
 
     def peak_rss_kb(self) -> list[int]:
         return [procstat.peak_rss_kb(p.pid) for p in self.processes]
@@ -175,8 +196,9 @@ def wait_for_jobs(probe: Probe, count: int, workers: Workers, timeout: float) ->
     deadline = time.monotonic() + timeout
     while probe.total() < count:
         if time.monotonic() > deadline:
-            raise MeasurementFailed(f"only {probe.total()} of {count} jobs ran within {timeout:.0f}s"
-                                    f"{workers._log_tail()}")
+            raise MeasurementFailed(
+                f"only {probe.total()} of {count} jobs ran within {timeout:.0f}s{workers._log_tail()}"
+            )
         workers.check_alive()
         time.sleep(POLL_SECONDS)
 
@@ -212,8 +234,9 @@ def measure_throughput(peer: Peer, servers, *, jobs: int, processes: int, thread
         )
 
 
-def measure_latency(peer: Peer, servers, *, jobs: int, interval: float, processes: int, threads: int,
-                    tag: str) -> Latency:
+def measure_latency(
+    peer: Peer, servers, *, jobs: int, interval: float, processes: int, threads: int, tag: str
+) -> Latency:
     """Enqueue one job every ``interval`` seconds to idle workers; return each job's enqueue-to-start time."""
     env = peer.setup(servers, tag)
     probe = Probe.create(processes, latency_slots=jobs)

@@ -28,8 +28,9 @@ DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 class Servers:
     """A private Redis and Postgres; ``fresh_database`` gives each measurement its own database."""
 
-    def __init__(self, redis_url: str, pg: PostgresServer, run_dir: Path, owned: tuple = (),
-                 pg_durable: bool = False) -> None:
+    def __init__(
+        self, redis_url: str, pg: PostgresServer, run_dir: Path, owned: tuple = (), pg_durable: bool = False
+    ) -> None:
         self.redis_url = redis_url
         self.pg = pg
         self.pg_durable = pg_durable
@@ -44,8 +45,7 @@ class Servers:
         run_dir = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
         redis_server = RedisServer(tempfile.mkdtemp(prefix="conveyor-bench-redis-"))
         try:
-            pg = PostgresServer(tempfile.mkdtemp(prefix="conveyor-bench-pg-"),
-                                settings=DURABLE if pg_durable else None)
+            pg = PostgresServer(tempfile.mkdtemp(prefix="conveyor-bench-pg-"), settings=DURABLE if pg_durable else None)
         except BaseException:
             redis_server.close()
             raise

@@ -18,10 +18,10 @@ leaves the agent platform's jobs and queues out); enqueue with
 ``App().jobs.enqueue("email.send", {"to": "a@example.com"})``.
 """
 
-from .app import App
-from .tasks.payloads import Payload
-from .tasks.queues import Queue
-from .tasks.registry import job, on_final_failure
-from .version import __version__
+from conveyor.app import App
+from conveyor.tasks.payloads import Payload
+from conveyor.tasks.queues import Queue
+from conveyor.tasks.registry import job, on_final_failure
+from conveyor.version import __version__
 
 __all__ = ["App", "Payload", "Queue", "job", "on_final_failure", "__version__"]

@@ -3,7 +3,7 @@
 A key names its user; the API's auth (:mod:`conveyor.api.auth`) and the
 ``conveyor users`` commands go through here. Only a key's digest is stored.
 The tables are created by migration ``0050_access.sql``; the SQL is in
-``access.sql``. Nothing here imports the platform (``conveyor.records``).
+``access.sql``. Nothing here imports the platform (``conveyor.platform.records``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .db import load_queries
-from .errors import RecordNotFound
+from conveyor.db import load_queries
+from conveyor.errors import RecordNotFound
 
 QUERIES = load_queries(Path(__file__).with_name("access.sql"))
 

@@ -7,13 +7,13 @@ import threading
 from functools import cached_property
 from typing import Any, Callable
 
-from .backends import Backend, backend_for
-from .logs import log_event
-from .settings import Settings, get_settings
-from .tasks.context import JobContext
-from .tasks.jobqueue import JobQueue
-from .tasks.queues import queue_specs
-from .tasks.registry import JobType, check_loaded_settings, load_job_types
+from conveyor.backends import Backend, backend_for
+from conveyor.logs import log_event
+from conveyor.settings import Settings, get_settings
+from conveyor.tasks.context import JobContext
+from conveyor.tasks.jobqueue import JobQueue
+from conveyor.tasks.queues import queue_specs
+from conveyor.tasks.registry import JobType, check_loaded_settings, load_job_types
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 #: ``CONVEYOR_PLATFORM=false``; the library never imports the platform itself.
 PLATFORM_JOBS = "conveyor.platform.jobs"
 #: The packages whose job types and queues are the platform's (left out when it is switched off).
-PLATFORM_PACKAGES = ("conveyor.platform", "conveyor.tasks.processors")
+PLATFORM_PACKAGES = ("conveyor.platform",)
 
 
 class App:
@@ -51,8 +51,8 @@ class App:
         """``DATABASE_URL``, or the embedded Postgres started (and migrated) on first use."""
         if self.settings.database_url:
             return self.settings.database_url
-        from .embedded import start_embedded
-        from .ledger.migrate import migrate
+        from conveyor.embedded import start_embedded
+        from conveyor.schema.migrate import migrate
 
         url = start_embedded(self.settings.data_dir)
         migrate(url)
@@ -62,11 +62,11 @@ class App:
         """The middleware every broker runs, in order (``after_*`` hooks run in reverse)."""
         from dramatiq.middleware import CurrentMessage, TimeLimit
 
-        from .brokers.middleware.events import Events
-        from .brokers.middleware.fleet import Fleet
-        from .brokers.middleware.metrics import Metrics
-        from .brokers.middleware.retries import Retries
-        from .brokers.middleware.webhook import FailureWebhook
+        from conveyor.middleware.events import Events
+        from conveyor.middleware.fleet import Fleet
+        from conveyor.middleware.metrics import Metrics
+        from conveyor.middleware.retries import Retries
+        from conveyor.middleware.webhook import FailureWebhook
 
         metrics = Metrics()
         return [
@@ -87,27 +87,33 @@ class App:
 
         The composition root: settings -> middleware -> broker -> actors, in this one place.
         """
-        from .tasks.actors import declare_actors
+        from conveyor.tasks.actors import declare_actors
 
         settings = self.settings
         middleware = self.build_middleware()
         name = self.backend.broker
         if name == "redis":
-            from .brokers.redis import RedisBroker
-            from .errors import ConfigurationError
+            from conveyor.brokers.redis import RedisBroker
+            from conveyor.errors import ConfigurationError
 
             if not settings.redis_url:
                 raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
-            broker = RedisBroker(url=settings.redis_url, middleware=middleware, namespace=settings.redis_namespace,
-                                 heartbeat_timeout=settings.heartbeat_timeout, retention=settings.retention,
-                                 settings=settings)
+            broker = RedisBroker(
+                url=settings.redis_url,
+                middleware=middleware,
+                namespace=settings.redis_namespace,
+                heartbeat_timeout=settings.heartbeat_timeout,
+                retention=settings.retention,
+                settings=settings,
+            )
         elif name == "postgres":
-            from .brokers.postgres import PostgresBroker
+            from conveyor.brokers.postgres import PostgresBroker
 
-            broker = PostgresBroker(self.database_url, middleware=middleware, settings=settings,
-                                    on_dead=self.final_failure)
+            broker = PostgresBroker(
+                self.database_url, middleware=middleware, settings=settings, on_dead=self.final_failure
+            )
         else:
-            from .brokers.inline import InlineBroker
+            from conveyor.brokers.inline import InlineBroker
 
             broker = InlineBroker(middleware=middleware)
         declare_actors(broker, self)
@@ -123,7 +129,7 @@ class App:
         """A psycopg connection pool on the database, opened on first use."""
         with self._lock:
             if self._pool is None:
-                from .db import open_pool
+                from conveyor.db import open_pool
 
                 self._pool = open_pool(self.database_url)
             return self._pool
@@ -136,21 +142,33 @@ class App:
         """Run once when a job has spent its attempts: its job type's hook, then every middleware's ``after_job_dead``."""
         job_type = self.job_types.get(message.actor_name)
         if job_type and job_type.on_final_failure:
-            from .tasks.actors import load_payload
+            from conveyor.tasks.actors import load_payload
 
             try:
                 payload = load_payload(job_type, message.args[0] if message.args else None)
             except Exception:
                 payload = None
-            ctx = JobContext(job_type.name, job_type.queue, message.message_id,
-                             message.options.get("attempt", 0), self.max_attempts(job_type), self)
+            ctx = JobContext(
+                job_type.name,
+                job_type.queue,
+                message.message_id,
+                message.options.get("attempt", 0),
+                self.max_attempts(job_type),
+                self,
+            )
             try:
                 job_type.on_final_failure(payload, error, ctx)
             except Exception as exc:
-                log_event("error", level="error", queue=message.queue_name, job=message.actor_name,
-                          job_id=message.message_id, attempt=message.options.get("attempt"),
-                          error=f"final-failure hook raised {type(exc).__name__}: {exc}")
-        from .brokers.middleware.base import conveyor_middleware
+                log_event(
+                    "error",
+                    level="error",
+                    queue=message.queue_name,
+                    job=message.actor_name,
+                    job_id=message.message_id,
+                    attempt=message.options.get("attempt"),
+                    error=f"final-failure hook raised {type(exc).__name__}: {exc}",
+                )
+        from conveyor.middleware.base import conveyor_middleware
 
         for middleware in conveyor_middleware(broker):
             try:
@@ -187,8 +205,8 @@ def run_worker_process(queue: str, threads: int | None = None) -> None:
     then drain and exit. Here, not in tasks/worker.py: the process's App is built by the composition root."""
     import signal
 
-    from .logs import configure_logging
-    from .tasks.worker import ProcessWorker
+    from conveyor.logs import configure_logging
+    from conveyor.tasks.worker import ProcessWorker
 
     app = App()
     configure_logging(app.settings.log_level)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .settings import BrokerName, Settings
+from conveyor.settings import BrokerName, Settings
 
 Store = Literal["redis", "postgres", "memory"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from .errors import DatabaseUnavailable
+from conveyor.errors import DatabaseUnavailable
 
 _NAME = re.compile(r"^--\s*name:\s*([\w.]+)\s*$", re.MULTILINE)
 
@@ -37,8 +37,15 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 20, name: str = "c
     connection broken by a server restart fails once, the job retries, and
     the pool discards it.
     """
-    pool = ConnectionPool(url, min_size=min_size, max_size=max_size, name=name, open=False,
-                          kwargs={"autocommit": True}, reconnect_timeout=60)
+    pool = ConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        name=name,
+        open=False,
+        kwargs={"autocommit": True},
+        reconnect_timeout=60,
+    )
     try:
         pool.open(wait=True, timeout=30)
     except psycopg.Error as exc:

@@ -59,7 +59,7 @@ import warnings
 from pathlib import Path
 from urllib.parse import quote
 
-from .errors import ConfigurationError, ConveyorError, DatabaseUnavailable
+from conveyor.errors import ConfigurationError, ConveyorError, DatabaseUnavailable
 
 _log = logging.getLogger(__name__)
 
@@ -255,8 +255,11 @@ def _build_key(source: Path) -> str:
     except metadata.PackageNotFoundError:
         version, record = "unknown", ""
     if not record:  # not installed by pip: the files' names, sizes and times
-        record = "\n".join(f"{p.relative_to(source)} {p.stat().st_size} {p.stat().st_mtime_ns}"
-                           for p in sorted(source.rglob("*")) if p.is_file())
+        record = "\n".join(
+            f"{p.relative_to(source)} {p.stat().st_size} {p.stat().st_mtime_ns}"
+            for p in sorted(source.rglob("*"))
+            if p.is_file()
+        )
     return f"{version}-{hashlib.sha256(record.encode()).hexdigest()[:12]}"
 
 
@@ -267,8 +270,9 @@ def _copy_install(source: Path, cache: Path, target: Path) -> None:
         install.mkdir(parents=True)
         for part in ("bin", "lib", "share"):
             # Static libraries, pkg-config files and headers are for building, not running.
-            shutil.copytree(source / part, install / part, symlinks=True,
-                            ignore=shutil.ignore_patterns("*.a", "pkgconfig"))
+            shutil.copytree(
+                source / part, install / part, symlinks=True, ignore=shutil.ignore_patterns("*.a", "pkgconfig")
+            )
         libs = source.parent.parent / "pgserver.libs"  # the wheel's bundled libpq, if any
         if libs.is_dir():
             shutil.copytree(libs, partial / "pgserver.libs", symlinks=True)
@@ -313,7 +317,7 @@ def _remove_partial_copies(cache: Path) -> None:
     import psutil
 
     for path in cache.glob(f"{_PARTIAL}*"):
-        pid = path.name[len(_PARTIAL):].split("-", 1)[0]
+        pid = path.name[len(_PARTIAL) :].split("-", 1)[0]
         if not (pid.isdigit() and psutil.pid_exists(int(pid))):
             shutil.rmtree(path, ignore_errors=True)
 
@@ -356,7 +360,8 @@ def _check_root_owned(path: Path) -> None:
         raise ConfigurationError(
             f"running as root, the embedded Postgres needs {path} to be a directory owned by root that "
             f"only root can write; it is {kind} owned by uid {st.st_uid}: remove it, or set "
-            f"CONVEYOR_DATA_DIR to a directory of root's")
+            f"CONVEYOR_DATA_DIR to a directory of root's"
+        )
 
 
 def _is_running(info) -> bool:
@@ -435,4 +440,5 @@ def _refuse_to_open_up(data_dir: Path) -> None:
     raise ConfigurationError(
         f"running as root, the embedded Postgres runs as user {ROOT_RUNS_AS!r}, which cannot enter "
         f"{closed} (mode {stat.filemode(closed.stat().st_mode)}) above the data directory {data_dir}; "
-        f"{step}, set DATABASE_URL to a PostgreSQL you run, or run as a non-root user")
+        f"{step}, set DATABASE_URL to a PostgreSQL you run, or run as a non-root user"
+    )

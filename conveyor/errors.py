@@ -45,8 +45,7 @@ class InvalidPayload(EnqueueError):
 
     def __init__(self, job: str, errors: list[dict]) -> None:
         fields = "; ".join(
-            f"{'.'.join(str(p) for p in err.get('loc', ())) or '<payload>'}: {err.get('msg')}"
-            for err in errors
+            f"{'.'.join(str(p) for p in err.get('loc', ())) or '<payload>'}: {err.get('msg')}" for err in errors
         )
         super().__init__(f"invalid payload for job {job!r}: {fields}")
         self.job = job

@@ -21,7 +21,7 @@ import time
 from typing import Any, Iterable
 from urllib.parse import urlsplit
 
-from .redaction import scrub
+from conveyor.redaction import scrub
 
 logger = logging.getLogger("conveyor.events")
 
@@ -32,8 +32,16 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 _direct: logging.StreamHandler | None = None
 
 
-def log_event(event: str, *, level: str = "info", queue: str | None, job: str | None,
-              job_id: str | None, attempt: int | None, **fields: Any) -> None:
+def log_event(
+    event: str,
+    *,
+    level: str = "info",
+    queue: str | None,
+    job: str | None,
+    job_id: str | None,
+    attempt: int | None,
+    **fields: Any,
+) -> None:
     """Write one event line. Extra fields must hold no secret values."""
     lvl = _LEVELS[level]
     if not logger.isEnabledFor(lvl):
@@ -43,9 +51,17 @@ def log_event(event: str, *, level: str = "info", queue: str | None, job: str | 
         # A worker writes two lines per job: skip the LogRecord and formatter
         # machinery and write the same JSON line under the handler's lock.
         now = time.time()
-        record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z",
-                  "level": level, "logger": logger.name, "event": event, "queue": queue, "job": job,
-                  "job_id": job_id, "attempt": attempt, **fields}
+        record = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z",
+            "level": level,
+            "logger": logger.name,
+            "event": event,
+            "queue": queue,
+            "job": job,
+            "job_id": job_id,
+            "attempt": attempt,
+            **fields,
+        }
         text = json.dumps(record, default=str, separators=(",", ":")) + "\n"
         handler.acquire()
         try:
@@ -131,8 +147,12 @@ class RedactingFilter(logging.Filter):
         self.secrets = secret_fragments(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.secrets or (record.args and isinstance(record.args, tuple) and len(record.args) == 1
-                                and isinstance(record.args[0], _EventLine)):
+        if not self.secrets or (
+            record.args
+            and isinstance(record.args, tuple)
+            and len(record.args) == 1
+            and isinstance(record.args[0], _EventLine)
+        ):
             return True  # conveyor's own events carry no secret values (see log_event)
         try:
             message = record.getMessage()
@@ -149,8 +169,8 @@ class RedactingFilter(logging.Filter):
 
 def _settings_secrets() -> list[str]:
     try:
-        from .redaction import settings_secrets
-        from .settings import get_settings
+        from conveyor.redaction import settings_secrets
+        from conveyor.settings import get_settings
 
         return settings_secrets(get_settings())
     except Exception:  # settings that do not validate are reported elsewhere; nothing to scrub yet

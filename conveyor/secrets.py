@@ -19,9 +19,9 @@ from collections.abc import Mapping
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from .errors import SecretKeyError
-from .logs import log_event
-from .settings import Settings
+from conveyor.errors import SecretKeyError
+from conveyor.logs import log_event
+from conveyor.settings import Settings
 
 #: Every Fernet token starts with this version byte.
 _FERNET_VERSION = 0x80
@@ -80,8 +80,9 @@ def encrypt_env(settings: Settings, env: Mapping[str, str]) -> dict[str, str]:
     return {name: box.encrypt(value) for name, value in env.items()}
 
 
-def decrypt_env(settings: Settings, env: Mapping[str, str], *, queue: str, job: str, job_id: str,
-                attempt: int) -> dict[str, str]:
+def decrypt_env(
+    settings: Settings, env: Mapping[str, str], *, queue: str, job: str, job_id: str, attempt: int
+) -> dict[str, str]:
     """Decrypt ``env``; a value that does not decrypt is dropped with a ``secret_dropped`` warning naming it."""
     if not env:
         return {}
@@ -99,6 +100,14 @@ def decrypt_env(settings: Settings, env: Mapping[str, str], *, queue: str, job: 
                 continue
             except (InvalidToken, UnicodeDecodeError):
                 why = "no configured key decrypts it (rotated out or tampered with)"
-        log_event("secret_dropped", level="warning", queue=queue, job=job, job_id=job_id, attempt=attempt,
-                  variable=name, reason=why)
+        log_event(
+            "secret_dropped",
+            level="warning",
+            queue=queue,
+            job=job,
+            job_id=job_id,
+            attempt=attempt,
+            variable=name,
+            reason=why,
+        )
     return plain

@@ -80,46 +80,37 @@ class Settings(BaseSettings):
         default_factory=_default_data_dir,
         description="Where the embedded Postgres, build artifacts and build work trees live.",
     )
-    dedup_ttl: float = Field(
-        24 * 3600, gt=0, description="Seconds a job key makes a second enqueue a no-op."
-    )
+    dedup_ttl: float = Field(24 * 3600, gt=0, description="Seconds a job key makes a second enqueue a no-op.")
     heartbeat_timeout: float = Field(
         60, gt=0, description="Seconds without a heartbeat before a worker's jobs are recovered."
     )
     maintenance_interval: float = Field(
         5, gt=0, description="Seconds between a worker's recovery passes for dead workers' jobs."
     )
-    shutdown_timeout: float = Field(
-        600, ge=0, description="Seconds a stopping worker waits for in-flight jobs."
-    )
-    retention: float = Field(
-        7 * 24 * 3600, gt=0, description="Seconds finished job records are kept."
-    )
-    max_payload_bytes: int = Field(
-        256 * 1024, gt=0, description="Largest encoded payload accepted at enqueue."
-    )
-    pg_poll_seconds: float = Field(
-        5, gt=0, description="Postgres broker: poll interval in case a wake-up was lost."
-    )
+    shutdown_timeout: float = Field(600, ge=0, description="Seconds a stopping worker waits for in-flight jobs.")
+    retention: float = Field(7 * 24 * 3600, gt=0, description="Seconds finished job records are kept.")
+    max_payload_bytes: int = Field(256 * 1024, gt=0, description="Largest encoded payload accepted at enqueue.")
+    pg_poll_seconds: float = Field(5, gt=0, description="Postgres broker: poll interval in case a wake-up was lost.")
     pg_recovery_seconds: float = Field(
         10, gt=0, description="Postgres broker: interval of the dead-worker recovery pass."
     )
     pg_lease_seconds: float = Field(
-        15, gt=0,
+        15,
+        gt=0,
         description="Postgres broker: seconds without a heartbeat (sent every third of it) before a "
-                    "worker's jobs go back to the queue; with the recovery interval, at most 25 s by default.",
+        "worker's jobs go back to the queue; with the recovery interval, at most 25 s by default.",
     )
     self_fence_fraction: float = Field(
-        0.6, gt=0, lt=1,
+        0.6,
+        gt=0,
+        lt=1,
         description="A worker process that has not written a heartbeat for this fraction of the lease "
-                    "(Postgres: pg_lease_seconds; Redis: heartbeat_timeout) exits (code 75) and is restarted, "
-                    "so a cut-off worker stops its jobs before recovery hands them to another. The rest of "
-                    "the lease must cover the watchdog's check interval and a pause (GC, swap, CPU "
-                    "starvation); recovery waits the full lease and then a recovery pass.",
+        "(Postgres: pg_lease_seconds; Redis: heartbeat_timeout) exits (code 75) and is restarted, "
+        "so a cut-off worker stops its jobs before recovery hands them to another. The rest of "
+        "the lease must cover the watchdog's check interval and a pause (GC, swap, CPU "
+        "starvation); recovery waits the full lease and then a recovery pass.",
     )
-    price_per_1k_tokens: Decimal = Field(
-        Decimal("0.002"), ge=0, description="Credits charged per 1000 tokens."
-    )
+    price_per_1k_tokens: Decimal = Field(Decimal("0.002"), ge=0, description="Credits charged per 1000 tokens.")
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for /admin and /api/admin; unset: those routes are closed (403)."
     )
@@ -158,9 +149,7 @@ class Settings(BaseSettings):
         "default: a new temporary directory.",
     )
     # -- schedules and builds ---------------------------------------------------
-    scheduler_interval: float = Field(
-        5, gt=0, description="Seconds between the scheduler's passes over due schedules."
-    )
+    scheduler_interval: float = Field(5, gt=0, description="Seconds between the scheduler's passes over due schedules.")
     scheduler_misfire_grace: float = Field(
         60, ge=0, description="Seconds late a cron fire may be and still count as on time (misfire policy 'skip')."
     )
@@ -175,29 +164,28 @@ class Settings(BaseSettings):
         description="Per build kind time limit overrides, seconds: CONVEYOR_BUILD_TIME_LIMITS__<KIND>.",
     )
     build_source_roots: str = Field(
-        "", description="Comma-separated host directories builds may take archives, directories and git "
-                        "repositories from (Python/CLI producers only; HTTP takes uploads); empty: uploads only.",
+        "",
+        description="Comma-separated host directories builds may take archives, directories and git "
+        "repositories from (Python/CLI producers only; HTTP takes uploads); empty: uploads only.",
     )
     build_max_source_bytes: int = Field(
-        2 * 1024 ** 3, gt=0, description="Bytes a build's source tree may hold: unpacked, copied or packaged."
+        2 * 1024**3, gt=0, description="Bytes a build's source tree may hold: unpacked, copied or packaged."
     )
     build_max_source_files: int = Field(
         100_000, gt=0, description="Files and directories a build's source tree may hold."
     )
     upload_max_bytes: int = Field(
-        100 * 1024 ** 2, gt=0, description="Largest archive POST /api/agents/upload-and-deploy accepts (413 above)."
+        100 * 1024**2, gt=0, description="Largest archive POST /api/agents/upload-and-deploy accepts (413 above)."
     )
     build_cpu_seconds: int = Field(600, gt=0, description="CPU seconds each build-script process may use.")
     build_memory_bytes: int = Field(
-        2 * 1024 ** 3, gt=0, description="Address space each build-script process may map, bytes."
+        2 * 1024**3, gt=0, description="Address space each build-script process may map, bytes."
     )
     build_max_processes: int = Field(
         256, gt=0, description="Processes the sandbox user may run at once (build scripts share it)."
     )
-    build_max_file_bytes: int = Field(
-        1024 ** 3, gt=0, description="Largest file a build script may write, bytes."
-    )
-    build_tmp_bytes: int = Field(256 * 1024 ** 2, gt=0, description="Size of a build script's private /tmp, bytes.")
+    build_max_file_bytes: int = Field(1024**3, gt=0, description="Largest file a build script may write, bytes.")
+    build_tmp_bytes: int = Field(256 * 1024**2, gt=0, description="Size of a build script's private /tmp, bytes.")
     build_network: bool = Field(
         False, description="Give build scripts the host's network; off: a network namespace with loopback only."
     )
@@ -215,9 +203,7 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = Field(None, description="openai provider: API key (never logged).")
     openai_model: str = Field("gpt-4o-mini", description="openai provider: model name.")
     provider_timeout: float = Field(60, gt=0, description="Seconds the HTTP provider waits for a response or chunk.")
-    provider_retry_after: float = Field(
-        5, gt=0, description="Seconds to wait after a 429 that names no Retry-After."
-    )
+    provider_retry_after: float = Field(5, gt=0, description="Seconds to wait after a 429 that names no Retry-After.")
     local_chunk_delay: float = Field(
         0, ge=0, le=10, description="local provider: seconds between streamed chunks (simulates a model)."
     )
@@ -250,14 +236,18 @@ class Settings(BaseSettings):
     )
     redis_connect_timeout: float = Field(5, gt=0, description="Redis broker: seconds to open a connection.")
     redis_health_check_interval: float = Field(
-        15, ge=0, description="Redis broker: seconds a pooled connection may sit idle before it is PINGed "
-                              "on checkout; 0 turns the check off."
+        15,
+        ge=0,
+        description="Redis broker: seconds a pooled connection may sit idle before it is PINGed "
+        "on checkout; 0 turns the check off.",
     )
     redis_retries: int = Field(
         3, ge=0, le=20, description="Redis broker: reconnects with backoff a command tries before it fails."
     )
     # -- command-line defaults (each also a flag of its command) --------------------
-    worker_queues: str | None = Field(None, description="`conveyor worker --queues`: comma-separated queues (default: all).")
+    worker_queues: str | None = Field(
+        None, description="`conveyor worker --queues`: comma-separated queues (default: all)."
+    )
     worker_processes: int = Field(1, description="`conveyor worker/up/demo --processes`: processes per queue.")
     worker_threads: int | None = Field(
         None, description="`conveyor worker --threads`: threads per process (default: the queue's concurrency)."
@@ -333,12 +323,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"self_fence_fraction: a worker exits {threshold:.2f}s after its last heartbeat, too close to "
                 f"the {lease:.2f}s lease (needs {self.self_fence_interval + self.self_fence_margin:.2f}s "
-                "to spare): lower it or lengthen the lease")
+                "to spare): lower it or lengthen the lease"
+            )
         cadence = self.pg_lease_seconds / 3 if self.broker_name == "postgres" else self.maintenance_interval
         if threshold < 1.5 * cadence:
             raise ValueError(
                 f"self_fence_fraction: a worker would exit {threshold:.2f}s after its last heartbeat but "
-                f"heartbeats only every {cadence:.2f}s: raise it, or shorten maintenance_interval (Redis)")
+                f"heartbeats only every {cadence:.2f}s: raise it, or shorten maintenance_interval (Redis)"
+            )
         return self
 
     @property

@@ -15,15 +15,21 @@ import pytest
 from cryptography.fernet import Fernet
 
 from conveyor.app import App
-from conveyor.builds.requests import BuildTicket, request_build
-from conveyor.builds.store import BuildStore
+from conveyor.platform.builds.requests import BuildTicket, request_build
+from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import QueueOverride, Settings
 from tests.harness import running
 from tests.waiting import wait_for
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent",
-           "PATH": "/usr/bin:/bin"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "HOME": "/nonexistent",
+    "PATH": "/usr/bin:/bin",
+}
 
 
 def make_tree(path: Path, files: dict[str, str], script: str | None = None) -> Path:
@@ -54,9 +60,11 @@ def make_tgz(tree: Path, dest: Path) -> Path:
 
 def make_repo(tree: Path, branch: str = "main") -> str:
     """Make ``tree`` a git repository with one commit on ``branch``; return the commit."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=tree, env=GIT_ENV, check=True, capture_output=True,
-                              text=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=tree, env=GIT_ENV, check=True, capture_output=True, text=True
+        ).stdout.strip()
 
     git("init", "--quiet", "--initial-branch", branch)
     git("add", "-A")
@@ -68,8 +76,9 @@ def commit_change(tree: Path, name: str, text: str) -> str:
     (tree / name).write_text(text)
     subprocess.run(["git", "add", "-A"], cwd=tree, env=GIT_ENV, check=True)
     subprocess.run(["git", "commit", "--quiet", "-m", "change"], cwd=tree, env=GIT_ENV, check=True)
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, env=GIT_ENV, check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=tree, env=GIT_ENV, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 KEY = Fernet.generate_key().decode()
@@ -92,11 +101,21 @@ def build_app(database_url, redis_url, workdir):
     made = []
 
     def make(**overrides) -> App:
-        settings = dict(broker="redis", redis_url=redis_url, database_url=database_url, data_dir=workdir / "data",
-                        secret_key=KEY, admin_token="admin-token-builds-7e2d", shutdown_timeout=5,
-                        build_heartbeat_interval=0.2, build_stale_after=2,
-                        pg_poll_seconds=0.2, pg_recovery_seconds=0.5, pg_lease_seconds=2,
-                        queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1)})
+        settings = dict(
+            broker="redis",
+            redis_url=redis_url,
+            database_url=database_url,
+            data_dir=workdir / "data",
+            secret_key=KEY,
+            admin_token="admin-token-builds-7e2d",
+            shutdown_timeout=5,
+            build_heartbeat_interval=0.2,
+            build_stale_after=2,
+            pg_poll_seconds=0.2,
+            pg_recovery_seconds=0.5,
+            pg_lease_seconds=2,
+            queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1)},
+        )
         # Host-path sources may come from the test's own directory only.
         settings["build_source_roots"] = str(workdir)
         settings.update(overrides)
@@ -118,6 +137,7 @@ def workers():
 
 def finished(store: BuildStore, *build_ids: str, timeout: float = 30):
     """Wait until every build has an outcome; return their records."""
+
     def done():
         records = [store.get(b) for b in build_ids]
         return records if all(r and r.status in ("succeeded", "failed") for r in records) else None

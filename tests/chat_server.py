@@ -31,8 +31,14 @@ class ChatServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with owner._lock:
-                    owner.requests.append({"path": self.path, "body": body, "at": time.monotonic(),
-                                           "authorization": self.headers.get("Authorization")})
+                    owner.requests.append(
+                        {
+                            "path": self.path,
+                            "body": body,
+                            "at": time.monotonic(),
+                            "authorization": self.headers.get("Authorization"),
+                        }
+                    )
                     step = owner.script.pop(0) if owner.script else ("ok", "fine")
                 kind, arg = step
                 if kind == "429":
@@ -45,8 +51,11 @@ class ChatServer:
             def _plain(self, status, payload, headers=None):
                 data = json.dumps(payload).encode()
                 self.send_response(status)
-                for name, value in {"Content-Type": "application/json", "Content-Length": str(len(data)),
-                                    **(headers or {})}.items():
+                for name, value in {
+                    "Content-Type": "application/json",
+                    "Content-Length": str(len(data)),
+                    **(headers or {}),
+                }.items():
                     self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
@@ -55,8 +64,12 @@ class ChatServer:
                 words = re.findall(r"\S+\s*", text)
                 events = [{"choices": [{"index": 0, "delta": {"role": "assistant"}}]}]
                 events += [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in words]
-                events.append({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": len(words),
-                                                        "total_tokens": 7 + len(words)}})
+                events.append(
+                    {
+                        "choices": [],
+                        "usage": {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)},
+                    }
+                )
                 lines = [f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"]
                 if drop:
                     lines = lines[: max(2, len(lines) // 2)]

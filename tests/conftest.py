@@ -85,7 +85,7 @@ def _ensure_running(server: PostgresServer) -> None:
 @pytest.fixture(scope="session")
 def pg_template(pg_server: PostgresServer) -> str:
     """Name of a database with every migration applied, to copy per test."""
-    from conveyor.ledger.migrate import migrate
+    from conveyor.schema.migrate import migrate
 
     pg_server.drop_database(TEMPLATE_DB)
     pg_server.create_database(TEMPLATE_DB)

@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 
 from conveyor.app import App
-from conveyor.settings import Settings
 from conveyor.platform.queues import QUEUES
+from conveyor.settings import Settings
 from conveyor.tasks.worker import InlineWorkers, ProcessWorker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,8 +35,14 @@ FAST = {
 
 
 def make_settings(broker: str, redis_url: str | None, database_url: str, **overrides) -> Settings:
-    values = {**FAST, "broker": broker, "redis_url": redis_url, "database_url": database_url,
-              "queues": FAST_QUEUES, **overrides}
+    values = {
+        **FAST,
+        "broker": broker,
+        "redis_url": redis_url,
+        "database_url": database_url,
+        "queues": FAST_QUEUES,
+        **overrides,
+    }
     return Settings(**values)
 
 
@@ -62,8 +68,11 @@ def running(app: App, *queues: str) -> Iterator[None]:
 
 def env_for(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment a subprocess needs to run with ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")
-           and k not in ("REDIS_URL", "DATABASE_URL", "JOB_FAILURE_WEBHOOK_URL")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("CONVEYOR_") and k not in ("REDIS_URL", "DATABASE_URL", "JOB_FAILURE_WEBHOOK_URL")
+    }
     env.update(
         PYTHONPATH=str(ROOT),
         CONVEYOR_BROKER=settings.broker_name,
@@ -88,14 +97,18 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
 class WorkerProcess:
     """``conveyor worker`` as a subprocess; its children's pids are read from its JSON log."""
 
-    def __init__(self, settings: Settings, queues: str, processes: int = 1, log: Path | None = None,
-                 **extra_env: str) -> None:
+    def __init__(
+        self, settings: Settings, queues: str, processes: int = 1, log: Path | None = None, **extra_env: str
+    ) -> None:
         self.log = log
         self._log_file = open(log, "wb") if log else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "conveyor", "worker", "--queues", queues, "--processes", str(processes)],
-            env=env_for(settings, **extra_env), stdout=subprocess.DEVNULL, stderr=self._log_file,
-            cwd=ROOT, start_new_session=True,
+            env=env_for(settings, **extra_env),
+            stdout=subprocess.DEVNULL,
+            stderr=self._log_file,
+            cwd=ROOT,
+            start_new_session=True,
         )
 
     def events(self, name: str | None = None) -> list[dict]:
@@ -139,7 +152,9 @@ def probe_runs(database_url: str, token_prefix: str = "") -> list[dict]:
     with psycopg.connect(database_url) as conn:
         cur = conn.execute(
             "SELECT token, job_id, attempt, pid, started_at, finished_at FROM probe_runs "
-            "WHERE token LIKE %s ORDER BY id", (token_prefix + "%",))
+            "WHERE token LIKE %s ORDER BY id",
+            (token_prefix + "%",),
+        )
         names = [c.name for c in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 

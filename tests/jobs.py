@@ -16,8 +16,9 @@ from dataclasses import replace
 
 from conveyor.errors import PermanentError
 from conveyor.ledger import credits
-from conveyor.tasks.payloads import CreditConsume, Payload
+from conveyor.platform.payloads import CreditConsume
 from conveyor.platform.queues import QUEUES
+from conveyor.tasks.payloads import Payload
 from conveyor.tasks.registry import JOB_TYPES, job, load_job_types, on_final_failure
 
 INSERT_RUN = "INSERT INTO probe_runs (token, job_id, attempt, pid) VALUES (%s, %s, %s, %s) RETURNING id"
@@ -72,8 +73,14 @@ def slow_credit(payload: SlowCredit, ctx) -> None:
         conn.execute(INSERT_RUN, (payload.message_id, ctx.job_id, ctx.attempt, os.getpid()))
     time.sleep(payload.sleep)
     with ctx.app.pool.connection() as conn:
-        credits.consume(conn, user_id=payload.user_id, task_id=payload.task_id, message_id=payload.message_id,
-                        total_tokens=payload.total_tokens, price_per_1k=ctx.app.settings.price_per_1k_tokens)
+        credits.consume(
+            conn,
+            user_id=payload.user_id,
+            task_id=payload.task_id,
+            message_id=payload.message_id,
+            total_tokens=payload.total_tokens,
+            price_per_1k=ctx.app.settings.price_per_1k_tokens,
+        )
 
 
 def flaky(task_id: str, percent: int) -> bool:

@@ -39,8 +39,14 @@ FAST_QUEUES = {"indexing": {"min_backoff": 0.02, "max_backoff": 0.05}}
 
 
 def settings(**overrides) -> Settings:
-    values = dict(imports="tests.obs_jobs", queues=FAST_QUEUES, admin_token=TOKEN, shutdown_timeout=5,
-                  maintenance_interval=0.5, metrics_port=0)
+    values = dict(
+        imports="tests.obs_jobs",
+        queues=FAST_QUEUES,
+        admin_token=TOKEN,
+        shutdown_timeout=5,
+        maintenance_interval=0.5,
+        metrics_port=0,
+    )
     values.update(overrides)
     return Settings(**values)
 
@@ -51,8 +57,12 @@ def broker_app(request, broker: str, **overrides) -> App:
         overrides.update(redis_url=request.getfixturevalue("redis_url"))
     elif broker == "postgres":
         # Short poll, recovery and lease, as the core suite's harness uses.
-        overrides.update(database_url=request.getfixturevalue("database_url"), pg_poll_seconds=0.5,
-                         pg_recovery_seconds=0.5, pg_lease_seconds=2)
+        overrides.update(
+            database_url=request.getfixturevalue("database_url"),
+            pg_poll_seconds=0.5,
+            pg_recovery_seconds=0.5,
+            pg_lease_seconds=2,
+        )
     return App(settings(broker=broker, **overrides))
 
 
@@ -104,8 +114,9 @@ def api_server(app: App) -> Iterator[str]:
 
     from conveyor.api import create_app
 
-    config = uvicorn.Config(create_app(app), host="127.0.0.1", port=free_port(), log_config=None,
-                            access_log=False, lifespan="off")
+    config = uvicorn.Config(
+        create_app(app), host="127.0.0.1", port=free_port(), log_config=None, access_log=False, lifespan="off"
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
@@ -134,8 +145,9 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 with receiver.lock:
-                    receiver.requests.append({"path": self.path, "body": body.decode(),
-                                              "content_type": self.headers.get("content-type")})
+                    receiver.requests.append(
+                        {"path": self.path, "body": body.decode(), "content_type": self.headers.get("content-type")}
+                    )
                 if receiver.mode == "slow":
                     time.sleep(receiver.delay)
                 status = {"error": 500, "refuse": 400}.get(receiver.mode, 200)
@@ -188,7 +200,7 @@ def value(text_or_samples, name: str, **labels) -> float:
 def registry_text(app: App) -> str:
     from prometheus_client import generate_latest
 
-    from conveyor.brokers.middleware.metrics import find_metrics
+    from conveyor.middleware.metrics import find_metrics
 
     return generate_latest(find_metrics(app.broker).registry).decode()
 
@@ -199,8 +211,14 @@ class CliProcess:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log_path = log
         self._log = open(log, "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "conveyor", *args], cwd=ROOT, env=env,
-                                        stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")

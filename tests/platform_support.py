@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 from dramatiq import Worker
 
-from conveyor import access, records
+from conveyor import access
+from conveyor.platform import records
 from tests.obs_support import api_server
 
 #: The queues a round's jobs run on.
@@ -30,11 +31,11 @@ def workers(app, queues=ROUND_QUEUES, threads: int = 4) -> Iterator[Worker]:
 serve = api_server
 
 
-def make_task(app, task_id: str, *, user_id: str = "u1", kind: str = "chat", title: str = "",
-              instructions: str = "") -> records.Task:
+def make_task(
+    app, task_id: str, *, user_id: str = "u1", kind: str = "chat", title: str = "", instructions: str = ""
+) -> records.Task:
     with app.pool.connection() as conn:
-        return records.create_task(conn, id=task_id, user_id=user_id, kind=kind, title=title,
-                                   instructions=instructions)
+        return records.create_task(conn, id=task_id, user_id=user_id, kind=kind, title=title, instructions=instructions)
 
 
 def user_key(app, user_id: str) -> dict[str, str]:
@@ -70,8 +71,14 @@ def completed_round(app, *, task_id: str, user_id: str, question: str, answer: s
     make_task(app, task_id, user_id=user_id)
     with app.pool.connection() as conn:
         records.add_message(conn, id=f"{task_id}-q", task_id=task_id, role="user", content=question)
-        records.create_run(conn, id=f"{task_id}-run", task_id=task_id, job="chat.run",
-                           user_message_id=f"{task_id}-q", assistant_message_id=f"{task_id}-a")
+        records.create_run(
+            conn,
+            id=f"{task_id}-run",
+            task_id=task_id,
+            job="chat.run",
+            user_message_id=f"{task_id}-q",
+            assistant_message_id=f"{task_id}-a",
+        )
         run = records.get_run(conn, f"{task_id}-run")
         records.complete_run(conn, run, content=answer, prompt_tokens=10, completion_tokens=20)
     return f"{task_id}-a"
@@ -85,8 +92,9 @@ def worker_process(env: dict, queue: str, threads: int | None = None):
 
     code = f"from conveyor.app import run_worker_process; run_worker_process({queue!r}, {threads!r})"
     env = {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def stop_process(proc, timeout: float = 30) -> str:

@@ -21,8 +21,9 @@ class Note(Payload):
 @job("test.record", queue="indexing", payload=Note)
 def record(payload: Note, ctx) -> None:
     with ctx.app.pool.connection() as conn:
-        conn.execute("INSERT INTO test_job_runs (job_id, payload) VALUES (%s, %s)",
-                     (ctx.job_id, Jsonb(payload.model_dump())))
+        conn.execute(
+            "INSERT INTO test_job_runs (job_id, payload) VALUES (%s, %s)", (ctx.job_id, Jsonb(payload.model_dump()))
+        )
 
 
 def runs(app) -> list[dict]:
@@ -38,10 +39,16 @@ def make_app(database_url: str, redis_url: str | None = None, broker: str | None
     from conveyor.settings import Settings
 
     broker = broker or ("redis" if redis_url else "inline")
-    settings = {"shutdown_timeout": 5, "pg_poll_seconds": 0.2, "pg_recovery_seconds": 0.5, "pg_lease_seconds": 2,
-                **settings}
-    app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url, imports="tests.sched_jobs",
-                       **settings))
+    settings = {
+        "shutdown_timeout": 5,
+        "pg_poll_seconds": 0.2,
+        "pg_recovery_seconds": 0.5,
+        "pg_lease_seconds": 2,
+        **settings,
+    }
+    app = App(
+        Settings(broker=broker, redis_url=redis_url, database_url=database_url, imports="tests.sched_jobs", **settings)
+    )
     with app.pool.connection() as conn:
         conn.execute(RECORDS_DDL)
     return app

@@ -224,9 +224,14 @@ class RedisServer(_Server):
 
     name = "redis"
 
-    def __init__(self, tmpdir: str | os.PathLike[str] | None = None,
-                 executable: str | None = None, *, durable: bool = False,
-                 bind: tuple[str, ...] = ("127.0.0.1",)) -> None:
+    def __init__(
+        self,
+        tmpdir: str | os.PathLike[str] | None = None,
+        executable: str | None = None,
+        *,
+        durable: bool = False,
+        bind: tuple[str, ...] = ("127.0.0.1",),
+    ) -> None:
         super().__init__(tmpdir)
         self.executable = executable or shutil.which("redis-server") or "/usr/bin/redis-server"
         #: With ``durable``, every write is in the append-only file before Redis answers
@@ -236,9 +241,7 @@ class RedisServer(_Server):
         self.bind = tuple(bind)
         try:
             if not os.access(self.executable, os.X_OK):
-                raise ServerStartError(
-                    "redis-server not found; install it (Debian: apt-get install redis-server)"
-                )
+                raise ServerStartError("redis-server not found; install it (Debian: apt-get install redis-server)")
             self._start_first_time()
         except BaseException:
             self.close()
@@ -250,19 +253,28 @@ class RedisServer(_Server):
         return f"redis://127.0.0.1:{self.port}/0"
 
     def _spawn_and_wait(self) -> None:
-        self._proc = self._popen([
-            self.executable,
-            "--port", str(self.port),
-            "--bind", " ".join(self.bind),
-            "--save", "",
-            "--appendonly", "yes" if self.durable else "no",
-            *(["--appendfsync", "always"] if self.durable else []),
-            # Listening beyond loopback (a test network namespace): no password, so say it is meant.
-            *(["--protected-mode", "no"] if set(self.bind) - {"127.0.0.1"} else []),
-            "--dir", str(self.tmpdir),
-            "--daemonize", "no",
-            "--logfile", "",  # stdout, which _popen sends to the log file
-        ])
+        self._proc = self._popen(
+            [
+                self.executable,
+                "--port",
+                str(self.port),
+                "--bind",
+                " ".join(self.bind),
+                "--save",
+                "",
+                "--appendonly",
+                "yes" if self.durable else "no",
+                *(["--appendfsync", "always"] if self.durable else []),
+                # Listening beyond loopback (a test network namespace): no password, so say it is meant.
+                *(["--protected-mode", "no"] if set(self.bind) - {"127.0.0.1"} else []),
+                "--dir",
+                str(self.tmpdir),
+                "--daemonize",
+                "no",
+                "--logfile",
+                "",  # stdout, which _popen sends to the log file
+            ]
+        )
         self._wait_until(self._pings, "answering PING")
 
     def _pings(self) -> bool:
@@ -293,14 +305,16 @@ def find_postgres_bindir() -> Path:
     then the newest /usr/lib/postgresql/*/bin (Debian's layout, where the
     server binaries are not on PATH), then PATH.
     """
+
     def has_server(path: Path) -> bool:
         return (path / "postgres").is_file() and (path / "initdb").is_file()
 
     pg_config = shutil.which("pg_config")
     if pg_config:
         try:
-            out = subprocess.run([pg_config, "--bindir"], capture_output=True,
-                                 text=True, check=True, timeout=10).stdout.strip()
+            out = subprocess.run(
+                [pg_config, "--bindir"], capture_output=True, text=True, check=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             out = ""
         if out and has_server(Path(out)):
@@ -354,10 +368,14 @@ class PostgresServer(_Server):
         "listen_addresses": "127.0.0.1",
     }
 
-    def __init__(self, tmpdir: str | os.PathLike[str] | None = None, *,
-                 bindir: str | os.PathLike[str] | None = None,
-                 settings: dict[str, str] | None = None,
-                 system_user: str = "postgres") -> None:
+    def __init__(
+        self,
+        tmpdir: str | os.PathLike[str] | None = None,
+        *,
+        bindir: str | os.PathLike[str] | None = None,
+        settings: dict[str, str] | None = None,
+        system_user: str = "postgres",
+    ) -> None:
         super().__init__(tmpdir)
         self.bindir = Path(bindir) if bindir else find_postgres_bindir()
         self.datadir = self.tmpdir / "data"
@@ -479,8 +497,7 @@ class PostgresServer(_Server):
     @staticmethod
     def _terminate(conn: psycopg.Connection, dbname: str) -> None:
         conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
             (dbname,),
         )
 
@@ -497,7 +514,8 @@ class PostgresServer(_Server):
         groups = os.getgrouplist(user, entry.pw_gid)
         self._user_kwargs = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": groups}
         blocked = [
-            str(p) for p in [self.tmpdir.resolve(), *self.tmpdir.resolve().parents]
+            str(p)
+            for p in [self.tmpdir.resolve(), *self.tmpdir.resolve().parents]
             if not _can_traverse(p, entry.pw_uid, groups)
         ]
         # tmpdir itself is chowned below; only its parents must already let us in.
@@ -512,26 +530,43 @@ class PostgresServer(_Server):
     def _initdb(self) -> None:
         argv = [
             str(self.bindir / "initdb"),
-            "--pgdata", str(self.datadir),
-            "--username", "postgres",
-            "--auth", "trust",
-            "--encoding", "UTF8",
+            "--pgdata",
+            str(self.datadir),
+            "--username",
+            "postgres",
+            "--auth",
+            "trust",
+            "--encoding",
+            "UTF8",
             "--no-locale",
             "--no-sync",  # the files are thrown away with the temp dir
         ]
         with open(self.log_path, "ab") as log:
-            result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=_clean_env(),
-                                    cwd=self.tmpdir, timeout=120, **self._user_kwargs)
+            result = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_clean_env(),
+                cwd=self.tmpdir,
+                timeout=120,
+                **self._user_kwargs,
+            )
         if result.returncode != 0:
             raise ServerStartError(
-                f"initdb failed with code {result.returncode}; log {self.log_path}:\n"
-                f"{_log_tail(self.log_path)}"
+                f"initdb failed with code {result.returncode}; log {self.log_path}:\n{_log_tail(self.log_path)}"
             )
 
     def _spawn_and_wait(self) -> None:
-        argv = [str(self.bindir / "postgres"), "-D", str(self.datadir),
-                "-p", str(self.port), "-k", str(self.socket_dir)]
+        argv = [
+            str(self.bindir / "postgres"),
+            "-D",
+            str(self.datadir),
+            "-p",
+            str(self.port),
+            "-k",
+            str(self.socket_dir),
+        ]
         for key, value in self.settings.items():
             argv += ["-c", f"{key}={value}"]
         self._proc = self._popen(argv, cwd=self.tmpdir, **self._user_kwargs)
@@ -579,4 +614,3 @@ def _is_alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in (b"Z", b"X")
-

@@ -14,8 +14,8 @@ import threading
 
 import pytest
 
+from conveyor.alerts import Alert, WebhookSender
 from conveyor.logs import configure_logging
-from conveyor.webhook import Alert, WebhookSender
 from tests.obs_support import Receiver
 
 HOSTILE = "boom @everyone @here <!channel> <!everyone> <@U0123> ``` now outside the block *bold* <https://evil|x>"
@@ -38,8 +38,17 @@ def _send(url: str, fmt: str, error: str = HOSTILE) -> None:
 
     sender = WebhookSender(url, fmt, timeout=5, attempts=1, backoff=0, queue_size=10, on_outcome=on_outcome)
     try:
-        sender.submit(Alert(job="obs.work", queue="indexing", job_id="j-1", attempts=3, error=error,
-                            failed_at=1_700_000_000.0, link="https://conveyor.example.com/admin/jobs/j-1"))
+        sender.submit(
+            Alert(
+                job="obs.work",
+                queue="indexing",
+                job_id="j-1",
+                attempts=3,
+                error=error,
+                failed_at=1_700_000_000.0,
+                link="https://conveyor.example.com/admin/jobs/j-1",
+            )
+        )
         assert done.wait(10) and outcomes == [(True, None)]
     finally:
         sender.close(5)

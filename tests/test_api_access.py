@@ -13,9 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor import access, records
+from conveyor import access
 from conveyor.api.auth import COOKIE
 from conveyor.app import App
+from conveyor.platform import records
 from conveyor.settings import Settings
 from tests.obs_support import TOKEN, cli_env
 from tests.platform_support import make_task, serve, user_key
@@ -38,8 +39,17 @@ PRODUCER_ROUTES = [
 
 @pytest.fixture
 def app(redis_url, database_url):
-    app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, admin_token=TOKEN,
-                       admin_session_seconds=3, admin_login_attempts=5, admin_login_window=60))
+    app = App(
+        Settings(
+            broker="redis",
+            redis_url=redis_url,
+            database_url=database_url,
+            admin_token=TOKEN,
+            admin_session_seconds=3,
+            admin_login_attempts=5,
+            admin_login_window=60,
+        )
+    )
     yield app
     app.close()
 
@@ -50,8 +60,13 @@ def test_every_producer_route_needs_a_live_user_key(app):
         key_id, key = access.create_api_key(conn, "alice")
     with serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
         for method, path, body in PRODUCER_ROUTES:
-            for headers in ({}, {"Authorization": "Bearer cvk_000000000000_nope"}, {"Authorization": key},
-                            {"Authorization": f"Basic {key}"}, {"Authorization": f"Bearer {key}x"}):
+            for headers in (
+                {},
+                {"Authorization": "Bearer cvk_000000000000_nope"},
+                {"Authorization": key},
+                {"Authorization": f"Basic {key}"},
+                {"Authorization": f"Bearer {key}x"},
+            ):
                 response = client.request(method, path, json=body, headers=headers)
                 assert response.status_code == 401, (method, path, headers, response.status_code)
                 assert response.headers["www-authenticate"] == "Bearer"
@@ -78,13 +93,16 @@ def test_a_user_sees_and_changes_only_their_own_records(app):
     make_task(app, "t-bob", user_id="bob")
     alice, bob = user_key(app, "alice"), user_key(app, "bob")
     with serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
-        started = client.post("/api/tasks/t-alice/runs", json={"content": "my password is hunter2",
-                                                               "message_id": "m1"}, headers=alice)
+        started = client.post(
+            "/api/tasks/t-alice/runs", json={"content": "my password is hunter2", "message_id": "m1"}, headers=alice
+        )
         assert started.status_code == 202
         run_id = started.json()["run_id"]
         # Bob: alice's task, run and stream answer exactly as ids that do not exist.
-        for (foreign, missing) in (("/api/runs/" + run_id, "/api/runs/run_missing"),
-                                   ("/api/runs/" + run_id + "/stream", "/api/runs/run_missing/stream")):
+        for foreign, missing in (
+            ("/api/runs/" + run_id, "/api/runs/run_missing"),
+            ("/api/runs/" + run_id + "/stream", "/api/runs/run_missing/stream"),
+        ):
             a, b = client.get(foreign, headers=bob), client.get(missing, headers=bob)
             assert a.status_code == b.status_code == 404
             assert a.json()["detail"].replace(run_id, "X") == b.json()["detail"].replace("run_missing", "X")
@@ -97,42 +115,68 @@ def test_a_user_sees_and_changes_only_their_own_records(app):
         assert client.get(f"/api/runs/{run_id}", headers=alice).status_code == 200
 
         # Resources: bob cannot read, replace or find alice's.
-        assert client.put("/api/resources/note", json={"title": "Passwords", "body": "hunter2 is the password"},
-                          headers=alice).status_code == 202
+        assert (
+            client.put(
+                "/api/resources/note", json={"title": "Passwords", "body": "hunter2 is the password"}, headers=alice
+            ).status_code
+            == 202
+        )
         assert client.get("/api/resources/note", headers=bob).status_code == 404
         replaced = client.put("/api/resources/note", json={"title": "mine", "body": "bob's text"}, headers=bob)
         assert replaced.status_code == 404 and replaced.json()["detail"] == "no such resource"
         assert client.get("/api/resources/note", headers=alice).json()["title"] == "Passwords"  # untouched
         with app.pool.connection() as conn:
             assert records.get_resource(conn, "note").body == "hunter2 is the password"
-        assert client.put("/api/resources/other", json={"user_id": "alice", "body": "x"}, headers=bob).status_code == 422
-        assert client.put("/api/resources/other", json={"task_id": "t-alice", "body": "x"},
-                          headers=bob).status_code == 404
+        assert (
+            client.put("/api/resources/other", json={"user_id": "alice", "body": "x"}, headers=bob).status_code == 422
+        )
+        assert (
+            client.put("/api/resources/other", json={"task_id": "t-alice", "body": "x"}, headers=bob).status_code == 404
+        )
         # Search is always the caller's own: asking for alice's finds nothing.
         with app.pool.connection() as conn:
-            conn.execute("INSERT INTO resource_chunks (resource_id, seq, version, body) "
-                         "SELECT id, 1, version, body FROM resources WHERE id = 'note'")
+            conn.execute(
+                "INSERT INTO resource_chunks (resource_id, seq, version, body) "
+                "SELECT id, 1, version, body FROM resources WHERE id = 'note'"
+            )
         assert client.get("/api/resources/search", params={"q": "password"}, headers=alice).json()["results"]
         assert client.get("/api/resources/search", params={"q": "password"}, headers=bob).json()["results"] == []
-        assert client.get("/api/resources/search", params={"q": "password", "user_id": "alice"},
-                          headers=bob).json()["results"] == []
+        assert (
+            client.get("/api/resources/search", params={"q": "password", "user_id": "alice"}, headers=bob).json()[
+                "results"
+            ]
+            == []
+        )
 
         # Builds: a user's own are theirs alone, and so are their agents.
-        asked = client.post("/api/builds", headers=alice, json={"kind": "rollback", "agent_id": "agent-alice",
-                                                                 "target_version": "v1", "build_id": "b1"})
+        asked = client.post(
+            "/api/builds",
+            headers=alice,
+            json={"kind": "rollback", "agent_id": "agent-alice", "target_version": "v1", "build_id": "b1"},
+        )
         assert asked.status_code == 202, asked.text
         build_id = asked.json()["build_id"]
         assert client.get(f"/api/builds/{build_id}", headers=alice).json()["owner_id"] == "alice"
         a, b = client.get(f"/api/builds/{build_id}", headers=bob), client.get("/api/builds/b-none", headers=bob)
         assert a.status_code == b.status_code == 404
         assert client.get(f"/api/builds/{build_id}", headers=ADMIN).status_code == 200
-        foreign = client.post("/api/builds", headers=bob, json={"kind": "rollback", "agent_id": "agent-alice",
-                                                                 "target_version": "v1"})
+        foreign = client.post(
+            "/api/builds", headers=bob, json={"kind": "rollback", "agent_id": "agent-alice", "target_version": "v1"}
+        )
         assert foreign.status_code == 404 and foreign.json()["detail"] == "no such agent"
-        assert client.post("/api/builds", headers=bob, json={"kind": "rollback", "agent_id": "agent-bob",
-                                                             "target_version": "v1", "owner_id": "alice"}).status_code == 422
-        mine = client.post("/api/builds", headers=bob, json={"kind": "rollback", "agent_id": "agent-bob",
-                                                             "target_version": "v1", "build_id": "b1"})
+        assert (
+            client.post(
+                "/api/builds",
+                headers=bob,
+                json={"kind": "rollback", "agent_id": "agent-bob", "target_version": "v1", "owner_id": "alice"},
+            ).status_code
+            == 422
+        )
+        mine = client.post(
+            "/api/builds",
+            headers=bob,
+            json={"kind": "rollback", "agent_id": "agent-bob", "target_version": "v1", "build_id": "b1"},
+        )
         assert mine.status_code == 202 and mine.json()["build_id"] != build_id  # his b1 is not hers
 
 
@@ -142,8 +186,9 @@ def test_search_snippets_are_escaped_text_with_the_matches_in_bold(app):
     with app.pool.connection() as conn:
         access.create_user(conn, "carol")
         version = records.upsert_resource(conn, id="xss", user_id="carol", task_id=None, title="t", body=body)
-        conn.execute("INSERT INTO resource_chunks (resource_id, seq, version, body) VALUES ('xss', 1, %s, %s)",
-                     (version, body))
+        conn.execute(
+            "INSERT INTO resource_chunks (resource_id, seq, version, body) VALUES ('xss', 1, %s, %s)", (version, body)
+        )
         [hit] = records.search_resources(conn, "password", user_id="carol")
     assert "<img" not in hit.snippet and "<svg" not in hit.snippet and "<b onmouseover" not in hit.snippet
     assert "&lt;img/src=x onerror=alert(1)&gt;" in hit.snippet and "&amp;" in hit.snippet
@@ -156,8 +201,9 @@ def test_users_and_keys_commands_create_list_and_revoke(redis_url, database_url,
     env = cli_env(clean_env, REDIS_URL=redis_url, DATABASE_URL=database_url, CONVEYOR_BROKER="redis")
 
     def conveyor(*args):
-        return subprocess.run([sys.executable, "-m", "conveyor", *args], env=env, capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "conveyor", *args], env=env, capture_output=True, text=True, timeout=120
+        )
 
     assert conveyor("users", "create", "dora").returncode == 0
     made = conveyor("keys", "create", "dora")
@@ -221,8 +267,9 @@ def test_sessions_end_at_logout_and_expire(app):
 
 def test_rotating_the_admin_token_ends_the_old_tokens_sessions(redis_url, database_url):
     first = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, admin_token=TOKEN))
-    rotated = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url,
-                           admin_token="rotated-admin-token-0b7d"))
+    rotated = App(
+        Settings(broker="redis", redis_url=redis_url, database_url=database_url, admin_token="rotated-admin-token-0b7d")
+    )
     try:
         with serve(first) as base, httpx.Client(base_url=base, timeout=30) as client:
             assert _sign_in(client).status_code == 303
@@ -255,8 +302,13 @@ def test_every_dashboard_response_carries_the_security_headers_and_no_inline_scr
 def test_a_weak_admin_token_is_refused_at_start(clean_env):
     for weak in ("x", "aaaaaaaaaaaaaaaaaaaaaaaa", "short-token"):
         env = cli_env(clean_env, CONVEYOR_ADMIN_TOKEN=weak, CONVEYOR_BROKER="inline")
-        done = subprocess.run([sys.executable, "-m", "conveyor", "api", "--port", "0"], env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "conveyor", "api", "--port", "0"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 2, done.stderr
         assert "CONVEYOR_ADMIN_TOKEN is too weak" in done.stderr and "Traceback" not in done.stderr
         assert f"'{weak}'" not in done.stderr and f"={weak}" not in done.stderr  # never quoted back

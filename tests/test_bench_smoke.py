@@ -11,8 +11,24 @@ from bench.main import main
 
 def test_bench_runs_conveyor_on_redis_and_writes_its_report(clean_env):
     out = Path(tempfile.mkdtemp(prefix="conveyor-bench-smoke-")) / "RESULTS.md"
-    code = main(["--only", "conveyor-redis", "--jobs", "200", "--reps", "1", "--latency-jobs", "20",
-                 "--processes", "2", "--threads", "4", "--output", str(out)])
+    code = main(
+        [
+            "--only",
+            "conveyor-redis",
+            "--jobs",
+            "200",
+            "--reps",
+            "1",
+            "--latency-jobs",
+            "20",
+            "--processes",
+            "2",
+            "--threads",
+            "4",
+            "--output",
+            str(out),
+        ]
+    )
     report = out.read_text()
     assert code == 0, report
     row = next(line for line in report.splitlines() if line.startswith("| conveyor (Redis) | ") and "MiB" not in line)

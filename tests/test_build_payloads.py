@@ -9,8 +9,8 @@ import pytest
 from cryptography.fernet import Fernet
 from dramatiq import Message
 
-from conveyor.builds.payloads import BUILD_KINDS, BuildPayload, Update
 from conveyor.errors import InvalidPayload, SecretKeyError
+from conveyor.platform.builds.payloads import BUILD_KINDS, BuildPayload, Update
 from conveyor.secrets import SecretBox, decrypt_env, encrypt_env
 from conveyor.settings import Settings
 from conveyor.tasks.jobqueue import validate_payload
@@ -22,20 +22,64 @@ def samples(settings: Settings) -> list[dict]:
     env = encrypt_env(settings, {"API_KEY": "sk-test-123456"})
     common = {"owner_id": "user-1", "env": env}
     return [
-        {"kind": "upload", "build_id": "b-up", "agent_id": "a1", "archive_path": "/data/up/a1.zip",
-         "version": "v7", **common},
-        {"kind": "update", "build_id": "b-upd", "agent_id": "a1", "source_dir": "/src/a1", "new_version": "2.0",
-         "changelog": "faster", **common},
-        {"kind": "rollback", "build_id": "b-rb", "agent_id": "a1", "target_version": "v7", "reason": "bad deploy",
-         **common},
-        {"kind": "standalone_build", "build_id": "b-sb", "agent_id": "a1", "git_url": "file:///srv/repo.git",
-         "ref": "release", "version_tag": "rc1", **common},
-        {"kind": "github_clone", "build_id": "b-gh", "agent_id": "a1", "repo_url": "/srv/repo", "branch": "dev",
-         "version_override": None, **common},
-        {"kind": "mcp_upload", "build_id": "b-mcp", "connector_id": "c1",
-         "source": {"type": "git", "url": "/srv/mcp", "ref": "v1"}, **common},
-        {"kind": "mcp_upload", "build_id": "b-mcp2", "connector_id": "c1",
-         "source": {"type": "archive", "path": "/data/mcp.tgz"}, "version": "1.0.0", **common},
+        {
+            "kind": "upload",
+            "build_id": "b-up",
+            "agent_id": "a1",
+            "archive_path": "/data/up/a1.zip",
+            "version": "v7",
+            **common,
+        },
+        {
+            "kind": "update",
+            "build_id": "b-upd",
+            "agent_id": "a1",
+            "source_dir": "/src/a1",
+            "new_version": "2.0",
+            "changelog": "faster",
+            **common,
+        },
+        {
+            "kind": "rollback",
+            "build_id": "b-rb",
+            "agent_id": "a1",
+            "target_version": "v7",
+            "reason": "bad deploy",
+            **common,
+        },
+        {
+            "kind": "standalone_build",
+            "build_id": "b-sb",
+            "agent_id": "a1",
+            "git_url": "file:///srv/repo.git",
+            "ref": "release",
+            "version_tag": "rc1",
+            **common,
+        },
+        {
+            "kind": "github_clone",
+            "build_id": "b-gh",
+            "agent_id": "a1",
+            "repo_url": "/srv/repo",
+            "branch": "dev",
+            "version_override": None,
+            **common,
+        },
+        {
+            "kind": "mcp_upload",
+            "build_id": "b-mcp",
+            "connector_id": "c1",
+            "source": {"type": "git", "url": "/srv/mcp", "ref": "v1"},
+            **common,
+        },
+        {
+            "kind": "mcp_upload",
+            "build_id": "b-mcp2",
+            "connector_id": "c1",
+            "source": {"type": "archive", "path": "/data/mcp.tgz"},
+            "version": "1.0.0",
+            **common,
+        },
     ]
 
 
@@ -45,8 +89,9 @@ def test_every_build_variant_round_trips_through_json():
     for data in samples(settings):
         payload = validate_payload("agent.build", BuildPayload, data)
         # As the JobQueue sends it and a worker reads it back.
-        message = Message(queue_name="agent", actor_name="agent.build", args=(payload.model_dump(mode="json"),),
-                          kwargs={}, options={})
+        message = Message(
+            queue_name="agent", actor_name="agent.build", args=(payload.model_dump(mode="json"),), kwargs={}, options={}
+        )
         back = BuildPayload.load(Message.decode(message.encode()).args[0])
         assert back == payload and type(back.root) is type(payload.root)
         assert json.loads(back.model_dump_json())["kind"] == data["kind"]
@@ -61,8 +106,14 @@ def test_a_payload_stored_before_a_field_existed_still_loads():
     loaded = BuildPayload.load(old).root
     assert isinstance(loaded, Update) and loaded.changelog == "" and loaded.env == {}
     # A newer producer's extra fields (top level and nested) are ignored at run time ...
-    newer = {"kind": "mcp_upload", "build_id": "b2", "owner_id": "u1", "connector_id": "c1", "priority": 3,
-             "source": {"type": "git", "url": "/srv/mcp", "depth": 1}}
+    newer = {
+        "kind": "mcp_upload",
+        "build_id": "b2",
+        "owner_id": "u1",
+        "connector_id": "c1",
+        "priority": 3,
+        "source": {"type": "git", "url": "/srv/mcp", "depth": 1},
+    }
     assert BuildPayload.load(newer).root.source.url == "/srv/mcp"
     # ... but refused at enqueue, where they are a typo.
     with pytest.raises(InvalidPayload, match="priority"):
@@ -70,8 +121,14 @@ def test_a_payload_stored_before_a_field_existed_still_loads():
 
 
 def test_plain_env_values_and_bad_variants_are_refused_naming_fields_not_values():
-    data = {"kind": "upload", "build_id": "b1", "owner_id": "u1", "agent_id": "a1",
-            "archive_path": "relative/a.zip", "env": {"DB_PASSWORD": "hunter2-plain"}}
+    data = {
+        "kind": "upload",
+        "build_id": "b1",
+        "owner_id": "u1",
+        "agent_id": "a1",
+        "archive_path": "relative/a.zip",
+        "env": {"DB_PASSWORD": "hunter2-plain"},
+    }
     with pytest.raises(InvalidPayload) as caught:
         validate_payload("agent.build", BuildPayload, data)
     text = str(caught.value)
@@ -79,8 +136,9 @@ def test_plain_env_values_and_bad_variants_are_refused_naming_fields_not_values(
     with pytest.raises(InvalidPayload, match="does not match any of the expected tags"):
         validate_payload("agent.build", BuildPayload, {**data, "kind": "docker_push"})
     with pytest.raises(InvalidPayload, match="exactly one of git_url and source_dir"):
-        validate_payload("agent.build", BuildPayload, {"kind": "standalone_build", "build_id": "b", "owner_id": "u",
-                                                       "agent_id": "a"})
+        validate_payload(
+            "agent.build", BuildPayload, {"kind": "standalone_build", "build_id": "b", "owner_id": "u", "agent_id": "a"}
+        )
 
 
 def test_keys_rotate_and_a_value_that_no_longer_decrypts_is_dropped_with_a_warning(caplog):
@@ -89,8 +147,10 @@ def test_keys_rotate_and_a_value_that_no_longer_decrypts_is_dropped_with_a_warni
     new_env = encrypt_env(rotating, {"NEW_TOKEN": "new-secret-value"})
     ids = dict(queue="agent", job="agent.build", job_id="j1", attempt=1)
     # During rotation both decrypt; new values are encrypted with the first key.
-    assert decrypt_env(rotating, {**old_env, **new_env}, **ids) == {"OLD_TOKEN": "old-secret-value",
-                                                                     "NEW_TOKEN": "new-secret-value"}
+    assert decrypt_env(rotating, {**old_env, **new_env}, **ids) == {
+        "OLD_TOKEN": "old-secret-value",
+        "NEW_TOKEN": "new-secret-value",
+    }
     assert SecretBox([KEY_NEW]).decrypt(new_env["NEW_TOKEN"]) == "new-secret-value"
     # After the old key is removed, its values are dropped -- named, never shown.
     with caplog.at_level(logging.WARNING, logger="conveyor.events"):

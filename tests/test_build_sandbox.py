@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from conveyor.app import App
-from conveyor.builds.store import BuildStore
+from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import QueueOverride, Settings
 from tests.build_sources import (  # noqa: F401 (fixtures)
     KEY,
@@ -68,7 +68,8 @@ echo done > done.txt
 
 @pytest.mark.slow
 def test_a_hostile_build_script_gets_nothing_writes_nothing_outside_and_leaks_no_secret_to_any_store_or_log(
-        database_url, redis_url, request, clean_env, workdir):  # noqa: F811
+    database_url, redis_url, request, clean_env, workdir
+):  # noqa: F811
     """A worker subprocess holding every kind of secret runs two hostile builds.
 
     The probe reads every /proc/*/environ, /etc/shadow, writes outside its workspace, opens sockets and runs
@@ -76,13 +77,23 @@ def test_a_hostile_build_script_gets_nothing_writes_nothing_outside_and_leaks_no
     the secrets (as if it learnt them another way), then fails: its error travels to every store.
     """
     data = workdir / "data"
-    env = {"REDIS_URL": redis_url, "DATABASE_URL": database_url, "CONVEYOR_BROKER": "redis",
-           "CONVEYOR_DATA_DIR": str(data), "CONVEYOR_SECRET_KEY": KEY, "CONVEYOR_ADMIN_TOKEN": ADMIN_TOKEN,
-           "CONVEYOR_OPENAI_API_KEY": OPENAI_KEY,
-           "CONVEYOR_BUILD_SOURCE_ROOTS": str(workdir), "CONVEYOR_BUILD_CPU_SECONDS": "2",
-           "CONVEYOR_BUILD_MEMORY_BYTES": str(512 * 1024 ** 2), "CONVEYOR_BUILD_MAX_FILE_BYTES": str(1024 ** 2),
-           "CONVEYOR_QUEUES__AGENT__MIN_BACKOFF": "0.05", "CONVEYOR_QUEUES__AGENT__MAX_BACKOFF": "0.1",
-           "CONVEYOR_SHUTDOWN_TIMEOUT": "5", "CONVEYOR_BUILD_HEARTBEAT_INTERVAL": "0.2"}
+    env = {
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": database_url,
+        "CONVEYOR_BROKER": "redis",
+        "CONVEYOR_DATA_DIR": str(data),
+        "CONVEYOR_SECRET_KEY": KEY,
+        "CONVEYOR_ADMIN_TOKEN": ADMIN_TOKEN,
+        "CONVEYOR_OPENAI_API_KEY": OPENAI_KEY,
+        "CONVEYOR_BUILD_SOURCE_ROOTS": str(workdir),
+        "CONVEYOR_BUILD_CPU_SECONDS": "2",
+        "CONVEYOR_BUILD_MEMORY_BYTES": str(512 * 1024**2),
+        "CONVEYOR_BUILD_MAX_FILE_BYTES": str(1024**2),
+        "CONVEYOR_QUEUES__AGENT__MIN_BACKOFF": "0.05",
+        "CONVEYOR_QUEUES__AGENT__MAX_BACKOFF": "0.1",
+        "CONVEYOR_SHUTDOWN_TIMEOUT": "5",
+        "CONVEYOR_BUILD_HEARTBEAT_INTERVAL": "0.2",
+    }
     for name, value in env.items():
         clean_env.setenv(name, value)
     # The failure webhook's URL is left out here: httpx logs it at INFO, which the API-side branch (issue 11
@@ -93,27 +104,49 @@ def test_a_hostile_build_script_gets_nothing_writes_nothing_outside_and_leaks_no
     data.mkdir(parents=True, exist_ok=True)
     (data / "canary").write_text("still here\n")
     tag = uuid.uuid4().hex
-    outside = [data / "escape", workdir / "escape", Path(f"/tmp/conveyor-escape-{tag}"),
-               Path(f"/var/tmp/conveyor-escape-{tag}"), Path(f"/etc/conveyor-escape-{tag}"),
-               Path(f"/usr/conveyor-escape-{tag}")]
+    outside = [
+        data / "escape",
+        workdir / "escape",
+        Path(f"/tmp/conveyor-escape-{tag}"),
+        Path(f"/var/tmp/conveyor-escape-{tag}"),
+        Path(f"/etc/conveyor-escape-{tag}"),
+        Path(f"/usr/conveyor-escape-{tag}"),
+    ]
     redis_port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    probe = make_zip(make_tree(workdir / "probe", {"agent.py": "run()\n"}, probe_script(outside, redis_port)),
-                     workdir / "probe.zip")
-    leak = make_zip(make_tree(workdir / "leak", {"known.txt": "\n".join(secrets) + "\n"},
-                              "cat /proc/*/environ | tr '\\0' '\\n'; cat known.txt; "
-                              "echo \"token: $(cat known.txt | head -1)\" >&2; exit 3\n"),
-                    workdir / "leak.zip")
+    probe = make_zip(
+        make_tree(workdir / "probe", {"agent.py": "run()\n"}, probe_script(outside, redis_port)), workdir / "probe.zip"
+    )
+    leak = make_zip(
+        make_tree(
+            workdir / "leak",
+            {"known.txt": "\n".join(secrets) + "\n"},
+            "cat /proc/*/environ | tr '\\0' '\\n'; cat known.txt; "
+            'echo "token: $(cat known.txt | head -1)" >&2; exit 3\n',
+        ),
+        workdir / "leak.zip",
+    )
     log_path = workdir / "worker.log"
     log = open(log_path, "wb")
-    worker = subprocess.Popen([sys.executable, "-m", "conveyor", "worker", "--queues", "agent", "--threads", "2"],
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "conveyor", "worker", "--queues", "agent", "--threads", "2"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     try:
-        probed = build(app, "upload", {"owner_id": "u1", "agent_id": "agent-probe", "archive_path": str(probe)},
-                       env={"BUILD_FLAG": "own-value"})
+        probed = build(
+            app,
+            "upload",
+            {"owner_id": "u1", "agent_id": "agent-probe", "archive_path": str(probe)},
+            env={"BUILD_FLAG": "own-value"},
+        )
         leaked = build(app, "upload", {"owner_id": "u1", "agent_id": "agent-leak", "archive_path": str(leak)})
         probe_rec, leak_rec = finished(store, probed.build_id, leaked.build_id, timeout=120)
-        wait_for(lambda: app.broker.get_job(leaked.job_id).state == "failed", timeout=30,
-                 message="the leaky job's record to say failed")
+        wait_for(
+            lambda: app.broker.get_job(leaked.job_id).state == "failed",
+            timeout=30,
+            message="the leaky job's record to say failed",
+        )
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
@@ -149,10 +182,14 @@ def test_a_hostile_build_script_gets_nothing_writes_nothing_outside_and_leaks_no
         assert leak_rec.status == "failed" and "exited with status 3" in leak_rec.error
         assert "token: [redacted]" in leak_rec.error and "[redacted]" in leak_rec.log
         with app.pool.connection() as conn:
-            tables = [row[0] for row in conn.execute(
-                "SELECT row_to_json(t)::text FROM (SELECT * FROM builds) t UNION ALL "
-                "SELECT row_to_json(t)::text FROM (SELECT * FROM build_events) t UNION ALL "
-                "SELECT row_to_json(t)::text FROM (SELECT * FROM agents) t")]
+            tables = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT row_to_json(t)::text FROM (SELECT * FROM builds) t UNION ALL "
+                    "SELECT row_to_json(t)::text FROM (SELECT * FROM build_events) t UNION ALL "
+                    "SELECT row_to_json(t)::text FROM (SELECT * FROM agents) t"
+                )
+            ]
         job = app.broker.get_job(leaked.job_id)
         assert "[redacted]" in job.error
         worker_log = log_path.read_text(errors="replace")
@@ -166,18 +203,26 @@ def test_a_hostile_build_script_gets_nothing_writes_nothing_outside_and_leaks_no
 
 @pytest.mark.slow
 def test_a_fork_bomb_stays_under_the_process_limit_and_the_whole_sandbox_is_killed_at_the_time_limit(
-        build_app, workers, workdir, caplog):  # noqa: F811
+    build_app, workers, workdir, caplog
+):  # noqa: F811
     # RLIMIT_NPROC counts every process of the sandbox's user: allow 40 more than it runs already.
     running_already = sum(1 for p in psutil.process_iter() if _uid(p) == SANDBOX_UID)
     limit = running_already + 40
-    app = build_app(build_max_processes=limit, build_time_limits={"upload": 4},
-                    queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=1)})
+    app = build_app(
+        build_max_processes=limit,
+        build_time_limits={"upload": 4},
+        queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=1)},
+    )
     store = BuildStore(app.pool)
     workers(app)
     marker = uuid.uuid4().hex
     bomb = make_tree(workdir / "bomb", {"a.py": "x\n"}, "bomb() { bomb | bomb & }; bomb 2>/dev/null; sleep 600\n")
-    ticket = build(app, "upload", {"owner_id": "u", "agent_id": "ag-bomb",
-                                   "archive_path": str(make_zip(bomb, workdir / "bomb.zip"))}, env={"MARK": marker})
+    ticket = build(
+        app,
+        "upload",
+        {"owner_id": "u", "agent_id": "ag-bomb", "archive_path": str(make_zip(bomb, workdir / "bomb.zip"))},
+        env={"MARK": marker},
+    )
     peak = 0
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -206,16 +251,28 @@ def test_a_secret_a_build_prints_is_scrubbed_from_its_log_error_and_events(build
     app = build_app(openai_api_key=OPENAI_KEY, admin_token=ADMIN_TOKEN)
     store = BuildStore(app.pool)
     workers(app)
-    tree = make_tree(workdir / "knows", {"known.txt": f"{ADMIN_TOKEN}\n{OPENAI_KEY}\n{KEY}\n"},
-                     "cat known.txt; echo \"admin is $(head -1 known.txt)\" >&2; exit 4\n")
-    ticket = build(app, "upload", {"owner_id": "u", "agent_id": "ag-knows",
-                                   "archive_path": str(make_zip(tree, workdir / "knows.zip"))})
+    tree = make_tree(
+        workdir / "knows",
+        {"known.txt": f"{ADMIN_TOKEN}\n{OPENAI_KEY}\n{KEY}\n"},
+        'cat known.txt; echo "admin is $(head -1 known.txt)" >&2; exit 4\n',
+    )
+    ticket = build(
+        app,
+        "upload",
+        {"owner_id": "u", "agent_id": "ag-knows", "archive_path": str(make_zip(tree, workdir / "knows.zip"))},
+    )
     (record,) = finished(store, ticket.build_id)
     assert record.status == "failed" and "admin is [redacted]" in record.error
     wait_for(lambda: app.broker.get_job(ticket.job_id).state == "failed", timeout=30, message="the job record")
-    text = "\n".join([record.log, record.error, json.dumps(store.events(ticket.build_id)),
-                      store.target("agent", "ag-knows").status_reason,
-                      app.broker.get_job(ticket.job_id).error or ""])
+    text = "\n".join(
+        [
+            record.log,
+            record.error,
+            json.dumps(store.events(ticket.build_id)),
+            store.target("agent", "ag-knows").status_reason,
+            app.broker.get_job(ticket.job_id).error or "",
+        ]
+    )
     for value in (ADMIN_TOKEN, OPENAI_KEY, KEY):
         assert value not in text
 
@@ -229,9 +286,15 @@ def test_output_without_newlines_does_not_make_the_worker_hold_it(build_app, wor
     workers(app)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, the peak so far
     tree = make_tree(workdir / "loud", {"a.py": "x\n"}, "head -c 200000000 /dev/zero | tr '\\0' x; echo; echo end\n")
-    (record,) = finished(store, build(app, "upload", {"owner_id": "u", "agent_id": "ag-loud",
-                                                      "archive_path": str(make_zip(tree, workdir / "l.zip"))}).build_id,
-                         timeout=120)
+    (record,) = finished(
+        store,
+        build(
+            app,
+            "upload",
+            {"owner_id": "u", "agent_id": "ag-loud", "archive_path": str(make_zip(tree, workdir / "l.zip"))},
+        ).build_id,
+        timeout=120,
+    )
     assert record.status == "succeeded" and "\nend\n" in record.log
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown < 150 * 1024, f"the worker's peak memory grew by {grown // 1024} MiB"

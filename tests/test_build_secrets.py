@@ -10,7 +10,7 @@ import httpx
 import redis
 from cryptography.fernet import Fernet
 
-from conveyor.builds.store import BuildStore
+from conveyor.platform.builds.store import BuildStore
 from conveyor.secrets import looks_encrypted
 from tests.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
 from tests.obs_support import Receiver, api_server
@@ -20,8 +20,14 @@ SECRET = "sk-live-7f3a9c1e5b2d4f60"
 ROTATED_OUT = "pw-from-a-removed-key-93ab"
 
 
-def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, workers, workdir, caplog,  # noqa: F811
-                                                                     database_url, redis_url):
+def test_secrets_appear_in_no_log_api_response_job_record_or_table(
+    build_app,
+    workers,
+    workdir,
+    caplog,  # noqa: F811
+    database_url,
+    redis_url,
+):
     receiver = Receiver()
     app = build_app(job_failure_webhook_url=receiver.url, webhook_format="generic", webhook_backoff=0.05)
     # The whole API (admin routes, dashboard, builds) on uvicorn.
@@ -31,8 +37,9 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
         script = 'echo "key is $API_KEY"; printf %s "$API_KEY" | sha256sum; echo "old is ${OLD_PASSWORD:-unset}"\n'
         archive = make_zip(make_tree(workdir / "src", {"agent.py": "run()\n"}, script), workdir / "src.zip")
         # A failing build that prints the secret: the error travels to the row, the agent, the job record, the logs.
-        leaky = make_zip(make_tree(workdir / "leaky", {"a.py": "\n"}, 'echo "bad key $API_KEY" >&2; exit 1\n'),
-                         workdir / "leaky.zip")
+        leaky = make_zip(
+            make_tree(workdir / "leaky", {"a.py": "\n"}, 'echo "bad key $API_KEY" >&2; exit 1\n'), workdir / "leaky.zip"
+        )
         # A value encrypted under a key the workers no longer have: dropped with a warning, the build goes on.
         stale = Fernet(Fernet.generate_key()).encrypt(ROTATED_OUT.encode()).decode()
         caplog.set_level(logging.DEBUG)
@@ -42,47 +49,78 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
         upload = "/api/agents/upload-and-deploy"
         assert client.post(upload, data=form, files={"file": archive.read_bytes()}).status_code == 401
         # Over HTTP a source is an upload: a host path is refused, naming the field.
-        body = {"kind": "upload", "owner_id": "u1", "agent_id": "agent-s", "archive_path": str(archive),
-                "env": {"API_KEY": SECRET}}
+        body = {
+            "kind": "upload",
+            "owner_id": "u1",
+            "agent_id": "agent-s",
+            "archive_path": str(archive),
+            "env": {"API_KEY": SECRET},
+        }
         bad = client.post("/api/builds", json=body, headers=auth)
         assert bad.status_code == 422 and "archive_path" in bad.text and "host paths" in bad.text
         accepted = client.post(upload, data=form, files={"file": ("src.zip", archive.read_bytes())}, headers=auth)
         assert accepted.status_code == 202
         build_id = accepted.json()["build_id"]
-        failing = client.post(upload, headers=auth, data={**form, "agent_id": "agent-leaky"},
-                              files={"file": ("leaky.zip", leaky.read_bytes())})
+        failing = client.post(
+            upload,
+            headers=auth,
+            data={**form, "agent_id": "agent-leaky"},
+            files={"file": ("leaky.zip", leaky.read_bytes())},
+        )
         assert failing.status_code == 202
         # The stale value goes straight into a job, as an older producer would have enqueued it.
         with app.pool.connection() as conn:
             conn.execute("INSERT INTO agents (id, owner_id) VALUES ('agent-s2', 'u1')")
-            conn.execute("INSERT INTO builds (id, kind, agent_id, owner_id) VALUES ('b-stale', 'upload', 'agent-s2', 'u1')")
-        app.jobs.enqueue("agent.build", {"kind": "upload", "build_id": "b-stale", "owner_id": "u1", "agent_id": "agent-s2",
-                                         "archive_path": str(archive), "env": {"OLD_PASSWORD": stale}})
+            conn.execute(
+                "INSERT INTO builds (id, kind, agent_id, owner_id) VALUES ('b-stale', 'upload', 'agent-s2', 'u1')"
+            )
+        app.jobs.enqueue(
+            "agent.build",
+            {
+                "kind": "upload",
+                "build_id": "b-stale",
+                "owner_id": "u1",
+                "agent_id": "agent-s2",
+                "archive_path": str(archive),
+                "env": {"OLD_PASSWORD": stale},
+            },
+        )
         store = BuildStore(app.pool)
         record, stale_record, failed = finished(store, build_id, "b-stale", failing.json()["build_id"])
         assert record.status == stale_record.status == "succeeded"
         assert failed.status == "failed" and "bad key [redacted]" in failed.error
         assert "bad key [redacted]" in store.target("agent", "agent-leaky").status_reason
-        wait_for(lambda: app.broker.get_job(failing.json()["job_id"]).state == "failed", timeout=10,
-                 message="the failed job's record")
+        wait_for(
+            lambda: app.broker.get_job(failing.json()["job_id"]).state == "failed",
+            timeout=10,
+            message="the failed job's record",
+        )
         wait_for(receiver.count, timeout=20, message="the failure alert")
         receiver.close()
         assert "key is [redacted]" in record.log
         assert hashlib.sha256(SECRET.encode()).hexdigest() in record.log  # the script saw the real value
         assert "old is unset" in stale_record.log
-        dropped = [json.loads(r.getMessage()) for r in caplog.records
-                   if r.name == "conveyor.events" and '"secret_dropped"' in r.getMessage()]
+        dropped = [
+            json.loads(r.getMessage())
+            for r in caplog.records
+            if r.name == "conveyor.events" and '"secret_dropped"' in r.getMessage()
+        ]
         assert [(d["variable"], d["job"]) for d in dropped] == [("OLD_PASSWORD", "agent.build")]
 
-        responses = [accepted.text, bad.text, failing.text,
-                     client.get(f"/api/builds/{failed.id}", headers=auth).text,
-                     client.get(f"/api/builds/{build_id}", headers=auth).text,
-                     client.get("/api/builds/b-stale", headers=auth).text,
-                     client.get("/api/deployments/agent/agent-s", headers=auth).text,
-                     client.get(f"/admin/jobs/{failing.json()['job_id']}", headers=auth).text]
+        responses = [
+            accepted.text,
+            bad.text,
+            failing.text,
+            client.get(f"/api/builds/{failed.id}", headers=auth).text,
+            client.get(f"/api/builds/{build_id}", headers=auth).text,
+            client.get("/api/builds/b-stale", headers=auth).text,
+            client.get("/api/deployments/agent/agent-s", headers=auth).text,
+            client.get(f"/admin/jobs/{failing.json()['job_id']}", headers=auth).text,
+        ]
         # The admin API shows the jobs' payloads with env redacted; the dashboard likewise.
-        admin_views = [client.get(f"/api/admin/jobs/{ref.json()['job_id']}", headers=auth).json()
-                       for ref in (accepted, failing)]
+        admin_views = [
+            client.get(f"/api/admin/jobs/{ref.json()['job_id']}", headers=auth).json() for ref in (accepted, failing)
+        ]
         assert all(view["payload"]["env"] == "[redacted]" for view in admin_views)
         # The failure alert sent to chat says why, masked.
         alerts = [r["body"] for r in receiver.requests]
@@ -104,12 +142,18 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(build_app, wo
                 stored_in_redis += client_redis.lrange(key, 0, -1)
         client_redis.close()
         with app.pool.connection() as conn:
-            tables = [row[0] for row in conn.execute(
-                "SELECT row_to_json(t)::text FROM (SELECT * FROM builds) t UNION ALL "
-                "SELECT row_to_json(t)::text FROM (SELECT * FROM build_events) t UNION ALL "
-                "SELECT row_to_json(t)::text FROM (SELECT * FROM build_versions) t UNION ALL "
-                "SELECT row_to_json(t)::text FROM (SELECT * FROM agents) t")]
-        everything = "\n".join([caplog.text, *responses, *tables, *(v.decode(errors="replace") for v in stored_in_redis)])
+            tables = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT row_to_json(t)::text FROM (SELECT * FROM builds) t UNION ALL "
+                    "SELECT row_to_json(t)::text FROM (SELECT * FROM build_events) t UNION ALL "
+                    "SELECT row_to_json(t)::text FROM (SELECT * FROM build_versions) t UNION ALL "
+                    "SELECT row_to_json(t)::text FROM (SELECT * FROM agents) t"
+                )
+            ]
+        everything = "\n".join(
+            [caplog.text, *responses, *tables, *(v.decode(errors="replace") for v in stored_in_redis)]
+        )
         for value in (SECRET, ROTATED_OUT):
             assert value not in everything
         assert '"env_names":["API_KEY"]' in "".join(tables)
@@ -121,9 +165,13 @@ def test_the_scrubber_catches_each_key_and_url_password_and_never_mangles_its_ow
 
     key_a, key_b = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     # (An admin token must be long and varied now, so the short secret inside the marker is the OpenAI key.)
-    settings = Settings(database_url="postgresql://app:db-pass-81x@db/conveyor", redis_url="redis://:r3dis-pw@r:6379/0",
-                        secret_key=f"{key_b},{key_a}", admin_token="Zq8-admin-token-scrub-4471",
-                        openai_api_key="dac")
+    settings = Settings(
+        database_url="postgresql://app:db-pass-81x@db/conveyor",
+        redis_url="redis://:r3dis-pw@r:6379/0",
+        secret_key=f"{key_b},{key_a}",
+        admin_token="Zq8-admin-token-scrub-4471",
+        openai_api_key="dac",
+    )
     scrub = Scrubber.for_settings(settings, ["env-value-42"])
     text = f"old key {key_a} new key {key_b} db-pass-81x r3dis-pw dac Zq8-admin-token-scrub-4471 env-value-42"
     assert scrub(text) == "old key [redacted] new key [redacted]" + " [redacted]" * 5

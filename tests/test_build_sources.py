@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor.builds.local import LocalBuilder
-from conveyor.builds.paths import inside
-from conveyor.builds.store import BuildStore
-from conveyor.builds.unpack import UNUSABLE
 from conveyor.errors import InvalidPayload, UnsafePath
+from conveyor.platform.builds.local import LocalBuilder
+from conveyor.platform.builds.paths import inside
+from conveyor.platform.builds.store import BuildStore
+from conveyor.platform.builds.unpack import UNUSABLE
 from tests.build_sources import (  # noqa: F401 (fixtures)
     ADMIN_AUTH,
     build,
@@ -44,13 +44,20 @@ def test_a_build_id_that_could_be_a_path_is_refused_and_the_data_dir_survives(bu
     data.mkdir(parents=True, exist_ok=True)
     (data / "canary").write_text("keep me\n")
     one = make_tree(workdir / "one", {"a.py": "1\n"})
-    (first,) = finished(BuildStore(app.pool), build(app, "upload", {
-        "owner_id": "u", "agent_id": "ag", "archive_path": str(make_zip(one, workdir / "1.zip"))}).build_id)
+    (first,) = finished(
+        BuildStore(app.pool),
+        build(
+            app, "upload", {"owner_id": "u", "agent_id": "ag", "archive_path": str(make_zip(one, workdir / "1.zip"))}
+        ).build_id,
+    )
     assert first.status == "succeeded"
     with api_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         for bad in ("..", ".", "../builds", "a/b", "/etc", "x.y", "..\\.."):
-            answer = client.post("/api/builds", headers=AUTH, json={
-                "kind": "rollback", "owner_id": "u", "agent_id": "ag", "target_version": "v1", "build_id": bad})
+            answer = client.post(
+                "/api/builds",
+                headers=AUTH,
+                json={"kind": "rollback", "owner_id": "u", "agent_id": "ag", "target_version": "v1", "build_id": bad},
+            )
             assert answer.status_code == 422, bad
             assert "build_id" in answer.text and "Traceback" not in answer.text
     with pytest.raises(InvalidPayload, match="build_id"):
@@ -83,8 +90,10 @@ def test_http_requests_name_no_host_path(build_app, workdir):  # noqa: F811
             ({"kind": "upload", "agent_id": "ag", "archive_path": "/etc/passwd"}, "archive_path"),
             ({"kind": "github_clone", "agent_id": "ag", "repo_url": "/root/private"}, "repo_url"),
             ({"kind": "standalone_build", "agent_id": "ag", "git_url": "file:///srv/repo"}, "git_url"),
-            ({"kind": "mcp_upload", "connector_id": "c", "source": {"type": "archive", "path": "/etc/x.zip"}},
-             "source.path"),
+            (
+                {"kind": "mcp_upload", "connector_id": "c", "source": {"type": "archive", "path": "/etc/x.zip"}},
+                "source.path",
+            ),
             ({"kind": "mcp_upload", "connector_id": "c", "source": {"type": "git", "url": "/srv/mcp"}}, "source.url"),
         ]:
             answer = client.post("/api/builds", headers=AUTH, json={**body, "owner_id": "u"})
@@ -95,7 +104,7 @@ def test_http_requests_name_no_host_path(build_app, workdir):  # noqa: F811
 
 def test_every_unusable_source_fails_at_once_with_one_message(build_app, workers, workdir):  # noqa: F811
     # max_attempts 3 (the default): a source that can never work must not use them.
-    app = build_app(build_max_source_bytes=1024 ** 2, build_max_source_files=50)
+    app = build_app(build_max_source_bytes=1024**2, build_max_source_files=50)
     store = BuildStore(app.pool)
     workers(app)
     good = make_tree(workdir / "good", {"agent.py": "run()\n", "lib/x.py": "x = 1\n"})
@@ -104,7 +113,7 @@ def test_every_unusable_source_fails_at_once_with_one_message(build_app, workers
     corrupt = workdir / "corrupt.zip"
     raw = bytearray(good_zip.read_bytes())
     offset = raw.index(b"run()")
-    raw[offset:offset + 5] = b"XXXXX"
+    raw[offset : offset + 5] = b"XXXXX"
     corrupt.write_bytes(bytes(raw))
     truncated = workdir / "truncated.tgz"
     big = make_tree(workdir / "bigtree", {"data.txt": os.urandom(200_000).hex()})
@@ -112,7 +121,7 @@ def test_every_unusable_source_fails_at_once_with_one_message(build_app, workers
     # A zip bomb: 50 MB of zeros in a few kilobytes; and a zip of too many small files.
     bomb = workdir / "bomb.zip"
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("zeros.bin", b"\0" * (50 * 1024 ** 2))
+        zf.writestr("zeros.bin", b"\0" * (50 * 1024**2))
     many = workdir / "many.zip"
     with zipfile.ZipFile(many, "w") as zf:
         for n in range(200):
@@ -164,38 +173,59 @@ def test_every_unusable_source_fails_at_once_with_one_message(build_app, workers
     assert len({r.error for r in records}) == 1  # nothing tells one reason from another
     assert not (workdir / "escaped.txt").exists() and not (Path(app.settings.data_dir) / "escaped.txt").exists()
     # The same source, whole, builds.
-    (ok,) = finished(store, build(app, "upload", {"owner_id": "u", "agent_id": "ag-ok",
-                                                  "archive_path": str(good_zip)}).build_id)
+    (ok,) = finished(
+        store, build(app, "upload", {"owner_id": "u", "agent_id": "ag-ok", "archive_path": str(good_zip)}).build_id
+    )
     assert ok.status == "succeeded"
 
 
 def test_a_tree_the_build_script_grows_past_the_caps_is_not_packaged(build_app, workers, workdir):  # noqa: F811
-    app = build_app(build_max_source_bytes=256 * 1024, build_max_file_bytes=10 * 1024 ** 2)
+    app = build_app(build_max_source_bytes=256 * 1024, build_max_file_bytes=10 * 1024**2)
     store = BuildStore(app.pool)
     workers(app)
     tree = make_tree(workdir / "grows", {"a.py": "x\n"}, "head -c 300000 /dev/zero > blob.bin\n")
-    (record,) = finished(store, build(app, "upload", {"owner_id": "u", "agent_id": "ag-grow",
-                                                      "archive_path": str(make_zip(tree, workdir / "g.zip"))}).build_id)
+    (record,) = finished(
+        store,
+        build(
+            app,
+            "upload",
+            {"owner_id": "u", "agent_id": "ag-grow", "archive_path": str(make_zip(tree, workdir / "g.zip"))},
+        ).build_id,
+    )
     assert record.status == "failed" and "larger than the limits" in record.error
     assert not any(Path(app.settings.data_dir, "artifacts", "sha256").glob("*.tar.gz"))
 
 
-def test_the_cli_takes_host_paths_under_the_source_roots_and_env_by_name(build_app, workers, workdir,  # noqa: F811
-                                                                        clean_env, database_url, redis_url):
+def test_the_cli_takes_host_paths_under_the_source_roots_and_env_by_name(
+    build_app,
+    workers,
+    workdir,  # noqa: F811
+    clean_env,
+    database_url,
+    redis_url,
+):
     app = build_app()
     store = BuildStore(app.pool)
     workers(app)
     tree = make_tree(workdir / "cli-src", {"agent.py": "run()\n"}, 'test "$API_KEY" = cli-secret-value\n')
-    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "CONVEYOR_BROKER": "redis",
-           "CONVEYOR_SECRET_KEY": app.settings.secret_key.get_secret_value(), "API_KEY": "cli-secret-value",
-           "CONVEYOR_DATA_DIR": str(app.settings.data_dir)}
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": database_url,
+        "CONVEYOR_BROKER": "redis",
+        "CONVEYOR_SECRET_KEY": app.settings.secret_key.get_secret_value(),
+        "API_KEY": "cli-secret-value",
+        "CONVEYOR_DATA_DIR": str(app.settings.data_dir),
+    }
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "conveyor", "build", *args], env=env, capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "conveyor", "build", *args], env=env, capture_output=True, text=True, timeout=60
+        )
 
-    done = cli("update", json.dumps({"owner_id": "u", "agent_id": "ag-cli", "source_dir": str(tree)}),
-               "--env", "API_KEY")
+    done = cli(
+        "update", json.dumps({"owner_id": "u", "agent_id": "ag-cli", "source_dir": str(tree)}), "--env", "API_KEY"
+    )
     assert done.returncode == 0, done.stderr
     ticket = json.loads(done.stdout)
     (record,) = finished(store, ticket["build_id"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from conveyor.builds.store import BuildStore
+from conveyor.platform.builds.store import BuildStore
 from tests.build_sources import (  # noqa: F401 (fixtures)
     ADMIN_AUTH,
     build_app,
@@ -44,14 +44,24 @@ def test_an_uploaded_zip_is_built_and_deployed_and_an_update_takes_an_upload_too
     app = build_app(upload_max_bytes=256 * 1024)
     store = BuildStore(app.pool)
     workers(app)
-    v1 = make_zip(make_tree(workdir / "v1", {"agent.py": "print(1)\n"}, "mkdir -p dist && cp agent.py dist/\n"),
-                  workdir / "v1.zip")
+    v1 = make_zip(
+        make_tree(workdir / "v1", {"agent.py": "print(1)\n"}, "mkdir -p dist && cp agent.py dist/\n"),
+        workdir / "v1.zip",
+    )
     v2 = make_zip(make_tree(workdir / "v2", {"agent.py": "print(2)\n"}), workdir / "v2.zip")
     with api_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
-        assert client.post(ROUTE, files={"file": ("v1.zip", v1.read_bytes())},
-                           data={"owner_id": "u", "agent_id": "ag-up"}).status_code == 401
-        answer = client.post(ROUTE, headers=AUTH, files={"file": ("v1.zip", v1.read_bytes(), "application/zip")},
-                             data={"owner_id": "u", "agent_id": "ag-up", "env": json.dumps({"FLAG": "on"})})
+        assert (
+            client.post(
+                ROUTE, files={"file": ("v1.zip", v1.read_bytes())}, data={"owner_id": "u", "agent_id": "ag-up"}
+            ).status_code
+            == 401
+        )
+        answer = client.post(
+            ROUTE,
+            headers=AUTH,
+            files={"file": ("v1.zip", v1.read_bytes(), "application/zip")},
+            data={"owner_id": "u", "agent_id": "ag-up", "env": json.dumps({"FLAG": "on"})},
+        )
         assert answer.status_code == 202, answer.text
         ticket = answer.json()
         assert ticket["upload_id"].startswith("upl_") and ticket["status_url"] == f"/api/builds/{ticket['build_id']}"
@@ -62,28 +72,40 @@ def test_an_uploaded_zip_is_built_and_deployed_and_an_update_takes_an_upload_too
         assert shown["status"] == "succeeded" and "on" not in json.dumps(shown["events"])
 
         # An update from an upload: through the form (kind=update) ...
-        answer = client.post(ROUTE, headers=AUTH, files={"file": ("v2.zip", v2.read_bytes())},
-                             data={"owner_id": "u", "agent_id": "ag-up", "kind": "update", "version": "2.0",
-                                   "changelog": "prints 2"})
+        answer = client.post(
+            ROUTE,
+            headers=AUTH,
+            files={"file": ("v2.zip", v2.read_bytes())},
+            data={"owner_id": "u", "agent_id": "ag-up", "kind": "update", "version": "2.0", "changelog": "prints 2"},
+        )
         assert answer.status_code == 202, answer.text
         (record,) = finished(store, answer.json()["build_id"])
         assert record.status == "succeeded" and record.version == "2.0" and "changelog: prints 2" in record.log
         assert store.deployment("agent", "ag-up")["version"] == "2.0"
         # ... or as JSON naming an upload id (here one the upload route stored; it is used up by its build).
-        stored = client.post(ROUTE, headers=AUTH, files={"file": ("v1.zip", v1.read_bytes())},
-                             data={"owner_id": "u", "agent_id": "ag-other"})
+        stored = client.post(
+            ROUTE,
+            headers=AUTH,
+            files={"file": ("v1.zip", v1.read_bytes())},
+            data={"owner_id": "u", "agent_id": "ag-other"},
+        )
         (first,) = finished(store, stored.json()["build_id"])
         assert first.status == "succeeded"
         # An upload serves one build, then goes (just after the build's outcome is recorded).
         wait_for(lambda: leftovers(app.settings.data_dir) == [], timeout=10, message="the used upload to go")
-        reused = client.post("/api/builds", headers=AUTH, json={"kind": "update", "owner_id": "u",
-                                                                 "agent_id": "ag-up",
-                                                                 "upload_id": stored.json()["upload_id"]})
+        reused = client.post(
+            "/api/builds",
+            headers=AUTH,
+            json={"kind": "update", "owner_id": "u", "agent_id": "ag-up", "upload_id": stored.json()["upload_id"]},
+        )
         assert reused.status_code == 202
         (gone,) = finished(store, reused.json()["build_id"])
         assert gone.status == "failed" and "cannot be used" in gone.error
-        bad_id = client.post("/api/builds", headers=AUTH, json={"kind": "update", "owner_id": "u", "agent_id": "ag-up",
-                                                                 "upload_id": "../../etc/passwd"})
+        bad_id = client.post(
+            "/api/builds",
+            headers=AUTH,
+            json={"kind": "update", "owner_id": "u", "agent_id": "ag-up", "upload_id": "../../etc/passwd"},
+        )
         assert bad_id.status_code == 422 and "upload_id" in bad_id.text and "passwd" not in bad_id.text
 
 
@@ -100,39 +122,44 @@ def test_oversize_non_zip_and_bad_forms_are_refused_and_nothing_is_stored(build_
         oversize = client.post(ROUTE, headers=AUTH, files={"file": ("big.zip", big.getvalue())}, data=fields)
         assert oversize.status_code == 413 and "file" in oversize.text
         # Streamed without a length (chunked): cut off at the cap while it arrives.
-        request = client.build_request("POST", ROUTE, headers=AUTH, files={"file": ("big.zip", big.getvalue())},
-                                       data=fields)
+        request = client.build_request(
+            "POST", ROUTE, headers=AUTH, files={"file": ("big.zip", big.getvalue())}, data=fields
+        )
         body = request.read()
         headers = {**AUTH, "content-type": request.headers["content-type"]}
 
         def chunks():
             for at in range(0, len(body), 8192):
-                yield body[at:at + 8192]
+                yield body[at : at + 8192]
 
         streamed = client.post(ROUTE, headers=headers, content=chunks())
         assert streamed.status_code == 413
         assert leftovers(data) == []
 
-        not_zip = client.post(ROUTE, headers=AUTH, files={"file": ("a.zip", b"this is not a zip archive\n")},
-                              data=fields)
+        not_zip = client.post(
+            ROUTE, headers=AUTH, files={"file": ("a.zip", b"this is not a zip archive\n")}, data=fields
+        )
         assert not_zip.status_code == 422 and "file" in not_zip.text and "zip" in not_zip.text
         missing = client.post(ROUTE, headers=AUTH, data=fields, files={"zq9other": ("x", b"y")})
         # The form's fields are listed; the stranger's name (the client's input) is not echoed.
         assert missing.status_code == 422 and "unknown field" in missing.text and "agent_id" in missing.text
         assert "zq9other" not in missing.text
-        control = client.post(ROUTE, headers=AUTH, data={**fields, "version": "1"},
-                              files={"file": ("a.zip", _tiny_zip())}).status_code
+        control = client.post(
+            ROUTE, headers=AUTH, data={**fields, "version": "1"}, files={"file": ("a.zip", _tiny_zip())}
+        ).status_code
         assert control == 202  # the control: the same form with a good file is taken
         no_agent = client.post(ROUTE, headers=AUTH, data={"owner_id": "u"}, files={"file": ("a.zip", _tiny_zip())})
         assert no_agent.status_code == 422 and "agent_id" in no_agent.text
         for env in ("[1, 2]", "[" * 30000 + "]" * 30000, '{"A": 1}'):
-            bad_env = client.post(ROUTE, headers=AUTH, data={**fields, "env": env},
-                                  files={"file": ("a.zip", _tiny_zip())})
+            bad_env = client.post(
+                ROUTE, headers=AUTH, data={**fields, "env": env}, files={"file": ("a.zip", _tiny_zip())}
+            )
             assert bad_env.status_code == 422 and "env" in bad_env.text
         plain = client.post(ROUTE, headers=AUTH, json=fields)
         assert plain.status_code == 415
-        nul = client.post(ROUTE, headers=AUTH, data={"owner_id": "u", "agent_id": "a\x00b"},
-                          files={"file": ("a.zip", _tiny_zip())})
+        nul = client.post(
+            ROUTE, headers=AUTH, data={"owner_id": "u", "agent_id": "a\x00b"}, files={"file": ("a.zip", _tiny_zip())}
+        )
         assert nul.status_code == 422 and "agent_id" in nul.text and "Traceback" not in nul.text
     # Only the one good upload was kept (its build is queued; no worker runs here).
     assert len(leftovers(data)) == 1 and leftovers(data)[0].startswith("upl_")
@@ -161,12 +188,14 @@ def test_a_users_key_uploads_for_that_user_only_and_the_upload_route_has_its_own
         kept = leftovers(data)
         assert len(kept) == 1
         # Naming another owner is refused, naming the field ...
-        owner = client.post(ROUTE, headers=bob, data={"agent_id": "ag-bob", "owner_id": "alice-up"},
-                            files={"file": ("a.zip", zipped)})
+        owner = client.post(
+            ROUTE, headers=bob, data={"agent_id": "ag-bob", "owner_id": "alice-up"}, files={"file": ("a.zip", zipped)}
+        )
         assert owner.status_code == 422 and "owner_id" in owner.text
         # ... and another user's agent answers 404, as one that does not exist; neither upload is kept.
-        foreign = client.post(ROUTE, headers=bob, data={"agent_id": "ag-alice", "kind": "update"},
-                              files={"file": ("a.zip", zipped)})
+        foreign = client.post(
+            ROUTE, headers=bob, data={"agent_id": "ag-alice", "kind": "update"}, files={"file": ("a.zip", zipped)}
+        )
         assert foreign.status_code == 404, foreign.text
         assert leftovers(data) == kept and store.target("agent", "ag-alice").owner_id == "alice-up"
         # The admin token still names the owner.
@@ -188,7 +217,7 @@ def test_a_partial_upload_left_by_a_dead_api_process_is_swept_and_a_fresh_one_is
     import os
     import time
 
-    from conveyor.builds.uploads import PART_MAX_AGE, Uploads
+    from conveyor.platform.builds.uploads import PART_MAX_AGE, Uploads
 
     uploads = Uploads(workdir / "data")
     uploads.root.mkdir(parents=True)

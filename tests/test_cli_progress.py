@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.ledger.migrate import migration_files
+from conveyor.schema.migrate import migration_files
 from tests.harness import ROOT, env_for, make_settings
 
 ANSI = "\x1b["
@@ -40,8 +40,15 @@ def _env(settings, **extra) -> dict[str, str]:
 
 def piped(env, *args, stdin: Path | None = None) -> subprocess.CompletedProcess:
     with open(stdin or os.devnull, "rb") as source:
-        return subprocess.run([sys.executable, "-m", "conveyor", *args], env=env, cwd=ROOT, stdin=source,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "conveyor", *args],
+            env=env,
+            cwd=ROOT,
+            stdin=source,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
 
 def in_terminal(env, *args, stdin: Path | None = None) -> tuple[int, str]:
@@ -49,8 +56,15 @@ def in_terminal(env, *args, stdin: Path | None = None) -> tuple[int, str]:
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     with open(stdin or os.devnull, "rb") as source:
-        child = subprocess.Popen([sys.executable, "-m", "conveyor", *args], env=env, cwd=ROOT,
-                                 stdin=source, stdout=follower, stderr=follower, close_fds=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", *args],
+            env=env,
+            cwd=ROOT,
+            stdin=source,
+            stdout=follower,
+            stderr=follower,
+            close_fds=True,
+        )
     os.close(follower)
     shown = bytearray()
     try:
@@ -74,9 +88,16 @@ def _jobs_file(path: Path, prefix: str, lines: int, duplicates: int) -> Path:
     with path.open("w") as out:
         for i in range(lines):
             n = i % unique
-            out.write(json.dumps({"job": "credit.consume", "key": f"credit:{prefix}:{n}",
-                                  "payload": {"user_id": "u", "task_id": prefix, "message_id": str(n),
-                                              "total_tokens": 1}}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "job": "credit.consume",
+                        "key": f"credit:{prefix}:{n}",
+                        "payload": {"user_id": "u", "task_id": prefix, "message_id": str(n), "total_tokens": 1},
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -102,8 +123,14 @@ def test_batch_enqueue_through_pipes_prints_ids_and_one_json_summary(settings, t
     assert sum(r["deduplicated"] for r in rows) == 100
     summary = _summaries(result.stderr)
     assert len(summary) == 1
-    assert summary[0] | {"seconds": 0} == {"command": "enqueue --batch", "ok": True, "jobs": 3000,
-                                           "enqueued": 2900, "deduplicated": 100, "seconds": 0}
+    assert summary[0] | {"seconds": 0} == {
+        "command": "enqueue --batch",
+        "ok": True,
+        "jobs": 3000,
+        "enqueued": 2900,
+        "deduplicated": 100,
+        "seconds": 0,
+    }
     assert ANSI not in result.stdout + result.stderr and BAR not in result.stderr
 
 
@@ -147,7 +174,8 @@ def test_migrate_through_pipes_prints_one_json_line(clean_env, redis_url, empty_
     first = piped(env, "migrate")
     assert first.returncode == 0, first.stderr
     assert [json.loads(line) | {"seconds": 0} for line in first.stdout.splitlines()] == [
-        {"command": "migrate", "ok": True, "applied": names, "seconds": 0}]
+        {"command": "migrate", "ok": True, "applied": names, "seconds": 0}
+    ]
     again = piped(env, "migrate")
     assert json.loads(again.stdout)["applied"] == []
     assert ANSI not in first.stdout + first.stderr and BAR not in first.stderr

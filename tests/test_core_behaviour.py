@@ -107,7 +107,8 @@ def test_concurrency_never_exceeds_the_queue_limit(app, database_url):
     limit = app.queues["llm"].concurrency
     with running(app, "llm"):
         refs = app.jobs.enqueue_many(
-            [{"job": "test.probe.llm", "payload": {"token": f"cap-{i}", "sleep": 0.3}} for i in range(8)])
+            [{"job": "test.probe.llm", "payload": {"token": f"cap-{i}", "sleep": 0.3}} for i in range(8)]
+        )
         wait_for(lambda: all(finished(app, r.id) for r in refs), message="all capped jobs")
     runs = probe_runs(database_url, "cap-")
     assert len(runs) == 8
@@ -116,8 +117,7 @@ def test_concurrency_never_exceeds_the_queue_limit(app, database_url):
 
 def test_payload_that_no_longer_validates_fails_alone(app, database_url):
     # A message written by an older version: the payload misses a field this version requires.
-    bad = Message(queue_name="critical", actor_name="test.probe.critical", args=({"tokn": "x"},),
-                  kwargs={}, options={})
+    bad = Message(queue_name="critical", actor_name="test.probe.critical", args=({"tokn": "x"},), kwargs={}, options={})
     with running(app, "critical"):
         app.broker.enqueue(bad)
         good = app.jobs.enqueue("test.probe.critical", {"token": "after-bad"})
@@ -141,8 +141,9 @@ def test_paused_queue_is_not_claimed_until_resumed(app, database_url):
 
 @pytest.mark.parametrize("broker", BROKERS)
 def test_time_limit_stops_a_job_that_runs_too_long(broker, clean_env, redis_url, database_url):
-    app = App(make_settings(broker, redis_url, database_url,
-                            queues={"indexing": {"time_limit": 0.5, "max_attempts": 1}}))
+    app = App(
+        make_settings(broker, redis_url, database_url, queues={"indexing": {"time_limit": 0.5, "max_attempts": 1}})
+    )
     try:
         with running(app, "indexing"):
             ref = app.jobs.enqueue("test.probe.indexing", {"token": "slow", "sleep": 5})

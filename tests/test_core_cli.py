@@ -18,14 +18,28 @@ def settings(request, clean_env, redis_url, database_url):
 
 
 def conveyor(settings, *args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "conveyor", *args], env=env_for(settings), cwd=ROOT,
-                          input=stdin, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor", *args],
+        env=env_for(settings),
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_help_names_every_environment_variable(settings):
     out = conveyor(settings, "--help").stdout
-    for name in ("REDIS_URL", "DATABASE_URL", "JOB_FAILURE_WEBHOOK_URL", "CONVEYOR_BROKER",
-                 "CONVEYOR_DEDUP_TTL", "CONVEYOR_HEARTBEAT_TIMEOUT", "CONVEYOR_QUEUES"):
+    for name in (
+        "REDIS_URL",
+        "DATABASE_URL",
+        "JOB_FAILURE_WEBHOOK_URL",
+        "CONVEYOR_BROKER",
+        "CONVEYOR_DEDUP_TTL",
+        "CONVEYOR_HEARTBEAT_TIMEOUT",
+        "CONVEYOR_QUEUES",
+    ):
         assert name in out
     worker_help = conveyor(settings, "worker", "--help").stdout
     assert "CONVEYOR_WORKER_QUEUES" in worker_help and "CONVEYOR_WORKER_PROCESSES" in worker_help
@@ -36,15 +50,21 @@ def test_migrate_worker_enqueue_moves_the_balance_once(settings, tmp_path):
     assert json.loads(conveyor(settings, "migrate").stdout)["applied"] == []  # piped: one JSON line
     assert conveyor(settings, "ledger", "top-up", "alice", "10", "--reference", "welcome").returncode == 0
     payload = json.dumps({"user_id": "alice", "task_id": "t1", "message_id": "m1", "total_tokens": 2500})
-    first = json.loads(conveyor(settings, "enqueue", "credit.consume", "--payload", payload,
-                                "--key", "credit:t1:m1").stdout)
-    again = json.loads(conveyor(settings, "enqueue", "credit.consume", "--payload", payload,
-                                "--key", "credit:t1:m1").stdout)
+    first = json.loads(
+        conveyor(settings, "enqueue", "credit.consume", "--payload", payload, "--key", "credit:t1:m1").stdout
+    )
+    again = json.loads(
+        conveyor(settings, "enqueue", "credit.consume", "--payload", payload, "--key", "credit:t1:m1").stdout
+    )
     assert again == {"id": first["id"], "deduplicated": True}
     worker = WorkerProcess(settings, "critical", log=tmp_path / "worker.log")
     try:
-        wait_for(lambda: conveyor(settings, "ledger", "balance", "alice").stdout.strip() == "9.995000",
-                 timeout=60, message="the charge to be applied")
+        wait_for(
+            lambda: conveyor(settings, "ledger", "balance", "alice").stdout.strip() == "9.995000",
+            timeout=60,
+            message="the charge to be applied",
+        )
+
         def critical_status():
             status = json.loads(conveyor(settings, "status", "--json").stdout)
             return next(q for q in status if q["queue"] == "critical")
@@ -66,9 +86,16 @@ def test_enqueue_errors_are_clear_and_exit_non_zero(settings):
 
 
 def test_batch_enqueue_reads_json_lines(settings):
-    lines = "\n".join(json.dumps({"job": "credit.consume", "key": f"credit:t:{i % 2}",
-                                  "payload": {"user_id": "u", "task_id": "t", "message_id": str(i % 2),
-                                              "total_tokens": 1}}) for i in range(4))
+    lines = "\n".join(
+        json.dumps(
+            {
+                "job": "credit.consume",
+                "key": f"credit:t:{i % 2}",
+                "payload": {"user_id": "u", "task_id": "t", "message_id": str(i % 2), "total_tokens": 1},
+            }
+        )
+        for i in range(4)
+    )
     out = conveyor(settings, "enqueue", "--batch", stdin=lines)
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["deduplicated"] for r in rows] == [False, False, True, True]

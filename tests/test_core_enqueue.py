@@ -23,14 +23,17 @@ def nothing_enqueued(app):
     return counts.waiting == counts.delayed == counts.active == 0
 
 
-@pytest.mark.parametrize("payload, field", [
-    ({**GOOD, "total_tokens": "many"}, "total_tokens"),
-    ({k: v for k, v in GOOD.items() if k != "task_id"}, "task_id"),
-    ({**GOOD, "user_id": ""}, "user_id"),
-    ({**GOOD, "user_id": "has space"}, "user_id"),
-    ({**GOOD, "extra": 1}, "extra"),
-    ("not json", "<payload>"),
-])
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({**GOOD, "total_tokens": "many"}, "total_tokens"),
+        ({k: v for k, v in GOOD.items() if k != "task_id"}, "task_id"),
+        ({**GOOD, "user_id": ""}, "user_id"),
+        ({**GOOD, "user_id": "has space"}, "user_id"),
+        ({**GOOD, "extra": 1}, "extra"),
+        ("not json", "<payload>"),
+    ],
+)
 def test_invalid_payload_names_job_and_field_and_enqueues_nothing(app, payload, field):
     with pytest.raises(InvalidPayload) as info:
         app.jobs.enqueue("credit.consume", payload)
@@ -58,8 +61,12 @@ def test_oversize_payload_is_refused(app):
 
 def test_one_bad_item_in_a_batch_enqueues_none_of_it(app):
     with pytest.raises(InvalidPayload):
-        app.jobs.enqueue_many([{"job": "credit.consume", "payload": GOOD},
-                               {"job": "credit.consume", "payload": {**GOOD, "total_tokens": -1}}])
+        app.jobs.enqueue_many(
+            [
+                {"job": "credit.consume", "payload": GOOD},
+                {"job": "credit.consume", "payload": {**GOOD, "total_tokens": -1}},
+            ]
+        )
     assert nothing_enqueued(app)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from conveyor.errors import LedgerError, UnknownAccount
 from conveyor.ledger import credits
-from conveyor.ledger.migrate import migrate, migration_files
+from conveyor.schema.migrate import migrate, migration_files
 
 PRICE = Decimal("0.002")
 
@@ -36,8 +36,11 @@ def test_concurrent_duplicate_charges_apply_once(database_url):
     def charge():
         with psycopg.connect(database_url, autocommit=True) as c:
             barrier.wait()
-            results.append(credits.consume(c, user_id="u", task_id="t", message_id="m", total_tokens=1000,
-                                           price_per_1k=PRICE).applied)
+            results.append(
+                credits.consume(
+                    c, user_id="u", task_id="t", message_id="m", total_tokens=1000, price_per_1k=PRICE
+                ).applied
+            )
 
     threads = [threading.Thread(target=charge) for _ in range(8)]
     for t in threads:

@@ -40,14 +40,20 @@ def ledger(database_url):
 def test_sigkilled_worker_job_completes_elsewhere_and_charges_once(app, workers, database_url):
     first = workers("critical")
     wait_for(lambda: first.child_pids(), message="the first worker to start")
-    ref = app.jobs.enqueue("test.slow_credit", {"user_id": "u1", "task_id": "t1", "message_id": "m1",
-                                                "total_tokens": 1000, "sleep": 2.0}, key="credit:t1:m1")
+    ref = app.jobs.enqueue(
+        "test.slow_credit",
+        {"user_id": "u1", "task_id": "t1", "message_id": "m1", "total_tokens": 1000, "sleep": 2.0},
+        key="credit:t1:m1",
+    )
     run = wait_for(lambda: probe_runs(database_url, "m1"), message="the charge to start")[0]
     os.kill(run["pid"], signal.SIGKILL)
     first.terminate()
     second = workers("critical")
-    wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=60,
-             message="the killed worker's job to complete on another worker")
+    wait_for(
+        lambda: app.broker.get_job(ref.id).state == "completed",
+        timeout=60,
+        message="the killed worker's job to complete on another worker",
+    )
     assert second.events("stalled"), "the recovery pass should log the stalled job"
     with psycopg.connect(database_url) as conn:
         assert credits.balance(conn, "u1") == Decimal("-0.002")
@@ -69,8 +75,11 @@ def test_crash_looping_job_fails_after_max_attempts_and_others_still_run(setting
 
 def _crash_loop(app, worker, database_url):
     crasher = app.jobs.enqueue("test.probe.nudge", {"token": "crasher", "crash_times": 1000})
-    wait_for(lambda: app.broker.get_job(crasher.id).state == "failed", timeout=90,
-             message="the crash-looping job to be failed")
+    wait_for(
+        lambda: app.broker.get_job(crasher.id).state == "failed",
+        timeout=90,
+        message="the crash-looping job to be failed",
+    )
     record = app.broker.get_job(crasher.id)
     # Redis finds the spent budget when the job starts once more; Postgres's
     # recovery pass finds it before handing the job out again.
@@ -78,19 +87,26 @@ def _crash_loop(app, worker, database_url):
     assert max_attempts <= record.attempts <= max_attempts + 1
     assert record.error.startswith("WorkerLost")
     # On Postgres the recovery pass marks the job failed first and runs the hook just after: wait for it.
-    wait_for(lambda: [d["token"] for d in probe_dead(database_url)] == ["crasher"], timeout=10,
-             message="the final-failure hook")
+    wait_for(
+        lambda: [d["token"] for d in probe_dead(database_url)] == ["crasher"],
+        timeout=10,
+        message="the final-failure hook",
+    )
     assert len(worker.events("worker_died")) >= max_attempts
     healthy = app.jobs.enqueue("test.probe.nudge", {"token": "healthy"})
-    wait_for(lambda: app.broker.get_job(healthy.id).state == "completed", timeout=30,
-             message="the restarted worker group to serve other jobs")
+    wait_for(
+        lambda: app.broker.get_job(healthy.id).state == "completed",
+        timeout=30,
+        message="the restarted worker group to serve other jobs",
+    )
 
 
 def test_sigterm_lets_in_flight_jobs_finish_and_loses_none(app, workers, database_url):
     worker = workers("llm")
     wait_for(lambda: worker.child_pids())
     refs = app.jobs.enqueue_many(
-        [{"job": "test.probe.llm", "payload": {"token": f"drain-{i}", "sleep": 1.5}} for i in range(6)])
+        [{"job": "test.probe.llm", "payload": {"token": f"drain-{i}", "sleep": 1.5}} for i in range(6)]
+    )
     wait_for(lambda: len(probe_runs(database_url, "drain-")) >= 2, message="two jobs in flight")
     assert worker.terminate() == 0
     runs = probe_runs(database_url, "drain-")
@@ -111,12 +127,17 @@ def test_ten_thousand_charges_with_duplicates_and_transient_failures_are_exact(a
     rng.shuffle(jobs)
     for _ in range(3):
         workers("critical", TEST_FLAKY_CREDIT_PERCENT="10")
-    requests = [{"job": "credit.consume", "key": f"credit:{t}:{m}",
-                 "payload": {"user_id": u, "task_id": t, "message_id": m, "total_tokens": n}}
-                for u, t, m, n in jobs]
+    requests = [
+        {
+            "job": "credit.consume",
+            "key": f"credit:{t}:{m}",
+            "payload": {"user_id": u, "task_id": t, "message_id": m, "total_tokens": n},
+        }
+        for u, t, m, n in jobs
+    ]
     deduplicated = 0
     for start in range(0, len(requests), 500):
-        deduplicated += sum(r.deduplicated for r in app.jobs.enqueue_many(requests[start:start + 500]))
+        deduplicated += sum(r.deduplicated for r in app.jobs.enqueue_many(requests[start : start + 500]))
     assert deduplicated == len(repeats)
 
     def done():
@@ -136,7 +157,13 @@ def test_ten_thousand_charges_with_duplicates_and_transient_failures_are_exact(a
     assert actual == expected
     retried = sum(flaky(t, 10) for _, t, _, _ in unique)
     assert retried > 500, "about 10 % of the charges must have failed once and been retried"
-    verify = subprocess.run([sys.executable, "-m", "conveyor", "ledger", "verify"], env=env_for(settings),
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    verify = subprocess.run(
+        [sys.executable, "-m", "conveyor", "ledger", "verify"],
+        env=env_for(settings),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert verify.returncode == 0, verify.stderr
     assert f"{entries} entries, 0 mismatches" in verify.stdout

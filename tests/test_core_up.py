@@ -18,22 +18,37 @@ from tests.waiting import wait_for
 
 def test_up_then_enqueue_in_another_shell_moves_the_balance_once(clean_env, embedded_data_dir, tmp_path):
     home = tempfile.mkdtemp(prefix="conveyor-home-")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")
-           and k not in ("REDIS_URL", "DATABASE_URL")}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_") and k not in ("REDIS_URL", "DATABASE_URL")
+    }
     port = free_port()
-    env.update(HOME=home, PYTHONPATH=str(ROOT), CONVEYOR_DATA_DIR=str(embedded_data_dir),
-               CONVEYOR_SHUTDOWN_TIMEOUT="20", CONVEYOR_API_PORT=str(port), CONVEYOR_ADMIN_TOKEN="up-token-core-4b8f1",
-               CONVEYOR_METRICS_PORT="0")
+    env.update(
+        HOME=home,
+        PYTHONPATH=str(ROOT),
+        CONVEYOR_DATA_DIR=str(embedded_data_dir),
+        CONVEYOR_SHUTDOWN_TIMEOUT="20",
+        CONVEYOR_API_PORT=str(port),
+        CONVEYOR_ADMIN_TOKEN="up-token-core-4b8f1",
+        CONVEYOR_METRICS_PORT="0",
+    )
     log = tmp_path / "up.log"
 
     def conveyor(*args):
-        return subprocess.run([sys.executable, "-m", "conveyor", *args], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "conveyor", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
 
     with open(log, "wb") as out:
-        up = subprocess.Popen([sys.executable, "-m", "conveyor", "up"], env=env, cwd=ROOT,
-                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        up = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", "up"],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
+
         def started():
             text = log.read_text(errors="replace")
             return text.count('"event":"worker_started"') >= 6
@@ -44,9 +59,13 @@ def test_up_then_enqueue_in_another_shell_moves_the_balance_once(clean_env, embe
         for _ in range(2):
             result = conveyor("enqueue", "credit.consume", "--payload", payload, "--key", "credit:t1:m1")
             assert result.returncode == 0, result.stderr
-        wait_for(lambda: conveyor("ledger", "balance", "newcomer").stdout.strip() == "-0.010000",
-                 timeout=60, message="the charge to be applied by the embedded stack")
+        wait_for(
+            lambda: conveyor("ledger", "balance", "newcomer").stdout.strip() == "-0.010000",
+            timeout=60,
+            message="the charge to be applied by the embedded stack",
+        )
         assert conveyor("ledger", "verify").returncode == 0
+
         def charged_once():
             metrics = _get(f"http://127.0.0.1:{port}/api/admin/queue-metrics", "up-token-core-4b8f1")
             return metrics and metrics["critical"]["completedTotal"] == 1

@@ -13,8 +13,13 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 
 #: Distributions whose import name differs from their name.
-IMPORT_NAMES = {"pyyaml": "yaml", "psycopg-pool": "psycopg_pool", "prometheus-client": "prometheus_client",
-                "pydantic-settings": "pydantic_settings", "dramatiq-postgres": "dramatiq_postgres"}
+IMPORT_NAMES = {
+    "pyyaml": "yaml",
+    "psycopg-pool": "psycopg_pool",
+    "prometheus-client": "prometheus_client",
+    "pydantic-settings": "pydantic_settings",
+    "dramatiq-postgres": "dramatiq_postgres",
+}
 
 #: Used without an import statement, and what for.
 NOT_IMPORTED = {
@@ -35,8 +40,11 @@ def _declared() -> list[str]:
 
 
 def _sources() -> str:
-    return "\n".join(path.read_text(errors="replace") for folder in ("conveyor", "tests", "bench")
-                     for path in (ROOT / folder).rglob("*.py"))
+    return "\n".join(
+        path.read_text(errors="replace")
+        for folder in ("conveyor", "tests", "bench")
+        for path in (ROOT / folder).rglob("*.py")
+    )
 
 
 def test_every_declared_dependency_is_imported_or_says_why_not():

@@ -49,8 +49,9 @@ def test_another_process_gets_the_same_server_and_leaves_it_running(embedded_dat
     url = start_embedded(embedded_data_dir)
     code = "import sys; from conveyor.embedded import start_embedded; print(start_embedded(sys.argv[1]))"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    child = subprocess.run([sys.executable, "-c", code, str(embedded_data_dir)],
-                           capture_output=True, text=True, timeout=60, env=env)
+    child = subprocess.run(
+        [sys.executable, "-c", code, str(embedded_data_dir)], capture_output=True, text=True, timeout=60, env=env
+    )
 
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == url
@@ -98,8 +99,14 @@ def test_as_root_pgserver_installed_inside_a_closed_directory_still_serves(embed
             shutil.copytree(site / "pgserver.libs", packages / "pgserver.libs")
         modes_before = {p: p.stat().st_mode for p in [closed, *closed.rglob("*")]}
         env = {**os.environ, "PYTHONPATH": f"{packages}{os.pathsep}{Path(__file__).resolve().parents[1]}"}
-        child = subprocess.run([sys.executable, "-c", _CHILD, str(embedded_data_dir)], cwd=closed,
-                               capture_output=True, text=True, timeout=120, env=env)
+        child = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(embedded_data_dir)],
+            cwd=closed,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
 
         assert child.returncode == 0, child.stderr
         seen = json.loads(child.stdout)
@@ -166,8 +173,7 @@ def _pgserver_version() -> str:
 
 
 @_root_only
-def test_as_root_a_new_pgserver_build_gets_a_new_copy_and_the_old_one_goes_once_unused(embedded_data_dir,
-                                                                                      monkeypatch):
+def test_as_root_a_new_pgserver_build_gets_a_new_copy_and_the_old_one_goes_once_unused(embedded_data_dir, monkeypatch):
     import conveyor.embedded as embedded
 
     cache = embedded_data_dir / "pgserver"

@@ -36,12 +36,40 @@ MARK = "zq9mark"
 BODY_CAP = 256 * 1024
 OVERFLOWS = ("9223372036854775808", "18446744073709551616", "1e32")
 #: Body fields every route might read; each gets the hostile value.
-FIELDS = ("content", "message_id", "user_id", "task_id", "title", "body", "kind", "cron", "job", "payload", "env",
-          "timezone", "name", "misfire_policy", "build_id", "agent_id", "source_dir", "archive_path", "limit")
+FIELDS = (
+    "content",
+    "message_id",
+    "user_id",
+    "task_id",
+    "title",
+    "body",
+    "kind",
+    "cron",
+    "job",
+    "payload",
+    "env",
+    "timezone",
+    "name",
+    "misfire_policy",
+    "build_id",
+    "agent_id",
+    "source_dir",
+    "archive_path",
+    "limit",
+)
 #: Valid stand-ins for the path parameters not under attack.
-PLACEHOLDERS = {"task_id": "t1", "run_id": "run_none", "resource_id": "doc1", "queue": "indexing",
-                "job_id": "job_none", "schedule_id": "sched_none", "build_id": "build_none", "target_kind": "agent",
-                "target_id": "agent_none", "path": "dashboard.js"}
+PLACEHOLDERS = {
+    "task_id": "t1",
+    "run_id": "run_none",
+    "resource_id": "doc1",
+    "queue": "indexing",
+    "job_id": "job_none",
+    "schedule_id": "sched_none",
+    "build_id": "build_none",
+    "target_kind": "agent",
+    "target_id": "agent_none",
+    "path": "dashboard.js",
+}
 #: Valid values of the query parameters not under attack (some are required).
 QUERY_PLACEHOLDERS = {"queue": "indexing", "state": "failed", "q": "runbook"}
 
@@ -107,19 +135,24 @@ def cases(api) -> list[tuple[str, str, str, dict]]:
     for method, path, params, queries, has_body in every_route(api):
         base = {name: PLACEHOLDERS.get(name, "x1") for name in params}
         for name in params:
-            for label, value in (("nul", quote(f"{MARK}\x00x")), ("oversize", MARK * 100),
-                                 ("traversal", quote(f"../../{MARK}/etc/passwd", safe="")),
-                                 ("dotdot", "%2E%2E")):
+            for label, value in (
+                ("nul", quote(f"{MARK}\x00x")),
+                ("oversize", MARK * 100),
+                ("traversal", quote(f"../../{MARK}/etc/passwd", safe="")),
+                ("dotdot", "%2E%2E"),
+            ):
                 out.append((f"{method} {path} path:{name}={label}", method, _url(path, {**base, name: value}), {}))
         url = _url(path, base)
         out.append((f"{method} {path} query:nul", method, f"{url}?q={quote(MARK)}%00x", {}))
         valid = {name: QUERY_PLACEHOLDERS[name] for name, _ in queries if name in QUERY_PLACEHOLDERS}
         for name, numeric in queries:
             overflows = OVERFLOWS if numeric or name == "cursor" else ()
-            for label, value in (("nul", f"{MARK}\x00x"), ("oversize", MARK * 1000),
-                                 *((f"overflow{v}", v) for v in overflows)):
-                out.append((f"{method} {path} query:{name}={label}", method, url,
-                            {"params": {**valid, name: value}}))
+            for label, value in (
+                ("nul", f"{MARK}\x00x"),
+                ("oversize", MARK * 1000),
+                *((f"overflow{v}", v) for v in overflows),
+            ):
+                out.append((f"{method} {path} query:{name}={label}", method, url, {"params": {**valid, name: value}}))
         if method in ("POST", "PUT", "PATCH"):
             nested = "[" * 100_000 + "]" * 100_000
             deep_object = json.dumps(_deep({"content": MARK}, 200))
@@ -127,16 +160,28 @@ def cases(api) -> list[tuple[str, str, str, dict]]:
             out.append((f"{method} {path} body:deep-array", method, url, {"content": nested, "json_ct": True}))
             out.append((f"{method} {path} body:deep-object", method, url, {"content": deep_object, "json_ct": True}))
             out.append((f"{method} {path} body:oversize", method, url, {"json": {"content": MARK * (BODY_CAP // 7)}}))
-            out.append((f"{method} {path} body:oversize-streamed", method, url,
-                        {"content": _chunks(MARK * (BODY_CAP // 7 + 1)), "json_ct": True}))
+            out.append(
+                (
+                    f"{method} {path} body:oversize-streamed",
+                    method,
+                    url,
+                    {"content": _chunks(MARK * (BODY_CAP // 7 + 1)), "json_ct": True},
+                )
+            )
             if has_body:
                 for v in OVERFLOWS[:2]:
                     body = "{" + ",".join(f'"{f}":{v}' for f in FIELDS) + "}"
                     out.append((f"{method} {path} body:overflow{v}", method, url, {"content": body, "json_ct": True}))
         if path.endswith("/stream"):
             for value in ("1e32", "9" * 40, "\u00b2", "-1"):
-                out.append((f"{method} {path} header:last-event-id={value}", method, url,
-                            {"headers": {"Last-Event-ID": value.encode("latin-1")}}))
+                out.append(
+                    (
+                        f"{method} {path} header:last-event-id={value}",
+                        method,
+                        url,
+                        {"headers": {"Last-Event-ID": value.encode("latin-1")}},
+                    )
+                )
     return out
 
 
@@ -149,13 +194,20 @@ def _deep(leaf, depth: int):
 def _chunks(text: str):
     data = text.encode()
     for i in range(0, len(data), 16384):
-        yield data[i:i + 16384]
+        yield data[i : i + 16384]
 
 
 @pytest.fixture
 def api(redis_url, database_url):
-    app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, admin_token=TOKEN,
-                       api_max_body_bytes=BODY_CAP))
+    app = App(
+        Settings(
+            broker="redis",
+            redis_url=redis_url,
+            database_url=database_url,
+            admin_token=TOKEN,
+            api_max_body_bytes=BODY_CAP,
+        )
+    )
     make_task(app, "t1", user_id="mallory")
     user = user_key(app, "mallory")
     with serve(app) as base:
@@ -222,9 +274,16 @@ def test_the_schedules_422_does_not_echo_the_request(api):
     app, base, admin, _ = api
     secret_env = "sk-secret-value-in-env-77"
     with httpx.Client(base_url=base, timeout=30) as client:
-        response = client.post("/api/schedules", headers=admin,
-                               json={"cron": "not a cron", "job": "build.run", "payload": {"env": {"K": secret_env}},
-                                     "unknown": secret_env})
+        response = client.post(
+            "/api/schedules",
+            headers=admin,
+            json={
+                "cron": "not a cron",
+                "job": "build.run",
+                "payload": {"env": {"K": secret_env}},
+                "unknown": secret_env,
+            },
+        )
     assert response.status_code == 422
     assert secret_env not in response.text and "not a cron" not in response.text
     assert {tuple(e["loc"]) for e in response.json()["detail"]} == {("body", "unknown")}
@@ -261,8 +320,14 @@ def test_an_unhandled_error_answers_500_with_an_error_id_only(api, caplog):
 def test_a_deeply_nested_batch_line_is_refused_without_a_traceback(redis_url, database_url, clean_env):
     env = cli_env(clean_env, REDIS_URL=redis_url, DATABASE_URL=database_url, CONVEYOR_BROKER="redis")
     for line in ("[" * 100_000 + "]" * 100_000, json.dumps({"job": "credit.consume", "payload": _deep(1, 100)})):
-        done = subprocess.run([sys.executable, "-m", "conveyor", "enqueue", "--batch"], input=line + "\n",
-                              env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "conveyor", "enqueue", "--batch"],
+            input=line + "\n",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr and "line 1" in done.stderr and "deep" in done.stderr
 
@@ -276,14 +341,18 @@ def test_a_50_mb_body_is_refused_with_413_under_the_default_cap(redis_url, datab
         with serve(app) as base, httpx.Client(base_url=base, timeout=60) as client:
             for headers in ({}, {"content-type": "application/json"}):
                 try:
-                    response = client.post("/api/tasks/t1/runs", content=huge,
-                                           headers={**user, "content-type": "application/json", **headers})
+                    response = client.post(
+                        "/api/tasks/t1/runs",
+                        content=huge,
+                        headers={**user, "content-type": "application/json", **headers},
+                    )
                 except httpx.TransportError:
                     continue  # the server answered 413 and closed before the client finished sending: refused too
                 assert response.status_code == 413 and MARK not in response.text
                 assert len(response.content) < 200
-            streamed = client.post("/api/tasks/t1/runs", content=_chunks(huge),
-                                   headers={**user, "content-type": "application/json"})
+            streamed = client.post(
+                "/api/tasks/t1/runs", content=_chunks(huge), headers={**user, "content-type": "application/json"}
+            )
             assert streamed.status_code == 413 and MARK not in streamed.text
         with app.pool.connection() as conn:
             assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0

@@ -8,7 +8,7 @@ from dramatiq import Message
 
 from conveyor import App, Payload, Queue
 from conveyor.appcache import per_app
-from conveyor.brokers.middleware.base import ConveyorMiddleware
+from conveyor.middleware.base import ConveyorMiddleware
 from conveyor.settings import Settings
 from conveyor.tasks.registry import JobType
 
@@ -53,8 +53,11 @@ def test_final_failure_reaches_conveyor_middleware_and_gives_the_hook_the_attemp
     app = inline_app(platform=False)
     seen = []
     app.queues = {"q": Queue("q", max_attempts=7)}
-    app.job_types = {"j": JobType("j", "q", Empty, lambda p, ctx: None,
-                                  on_final_failure=lambda payload, error, ctx: seen.append(ctx))}
+    app.job_types = {
+        "j": JobType(
+            "j", "q", Empty, lambda p, ctx: None, on_final_failure=lambda payload, error, ctx: seen.append(ctx)
+        )
+    }
     hears = Hears()
     app.broker.middleware.append(hears)  # after Dramatiq's own, which have no conveyor hooks
     message = Message(queue_name="q", actor_name="j", args=({},), kwargs={}, options={"attempt": 2})

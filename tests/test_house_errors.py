@@ -20,23 +20,26 @@ def test_retry_later_is_no_failure_but_a_rate_limited_provider_is_a_provider_err
     assert issubclass(e.ProviderRateLimited, e.ProviderError)
 
 
-@pytest.mark.parametrize(("error", "status"), [
-    (e.BrokerUnavailable("down"), 503),
-    (e.DatabaseUnavailable("down"), 503),
-    (e.UnknownJob("x", []), 422),
-    (e.InvalidPayload("x", []), 422),
-    (e.PayloadTooLarge("big"), 413),
-    (e.SecretKeyError("no key"), 503),
-    (e.UnknownQueue("q"), 404),
-    (e.JobNotFound("j"), 404),
-    (e.JobStateConflict("j"), 409),
-    (e.AdminError("a"), 400),
-    (e.RecordNotFound("r"), 404),
-    (e.RecordConflict("r"), 409),
-    (e.ScheduleNotFound("s"), 404),
-    (e.InvalidSchedule("s"), 422),
-    (e.ConveyorError("?"), 500),
-])
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (e.BrokerUnavailable("down"), 503),
+        (e.DatabaseUnavailable("down"), 503),
+        (e.UnknownJob("x", []), 422),
+        (e.InvalidPayload("x", []), 422),
+        (e.PayloadTooLarge("big"), 413),
+        (e.SecretKeyError("no key"), 503),
+        (e.UnknownQueue("q"), 404),
+        (e.JobNotFound("j"), 404),
+        (e.JobStateConflict("j"), 409),
+        (e.AdminError("a"), 400),
+        (e.RecordNotFound("r"), 404),
+        (e.RecordConflict("r"), 409),
+        (e.ScheduleNotFound("s"), 404),
+        (e.InvalidSchedule("s"), 422),
+        (e.ConveyorError("?"), 500),
+    ],
+)
 def test_status_of_each_error(error, status):
     assert status_for(error) == status
 

@@ -49,8 +49,9 @@ def user_env(request, clean_env, redis_url, database_url, tmp_path):
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "conveyor", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_a_users_job_on_its_own_queue_runs_with_the_platform_off(user_env, tmp_path):
@@ -61,8 +62,11 @@ def test_a_users_job_on_its_own_queue_runs_with_the_platform_off(user_env, tmp_p
     try:
         sent = cli(env, "enqueue", "mail.send", "--payload", f'{{"token": "{token}"}}')
         assert sent.returncode == 0, sent.stderr
-        runs = wait_for(lambda: probe_runs(settings.database_url, token), timeout=90,
-                        message="the user's job to run on its own queue")
+        runs = wait_for(
+            lambda: probe_runs(settings.database_url, token),
+            timeout=90,
+            message="the user's job to run on its own queue",
+        )
         assert [r["attempt"] for r in runs] == [2]
         # The platform is off: its jobs are unknown and its queues are not there.
         refused = cli(env, "enqueue", "credit.consume", "--payload", "{}")
@@ -77,8 +81,17 @@ def test_a_users_job_on_its_own_queue_runs_with_the_platform_off(user_env, tmp_p
 
 def test_the_platform_loads_by_default(clean_env, tmp_path):
     env = {k: v for k, v in env_for(make_settings("inline", None, "postgresql://unused/db")).items()}
-    shown = subprocess.run([sys.executable, "-c", "from conveyor import App; a = App(); "
-                            "print(','.join(a.queues)); print('credit.consume' in a.job_types)"],
-                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from conveyor import App; a = App(); print(','.join(a.queues)); print('credit.consume' in a.job_types)",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split() == ["agent,critical,llm,indexing,scheduling,nudge", "True"]

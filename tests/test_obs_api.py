@@ -131,18 +131,34 @@ def test_queue_metrics_count_real_jobs(api, app, workers, tmp_path):
         app.jobs.enqueue("obs.work", {"n": n})
     for n in range(2):
         app.jobs.enqueue("obs.work", {"n": 10 + n, "fail_while": str(marker)})
-    wait_for(lambda: metrics_of(api)[QUEUE]["completedTotal"] == 3 and metrics_of(api)[QUEUE]["failed"] == 2,
-             message="3 completed and 2 failed jobs")
+    wait_for(
+        lambda: metrics_of(api)[QUEUE]["completedTotal"] == 3 and metrics_of(api)[QUEUE]["failed"] == 2,
+        message="3 completed and 2 failed jobs",
+    )
     assert api.post(f"/api/admin/queues/{QUEUE}/pause", headers=AUTH).json()["paused"] is True
     for n in range(4):
         app.jobs.enqueue("obs.work", {"n": 20 + n})
     app.jobs.enqueue("obs.work", {"n": 30}, delay=600)
     m = metrics_of(api)
-    assert m[QUEUE] == {"active": 0, "waiting": 4, "delayed": 1, "failed": 2, "completedTotal": 3,
-                        "failedTotal": 2, "paused": True}
+    assert m[QUEUE] == {
+        "active": 0,
+        "waiting": 4,
+        "delayed": 1,
+        "failed": 2,
+        "completedTotal": 3,
+        "failedTotal": 2,
+        "paused": True,
+    }
     assert set(m) == {"agent", "critical", "llm", "indexing", "scheduling", "nudge"}
-    assert m["critical"] == {"active": 0, "waiting": 0, "delayed": 0, "failed": 0, "completedTotal": 0,
-                             "failedTotal": 0, "paused": False}
+    assert m["critical"] == {
+        "active": 0,
+        "waiting": 0,
+        "delayed": 0,
+        "failed": 0,
+        "completedTotal": 0,
+        "failedTotal": 0,
+        "paused": False,
+    }
     # Retry all failed, resume: everything finishes, and the totals say so.
     marker.unlink()
     assert api.post(f"/api/admin/queues/{QUEUE}/retry-failed", headers=AUTH).json() == {"retried": 2}
@@ -177,8 +193,10 @@ def test_job_detail_retry_and_delete(api, app, workers, tmp_path):
     marker = tmp_path / "fail"
     marker.touch()
     ref = app.jobs.enqueue("obs.work", {"n": 1, "api_key": SECRET, "fail_while": str(marker)}, key="detail-key")
-    wait_for(lambda: api.get(f"/api/admin/jobs/{ref.id}", headers=AUTH).json()["state"] == "failed",
-             message="the job to fail for good")
+    wait_for(
+        lambda: api.get(f"/api/admin/jobs/{ref.id}", headers=AUTH).json()["state"] == "failed",
+        message="the job to fail for good",
+    )
     job = api.get(f"/api/admin/jobs/{ref.id}", headers=AUTH).json()
     assert job["payload"]["api_key"] == "[redacted]" and job["payload"]["n"] == 1
     assert (job["attempts"], job["maxAttempts"], job["key"], job["queue"]) == (3, 3, "detail-key", QUEUE)
@@ -189,8 +207,10 @@ def test_job_detail_retry_and_delete(api, app, workers, tmp_path):
     marker.unlink()
     retried = api.post(f"/api/admin/jobs/{ref.id}/retry", headers=AUTH)
     assert retried.status_code == 200 and retried.json()["state"] in ("waiting", "active", "completed")
-    wait_for(lambda: api.get(f"/api/admin/jobs/{ref.id}", headers=AUTH).json()["state"] == "completed",
-             message="the retried job to complete")
+    wait_for(
+        lambda: api.get(f"/api/admin/jobs/{ref.id}", headers=AUTH).json()["state"] == "completed",
+        message="the retried job to complete",
+    )
     assert api.post(f"/api/admin/jobs/{ref.id}/retry", headers=AUTH).status_code == 409
     assert api.post("/api/admin/jobs/unknown/retry", headers=AUTH).status_code == 404
 
@@ -199,8 +219,10 @@ def test_job_detail_retry_and_delete(api, app, workers, tmp_path):
     assert api.delete(f"/api/admin/jobs/{ref.id}", headers=AUTH).status_code == 404
 
     running = app.jobs.enqueue("obs.work", {"n": 2, "sleep": 2})
-    wait_for(lambda: api.get(f"/api/admin/jobs/{running.id}", headers=AUTH).json()["state"] == "active",
-             message="the slow job to start")
+    wait_for(
+        lambda: api.get(f"/api/admin/jobs/{running.id}", headers=AUTH).json()["state"] == "active",
+        message="the slow job to start",
+    )
     assert api.delete(f"/api/admin/jobs/{running.id}", headers=AUTH).status_code == 409
 
 
@@ -218,8 +240,10 @@ def test_a_paused_queue_is_not_consumed_until_resumed(api, app, workers):
     # ...and the job is still waiting.
     assert api.get(f"/api/admin/jobs/{ref.id}", headers=AUTH).json()["state"] == "waiting"
     api.post(f"/api/admin/queues/{QUEUE}/resume", headers=AUTH)
-    wait_for(lambda: api.get(f"/api/admin/jobs/{ref.id}", headers=AUTH).json()["state"] == "completed",
-             message="the job to run after resume")
+    wait_for(
+        lambda: api.get(f"/api/admin/jobs/{ref.id}", headers=AUTH).json()["state"] == "completed",
+        message="the job to run after resume",
+    )
 
 
 def test_the_dashboard_renders_queues_jobs_and_a_job(api, app, workers, tmp_path):
@@ -240,10 +264,18 @@ def test_the_dashboard_renders_queues_jobs_and_a_job(api, app, workers, tmp_path
 
 def test_openapi_spec_is_served_and_lists_the_admin_routes(api):
     spec = api.get("/openapi.json").json()
-    for path in ("/api/admin/queue-metrics", "/api/admin/jobs", "/api/admin/jobs/{job_id}",
-                 "/api/admin/jobs/{job_id}/retry", "/api/admin/queues/{queue}/retry-failed",
-                 "/api/admin/queues/{queue}/pause", "/api/admin/queues/{queue}/resume", "/metrics",
-                 "/api/admin/workers", "/api/admin/search"):
+    for path in (
+        "/api/admin/queue-metrics",
+        "/api/admin/jobs",
+        "/api/admin/jobs/{job_id}",
+        "/api/admin/jobs/{job_id}/retry",
+        "/api/admin/queues/{queue}/retry-failed",
+        "/api/admin/queues/{queue}/pause",
+        "/api/admin/queues/{queue}/resume",
+        "/metrics",
+        "/api/admin/workers",
+        "/api/admin/search",
+    ):
         assert path in spec["paths"], path
     assert "delete" in spec["paths"]["/api/admin/jobs/{job_id}"]
     assert "completedTotal" in json.dumps(spec["components"]["schemas"]["QueueMetrics"])
@@ -270,10 +302,19 @@ def test_metrics_endpoint_serves_queue_depth_and_this_processes_counts(api, app)
 
 def test_a_failed_jobs_secret_appears_in_no_page_json_log_or_webhook(api, app, redis_url, clean_env, tmp_path):
     receiver = Receiver("ok")
-    env = cli_env(clean_env, REDIS_URL=redis_url, CONVEYOR_BROKER="redis", CONVEYOR_IMPORTS="tests.obs_jobs",
-                  CONVEYOR_QUEUES__INDEXING__MIN_BACKOFF="0.02", CONVEYOR_QUEUES__INDEXING__MAX_BACKOFF="0.05",
-                  JOB_FAILURE_WEBHOOK_URL=receiver.url, CONVEYOR_ADMIN_TOKEN=TOKEN, CONVEYOR_METRICS_PORT="0",
-                  CONVEYOR_LOG_LEVEL="DEBUG", CONVEYOR_PUBLIC_URL="http://dash.example")
+    env = cli_env(
+        clean_env,
+        REDIS_URL=redis_url,
+        CONVEYOR_BROKER="redis",
+        CONVEYOR_IMPORTS="tests.obs_jobs",
+        CONVEYOR_QUEUES__INDEXING__MIN_BACKOFF="0.02",
+        CONVEYOR_QUEUES__INDEXING__MAX_BACKOFF="0.05",
+        JOB_FAILURE_WEBHOOK_URL=receiver.url,
+        CONVEYOR_ADMIN_TOKEN=TOKEN,
+        CONVEYOR_METRICS_PORT="0",
+        CONVEYOR_LOG_LEVEL="DEBUG",
+        CONVEYOR_PUBLIC_URL="http://dash.example",
+    )
     process = CliProcess(["worker", "--queues", QUEUE], env, tmp_path / "worker.log")
     try:
         ref = app.jobs.enqueue("obs.work", {"n": 1, "api_key": SECRET, "fail": True})
@@ -307,14 +348,22 @@ def test_errors_are_scrubbed_of_payload_and_settings_secrets(app):
 
     from conveyor.api.inspector import Inspector
     from conveyor.brokers.base import JobRecord
-    from conveyor.brokers.middleware.webhook import FailureWebhook
+    from conveyor.middleware.webhook import FailureWebhook
 
-    record = JobRecord(id="j1", queue=QUEUE, job="obs.work", state="failed", attempts=3,
-                       payload={"n": 1, "api_key": SECRET}, error=f"bad key {SECRET} for token {TOKEN}")
+    record = JobRecord(
+        id="j1",
+        queue=QUEUE,
+        job="obs.work",
+        state="failed",
+        attempts=3,
+        payload={"n": 1, "api_key": SECRET},
+        error=f"bad key {SECRET} for token {TOKEN}",
+    )
     view = Inspector(app)._view(record)
     assert SECRET not in view.error and TOKEN not in view.error and view.payload["api_key"] == "[redacted]"
-    message = Message(queue_name=QUEUE, actor_name="obs.work", args=({"n": 1, "api_key": SECRET},), kwargs={},
-                      options={"attempt": 3})
+    message = Message(
+        queue_name=QUEUE, actor_name="obs.work", args=({"n": 1, "api_key": SECRET},), kwargs={}, options={"attempt": 3}
+    )
     alert = FailureWebhook(app.settings, app.job_types).alert(message, f"bad key {SECRET} / {TOKEN}")
     assert SECRET not in str(alert) and TOKEN not in str(alert)
 
@@ -323,8 +372,14 @@ def test_the_conveyor_api_command_serves_and_stops_on_sigterm(redis_url, clean_e
     from tests.servers import free_port
 
     port = free_port()
-    env = cli_env(clean_env, REDIS_URL=redis_url, CONVEYOR_BROKER="redis", CONVEYOR_ADMIN_TOKEN=TOKEN,
-                  CONVEYOR_API_HOST="127.0.0.1", CONVEYOR_API_PORT=str(port))
+    env = cli_env(
+        clean_env,
+        REDIS_URL=redis_url,
+        CONVEYOR_BROKER="redis",
+        CONVEYOR_ADMIN_TOKEN=TOKEN,
+        CONVEYOR_API_HOST="127.0.0.1",
+        CONVEYOR_API_PORT=str(port),
+    )
     process = CliProcess(["api"], env, tmp_path / "api.log")
     base = f"http://127.0.0.1:{port}"
 

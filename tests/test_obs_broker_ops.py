@@ -7,8 +7,9 @@ import time
 import pytest
 
 from conveyor.app import App
-from conveyor.brokers.middleware.base import ConveyorMiddleware
-from tests.obs_support import broker_app as make_app, running as run_workers
+from conveyor.middleware.base import ConveyorMiddleware
+from tests.obs_support import broker_app as make_app
+from tests.obs_support import running as run_workers
 from tests.waiting import wait_for
 
 QUEUE = "indexing"
@@ -22,7 +23,6 @@ def broker_app(request):
     app = make_app(request, request.param)
     yield app
     app.close()
-
 
 
 def running(app: App):

@@ -36,9 +36,18 @@ def browser(tmp_path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1280,900", f"--user-data-dir={tmp_path / 'profile'}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1280,900",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
@@ -61,13 +70,19 @@ def test_retrying_a_failed_job_by_clicking_makes_it_complete(browser, redis_url,
             browser.get(f"{base}/admin/queues")
             browser.find_element(By.ID, "token").send_keys(TOKEN)
             browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-            wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"]'),
-                     timeout=15, message="the queue overview")
+            wait_for(
+                lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"]'),
+                timeout=15,
+                message="the queue overview",
+            )
 
             row = browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"]')
             row.find_element(By.CSS_SELECTOR, f'a[href="/admin/queues/{QUEUE}?state=failed"]').click()
-            wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{ref.id}"]'),
-                     timeout=15, message="the failed job in the list")
+            wait_for(
+                lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{ref.id}"]'),
+                timeout=15,
+                message="the failed job in the list",
+            )
             _screenshot(browser, "failed-list")
             browser.find_element(By.CSS_SELECTOR, f'tr[data-job-id="{ref.id}"] a').click()
             wait_for(lambda: browser.find_elements(By.ID, "retry"), timeout=15, message="the job page")
@@ -114,8 +129,10 @@ HEARTBEAT_TIMEOUT = "8"
 
 
 #: The policy the API serves (conveyor/api/guard.py on the apisec branch): no inline script at all.
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-       "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 
 
 @contextmanager
@@ -136,8 +153,7 @@ def _strict_api_server(app):
         response.headers["Content-Security-Policy"] = CSP
         return response
 
-    config = uvicorn.Config(api, host="127.0.0.1", port=free_port(), log_config=None, access_log=False,
-                            lifespan="off")
+    config = uvicorn.Config(api, host="127.0.0.1", port=free_port(), log_config=None, access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn-csp", daemon=True)
     thread.start()
@@ -155,8 +171,11 @@ def _sign_in(browser, base: str, path: str) -> None:
     browser.get(f"{base}{path}")
     browser.find_element(By.ID, "token").send_keys(TOKEN)
     browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-    wait_for(lambda: browser.current_url.endswith(path) and browser.find_elements(By.CSS_SELECTOR, "[data-live]"),
-             timeout=15, message=f"{path} after signing in")
+    wait_for(
+        lambda: browser.current_url.endswith(path) and browser.find_elements(By.CSS_SELECTOR, "[data-live]"),
+        timeout=15,
+        message=f"{path} after signing in",
+    )
 
 
 def _text(browser, css: str) -> str:
@@ -175,8 +194,10 @@ def _worker_states(browser) -> dict[str, tuple[str, str]]:
     from selenium.webdriver.common.by import By
 
     try:
-        return {row.get_attribute("data-worker"): (row.get_attribute("data-state"), row.get_attribute("data-pid"))
-                for row in browser.find_elements(By.CSS_SELECTOR, "tr[data-worker]")}
+        return {
+            row.get_attribute("data-worker"): (row.get_attribute("data-state"), row.get_attribute("data-pid"))
+            for row in browser.find_elements(By.CSS_SELECTOR, "tr[data-worker]")
+        }
     except WebDriverException:
         return {}
 
@@ -196,10 +217,18 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
     from tests.obs_support import CliProcess, cli_env
 
     app = redis_app(redis_url, heartbeat_timeout=float(HEARTBEAT_TIMEOUT))
-    env = cli_env(clean_env, REDIS_URL=redis_url, CONVEYOR_BROKER="redis", CONVEYOR_IMPORTS="tests.obs_jobs",
-                  CONVEYOR_QUEUES__INDEXING__MIN_BACKOFF="0.02", CONVEYOR_QUEUES__INDEXING__MAX_BACKOFF="0.05",
-                  CONVEYOR_ADMIN_TOKEN=TOKEN, CONVEYOR_METRICS_PORT="0", CONVEYOR_HEARTBEAT_TIMEOUT=HEARTBEAT_TIMEOUT,
-                  CONVEYOR_MAINTENANCE_INTERVAL="0.5")
+    env = cli_env(
+        clean_env,
+        REDIS_URL=redis_url,
+        CONVEYOR_BROKER="redis",
+        CONVEYOR_IMPORTS="tests.obs_jobs",
+        CONVEYOR_QUEUES__INDEXING__MIN_BACKOFF="0.02",
+        CONVEYOR_QUEUES__INDEXING__MAX_BACKOFF="0.05",
+        CONVEYOR_ADMIN_TOKEN=TOKEN,
+        CONVEYOR_METRICS_PORT="0",
+        CONVEYOR_HEARTBEAT_TIMEOUT=HEARTBEAT_TIMEOUT,
+        CONVEYOR_MAINTENANCE_INTERVAL="0.5",
+    )
     supervisor = None
     try:
         with _strict_api_server(app) as base:
@@ -226,8 +255,11 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             assert rows == [leak.id]
             _screenshot(browser, "queue-filtered")
             browser.find_element(By.ID, "search").send_keys("order-4711", Keys.ENTER)
-            wait_for(lambda: browser.current_url.endswith(f"/admin/jobs/{leak.id}"), timeout=15,
-                     message="the search to open the job")
+            wait_for(
+                lambda: browser.current_url.endswith(f"/admin/jobs/{leak.id}"),
+                timeout=15,
+                message="the search to open the job",
+            )
             assert _state(browser) == "waiting"
 
             # The job page follows the job: no attempt yet, then a failure with its traceback, then success.
@@ -235,10 +267,15 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             supervisor = CliProcess(["worker", "--queues", QUEUE, "--processes", "2"], env, tmp_path / "worker.log")
             app.broker.resume_queue(QUEUE)
             wait_for(lambda: _state(browser) == "completed", timeout=60, message="the job page to show completed")
-            wait_for(lambda: _text(browser, "tr[data-attempt]").count("completed") == 1, timeout=15,
-                     message="both attempts in the history")
+            wait_for(
+                lambda: _text(browser, "tr[data-attempt]").count("completed") == 1,
+                timeout=15,
+                message="both attempts in the history",
+            )
             assert browser.execute_script("return window.notReloaded === true;")
-            outcomes = [r.get_attribute("data-outcome") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-attempt]")]
+            outcomes = [
+                r.get_attribute("data-outcome") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-attempt]")
+            ]
             assert outcomes == ["failed", "completed"]
             browser.find_element(By.CSS_SELECTOR, "details.traceback summary").click()
             trace = browser.find_element(By.CSS_SELECTOR, "pre.traceback").text
@@ -250,36 +287,63 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             # The Workers page: the worker, then the job it runs, then its death by SIGKILL.
             browser.get(f"{base}/admin/workers")
             browser.execute_script("window.notReloaded = true;")
-            wait_for(lambda: [s for s, _ in _worker_states(browser).values()].count("alive") == 2,
-                     timeout=30, message="both worker processes on the Workers page")
+            wait_for(
+                lambda: [s for s, _ in _worker_states(browser).values()].count("alive") == 2,
+                timeout=30,
+                message="both worker processes on the Workers page",
+            )
             slow = app.jobs.enqueue("obs.work", {"n": 99, "sleep": 8})
             link = f'a[href="/admin/jobs/{slow.id}"]'
-            row = wait_for(lambda: [e for e in browser.find_elements(By.CSS_SELECTOR, "tr[data-worker]")
-                                    if e.find_elements(By.CSS_SELECTOR, link)], timeout=20,
-                           message="the running job linked from its worker")[0]
+            row = wait_for(
+                lambda: [
+                    e
+                    for e in browser.find_elements(By.CSS_SELECTOR, "tr[data-worker]")
+                    if e.find_elements(By.CSS_SELECTOR, link)
+                ],
+                timeout=20,
+                message="the running job linked from its worker",
+            )[0]
             first = row.get_attribute("data-worker")
             pid = int(_worker_states(browser)[first][1])
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: _worker_states(browser).get(first, ("",))[0] == "late", timeout=20, interval=0.1,
-                     message="the killed worker marked late")
+            wait_for(
+                lambda: _worker_states(browser).get(first, ("",))[0] == "late",
+                timeout=20,
+                interval=0.1,
+                message="the killed worker marked late",
+            )
             late_row = browser.find_element(By.CSS_SELECTOR, f'tr[data-worker="{first}"]').get_attribute("class")
             assert "late" in late_row
             _screenshot(browser, "workers")
-            wait_for(lambda: _worker_states(browser).get(first, ("",))[0] == "gone", timeout=30,
-                     message="the killed worker shown as gone")
+            wait_for(
+                lambda: _worker_states(browser).get(first, ("",))[0] == "gone",
+                timeout=30,
+                message="the killed worker shown as gone",
+            )
             assert "recovered" in _text(browser, f'tr[data-worker="{first}"]')
             # The supervisor restarted the process: a new worker, alive.
-            wait_for(lambda: [s for s, _ in _worker_states(browser).values()].count("alive") == 2,
-                     timeout=30, message="the restarted worker beside the other one")
+            wait_for(
+                lambda: [s for s, _ in _worker_states(browser).values()].count("alive") == 2,
+                timeout=30,
+                message="the restarted worker beside the other one",
+            )
             assert browser.execute_script("return window.notReloaded === true;")
             _screenshot(browser, "workers-gone")
 
             # Its job ran again elsewhere; the lost attempt names the dead worker.
             browser.get(f"{base}/admin/jobs/{slow.id}")
             wait_for(lambda: _state(browser) == "completed", timeout=60, message="the recovered job to complete")
-            wait_for(lambda: [r.get_attribute("data-outcome") for r in
-                              browser.find_elements(By.CSS_SELECTOR, "tr[data-attempt]")] == ["lost", "completed"],
-                     timeout=15, message="the lost attempt, then the completed one")
+            wait_for(
+                lambda: (
+                    [
+                        r.get_attribute("data-outcome")
+                        for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-attempt]")
+                    ]
+                    == ["lost", "completed"]
+                ),
+                timeout=15,
+                message="the lost attempt, then the completed one",
+            )
             assert first in _text(browser, 'tr[data-outcome="lost"]')
     finally:
         if supervisor is not None:

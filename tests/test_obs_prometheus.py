@@ -45,13 +45,21 @@ def prometheus(prometheus_binary, tmp_path):
         config.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: conveyor-api\n    metrics_path: /metrics\n"
-            f"    static_configs:\n      - targets: [\"{target}\"]\n")
+            f'    static_configs:\n      - targets: ["{target}"]\n'
+        )
         port = free_port()
         log = open(tmp_path / "prometheus.log", "wb")
         process = subprocess.Popen(
-            [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT)
+            [
+                prometheus_binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         processes.append((process, log))
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _ready(url), timeout=60, interval=0.2, message="Prometheus to be ready")
@@ -107,23 +115,40 @@ def test_jobs_enqueued_by_the_cli_reach_prometheus_through_the_api(request, brok
             url = prometheus(base.removeprefix("http://"))
             # The label `job` of conveyor's families is the job type; Prometheus keeps it as exported_job.
             enqueued = f'sum(conveyor_jobs_enqueued_total{{queue="{QUEUE}",exported_job="obs.work"}})'
-            wait_for(lambda: query(url, enqueued) == 0, timeout=60, interval=0.5,
-                     message="the first scrape (0 enqueued)")
+            wait_for(
+                lambda: query(url, enqueued) == 0, timeout=60, interval=0.5, message="the first scrape (0 enqueued)"
+            )
             lines = "".join(json.dumps({"job": "obs.work", "payload": {"n": n}}) + "\n" for n in range(JOBS))
-            done = subprocess.run([sys.executable, "-m", "conveyor", "enqueue", "--batch"], input=lines, cwd=ROOT,
-                                  env=env, capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                [sys.executable, "-m", "conveyor", "enqueue", "--batch"],
+                input=lines,
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert done.returncode == 0, done.stderr
             assert len(done.stdout.splitlines()) == JOBS
-            wait_for(lambda: query(url, enqueued) == JOBS, timeout=60, interval=0.5,
-                     message=f"Prometheus to see the {JOBS} jobs the CLI enqueued")
+            wait_for(
+                lambda: query(url, enqueued) == JOBS,
+                timeout=60,
+                interval=0.5,
+                message=f"Prometheus to see the {JOBS} jobs the CLI enqueued",
+            )
             # The Grafana Throughput panel's enqueue line has data now.
             panel = _dashboard_expr("conveyor_jobs_enqueued_total").replace("$queue", QUEUE)
-            wait_for(lambda: (query(url, panel) or 0) > 0, timeout=30, interval=0.5,
-                     message="the dashboard's enqueue rate")
+            wait_for(
+                lambda: (query(url, panel) or 0) > 0, timeout=30, interval=0.5, message="the dashboard's enqueue rate"
+            )
             with running(app, own_app=True):
                 completed = f'sum(conveyor_queue_completed_total{{queue="{QUEUE}"}})'
-                wait_for(lambda: query(url, completed) == JOBS, timeout=90, interval=0.5,
-                         message="Prometheus to see them completed")
+                wait_for(
+                    lambda: query(url, completed) == JOBS,
+                    timeout=90,
+                    interval=0.5,
+                    message="Prometheus to see them completed",
+                )
             assert query(url, f'sum(conveyor_queue_failed_total{{queue="{QUEUE}"}})') == 0
     finally:
         app.close()

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.app import App
-from conveyor.brokers.middleware.metrics import exposition_registry
+from conveyor.middleware.metrics import exposition_registry
 from conveyor.platform.queues import QUEUES
 from conveyor.tasks.worker import InlineWorkers
 from tests.obs_support import ROOT, settings
@@ -111,8 +111,12 @@ def test_grafana_is_provisioned_from_the_repo(compose):
 
 def exported_sample_names(text: str) -> set[str]:
     """Every sample name a scrape can carry, from the families it declares (even those without samples yet)."""
-    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-                "gauge": ("",), "summary": ("_sum", "_count", "")}
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "gauge": ("",),
+        "summary": ("_sum", "_count", ""),
+    }
     names = set()
     for family in text_string_to_metric_families(text):
         names.update(family.name + s for s in suffixes.get(family.type, ("",)))
@@ -124,11 +128,16 @@ def test_every_metric_the_dashboard_queries_is_exported(tmp_path):
     try:
         workers = InlineWorkers(app, ["indexing"]).start()
         try:
-            refs = [app.jobs.enqueue("obs.work", {"n": 1}, key="k"), app.jobs.enqueue("obs.work", {"n": 1}, key="k"),
-                    app.jobs.enqueue("obs.work", {"n": 2, "fail_first": 1}),
-                    app.jobs.enqueue("obs.work", {"n": 3, "fail": True})]
-            wait_for(lambda: all(app.broker.get_job(r.id).state in ("completed", "failed") for r in refs),
-                     message="the jobs to finish")
+            refs = [
+                app.jobs.enqueue("obs.work", {"n": 1}, key="k"),
+                app.jobs.enqueue("obs.work", {"n": 1}, key="k"),
+                app.jobs.enqueue("obs.work", {"n": 2, "fail_first": 1}),
+                app.jobs.enqueue("obs.work", {"n": 3, "fail": True}),
+            ]
+            wait_for(
+                lambda: all(app.broker.get_job(r.id).state in ("completed", "failed") for r in refs),
+                message="the jobs to finish",
+            )
             # What the API's /metrics serves: this process's counts plus queue depth from the broker.
             text = generate_latest(exposition_registry(app)).decode()
         finally:
@@ -143,8 +152,14 @@ def test_every_metric_the_dashboard_queries_is_exported(tmp_path):
     assert len(used) >= 15
     assert used - exported == set(), f"the dashboard queries metrics the code does not export: {used - exported}"
     # And the jobs above produced real samples of the main families.
-    for name in ("conveyor_jobs_completed_total", "conveyor_jobs_retried_total", "conveyor_jobs_dead_total",
-                 "conveyor_jobs_deduplicated_total", "conveyor_job_wait_seconds_bucket", "conveyor_queue_depth"):
+    for name in (
+        "conveyor_jobs_completed_total",
+        "conveyor_jobs_retried_total",
+        "conveyor_jobs_dead_total",
+        "conveyor_jobs_deduplicated_total",
+        "conveyor_job_wait_seconds_bucket",
+        "conveyor_queue_depth",
+    ):
         assert re.search(rf"^{name}{{", text, re.M), name
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conveyor.webhook import Alert, guess_format, render
+from conveyor.alerts import Alert, guess_format, render
 from tests.obs_support import SECRET, Receiver, redis_app, registry_text, value, worker
 from tests.servers import free_port
 from tests.waiting import wait_for
@@ -24,8 +24,13 @@ def receiver():
 
 
 def webhook_app(redis_url, url, **overrides):
-    options = dict(job_failure_webhook_url=url, webhook_timeout=0.3, webhook_attempts=3, webhook_backoff=0.05,
-                   public_url="https://conveyor.example.com/")
+    options = dict(
+        job_failure_webhook_url=url,
+        webhook_timeout=0.3,
+        webhook_attempts=3,
+        webhook_backoff=0.05,
+        public_url="https://conveyor.example.com/",
+    )
     options.update(overrides)
     return redis_app(redis_url, **options)
 
@@ -40,15 +45,25 @@ def delivered(app) -> float:
 
 
 def webhook_events(caplog, event: str) -> list[dict]:
-    return [json.loads(r.getMessage()) for r in caplog.records
-            if r.name == "conveyor.events" and json.loads(r.getMessage())["event"] == event]
+    return [
+        json.loads(r.getMessage())
+        for r in caplog.records
+        if r.name == "conveyor.events" and json.loads(r.getMessage())["event"] == event
+    ]
 
 
 # -- bodies ---------------------------------------------------------------------------
 
 
-ALERT = Alert(job="obs.work", queue="indexing", job_id="abc-123", attempts=3, error="JobError: boom",
-              failed_at=1_700_000_000.0, link="https://conveyor.example.com/admin/jobs/abc-123")
+ALERT = Alert(
+    job="obs.work",
+    queue="indexing",
+    job_id="abc-123",
+    attempts=3,
+    error="JobError: boom",
+    failed_at=1_700_000_000.0,
+    link="https://conveyor.example.com/admin/jobs/abc-123",
+)
 
 
 def test_the_format_is_guessed_from_the_url():
@@ -68,14 +83,21 @@ def test_slack_body_has_text_and_blocks_with_the_dashboard_link():
 
 def test_discord_body_is_content_within_its_limit():
     body = render(Alert(**{**ALERT.__dict__, "error": "x" * 5000}), "discord")
-    assert set(body) == {"content", "allowed_mentions"} and len(body["content"]) <= 2000 and ALERT.link in body["content"]
+    assert (
+        set(body) == {"content", "allowed_mentions"} and len(body["content"]) <= 2000 and ALERT.link in body["content"]
+    )
 
 
 def test_generic_body_carries_the_jobs_metadata():
     body = render(ALERT, "generic")
     assert body["event"] == "job.dead"
     assert {k: body[k] for k in ("job", "queue", "job_id", "attempts", "link")} == {
-        "job": "obs.work", "queue": "indexing", "job_id": "abc-123", "attempts": 3, "link": ALERT.link}
+        "job": "obs.work",
+        "queue": "indexing",
+        "job_id": "abc-123",
+        "attempts": 3,
+        "link": ALERT.link,
+    }
     assert body["failed_at"].startswith("2023-11-14T22:13:20")
 
 

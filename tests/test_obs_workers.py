@@ -55,15 +55,24 @@ def test_a_worker_shows_its_queues_jobs_in_flight_counts_and_leaves_as_stopped(b
         assert me["queues"] == [QUEUE] and me["threads"] == threads and me["state"] == "alive"
         assert me["version"] and me["host"] and me["startedAt"] and me["heartbeatAge"] < 30
         slow = app.jobs.enqueue("obs.work", {"n": 1, "sleep": 2.0})
-        wait_for(lambda: slow.id in (_mine(api) or {}).get("inFlight", []), timeout=20,
-                 message="the running job in the worker's in-flight list")
+        wait_for(
+            lambda: slow.id in (_mine(api) or {}).get("inFlight", []),
+            timeout=20,
+            message="the running job in the worker's in-flight list",
+        )
         app.jobs.enqueue("obs.work", {"n": 2, "fail": True})
-        wait_for(lambda: (_mine(api) or {}).get("done") == 1 and _mine(api)["failed"] == 3, timeout=30,
-                 message="one job done and three failed attempts counted")
+        wait_for(
+            lambda: (_mine(api) or {}).get("done") == 1 and _mine(api)["failed"] == 3,
+            timeout=30,
+            message="one job done and three failed attempts counted",
+        )
         assert _mine(api)["inFlight"] == []
         # The slow job's start and end were written apart (its end merged into its start's entry).
-        [attempt] = wait_for(lambda: api.get(f"/api/admin/jobs/{slow.id}").json()["history"], timeout=10,
-                             message="the slow job's attempt")
+        [attempt] = wait_for(
+            lambda: api.get(f"/api/admin/jobs/{slow.id}").json()["history"],
+            timeout=10,
+            message="the slow job's attempt",
+        )
         assert attempt["outcome"] == "completed" and attempt["runSeconds"] >= 1.9
         assert attempt["worker"] == _mine(api)["id"]
     gone = [w for w in _workers(api) if w["pid"] == os.getpid()]
@@ -75,9 +84,15 @@ def test_each_failed_attempt_has_its_scrubbed_traceback_and_the_history_says_whe
     with running(app):
         ref = app.jobs.enqueue("obs.leak", {"api_key": SECRET, "fail_first": 1})
         wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=30, message="the retry to complete")
-        job = wait_for(lambda: (j := api.get(f"/api/admin/jobs/{ref.id}").json()) and
-                       [a["outcome"] for a in j["history"]] == ["failed", "completed"] and j,
-                       timeout=10, message="both attempts in the history")
+        job = wait_for(
+            lambda: (
+                (j := api.get(f"/api/admin/jobs/{ref.id}").json())
+                and [a["outcome"] for a in j["history"]] == ["failed", "completed"]
+                and j
+            ),
+            timeout=10,
+            message="both attempts in the history",
+        )
     first, second = job["history"]
     assert [first["attempt"], second["attempt"]] == [1, 2]
     assert first["worker"].split(":")[1] == str(os.getpid())
@@ -121,8 +136,15 @@ def test_live_regions_come_back_as_json_and_a_finished_job_is_no_longer_followed
     assert waiting["follow"] is True and "waiting" in waiting["regions"]["summary"]
     with running(app):
         wait_for(lambda: app.broker.get_job(ref.id).state == "completed", message="the job to complete")
-    done = wait_for(lambda: (d := api.get(f"/admin/jobs/{ref.id}", headers=live).json()) and
-                    "completed" in d["regions"]["history"] and d, timeout=10, message="the completed attempt")
+    done = wait_for(
+        lambda: (
+            (d := api.get(f"/admin/jobs/{ref.id}", headers=live).json())
+            and "completed" in d["regions"]["history"]
+            and d
+        ),
+        timeout=10,
+        message="the completed attempt",
+    )
     assert done["follow"] is False and "completed" in done["regions"]["summary"]
     queues = api.get("/admin/queues", headers=live).json()
     assert queues["follow"] is True and 'data-queue="indexing"' in queues["regions"]["queues_rows"]
@@ -133,10 +155,18 @@ def test_live_regions_come_back_as_json_and_a_finished_job_is_no_longer_followed
 
 @pytest.fixture
 def pg_env(clean_env, database_url):
-    return cli_env(clean_env, DATABASE_URL=database_url, CONVEYOR_BROKER="postgres",
-                   CONVEYOR_IMPORTS="tests.obs_jobs", CONVEYOR_ADMIN_TOKEN=TOKEN, CONVEYOR_METRICS_PORT="0",
-                   CONVEYOR_PG_LEASE_SECONDS="3", CONVEYOR_PG_RECOVERY_SECONDS="0.5",
-                   CONVEYOR_MAINTENANCE_INTERVAL="0.5", CONVEYOR_PG_POLL_SECONDS="0.5")
+    return cli_env(
+        clean_env,
+        DATABASE_URL=database_url,
+        CONVEYOR_BROKER="postgres",
+        CONVEYOR_IMPORTS="tests.obs_jobs",
+        CONVEYOR_ADMIN_TOKEN=TOKEN,
+        CONVEYOR_METRICS_PORT="0",
+        CONVEYOR_PG_LEASE_SECONDS="3",
+        CONVEYOR_PG_RECOVERY_SECONDS="0.5",
+        CONVEYOR_MAINTENANCE_INTERVAL="0.5",
+        CONVEYOR_PG_POLL_SECONDS="0.5",
+    )
 
 
 def test_a_worker_killed_with_sigkill_is_late_then_gone_and_its_attempt_lost(request, pg_env, tmp_path):
@@ -146,8 +176,11 @@ def test_a_worker_killed_with_sigkill_is_late_then_gone_and_its_attempt_lost(req
     try:
         with api_server(app) as url, httpx.Client(base_url=url, headers=AUTH, timeout=10) as api:
             ref = app.jobs.enqueue("obs.work", {"n": 1, "sleep": 60})
-            victim = wait_for(lambda: next((w for w in _workers(api) if ref.id in w["inFlight"]), None),
-                              timeout=60, message="a worker running the job")
+            victim = wait_for(
+                lambda: next((w for w in _workers(api) if ref.id in w["inFlight"]), None),
+                timeout=60,
+                message="a worker running the job",
+            )
             os.kill(victim["pid"], signal.SIGKILL)
 
             def state() -> str:
@@ -157,19 +190,34 @@ def test_a_worker_killed_with_sigkill_is_late_then_gone_and_its_attempt_lost(req
             wait_for(lambda: state() == "gone", timeout=30, message="the killed worker to be gone")
             dead = next(w for w in _workers(api) if w["id"] == victim["id"])
             assert dead["goneReason"] == "recovered" and dead["goneAt"] and dead["inFlight"] == []
-            history = wait_for(lambda: (h := api.get(f"/api/admin/jobs/{ref.id}").json()["history"]) and
-                               len(h) >= 2 and h, timeout=60, message="the job to start again elsewhere")
+            history = wait_for(
+                lambda: (h := api.get(f"/api/admin/jobs/{ref.id}").json()["history"]) and len(h) >= 2 and h,
+                timeout=60,
+                message="the job to start again elsewhere",
+            )
             assert history[0]["outcome"] == "lost" and history[0]["worker"] == victim["id"]
             assert history[1]["worker"] != victim["id"]
             # The CLI shows the same registry.
-            out = subprocess.run([sys.executable, "-m", "conveyor", "workers", "--json"], cwd=ROOT, env=pg_env,
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-m", "conveyor", "workers", "--json"],
+                cwd=ROOT,
+                env=pg_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.returncode == 0, out.stderr
             listed = {w["id"]: w for w in json.loads(out.stdout)}
             assert listed[victim["id"]]["state"] == "gone"
             assert any(w["state"] == "alive" for w in listed.values())
-            table = subprocess.run([sys.executable, "-m", "conveyor", "workers"], cwd=ROOT, env=pg_env,
-                                   capture_output=True, text=True, timeout=60)
+            table = subprocess.run(
+                [sys.executable, "-m", "conveyor", "workers"],
+                cwd=ROOT,
+                env=pg_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert table.returncode == 0 and str(victim["pid"]) in table.stdout and "gone" in table.stdout
     finally:
         supervisor.stop()
@@ -178,8 +226,7 @@ def test_a_worker_killed_with_sigkill_is_late_then_gone_and_its_attempt_lost(req
 
 def test_a_filtered_list_pages_through_every_job_of_the_type_once(broker_app, api):
     app = broker_app
-    refs = app.jobs.enqueue_many([{"job": "obs.leak" if n % 3 == 0 else "obs.work", "payload": {}}
-                                  for n in range(90)])
+    refs = app.jobs.enqueue_many([{"job": "obs.leak" if n % 3 == 0 else "obs.work", "payload": {}} for n in range(90)])
     leaks = {r.id for n, r in enumerate(refs) if n % 3 == 0}
     seen, cursor, pages = [], None, 0
     while True:

@@ -9,18 +9,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from conveyor.errors import InvalidSchedule, ScheduleError
-from conveyor.scheduling.nudges import (
+from conveyor.platform.scheduling.nudges import (
     cancel_nudge,
     get_nudge,
     note_task_closed,
     note_user_reply,
     schedule_nudge,
 )
-from conveyor.scheduling.pauses import cancel_run, get_pause, pause_run
+from conveyor.platform.scheduling.pauses import cancel_run, get_pause, pause_run
 from tests.harness import running
 from tests.sched_jobs import any_broker_app, runs  # noqa: F401 (fixture)
 from tests.waiting import wait_for
-
 
 #: A task, its user message and a queued run, in the agent platform's tables.
 PLATFORM_RUN = """
@@ -49,10 +48,18 @@ def events(caplog):
 
 
 def test_a_paused_run_resumes_after_its_delay_unless_cancelled(app, events):
-    kept = pause_run(app, run_id="run-1", task_id="task-1", delay=0.3, reason="waiting for a webhook",
-                     resume_job="test.record", resume_payload={"note": "resume-run-1"})
-    dropped = pause_run(app, run_id="run-2", delay=0.3, resume_job="test.record",
-                        resume_payload={"note": "resume-run-2"})
+    kept = pause_run(
+        app,
+        run_id="run-1",
+        task_id="task-1",
+        delay=0.3,
+        reason="waiting for a webhook",
+        resume_job="test.record",
+        resume_payload={"note": "resume-run-1"},
+    )
+    dropped = pause_run(
+        app, run_id="run-2", delay=0.3, resume_job="test.record", resume_payload={"note": "resume-run-2"}
+    )
     with pytest.raises(ScheduleError, match="run-1 is already paused"):
         pause_run(app, run_id="run-1", delay=1, resume_job="test.record", resume_payload={"note": "x"})
     with pytest.raises(InvalidSchedule, match="note"):
@@ -73,19 +80,26 @@ def test_a_paused_run_resumes_after_its_delay_unless_cancelled(app, events):
 
     assert cancel_run(app, "run-2") == [dropped.id]
     with running(app, "scheduling", "indexing"):
-        wait_for(lambda: runs(app) == [{"note": "resume-run-1"}]
-                 and app.broker.get_job(dropped.job_id).state == "completed"
-                 and app.broker.get_job(long.job_id).state == "delayed"
-                 and app.broker.get_job(platform.job_id).state == "completed", timeout=20,
-                 message="run-1 resumed, run-2's resume handled, run-4's deferred")
+        wait_for(
+            lambda: (
+                runs(app) == [{"note": "resume-run-1"}]
+                and app.broker.get_job(dropped.job_id).state == "completed"
+                and app.broker.get_job(long.job_id).state == "delayed"
+                and app.broker.get_job(platform.job_id).state == "completed"
+            ),
+            timeout=20,
+            message="run-1 resumed, run-2's resume handled, run-4's deferred",
+        )
     assert get_pause(app, long.id)["status"] == "waiting"
     deferred = app.broker.get_job(long.job_id)
     assert deferred.eta - deferred.enqueued_at > 6 * 24 * 3600  # one 7-day hop (the broker's limit), not 30 days
     assert get_pause(app, kept.id)["status"] == "resumed"
     assert get_pause(app, dropped.id)["status"] == "cancelled"
     skips = {e["run_id"]: (e["job_id"], e["reason"]) for e in events("skipped")}
-    assert skips == {"run-2": (dropped.job_id, "the run was cancelled"),
-                     "run-p": (platform.job_id, "the run was cancelled")}
+    assert skips == {
+        "run-2": (dropped.job_id, "the run was cancelled"),
+        "run-p": (platform.job_id, "the run was cancelled"),
+    }
     assert get_pause(app, platform.id)["status"] == "cancelled"
     # Too late to cancel a resumed run's resume; it can be paused again.
     assert cancel_run(app, "run-1") == []
@@ -114,18 +128,32 @@ def test_a_superseded_nudge_is_skipped_with_its_reason(app, events):
     note_user_reply(app, "t-quiet", at=datetime.now(UTC) - timedelta(hours=1))  # before the nudge was set
     assert cancel_nudge(app, cancelled.id)
     with running(app, "nudge", "indexing"):
-        wait_for(lambda: runs(app) == [{"note": "nudge-quiet"}] and len(events("skipped")) == 4, timeout=20,
-                 message="nudges resolved")
+        wait_for(
+            lambda: runs(app) == [{"note": "nudge-quiet"}] and len(events("skipped")) == 4,
+            timeout=20,
+            message="nudges resolved",
+        )
         # A second delivery of a nudge already sent does nothing.
         app.jobs.enqueue("nudge.fire", {"nudge_id": sent.id})
         wait_for(lambda: len(events("skipped")) == 5, timeout=20, message="duplicate nudge skipped")
     assert runs(app) == [{"note": "nudge-quiet"}]
-    states = {n.id: (get_nudge(app, n.id)["status"], get_nudge(app, n.id)["skip_reason"])
-              for n in (sent, replied, closed, cancelled, platform)}
-    assert states == {sent.id: ("sent", None), replied.id: ("skipped", "user_replied"),
-                      closed.id: ("skipped", "task_closed"), cancelled.id: ("cancelled", None),
-                      platform.id: ("skipped", "user_replied")}
+    states = {
+        n.id: (get_nudge(app, n.id)["status"], get_nudge(app, n.id)["skip_reason"])
+        for n in (sent, replied, closed, cancelled, platform)
+    }
+    assert states == {
+        sent.id: ("sent", None),
+        replied.id: ("skipped", "user_replied"),
+        closed.id: ("skipped", "task_closed"),
+        cancelled.id: ("cancelled", None),
+        platform.id: ("skipped", "user_replied"),
+    }
     reasons = {(e.get("task_id"), e["reason"]) for e in events("skipped")}
-    assert reasons == {("t-replied", "user_replied"), ("t-closed", "task_closed"), ("t-platform", "user_replied"),
-                       ("t-cancel", "nudge already cancelled"), ("t-quiet", "nudge already sent")}
+    assert reasons == {
+        ("t-replied", "user_replied"),
+        ("t-closed", "task_closed"),
+        ("t-platform", "user_replied"),
+        ("t-cancel", "nudge already cancelled"),
+        ("t-quiet", "nudge already sent"),
+    }
     assert not cancel_nudge(app, sent.id)

@@ -55,14 +55,23 @@ def finished(app, job_id):
 def raw_insert(database_url: str, queue: str, job: str, message: str) -> str:
     """A row written without the broker: no NOTIFY, no validation."""
     job_id = str(uuid.uuid4())
-    sql(database_url, "INSERT INTO conveyor_jobs (id, queue, job, message) VALUES (%s, %s, %s, %s::jsonb)",
-        (job_id, queue, job, message))
+    sql(
+        database_url,
+        "INSERT INTO conveyor_jobs (id, queue, job, message) VALUES (%s, %s, %s, %s::jsonb)",
+        (job_id, queue, job, message),
+    )
     return job_id
 
 
 def probe_message(job_id: str, queue: str, token: str) -> str:
-    message = Message(queue_name=queue, actor_name=f"test.probe.{queue}", args=({"token": token},), kwargs={},
-                      options={}, message_id=job_id)
+    message = Message(
+        queue_name=queue,
+        actor_name=f"test.probe.{queue}",
+        args=({"token": token},),
+        kwargs={},
+        options={},
+        message_id=job_id,
+    )
     return message.encode().decode()
 
 
@@ -74,8 +83,11 @@ def test_claim_takes_a_fifo_batch_up_to_the_prefetch_and_marks_it_in_progress(ap
     consumer = app.broker.consume("indexing", prefetch=4, timeout=1000)
     try:
         first = next(consumer)
-        rows = sql(database_url, "SELECT id, worker_id, delivery, picked_at IS NOT NULL FROM conveyor_jobs "
-                                 "WHERE status = 'in_progress' ORDER BY picked_at")
+        rows = sql(
+            database_url,
+            "SELECT id, worker_id, delivery, picked_at IS NOT NULL FROM conveyor_jobs "
+            "WHERE status = 'in_progress' ORDER BY picked_at",
+        )
         assert len(rows) == 4, "one claim takes the whole room of the prefetch"
         assert {r[1] for r in rows} == {app.broker.worker_id}
         assert all(r[2] == 1 and r[3] for r in rows)
@@ -89,16 +101,23 @@ def test_claim_takes_a_fifo_batch_up_to_the_prefetch_and_marks_it_in_progress(ap
 
 
 def test_a_long_history_stays_out_of_the_claim_path(app, database_url):
-    sql(database_url, "INSERT INTO conveyor_jobs (id, queue, job, status, message, completed_at) "
-                      "SELECT 'old-' || i, 'indexing', 'test.probe.indexing', 'done', '{}', now() "
-                      "FROM generate_series(1, 20000) i")
+    sql(
+        database_url,
+        "INSERT INTO conveyor_jobs (id, queue, job, status, message, completed_at) "
+        "SELECT 'old-' || i, 'indexing', 'test.probe.indexing', 'done', '{}', now() "
+        "FROM generate_series(1, 20000) i",
+    )
     app.jobs.enqueue("test.probe.indexing", {"token": "fresh"})
     sql(database_url, "ANALYZE conveyor_jobs")
     from conveyor.brokers.postgres import QUERIES
 
     with psycopg.connect(database_url) as conn:  # EXPLAIN only: nothing is claimed
-        plan = "\n".join(r[0] for r in conn.execute(
-            "EXPLAIN " + QUERIES["claim"], {"queue": "indexing", "limit": 16, "worker": "w"}).fetchall())
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN " + QUERIES["claim"], {"queue": "indexing", "limit": 16, "worker": "w"}
+            ).fetchall()
+        )
     assert "conveyor_jobs_pending" in plan, plan
 
 
@@ -148,7 +167,9 @@ def test_job_inserted_without_a_notification_is_picked_up_by_the_poll(make_app, 
         raw_insert_id = sql(
             database_url,
             "INSERT INTO conveyor_jobs (id, queue, job, message) VALUES (%s, 'critical', 'test.probe.critical', "
-            "%s::jsonb) RETURNING id", (job_id, probe_message(job_id, "critical", "silent")))[0][0]
+            "%s::jsonb) RETURNING id",
+            (job_id, probe_message(job_id, "critical", "silent")),
+        )[0][0]
         record = wait_for(lambda: finished(app, raw_insert_id), timeout=10, message="the poll to find the row")
     assert record.state == "completed"
     assert [r["job_id"] for r in probe_runs(database_url, "silent")] == [job_id]
@@ -172,8 +193,9 @@ def test_key_is_free_again_once_its_job_is_gone_or_its_ttl_is_over(app, database
     first = app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1")
     assert app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1") == type(first)(first.id, True)
 
-    sql(database_url, "UPDATE conveyor_jobs SET key_expires_at = now() - interval '1 second' WHERE id = %s",
-        (first.id,))
+    sql(
+        database_url, "UPDATE conveyor_jobs SET key_expires_at = now() - interval '1 second' WHERE id = %s", (first.id,)
+    )
     second = app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1")
     assert not second.deduplicated and second.id != first.id
     assert app.broker.get_job(first.id).key is None, "the expired holder gave its key up"
@@ -205,8 +227,7 @@ def test_enqueue_in_a_committed_transaction_runs_exactly_once(make_app, database
             with conn.transaction():
                 conn.execute("INSERT INTO probe_dead (job_id, error) VALUES ('tx-marker', 'same transaction')")
                 ref = app.jobs.enqueue("test.probe.critical", {"token": "committed"}, key="tx:2", connection=conn)
-                again = app.jobs.enqueue("test.probe.critical", {"token": "committed"}, key="tx:2",
-                                         connection=conn)
+                again = app.jobs.enqueue("test.probe.critical", {"token": "committed"}, key="tx:2", connection=conn)
         record = wait_for(lambda: finished(app, ref.id), timeout=10, message="the committed job")
     assert record.state == "completed"
     assert again == type(again)(ref.id, True)
@@ -225,18 +246,23 @@ def test_transactional_enqueue_is_refused_by_brokers_outside_postgres(clean_env,
 
 def _strand(database_url: str, ids: list[str], worker: str, heartbeat_age: str, *, spent: bool = False) -> None:
     """Make ``ids`` held by ``worker``, whose last heartbeat was ``heartbeat_age`` ago."""
-    sql(database_url, "INSERT INTO conveyor_workers (id, hostname, pid, heartbeat_at) "
-                      "VALUES (%s, 'test', 0, now() - %s::interval) ON CONFLICT (id) DO NOTHING",
-        (worker, heartbeat_age))
-    sql(database_url, "UPDATE conveyor_jobs SET status = 'in_progress', worker_id = %s, delivery = 1, "
-                      "picked_at = now(), attempt = CASE WHEN %s THEN max_attempts ELSE 1 END WHERE id = ANY(%s)",
-        (worker, spent, ids))
+    sql(
+        database_url,
+        "INSERT INTO conveyor_workers (id, hostname, pid, heartbeat_at) "
+        "VALUES (%s, 'test', 0, now() - %s::interval) ON CONFLICT (id) DO NOTHING",
+        (worker, heartbeat_age),
+    )
+    sql(
+        database_url,
+        "UPDATE conveyor_jobs SET status = 'in_progress', worker_id = %s, delivery = 1, "
+        "picked_at = now(), attempt = CASE WHEN %s THEN max_attempts ELSE 1 END WHERE id = ANY(%s)",
+        (worker, spent, ids),
+    )
 
 
 def test_two_replicas_recovering_at_once_take_each_stuck_row_once(make_app, database_url):
     first, second = make_app(), make_app()
-    refs = first.jobs.enqueue_many([{"job": "test.probe.nudge", "payload": {"token": f"stuck-{i}"}}
-                                    for i in range(60)])
+    refs = first.jobs.enqueue_many([{"job": "test.probe.nudge", "payload": {"token": f"stuck-{i}"}} for i in range(60)])
     ids = [r.id for r in refs]
     spent, retry, alive = ids[:10], ids[10:50], ids[50:]
     _strand(database_url, spent, "dead-worker", "1 hour", spent=True)
@@ -279,11 +305,18 @@ def test_recovered_job_runs_again_and_completes(make_app, database_url):
 def test_prune_deletes_only_finished_rows_older_than_the_retention(make_app, database_url):
     app = make_app(retention=3600)
     old_done, old_failed, new_done, waiting = (
-        app.jobs.enqueue("test.probe.llm", {"token": f"p{i}"}).id for i in range(4))
-    sql(database_url, "UPDATE conveyor_jobs SET status = 'done', completed_at = now() - interval '2 hours' "
-                      "WHERE id = %s", (old_done,))
-    sql(database_url, "UPDATE conveyor_jobs SET status = 'failed', completed_at = now() - interval '2 hours' "
-                      "WHERE id = %s", (old_failed,))
+        app.jobs.enqueue("test.probe.llm", {"token": f"p{i}"}).id for i in range(4)
+    )
+    sql(
+        database_url,
+        "UPDATE conveyor_jobs SET status = 'done', completed_at = now() - interval '2 hours' WHERE id = %s",
+        (old_done,),
+    )
+    sql(
+        database_url,
+        "UPDATE conveyor_jobs SET status = 'failed', completed_at = now() - interval '2 hours' WHERE id = %s",
+        (old_failed,),
+    )
     sql(database_url, "UPDATE conveyor_jobs SET status = 'done', completed_at = now() WHERE id = %s", (new_done,))
     assert app.broker.prune() == 2
     assert sorted(r[0] for r in sql(database_url, "SELECT id FROM conveyor_jobs")) == sorted([new_done, waiting])

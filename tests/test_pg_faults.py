@@ -74,16 +74,22 @@ def bad_jobs():
     """``test.pg.bad``: raises an error with a NUL and lone surrogates (or a word a test forbids)."""
 
     def bad(payload: Bad, ctx) -> None:
-        sql(ctx.app.settings.database_url, "INSERT INTO probe_runs (token, job_id, attempt, pid) "
-                                           "VALUES (%s, %s, %s, 0)", (payload.token, ctx.job_id, ctx.attempt))
+        sql(
+            ctx.app.settings.database_url,
+            "INSERT INTO probe_runs (token, job_id, attempt, pid) VALUES (%s, %s, %s, 0)",
+            (payload.token, ctx.job_id, ctx.attempt),
+        )
         if payload.permanent:
             raise PermanentError(ERRORS[payload.error])
         if ctx.attempt <= payload.fail_times:
             raise RuntimeError(ERRORS[payload.error])
 
     def dead(payload: Bad | None, error: str, ctx) -> None:
-        sql(ctx.app.settings.database_url, "INSERT INTO probe_dead (job_id, token, error) VALUES (%s, %s, %s)",
-            (ctx.job_id, payload.token if payload else None, storable(error)))
+        sql(
+            ctx.app.settings.database_url,
+            "INSERT INTO probe_dead (job_id, token, error) VALUES (%s, %s, %s)",
+            (ctx.job_id, payload.token if payload else None, storable(error)),
+        )
 
     job("test.pg.bad", queue="critical", payload=Bad)(bad)
     on_final_failure("test.pg.bad")(dead)
@@ -91,8 +97,7 @@ def bad_jobs():
     JOB_TYPES.pop("test.pg.bad", None)
 
 
-def test_nul_and_lone_surrogates_in_an_error_keep_the_retry_and_the_final_failure(bad_jobs, make_app,
-                                                                                  database_url):
+def test_nul_and_lone_surrogates_in_an_error_keep_the_retry_and_the_final_failure(bad_jobs, make_app, database_url):
     app = make_app()
     with running(app, "critical"):
         retried = app.jobs.enqueue("test.pg.bad", {"token": "retried", "fail_times": 1})
@@ -111,8 +116,10 @@ def test_nul_and_lone_surrogates_in_an_error_keep_the_retry_and_the_final_failur
 
 def test_an_outcome_postgres_refuses_neither_blocks_the_others_nor_is_lost(bad_jobs, make_app, database_url):
     # A real refusal, not a mock: the table refuses this one error text.
-    sql(database_url, "ALTER TABLE conveyor_jobs ADD CONSTRAINT test_no_poison "
-                      "CHECK (error IS NULL OR error NOT LIKE '%%poison%%')")
+    sql(
+        database_url,
+        "ALTER TABLE conveyor_jobs ADD CONSTRAINT test_no_poison CHECK (error IS NULL OR error NOT LIKE '%%poison%%')",
+    )
     app = make_app()
     with running(app, "critical"):
         poisoned = app.jobs.enqueue("test.pg.bad", {"token": "poisoned", "permanent": True, "error": "poison"})
@@ -144,7 +151,7 @@ def durable_pg():
 
 @pytest.fixture
 def durable_url(durable_pg):
-    from conveyor.ledger.migrate import migrate
+    from conveyor.schema.migrate import migrate
 
     name = f"crash_{int(time.time() * 1000)}"
     durable_pg.create_database(name)
@@ -191,12 +198,11 @@ def test_a_postgres_crash_never_hands_the_same_delivery_out_twice(make_app, dura
     consumer_b = wait_for(lambda: _consume(b), timeout=30, message="worker B to connect")
     try:
         got = next(consumer_b)
-        assert got is None or got.options["pg_delivery"] > run_a.options["pg_delivery"], \
+        assert got is None or got.options["pg_delivery"] > run_a.options["pg_delivery"], (
             "a delivery number handed out before the crash was handed out again"
-        delivery, worker = sql(durable_url, "SELECT delivery, worker_id FROM conveyor_jobs WHERE id = %s",
-                               (ref.id,))[0]
-        assert (delivery, worker) == (run_a.options["pg_delivery"], a.broker.worker_id), \
-            "A's claim survived the crash"
+        )
+        delivery, worker = sql(durable_url, "SELECT delivery, worker_id FROM conveyor_jobs WHERE id = %s", (ref.id,))[0]
+        assert (delivery, worker) == (run_a.options["pg_delivery"], a.broker.worker_id), "A's claim survived the crash"
         consumer_a.ack(run_a)
         _write_outcomes(a)
         assert a.broker.get_job(ref.id).state == "completed"
@@ -224,8 +230,11 @@ def test_a_retry_lost_in_a_crash_is_not_turned_into_done_by_the_ack_after_it(mak
         _write_outcomes(app)
         assert app.broker.get_job(ref.id).state != "completed", "the ack ended a job whose retry was lost"
         # Still held by its (durable) claim: the orphan pass hands it out again.
-        wait_for(lambda: ref.id in app.broker.recover().get("critical", []), timeout=30,
-                 message="the orphan pass to hand the job back")
+        wait_for(
+            lambda: ref.id in app.broker.recover().get("critical", []),
+            timeout=30,
+            message="the orphan pass to hand the job back",
+        )
         assert app.broker.get_job(ref.id).state == "waiting"
     finally:
         consumer.close()
@@ -240,8 +249,9 @@ def test_a_deferred_retry_lost_in_a_crash_is_not_turned_into_done_either(make_ap
         assert app.broker.start_job(message) == 1
         # The retry found Postgres away and waits in the outbox (what PostgresBroker._retry does then) ...
         stored = message.copy(options={"last_error": "RuntimeError: once"}).encode().decode()
-        app.broker.deliveries.put_retry(ref.id, message.options["pg_delivery"],
-                                        Retry(stored, time.monotonic(), "RuntimeError: once"))
+        app.broker.deliveries.put_retry(
+            ref.id, message.options["pg_delivery"], Retry(stored, time.monotonic(), "RuntimeError: once")
+        )
         writer = _crash_before_the_wal_writer_flushes(durable_pg, durable_url)
         app.broker.deliveries.write()  # ... is written once it is back (asynchronously) ...
         consumer.ack(message)  # ... and Dramatiq's ack comes after it
@@ -279,8 +289,11 @@ def test_a_process_started_right_after_an_outage_leaves_live_workers_jobs_alone(
         assert fresh.broker.maintain() == {}, "a fresh process took a live worker's job at once"
         assert live.broker.get_job(ref.id).state == "active"
         # The live worker re-heartbeats within the lease and keeps its job.
-        wait_for(lambda: live.broker.listener.beating(within=lease / 3), timeout=20,
-                 message="the live worker to heartbeat again")
+        wait_for(
+            lambda: live.broker.listener.beating(within=lease / 3),
+            timeout=20,
+            message="the live worker to heartbeat again",
+        )
         time.sleep(lease)
         assert fresh.broker.recover() == {}
         assert live.broker.get_job(ref.id).state == "active"
@@ -358,8 +371,11 @@ def test_an_old_deliverys_ack_does_not_free_the_room_of_the_new_one(make_app, da
     try:
         old = next(consumer)
         # A's heartbeat looked dead for a moment (a long GC pause, say): recovery takes the job back.
-        sql(database_url, "UPDATE conveyor_workers SET heartbeat_at = now() - interval '1 hour' WHERE id = %s",
-            (a.broker.worker_id,))
+        sql(
+            database_url,
+            "UPDATE conveyor_workers SET heartbeat_at = now() - interval '1 hour' WHERE id = %s",
+            (a.broker.worker_id,),
+        )
         wait_for(lambda: b.broker.recover().get("indexing"), timeout=20, message="recovery to take the job back")
         new = wait_for(lambda: next(consumer), timeout=10, message="A to claim the job again")
         assert (new.message_id, new.options["pg_delivery"]) == (ref.id, old.options["pg_delivery"] + 1)
@@ -368,8 +384,7 @@ def test_an_old_deliverys_ack_does_not_free_the_room_of_the_new_one(make_app, da
             a.jobs.enqueue("test.probe.indexing", {"token": f"more-{i}"})
         for _ in range(4):
             next(consumer)
-        held = sql(database_url, "SELECT count(*) FROM conveyor_jobs WHERE worker_id = %s",
-                   (a.broker.worker_id,))[0][0]
+        held = sql(database_url, "SELECT count(*) FROM conveyor_jobs WHERE worker_id = %s", (a.broker.worker_id,))[0][0]
         assert held == 2, f"prefetch 2, but {held} jobs are claimed"
     finally:
         consumer.close()
@@ -439,8 +454,9 @@ def test_skipped_outcomes_leave_no_mark_that_could_swallow_a_later_one(make_app)
         app.broker.enqueue(a.copy(options={"last_error": "RuntimeError: once"}), delay=0)  # written at once
         consumer.ack(a)
         stored = b.copy(options={"last_error": "RuntimeError: once"}).encode().decode()
-        app.broker.deliveries.put_retry(b.message_id, b.options["pg_delivery"],
-                                        Retry(stored, time.monotonic(), "RuntimeError: once"))
+        app.broker.deliveries.put_retry(
+            b.message_id, b.options["pg_delivery"], Retry(stored, time.monotonic(), "RuntimeError: once")
+        )
         consumer.ack(b)  # the ack comes before the deferred retry is written
         app.broker.deliveries.write()
         assert {app.broker.get_job(r.id).state for r in (first, second)} == {"waiting"}

@@ -31,9 +31,20 @@ def settings(clean_env, database_url):
 
 
 def charges(n: int, prefix: str, sleep: float) -> list[dict]:
-    return [{"job": "test.slow_credit", "key": f"credit:{prefix}-{i}:m-{i}",
-             "payload": {"user_id": f"user-{i % 7}", "task_id": f"{prefix}-{i}", "message_id": f"m-{i}",
-                         "total_tokens": 100 + i, "sleep": sleep}} for i in range(n)]
+    return [
+        {
+            "job": "test.slow_credit",
+            "key": f"credit:{prefix}-{i}:m-{i}",
+            "payload": {
+                "user_id": f"user-{i % 7}",
+                "task_id": f"{prefix}-{i}",
+                "message_id": f"m-{i}",
+                "total_tokens": 100 + i,
+                "sleep": sleep,
+            },
+        }
+        for i in range(n)
+    ]
 
 
 def rows(database_url: str, query: str, params=None) -> list[tuple]:
@@ -48,11 +59,18 @@ def assert_ledger_exact(settings, database_url: str, requests: list[dict]) -> No
     expected: dict[str, object] = {}
     for r in requests:
         p = r["payload"]
-        expected[p["user_id"]] = expected.get(p["user_id"], 0) - credits.cost(p["total_tokens"],
-                                                                              settings.price_per_1k_tokens)
+        expected[p["user_id"]] = expected.get(p["user_id"], 0) - credits.cost(
+            p["total_tokens"], settings.price_per_1k_tokens
+        )
     assert dict(rows(database_url, "SELECT user_id, balance FROM credit_accounts")) == expected
-    verify = subprocess.run([sys.executable, "-m", "conveyor", "ledger", "verify"], env=env_for(settings),
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    verify = subprocess.run(
+        [sys.executable, "-m", "conveyor", "ledger", "verify"],
+        env=env_for(settings),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert verify.returncode == 0, verify.stderr
     assert f"{len(references)} entries, 0 mismatches" in verify.stdout
 
@@ -63,7 +81,8 @@ def all_done(app, queue: str, total: int):
 
 
 def test_sigkilled_worker_mid_batch_its_jobs_come_back_within_the_lease_and_charge_once(
-        app, workers, settings, database_url):
+    app, workers, settings, database_url
+):
     group = workers("critical", processes=3)
     wait_for(lambda: len(group.child_pids()) == 3, timeout=60, message="three worker processes")
     requests = charges(240, "kill", sleep=0.5)
@@ -72,10 +91,13 @@ def test_sigkilled_worker_mid_batch_its_jobs_come_back_within_the_lease_and_char
     def victim():
         """A worker holding a batch, some of it running."""
         # Running means its charge has begun: the probe row the job writes first is there.
-        held = rows(database_url, "SELECT w.pid, w.id, count(*), count(p.id) FROM conveyor_jobs j "
-                                  "JOIN conveyor_workers w ON w.id = j.worker_id "
-                                  "LEFT JOIN probe_runs p ON p.job_id = j.id::text AND p.pid = w.pid "
-                                  "WHERE j.status = 'in_progress' GROUP BY w.pid, w.id ORDER BY 3 DESC")
+        held = rows(
+            database_url,
+            "SELECT w.pid, w.id, count(*), count(p.id) FROM conveyor_jobs j "
+            "JOIN conveyor_workers w ON w.id = j.worker_id "
+            "LEFT JOIN probe_runs p ON p.job_id = j.id::text AND p.pid = w.pid "
+            "WHERE j.status = 'in_progress' GROUP BY w.pid, w.id ORDER BY 3 DESC",
+        )
         return next((h for h in held if h[2] >= 5 and h[3] >= 2), None)
 
     pid, worker_id, _, _ = wait_for(victim, message="a worker holding a batch")
@@ -84,14 +106,19 @@ def test_sigkilled_worker_mid_batch_its_jobs_come_back_within_the_lease_and_char
     stranded = [r[0] for r in rows(database_url, "SELECT id FROM conveyor_jobs WHERE worker_id = %s", (worker_id,))]
     assert stranded, "the killed worker held jobs"
 
-    wait_for(lambda: not rows(database_url, "SELECT 1 FROM conveyor_jobs WHERE worker_id = %s", (worker_id,)),
-             timeout=30, interval=0.02, message="the killed worker's jobs to be recovered")
+    wait_for(
+        lambda: not rows(database_url, "SELECT 1 FROM conveyor_jobs WHERE worker_id = %s", (worker_id,)),
+        timeout=30,
+        interval=0.02,
+        message="the killed worker's jobs to be recovered",
+    )
     recovered_in = time.monotonic() - killed_at
     # Lease, then at most one recovery interval (plus the maintenance tick and a slow CI's slack).
     assert recovered_in <= LEASE + RECOVERY + settings.maintenance_interval + 2.0, recovered_in
 
-    wait_for(lambda: all_done(app, "critical", len(requests)), timeout=90, interval=0.2,
-             message="every charge to be done")
+    wait_for(
+        lambda: all_done(app, "critical", len(requests)), timeout=90, interval=0.2, message="every charge to be done"
+    )
     assert rows(database_url, "SELECT status, count(*) FROM conveyor_jobs GROUP BY 1") == [("done", len(requests))]
     runs = [r["job_id"] for r in probe_runs(database_url)]
     assert any(runs.count(job_id) == 2 for job_id in stranded), "some jobs were killed mid-run and ran again"
@@ -104,13 +131,16 @@ def test_postgres_restart_under_running_workers_loses_no_job(app, workers, setti
     wait_for(lambda: len(group.child_pids()) == 2, timeout=60, message="two worker processes")
     requests = charges(400, "restart", sleep=0.02)
     app.jobs.enqueue_many(requests)
-    wait_for(lambda: app.broker.queue_counts("critical").completed_total >= 60, timeout=60,
-             message="work under way")
+    wait_for(lambda: app.broker.queue_counts("critical").completed_total >= 60, timeout=60, message="work under way")
 
     pg_server.restart()
 
-    wait_for(lambda: all_done(app, "critical", len(requests)), timeout=120, interval=0.2,
-             message="the workers to reconnect and finish every charge")
+    wait_for(
+        lambda: all_done(app, "critical", len(requests)),
+        timeout=120,
+        interval=0.2,
+        message="the workers to reconnect and finish every charge",
+    )
     assert rows(database_url, "SELECT status, count(*) FROM conveyor_jobs GROUP BY 1") == [("done", len(requests))]
     assert_ledger_exact(settings, database_url, requests)
     assert group.events("reconnected"), "the workers' listeners reconnected"

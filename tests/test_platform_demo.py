@@ -11,8 +11,9 @@ import pytest
 
 def _demo(clean_env, *args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "conveyor", "demo", *args], capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "conveyor", "demo", *args], capture_output=True, text=True, timeout=timeout
+    )
     return result, time.monotonic() - started
 
 

@@ -9,8 +9,8 @@ from pydantic import SecretStr
 
 from conveyor.app import App
 from conveyor.errors import JobError, ProviderError, ProviderRateLimited, ProviderRejected, RetryLater
-from conveyor.providers.base import ChatMessage
-from conveyor.providers.openai import OpenAIProvider
+from conveyor.platform.providers.base import ChatMessage
+from conveyor.platform.providers.openai import OpenAIProvider
 from conveyor.settings import Settings
 from tests.chat_server import ChatServer
 from tests.platform_support import completed_round, workers
@@ -26,8 +26,11 @@ def provider():
     made = []
 
     def make(server: ChatServer) -> OpenAIProvider:
-        made.append(OpenAIProvider(base_url=server.base_url, api_key=SecretStr(KEY), model="tiny", timeout=10,
-                                   default_retry_after=2))
+        made.append(
+            OpenAIProvider(
+                base_url=server.base_url, api_key=SecretStr(KEY), model="tiny", timeout=10, default_retry_after=2
+            )
+        )
         return made[-1]
 
     yield make
@@ -94,19 +97,33 @@ def test_the_key_is_in_no_repr_or_error(caplog, provider):
 
 
 def test_memory_extraction_through_the_http_provider_waits_out_a_429_and_survives_a_drop(
-        redis_url, database_url, caplog):
+    redis_url, database_url, caplog
+):
     caplog.set_level(logging.INFO)
     script = [("429", 1), ("drop", "editor: vim\nshell: zsh\n"), ("ok", "editor: vim\nshell: zsh\n")]
     with ChatServer(script) as server:
-        app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, provider="openai",
-                           openai_base_url=server.base_url, openai_api_key=KEY, openai_model="tiny",
-                           queues={"llm": {"min_backoff": 0.1, "max_backoff": 0.3}}))
-        message_id = completed_round(app, task_id="t1", user_id="erin", question="which tools do I use?",
-                                     answer="You use vim and zsh.")
+        app = App(
+            Settings(
+                broker="redis",
+                redis_url=redis_url,
+                database_url=database_url,
+                provider="openai",
+                openai_base_url=server.base_url,
+                openai_api_key=KEY,
+                openai_model="tiny",
+                queues={"llm": {"min_backoff": 0.1, "max_backoff": 0.3}},
+            )
+        )
+        message_id = completed_round(
+            app, task_id="t1", user_id="erin", question="which tools do I use?", answer="You use vim and zsh."
+        )
         ref = app.jobs.enqueue("memory.extraction", {"user_id": "erin", "task_id": "t1", "message_id": message_id})
         with workers(app, queues=("llm",)):
-            record = wait_for(lambda: (r := app.broker.get_job(ref.id)) and r.state in ("completed", "failed") and r,
-                              timeout=30, message="the extraction to finish")
+            record = wait_for(
+                lambda: (r := app.broker.get_job(ref.id)) and r.state in ("completed", "failed") and r,
+                timeout=30,
+                message="the extraction to finish",
+            )
 
         assert record.state == "completed"
         assert record.attempts == 3  # deferred by the 429, retried after the drop, then done

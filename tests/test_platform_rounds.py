@@ -10,12 +10,12 @@ import pytest
 
 from conveyor.app import App
 from conveyor.ledger import credits
-from conveyor.providers.base import ChatMessage
-from conveyor.providers.local import reply_chunks
+from conveyor.platform.payloads import RunFinalize
+from conveyor.platform.processors.finalize import finalize_run
+from conveyor.platform.providers.base import ChatMessage
+from conveyor.platform.providers.local import reply_chunks
 from conveyor.settings import Settings
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.processors.finalize import finalize_run
-from conveyor.tasks.payloads import RunFinalize
 from tests.platform_support import make_task, parse_sse, run_status, serve, user_key, workers
 from tests.waiting import wait_for
 
@@ -24,8 +24,15 @@ PRICE = Decimal("0.002")
 
 @pytest.fixture(params=["redis", "postgres", "inline"])
 def app(request, redis_url, database_url):
-    app = App(Settings(broker=request.param, redis_url=redis_url, database_url=database_url,
-                       local_chunk_delay=0.03, stream_poll_interval=0.02))
+    app = App(
+        Settings(
+            broker=request.param,
+            redis_url=redis_url,
+            database_url=database_url,
+            local_chunk_delay=0.03,
+            stream_poll_interval=0.02,
+        )
+    )
     yield app
     app.close()
 
@@ -48,17 +55,22 @@ def _read_events(client: httpx.Client, url: str, *, headers=None, stop_after: in
 def _round_done(app, user_id: str, message_id: str):
     with app.pool.connection() as conn:
         charged = conn.execute("SELECT count(*) FROM credit_entries WHERE user_id = %s", (user_id,)).fetchone()[0]
-        extracted = conn.execute("SELECT memories FROM memory_extractions WHERE message_id = %s",
-                                 (message_id,)).fetchone()
-        indexed = conn.execute("SELECT indexed_version = version FROM resources WHERE id = %s",
-                               (f"reply:{message_id}",)).fetchone()
+        extracted = conn.execute(
+            "SELECT memories FROM memory_extractions WHERE message_id = %s", (message_id,)
+        ).fetchone()
+        indexed = conn.execute(
+            "SELECT indexed_version = version FROM resources WHERE id = %s", (f"reply:{message_id}",)
+        ).fetchone()
     return charged == 1 and extracted and indexed and indexed[0]
 
 
 def test_a_run_streams_to_a_client_that_disconnects_and_resumes(app):
     make_task(app, "t1", user_id="alice", title="Migration plan")
-    with workers(app), serve(app) as base, \
-            httpx.Client(base_url=base, timeout=30, headers=user_key(app, "alice")) as client:
+    with (
+        workers(app),
+        serve(app) as base,
+        httpx.Client(base_url=base, timeout=30, headers=user_key(app, "alice")) as client,
+    ):
         response = client.post("/api/tasks/t1/runs", json={"content": "Plan the postgres migration for friday"})
         assert response.status_code == 202, response.text
         accepted = response.json()
@@ -86,11 +98,15 @@ def test_a_run_streams_to_a_client_that_disconnects_and_resumes(app):
         replay = _read_events(client, f"{accepted['stream_url']}?after=0")
         assert replay == events  # a finished stream replays whole
 
-        wait_for(lambda: _round_done(app, "alice", accepted["assistant_message_id"]), timeout=60,
-                 message="the round's charge, memories and index")
+        wait_for(
+            lambda: _round_done(app, "alice", accepted["assistant_message_id"]),
+            timeout=60,
+            message="the round's charge, memories and index",
+        )
         with app.pool.connection() as conn:
-            message = conn.execute("SELECT role, content FROM messages WHERE id = %s",
-                                   (accepted["assistant_message_id"],)).fetchone()
+            message = conn.execute(
+                "SELECT role, content FROM messages WHERE id = %s", (accepted["assistant_message_id"],)
+            ).fetchone()
             assert message == ("assistant", "".join(expected))
             assert credits.balance(conn, "alice") == -credits.cost(status["total_tokens"], PRICE)
             keys = {row[0] for row in conn.execute("SELECT key FROM memories WHERE user_id = 'alice'")}
@@ -103,16 +119,27 @@ def test_a_run_streams_to_a_client_that_disconnects_and_resumes(app):
 
 def test_finalize_twice_charges_once_and_enqueues_nothing_new(app):
     make_task(app, "t1", user_id="bob", kind="task", instructions="Summarise the week")
-    with workers(app), serve(app) as base, \
-            httpx.Client(base_url=base, timeout=30, headers=user_key(app, "bob")) as client:
+    with (
+        workers(app),
+        serve(app) as base,
+        httpx.Client(base_url=base, timeout=30, headers=user_key(app, "bob")) as client,
+    ):
         accepted = client.post("/api/tasks/t1/runs", json={"content": "weekly report about invoices"}).json()
-        wait_for(lambda: _round_done(app, "bob", accepted["assistant_message_id"]), timeout=60,
-                 message="the round's charge, memories and index")
+        wait_for(
+            lambda: _round_done(app, "bob", accepted["assistant_message_id"]),
+            timeout=60,
+            message="the round's charge, memories and index",
+        )
         queues = ("critical", "llm", "indexing")
         # A job's outcome is in the database a moment before its ack (acks are batched): let the queues settle.
-        wait_for(lambda: all(app.broker.queue_counts(q).completed_total >= 1 for q in queues)
-                 and all(c.waiting + c.delayed + c.active == 0 for c in map(app.broker.queue_counts, queues)),
-                 timeout=30, message="the round's jobs to be acked")
+        wait_for(
+            lambda: (
+                all(app.broker.queue_counts(q).completed_total >= 1 for q in queues)
+                and all(c.waiting + c.delayed + c.active == 0 for c in map(app.broker.queue_counts, queues))
+            ),
+            timeout=30,
+            message="the round's jobs to be acked",
+        )
         before = {q: app.broker.queue_counts(q).completed_total for q in queues}
 
         payload = RunFinalize(task_id="t1", run_id=accepted["run_id"])
@@ -123,8 +150,11 @@ def test_finalize_twice_charges_once_and_enqueues_nothing_new(app):
 
         def settled():
             counts = [app.broker.queue_counts(q) for q in queues]
-            return all(c.waiting + c.delayed + c.active == 0 for c in counts) and \
-                counts[0].completed_total == before["critical"] + 2
+            return (
+                all(c.waiting + c.delayed + c.active == 0 for c in counts)
+                and counts[0].completed_total == before["critical"] + 2
+            )
+
         wait_for(settled, timeout=30, message="the duplicate finalizes to run")
 
         after = {q: app.broker.queue_counts(q).completed_total for q in queues}
@@ -163,8 +193,11 @@ def _check_4xx(client: httpx.Client) -> None:
 
 def test_a_resource_is_indexed_once_per_version_and_found_by_search(app):
     body = {"user_id": "carol", "title": "Runbook", "body": "Rotate the kafka certificates every quarter. " * 60}
-    with workers(app), serve(app) as base, \
-            httpx.Client(base_url=base, timeout=30, headers=user_key(app, "carol")) as client:
+    with (
+        workers(app),
+        serve(app) as base,
+        httpx.Client(base_url=base, timeout=30, headers=user_key(app, "carol")) as client,
+    ):
         first = client.put("/api/resources/doc1", json=body)
         assert first.status_code == 202
         wait_for(lambda: client.get("/api/resources/doc1").json()["indexed"], timeout=30, message="indexing")

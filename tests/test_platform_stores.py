@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from conveyor.app import App
-from conveyor.limits import build_limits
+from conveyor.platform.limits import build_limits
+from conveyor.platform.streams import build_buffer
 from conveyor.settings import Settings
-from conveyor.streams import build_buffer
 
 
 @pytest.fixture(params=["redis", "postgres", "inline"])
@@ -120,11 +120,13 @@ def test_a_postgres_slot_is_freed_when_its_holder_process_dies(database_url):
 
     app = App(Settings(broker="postgres", database_url=database_url))
     semaphore = build_limits(app).semaphore
-    code = ("import sys, time; from conveyor.app import App; from conveyor.settings import Settings; "
-            "from conveyor.limits import build_limits; "
-            "app = App(Settings(broker='postgres', database_url=sys.argv[1])); "
-            "slot = build_limits(app).semaphore.try_acquire('queue:llm', 1); "
-            "print('held' if slot else 'none', flush=True); time.sleep(60)")
+    code = (
+        "import sys, time; from conveyor.app import App; from conveyor.settings import Settings; "
+        "from conveyor.platform.limits import build_limits; "
+        "app = App(Settings(broker='postgres', database_url=sys.argv[1])); "
+        "slot = build_limits(app).semaphore.try_acquire('queue:llm', 1); "
+        "print('held' if slot else 'none', flush=True); time.sleep(60)"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     holder = subprocess.Popen([sys.executable, "-c", code, database_url], stdout=subprocess.PIPE, text=True, env=env)
     try:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.providers.base import ChatMessage
-from conveyor.providers.local import LocalProvider, reply_chunks
-from conveyor.providers.openai import retry_after
+from conveyor.platform.processors.indexing import chunk_text
+from conveyor.platform.processors.memory import parse_memories
+from conveyor.platform.providers.base import ChatMessage
+from conveyor.platform.providers.local import LocalProvider, reply_chunks
+from conveyor.platform.providers.openai import retry_after
 from conveyor.tasks.faults import chosen
-from conveyor.tasks.processors.indexing import chunk_text
-from conveyor.tasks.processors.memory import parse_memories
 
 CONVERSATION = [ChatMessage("system", "be brief"), ChatMessage("user", "Plan the postgres migration for friday")]
 
@@ -60,8 +60,8 @@ def test_retry_after_reads_seconds_and_falls_back(value, expected):
 
 
 def test_retry_after_reads_an_http_date():
-    from email.utils import formatdate
     import time
+    from email.utils import formatdate
 
     assert 5 <= retry_after(formatdate(time.time() + 10, usegmt=True), 3.0) <= 10
 

@@ -11,13 +11,21 @@ import httpx
 import pytest
 
 from conveyor.app import App
-from conveyor.providers.base import ChatMessage
-from conveyor.providers.local import reply_chunks
-from conveyor.rounds import start_round
+from conveyor.platform.providers.base import ChatMessage
+from conveyor.platform.providers.local import reply_chunks
+from conveyor.platform.rounds import start_round
+from conveyor.platform.streams import buffer_for
 from conveyor.settings import Settings
-from conveyor.streams import buffer_for
-from tests.platform_support import (completed_round, make_task, parse_sse, run_status, serve, stop_process,
-                                    user_key, worker_process)
+from tests.platform_support import (
+    completed_round,
+    make_task,
+    parse_sse,
+    run_status,
+    serve,
+    stop_process,
+    user_key,
+    worker_process,
+)
 from tests.waiting import wait_for
 
 PEAK_SQL = """
@@ -38,22 +46,35 @@ def _env(clean_env, broker, redis_url, database_url, **extra) -> dict:
 
 
 @pytest.mark.parametrize("broker", ["redis", "postgres"])
-def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clean_env, broker, redis_url,
-                                                                            database_url):
+def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clean_env, broker, redis_url, database_url):
     cap, jobs = 2, 8
-    env = _env(clean_env, broker, redis_url, database_url, llm_global_concurrency=cap, local_chunk_delay=0.04,
-               queues__llm__concurrency=2)
+    env = _env(
+        clean_env,
+        broker,
+        redis_url,
+        database_url,
+        llm_global_concurrency=cap,
+        local_chunk_delay=0.04,
+        queues__llm__concurrency=2,
+    )
     app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url))
     for n in range(jobs):
-        message_id = completed_round(app, task_id=f"t{n}", user_id=f"u{n}", question=f"notes about topic{n}",
-                                     answer=f"topic{n}: kept in a notebook")
+        message_id = completed_round(
+            app,
+            task_id=f"t{n}",
+            user_id=f"u{n}",
+            question=f"notes about topic{n}",
+            answer=f"topic{n}: kept in a notebook",
+        )
         app.jobs.enqueue("memory.extraction", {"user_id": f"u{n}", "task_id": f"t{n}", "message_id": message_id})
 
     procs = [worker_process(env, "llm") for _ in range(3)]  # 3 x 2 threads: 6 could run at once
     try:
+
         def extracted():
             with app.pool.connection() as conn:
                 return conn.execute("SELECT count(*) FROM memory_extractions").fetchone()[0] == jobs
+
         wait_for(extracted, timeout=90, message="every extraction")
     finally:
         errors = [stop_process(p) for p in procs]
@@ -69,8 +90,16 @@ def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clea
 
 @pytest.mark.parametrize("broker", ["redis", "postgres"])
 def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_env, broker, redis_url, database_url):
-    env = _env(clean_env, broker, redis_url, database_url, local_chunk_delay=0.08, heartbeat_timeout=2,
-               maintenance_interval=0.3, pg_recovery_seconds=0.3)
+    env = _env(
+        clean_env,
+        broker,
+        redis_url,
+        database_url,
+        local_chunk_delay=0.08,
+        heartbeat_timeout=2,
+        maintenance_interval=0.3,
+        pg_recovery_seconds=0.3,
+    )
     app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url, stream_poll_interval=0.02))
     make_task(app, "t1", user_id="frank")
     content = "Draft the incident review for the outage on tuesday"
@@ -81,8 +110,11 @@ def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_en
     try:
         started = start_round(app, task_id="t1", content=content)
         buffer = buffer_for(app)
-        with serve(app) as base, httpx.Client(base_url=base, timeout=60, headers=user_key(app, "frank")) as client, \
-                client.stream("GET", f"/api/runs/{started.run_id}/stream") as response:
+        with (
+            serve(app) as base,
+            httpx.Client(base_url=base, timeout=60, headers=user_key(app, "frank")) as client,
+            client.stream("GET", f"/api/runs/{started.run_id}/stream") as response,
+        ):
             events = parse_sse(response.iter_lines())
             seen = []
             for event in events:
@@ -110,8 +142,9 @@ def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_en
         run = run_status(app, started.run_id)
         assert run.status == "completed" and run.attempts == 2
         with app.pool.connection() as conn:
-            stored = conn.execute("SELECT content FROM messages WHERE id = %s",
-                                  (started.assistant_message_id,)).fetchone()[0]
+            stored = conn.execute(
+                "SELECT content FROM messages WHERE id = %s", (started.assistant_message_id,)
+            ).fetchone()[0]
         assert stored == "".join(expected)
         assert [e.seq for e in buffer.read_all(started.run_id)] == list(range(1, len(expected) + 2))
     finally:

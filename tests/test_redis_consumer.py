@@ -42,8 +42,10 @@ def test_idle_consumer_is_woken_by_an_enqueue_not_by_its_backoff(app, redis_url)
     thread.start()
     client = redis.Redis.from_url(redis_url)
     try:
-        wait_for(lambda: any(c.get("cmd") == "blpop" for c in client.client_list()),
-                 message="the consumer to block on its wake-up token")
+        wait_for(
+            lambda: any(c.get("cmd") == "blpop" for c in client.client_list()),
+            message="the consumer to block on its wake-up token",
+        )
         ref = app.jobs.enqueue("test.probe.critical", {"token": "wake"})
         wait_for(lambda: received, timeout=20, message="the idle consumer to be woken by the enqueue")
     finally:
@@ -91,7 +93,20 @@ def test_event_line_is_one_json_object_and_plain_handlers_get_its_json_text():
         events.setLevel(old_level)
     line = json.loads(json_out.getvalue())
     assert {k: line[k] for k in ("level", "logger", "event", "queue", "job", "job_id", "attempt", "duration_s")} == {
-        "level": "info", "logger": "conveyor.events", "event": "completed", "queue": "critical",
-        "job": "credit.consume", "job_id": "j1", "attempt": 2, "duration_s": 0.5}
-    assert json.loads(plain_out.getvalue()) == {"event": "completed", "queue": "critical", "job": "credit.consume",
-                                                "job_id": "j1", "attempt": 2, "duration_s": 0.5}
+        "level": "info",
+        "logger": "conveyor.events",
+        "event": "completed",
+        "queue": "critical",
+        "job": "credit.consume",
+        "job_id": "j1",
+        "attempt": 2,
+        "duration_s": 0.5,
+    }
+    assert json.loads(plain_out.getvalue()) == {
+        "event": "completed",
+        "queue": "critical",
+        "job": "credit.consume",
+        "job_id": "j1",
+        "attempt": 2,
+        "duration_s": 0.5,
+    }

@@ -102,8 +102,11 @@ def test_retry_of_a_job_that_fails_while_redis_is_down_is_not_lost(make_app, red
     with running(app, QUEUE):
         wait_for(lambda: probe_runs(database_url, "blip-retry"), message="the job to start")
         _outage(redis_at, 3)  # the job fails while Redis is down: its retry cannot be written then
-        wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=60,
-                 message="the job to complete after its retry")
+        wait_for(
+            lambda: app.broker.get_job(ref.id).state == "completed",
+            timeout=60,
+            message="the job to complete after its retry",
+        )
     runs = probe_runs(database_url, "blip-retry")
     assert [r["attempt"] for r in runs] == [1, 2], "the failed attempt must be retried, not acked as completed"
     assert runs[1]["finished_at"] is not None
@@ -119,8 +122,11 @@ def test_a_job_whose_start_cannot_be_written_does_not_run_until_it_can(make_app,
     try:
         wait_for(lambda: probe_runs(database_url, "blip-start-1"), message="the first job to start")
         down, up = _outage(redis_at, 4)
-        wait_for(lambda: app.broker.get_job(second.id).state == "completed", timeout=60,
-                 message="the second job to run once Redis is back")
+        wait_for(
+            lambda: app.broker.get_job(second.id).state == "completed",
+            timeout=60,
+            message="the second job to run once Redis is back",
+        )
     finally:
         worker.stop()
     runs = probe_runs(database_url, "blip-start-2")
@@ -134,11 +140,13 @@ def test_a_job_whose_start_cannot_be_written_does_not_run_until_it_can(make_app,
 
 
 def test_redis_client_settings_reach_the_connection_pool(make_app):
-    app = make_app(redis_socket_timeout=1.5, redis_connect_timeout=2.5, redis_health_check_interval=7,
-                   redis_retries=2)
+    app = make_app(redis_socket_timeout=1.5, redis_connect_timeout=2.5, redis_health_check_interval=7, redis_retries=2)
     kwargs = app.broker.client.connection_pool.connection_kwargs
-    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"], kwargs["health_check_interval"]) == \
-        (1.5, 2.5, 7)
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"], kwargs["health_check_interval"]) == (
+        1.5,
+        2.5,
+        7,
+    )
     assert kwargs["retry"].get_retries() == 2
 
 
@@ -150,8 +158,11 @@ def test_a_final_failure_that_times_out_is_written_later_and_its_hook_runs_once(
     with running(app, QUEUE):
         wait_for(lambda: probe_runs(database_url, "paused-nack"), message="the job to start")
         client.execute_command("CLIENT", "PAUSE", 3500, "ALL")
-        wait_for(lambda: reader.broker.get_job(ref.id).state == "failed", timeout=60,
-                 message="the failure to be written once Redis answers")
+        wait_for(
+            lambda: reader.broker.get_job(ref.id).state == "failed",
+            timeout=60,
+            message="the failure to be written once Redis answers",
+        )
         wait_for(lambda: probe_dead(database_url), timeout=30, message="the final-failure hook")
     assert [d["token"] for d in probe_dead(database_url)] == ["paused-nack"]
     assert len(probe_runs(database_url, "paused-nack")) == 1
@@ -182,8 +193,11 @@ def test_delayed_job_held_by_a_replaced_consumer_runs_while_its_worker_lives(mak
             wait_for(lambda: _acks_members(c, ns), message="the delay-queue consumer to fetch the delayed job")
         # Longer than the client's reconnect retries: the consumers fail and Dramatiq replaces them.
         _outage(redis_at, 4)
-        wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=30,
-                 message="the delayed job to run while its worker lives")
+        wait_for(
+            lambda: app.broker.get_job(ref.id).state == "completed",
+            timeout=30,
+            message="the delayed job to run while its worker lives",
+        )
     assert len(probe_runs(database_url, "stranded")) == 1
     with redis.Redis.from_url(redis_at.url) as c:
         assert not _acks_members(c, ns), "a stopped worker holds nothing"
@@ -226,15 +240,17 @@ def test_a_fetch_whose_reply_was_lost_is_handed_back_by_the_release_pass(make_ap
 # -- 4. server clock and the delivery fence ----------------------------------------------
 
 
-def test_a_worker_whose_clock_is_an_hour_behind_is_not_declared_dead_while_it_works(make_app, workers,
-                                                                                   database_url, tmp_path):
+def test_a_worker_whose_clock_is_an_hour_behind_is_not_declared_dead_while_it_works(
+    make_app, workers, database_url, tmp_path
+):
     app = make_app()
     ref = app.jobs.enqueue(JOB, {"token": "skewed", "sleep": 5})
     # The worker's wall clock (time.time, all the broker could read) runs an hour behind the server's.
     (tmp_path / "skew").mkdir()
     (tmp_path / "skew" / "sitecustomize.py").write_text(
         "import time\n_real, _real_ns = time.time, time.time_ns\n"
-        "time.time = lambda: _real() - 3600\ntime.time_ns = lambda: _real_ns() - 3600 * 10**9\n")
+        "time.time = lambda: _real() - 3600\ntime.time_ns = lambda: _real_ns() - 3600 * 10**9\n"
+    )
     worker = workers(QUEUE, PYTHONPATH=f"{tmp_path / 'skew'}{os.pathsep}{ROOT}")
     wait_for(lambda: probe_runs(database_url, "skewed"), timeout=60, message="the skewed worker to start the job")
     recovered = []
@@ -285,12 +301,20 @@ def test_a_delayed_job_promoted_by_a_worker_that_died_before_its_ack_runs_once(m
     del due.options["eta"]
     a.broker.enqueue(due)  # the promotion; the worker dies before it acks the delay queue
     with running(b, QUEUE):
-        wait_for(lambda: not client.zscore(f"{ns}:__heartbeats__", a.broker.broker_id), timeout=30,
-                 message="the dead worker to be recovered")
-        wait_for(lambda: client.llen(f"{ns}:{QUEUE}.DQ") == client.llen(f"{ns}:{QUEUE}") == 0
-                 and not _acks_members(client, ns)
-                 and all(r["finished_at"] for r in probe_runs(database_url, "promoted")),
-                 timeout=30, message="every copy of the job to have run")
+        wait_for(
+            lambda: not client.zscore(f"{ns}:__heartbeats__", a.broker.broker_id),
+            timeout=30,
+            message="the dead worker to be recovered",
+        )
+        wait_for(
+            lambda: (
+                client.llen(f"{ns}:{QUEUE}.DQ") == client.llen(f"{ns}:{QUEUE}") == 0
+                and not _acks_members(client, ns)
+                and all(r["finished_at"] for r in probe_runs(database_url, "promoted"))
+            ),
+            timeout=30,
+            message="every copy of the job to have run",
+        )
     assert len(probe_runs(database_url, "promoted")) == 1
 
 
@@ -301,8 +325,11 @@ def test_a_message_from_an_older_producer_runs_once_and_ends(make_app, client, d
     client.hset(f"{ns}:{QUEUE}.msgs", "old-rid", message.encode())  # no redis_message_id, no job record
     client.rpush(f"{ns}:{QUEUE}", "old-rid")
     with running(app, QUEUE):
-        wait_for(lambda: (r := app.broker.get_job(message.message_id)) and r.state == "completed", timeout=30,
-                 message="the older producer's job to complete")
+        wait_for(
+            lambda: (r := app.broker.get_job(message.message_id)) and r.state == "completed",
+            timeout=30,
+            message="the older producer's job to complete",
+        )
     with running(app, QUEUE):  # a restart must not run it again
         time.sleep(0.5)
     assert len(probe_runs(database_url, "old-producer")) == 1
@@ -321,7 +348,7 @@ def test_redis_without_persistence_or_with_eviction_is_named(database_url, clean
             assert len(warnings) == 2
             assert any("appendonly no" in w for w in warnings)
             assert any("allkeys-lru" in w for w in warnings)
-            from conveyor.brokers.middleware.metrics import QueueCollector
+            from conveyor.middleware.metrics import QueueCollector
 
             families = {f.name: f for f in QueueCollector(app).collect()}
             samples = {s.labels["reason"]: s.value for s in families["conveyor_broker_config_warning"].samples}
@@ -459,14 +486,20 @@ def test_a_start_or_final_failure_claim_repeated_after_a_lost_reply_counts_once(
 
 
 def test_a_supervised_worker_cut_off_from_redis_exits_instead_of_running_beside_the_next_delivery(
-        make_app, workers, client, database_url):
+    make_app, workers, client, database_url
+):
     app = make_app()
     ref = app.jobs.enqueue(JOB, {"token": "cut-off-process", "sleep": 4})
     worker = workers(QUEUE)
     wait_for(lambda: probe_runs(database_url, "cut-off-process"), timeout=60, message="the job to start")
-    client.execute_command("CLIENT", "PAUSE", 3000, "ALL")  # longer than the self-fence threshold (0.6 of the 2 s heartbeat timeout)
-    wait_for(lambda: app.broker.get_job(ref.id).state == "completed", timeout=90,
-             message="the job to complete after the worker process restarted")
+    client.execute_command(
+        "CLIENT", "PAUSE", 3000, "ALL"
+    )  # longer than the self-fence threshold (0.6 of the 2 s heartbeat timeout)
+    wait_for(
+        lambda: app.broker.get_job(ref.id).state == "completed",
+        timeout=90,
+        message="the job to complete after the worker process restarted",
+    )
     runs = probe_runs(database_url, "cut-off-process")
     assert runs[0]["finished_at"] is None, "the cut-off run went on to its end"
     assert any(e.get("exitcode") == 75 for e in worker.events("worker_died"))

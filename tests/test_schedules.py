@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from conveyor.errors import InvalidSchedule, ScheduleNotFound
-from conveyor.scheduling.cron import Cron
-from conveyor.scheduling.scheduler import Scheduler, fire_key
-from conveyor.scheduling.schedules import Schedules
+from conveyor.platform.scheduling.cron import Cron
+from conveyor.platform.scheduling.scheduler import Scheduler, fire_key
+from conveyor.platform.scheduling.schedules import Schedules
 from tests.harness import running
 from tests.sched_jobs import any_broker_app, make_app, runs  # noqa: F401 (fixture)
 from tests.waiting import wait_for
@@ -66,8 +66,9 @@ def test_two_schedulers_racing_fire_each_occurrence_once(apps, database_url, req
     redis_url = request.getfixturevalue("redis_url") if broker == "redis" else None
     first, second = apps(database_url, redis_url, broker=broker), apps(database_url, redis_url, broker=broker)
     schedules = Schedules(first)
-    ids = [schedules.create(cron="* * * * *", job="test.record", payload={"note": f"s{i}"}, now=T0).id
-           for i in range(30)]
+    ids = [
+        schedules.create(cron="* * * * *", job="test.record", payload={"note": f"s{i}"}, now=T0).id for i in range(30)
+    ]
     minutes = 5
     fired = []
     for minute in range(1, minutes + 1):
@@ -106,10 +107,12 @@ def test_downtime_catch_up_follows_each_schedules_misfire_policy(apps, database_
     app = apps(database_url)
     schedules = Schedules(app)
     once = schedules.create(cron="*/5 * * * *", job="test.record", payload={"note": "once"}, now=T0)
-    skip = schedules.create(cron="*/5 * * * *", job="test.record", payload={"note": "skip"}, now=T0,
-                            misfire_policy="skip")
-    every = schedules.create(cron="*/5 * * * *", job="test.record", payload={"note": "all"}, now=T0,
-                             misfire_policy="all")
+    skip = schedules.create(
+        cron="*/5 * * * *", job="test.record", payload={"note": "skip"}, now=T0, misfire_policy="skip"
+    )
+    every = schedules.create(
+        cron="*/5 * * * *", job="test.record", payload={"note": "all"}, now=T0, misfire_policy="all"
+    )
     scheduler = Scheduler(app)
 
     # Down from 09:00 to 10:02: twelve occurrences (09:05 ... 10:00) were missed.
@@ -134,10 +137,12 @@ def test_dst_zone_fires_each_wall_time_once_across_both_changes(apps, database_u
     app = apps(database_url)
     schedules = Schedules(app)
     start = datetime(2024, 10, 26, 12, 0, tzinfo=UTC)
-    daily = schedules.create(cron="30 2 * * *", timezone="Europe/Berlin", job="test.record",
-                             payload={"note": "daily"}, now=start)
-    hourly = schedules.create(cron="0 * * * *", timezone="Europe/Berlin", job="test.record",
-                              payload={"note": "hourly"}, now=start)
+    daily = schedules.create(
+        cron="30 2 * * *", timezone="Europe/Berlin", job="test.record", payload={"note": "daily"}, now=start
+    )
+    hourly = schedules.create(
+        cron="0 * * * *", timezone="Europe/Berlin", job="test.record", payload={"note": "hourly"}, now=start
+    )
     scheduler = Scheduler(app)
     fired = []
     now = start
@@ -174,8 +179,15 @@ def test_schedule_fire_enqueues_the_job_and_skips_paused_or_deleted_schedules(an
     schedules.delete(gone.id)
     caplog.set_level(logging.INFO, logger="conveyor.events")
     with running(app, "scheduling", "indexing"):
-        wait_for(lambda: runs(app) == [{"note": "live"}] and len(schedules.fires(paused.id)) == 1
-                 and len(_events(caplog, "skipped")) == 2, timeout=20, message="fires handled")
+        wait_for(
+            lambda: (
+                runs(app) == [{"note": "live"}]
+                and len(schedules.fires(paused.id)) == 1
+                and len(_events(caplog, "skipped")) == 2
+            ),
+            timeout=20,
+            message="fires handled",
+        )
     (live_fire,) = schedules.fires(live.id)
     assert live_fire["status"] == "enqueued" and live_fire["fire_time"] == T0 + timedelta(minutes=1)
     (paused_fire,) = schedules.fires(paused.id)

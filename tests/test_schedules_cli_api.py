@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from conveyor.scheduling.schedules import Schedules
+from conveyor.platform.scheduling.schedules import Schedules
 from tests.obs_support import api_server
 from tests.sched_jobs import make_app, runs
 
@@ -18,20 +18,45 @@ def conveyor(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "conveyor", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_schedules_cli_creates_lists_pauses_resumes_deletes_and_the_scheduler_fires(database_url, redis_url,
-                                                                                     clean_env):
-    for name, value in {"DATABASE_URL": database_url, "REDIS_URL": redis_url, "CONVEYOR_BROKER": "redis",
-                        "CONVEYOR_IMPORTS": "tests.sched_jobs"}.items():
+def test_schedules_cli_creates_lists_pauses_resumes_deletes_and_the_scheduler_fires(database_url, redis_url, clean_env):
+    for name, value in {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "CONVEYOR_BROKER": "redis",
+        "CONVEYOR_IMPORTS": "tests.sched_jobs",
+    }.items():
         clean_env.setenv(name, value)
     bad = conveyor("schedules", "create", "--cron", "*/5 * * *", "--job", "test.record", "--payload", '{"note": "x"}')
     assert bad.returncode == 2 and "must have 5 fields" in bad.stderr
-    bad = conveyor("schedules", "create", "--cron", "0 9 * * *", "--timezone", "Europe/Atlantis",
-                   "--job", "test.record", "--payload", '{"note": "x"}')
+    bad = conveyor(
+        "schedules",
+        "create",
+        "--cron",
+        "0 9 * * *",
+        "--timezone",
+        "Europe/Atlantis",
+        "--job",
+        "test.record",
+        "--payload",
+        '{"note": "x"}',
+    )
     assert bad.returncode == 2 and "unknown time zone 'Europe/Atlantis'" in bad.stderr
 
     # Yearly, so the wall clock cannot bring a second occurrence due while the test runs.
-    made = conveyor("schedules", "create", "--cron", "0 0 1 1 *", "--timezone", "Europe/Berlin", "--name", "yearly",
-                    "--job", "test.record", "--payload", '{"note": "cli"}')
+    made = conveyor(
+        "schedules",
+        "create",
+        "--cron",
+        "0 0 1 1 *",
+        "--timezone",
+        "Europe/Berlin",
+        "--name",
+        "yearly",
+        "--job",
+        "test.record",
+        "--payload",
+        '{"note": "cli"}',
+    )
     assert made.returncode == 0, made.stderr
     schedule = json.loads(made.stdout)
     assert (schedule["name"], schedule["enabled"], schedule["misfire_policy"]) == ("yearly", True, "once")
@@ -66,12 +91,21 @@ def test_schedule_routes_need_the_admin_token_and_give_clear_errors(database_url
         client = stack.enter_context(httpx.Client(base_url=stack.enter_context(api_server(app)), timeout=30))
         assert client.get("/api/schedules").status_code == 401
         assert client.get("/api/schedules", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        bad = client.post("/api/schedules", headers=auth, json={"cron": "0 25 * * *", "job": "test.record",
-                                                                "payload": {"note": "x"}})
+        bad = client.post(
+            "/api/schedules", headers=auth, json={"cron": "0 25 * * *", "job": "test.record", "payload": {"note": "x"}}
+        )
         assert bad.status_code == 422 and "invalid cron expression '0 25 * * *'" in bad.json()["detail"]
-        created = client.post("/api/schedules", headers=auth, json={
-            "cron": "@daily", "timezone": "America/New_York", "job": "test.record", "payload": {"note": "api"},
-            "misfire_policy": "skip"})
+        created = client.post(
+            "/api/schedules",
+            headers=auth,
+            json={
+                "cron": "@daily",
+                "timezone": "America/New_York",
+                "job": "test.record",
+                "payload": {"note": "api"},
+                "misfire_policy": "skip",
+            },
+        )
         assert created.status_code == 201
         sid = created.json()["id"]
         assert [s["id"] for s in client.get("/api/schedules", headers=auth).json()] == [sid]
@@ -93,16 +127,20 @@ def test_schedule_routes_need_the_admin_token_and_give_clear_errors(database_url
         closed.close()
 
 
-def test_two_scheduler_processes_fire_each_due_occurrence_once_and_stop_on_sigterm(database_url, redis_url,
-                                                                                  clean_env):
+def test_two_scheduler_processes_fire_each_due_occurrence_once_and_stop_on_sigterm(database_url, redis_url, clean_env):
     import signal
     import tempfile
     from pathlib import Path
 
     from tests.waiting import wait_for
 
-    for name, value in {"DATABASE_URL": database_url, "REDIS_URL": redis_url, "CONVEYOR_BROKER": "redis",
-                        "CONVEYOR_IMPORTS": "tests.sched_jobs", "CONVEYOR_SCHEDULER_INTERVAL": "0.05"}.items():
+    for name, value in {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "CONVEYOR_BROKER": "redis",
+        "CONVEYOR_IMPORTS": "tests.sched_jobs",
+        "CONVEYOR_SCHEDULER_INTERVAL": "0.05",
+    }.items():
         clean_env.setenv(name, value)
     app = make_app(database_url, redis_url)
     schedules = Schedules(app)
@@ -110,11 +148,16 @@ def test_two_scheduler_processes_fire_each_due_occurrence_once_and_stop_on_sigte
         schedules.create(cron="0 0 1 1 *", job="test.record", payload={"note": f"n{i}"})
     logs = [Path(tempfile.mkstemp(prefix="conveyor-scheduler-")[1]) for _ in range(2)]
     handles = [log.open("wb") for log in logs]
-    procs = [subprocess.Popen([sys.executable, "-m", "conveyor", "scheduler"], stdout=subprocess.DEVNULL,
-                              stderr=handle) for handle in handles]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "conveyor", "scheduler"], stdout=subprocess.DEVNULL, stderr=handle)
+        for handle in handles
+    ]
     try:
-        wait_for(lambda: all("scheduler_started" in log.read_text() for log in logs), timeout=60,
-                 message="both schedulers running")
+        wait_for(
+            lambda: all("scheduler_started" in log.read_text() for log in logs),
+            timeout=60,
+            message="both schedulers running",
+        )
         # Both are passing over the table; make every schedule due at once.
         with app.pool.connection() as conn:
             conn.execute("UPDATE schedules SET next_fire_at = now() - interval '1 second'")
@@ -143,9 +186,15 @@ def test_conveyor_up_runs_the_scheduler_with_the_workers(database_url, redis_url
 
     from tests.waiting import wait_for
 
-    for name, value in {"DATABASE_URL": database_url, "REDIS_URL": redis_url, "CONVEYOR_BROKER": "redis",
-                        "CONVEYOR_IMPORTS": "tests.sched_jobs", "CONVEYOR_SCHEDULER_INTERVAL": "0.1",
-                        "CONVEYOR_METRICS_PORT": "0", "CONVEYOR_SHUTDOWN_TIMEOUT": "10"}.items():
+    for name, value in {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "CONVEYOR_BROKER": "redis",
+        "CONVEYOR_IMPORTS": "tests.sched_jobs",
+        "CONVEYOR_SCHEDULER_INTERVAL": "0.1",
+        "CONVEYOR_METRICS_PORT": "0",
+        "CONVEYOR_SHUTDOWN_TIMEOUT": "10",
+    }.items():
         clean_env.setenv(name, value)
     app = make_app(database_url, redis_url)
     schedule = Schedules(app).create(cron="0 0 1 1 *", job="test.record", payload={"note": "from-up"})
@@ -153,11 +202,15 @@ def test_conveyor_up_runs_the_scheduler_with_the_workers(database_url, redis_url
         conn.execute("UPDATE schedules SET next_fire_at = now() - interval '1 second'")
     log = Path(tempfile.mkstemp(prefix="conveyor-up-")[1])
     with log.open("wb") as out:
-        up = subprocess.Popen([sys.executable, "-m", "conveyor", "up", "--port", "0"], stdout=subprocess.DEVNULL,
-                              stderr=out)
+        up = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", "up", "--port", "0"], stdout=subprocess.DEVNULL, stderr=out
+        )
         try:
-            wait_for(lambda: runs(app) == [{"note": "from-up"}], timeout=90,
-                     message="the schedule's job to run under conveyor up")
+            wait_for(
+                lambda: runs(app) == [{"note": "from-up"}],
+                timeout=90,
+                message="the schedule's job to run under conveyor up",
+            )
             assert Schedules(app).fires(schedule.id)[0]["status"] == "enqueued"
         finally:
             up.send_signal(signal.SIGTERM)

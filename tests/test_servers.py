@@ -131,8 +131,7 @@ def test_drop_database_ends_open_sessions(pg_server, make_database):
 
 def test_postgres_start_failure_quotes_the_server_log():
     with pytest.raises(ServerStartError, match="max_connections"):
-        PostgresServer(tempfile.mkdtemp(prefix="conveyor-pg-bad-"),
-                       settings={"max_connections": "not-a-number"})
+        PostgresServer(tempfile.mkdtemp(prefix="conveyor-pg-bad-"), settings={"max_connections": "not-a-number"})
 
 
 # -- one database per test ----------------------------------------------------

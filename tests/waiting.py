@@ -9,8 +9,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 30, interval: float = 0.05,
-             message: str = "") -> T:
+def wait_for(predicate: Callable[[], T], timeout: float = 30, interval: float = 0.05, message: str = "") -> T:
     """Call `predicate` until it returns something truthy, and return that.
 
     Raises AssertionError naming `message` (or the predicate) if it is still

@@ -66,10 +66,21 @@ class CeleryRedis(Peer):
             go.wait()
 
         worker_init.connect(hold, weak=False)
-        app.worker_main([
-            "worker", "--pool=threads", f"--concurrency={threads}", "-Q", QUEUE, "--loglevel=WARNING",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"bench{os.getpid()}@localhost",
-        ])
+        app.worker_main(
+            [
+                "worker",
+                "--pool=threads",
+                f"--concurrency={threads}",
+                "-Q",
+                QUEUE,
+                "--loglevel=WARNING",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-n",
+                f"bench{os.getpid()}@localhost",
+            ]
+        )
 
     def describe(self) -> str:
         return "Celery worker --pool=threads, defaults (early ack, prefetch x4), results ignored"

@@ -90,7 +90,7 @@ class ConveyorProducer(Producer):
 
     def enqueue_bulk(self, payloads: list[dict]) -> None:
         for start in range(0, len(payloads), BULK_CHUNK):
-            self.app.jobs.enqueue_many([self._request(p) for p in payloads[start:start + BULK_CHUNK]])
+            self.app.jobs.enqueue_many([self._request(p) for p in payloads[start : start + BULK_CHUNK]])
 
     def send(self, payload: dict) -> None:
         request = self._request(payload)
@@ -108,8 +108,13 @@ class ConveyorRedis(Peer):
 
     def setup(self, servers, tag: str) -> dict:
         servers.flush_redis()
-        return {"broker": "redis", "redis_url": servers.redis_url, "database_url": servers.admin_url,
-                "run_dir": str(servers.run_dir), "tag": tag}
+        return {
+            "broker": "redis",
+            "redis_url": servers.redis_url,
+            "database_url": servers.admin_url,
+            "run_dir": str(servers.run_dir),
+            "tag": tag,
+        }
 
     def producer(self, env: dict) -> Producer:
         return ConveyorProducer(env)
@@ -120,8 +125,10 @@ class ConveyorRedis(Peer):
         serve_conveyor(env, QUEUE, threads, ready, go)
 
     def describe(self) -> str:
-        return ("conveyor ProcessWorker, full middleware, JSON event logs at INFO to a file, "
-                "every job enqueued with a dedup key")
+        return (
+            "conveyor ProcessWorker, full middleware, JSON event logs at INFO to a file, "
+            "every job enqueued with a dedup key"
+        )
 
 
 class ConveyorPostgres(ConveyorRedis):
@@ -136,7 +143,7 @@ class ConveyorPostgres(ConveyorRedis):
         return None
 
     def setup(self, servers, tag: str) -> dict:
-        from conveyor.ledger.migrate import migrate
+        from conveyor.schema.migrate import migrate
 
         url = servers.fresh_database("conveyor")
         migrate(url)

@@ -34,7 +34,7 @@ class ProcrastinateProducer(Producer):
 
     def enqueue_bulk(self, payloads: list[dict]) -> None:
         for start in range(0, len(payloads), 500):
-            self.task.batch_defer(*payloads[start:start + 500])
+            self.task.batch_defer(*payloads[start : start + 500])
 
     def send(self, payload: dict) -> None:
         self.task.defer(**payload)

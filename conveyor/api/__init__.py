@@ -4,6 +4,6 @@
 the routers listed in :data:`~conveyor.api.app.ROUTERS`.
 """
 
-from .app import ROUTERS, create_app
+from conveyor.api.app import ROUTERS, create_app
 
 __all__ = ["ROUTERS", "create_app"]

@@ -14,13 +14,19 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from .auth import require_admin
-from .deps import CursorQuery, NamePath, NameQuery, inspector
-from .inspector import MAX_PAGE, Inspector
+from conveyor.api.auth import require_admin
+from conveyor.api.deps import CursorQuery, NamePath, NameQuery, inspector
+from conveyor.api.inspector import MAX_PAGE, Inspector
 
-router = APIRouter(prefix="/api/admin", tags=["admin"], dependencies=[Depends(require_admin)],
-                   responses={401: {"description": "no valid admin token"},
-                              403: {"description": "closed: CONVEYOR_ADMIN_TOKEN is not set"}})
+router = APIRouter(
+    prefix="/api/admin",
+    tags=["admin"],
+    dependencies=[Depends(require_admin)],
+    responses={
+        401: {"description": "no valid admin token"},
+        403: {"description": "closed: CONVEYOR_ADMIN_TOKEN is not set"},
+    },
+)
 
 State = Literal["waiting", "delayed", "active", "completed", "failed"]
 
@@ -40,7 +46,6 @@ class QueueMetrics(_Out):
     completed_total: int
     failed_total: int
     paused: bool
-
 
 
 class Attempt(_Out):
@@ -83,7 +88,6 @@ class Job(_Out):
     history: list[Attempt] = []
 
 
-
 class JobList(_Out):
     """A page of jobs, newest first; pass ``nextCursor`` as ``cursor`` for the next page (null: last page)."""
 
@@ -91,7 +95,6 @@ class JobList(_Out):
     state: State
     jobs: list[Job]
     next_cursor: str | None
-
 
 
 class Worker(_Out):
@@ -134,9 +137,14 @@ def queue_metrics(inspect: Inspector = Depends(inspector)) -> dict[str, QueueMet
 
 
 @router.get("/jobs", response_model=JobList, summary="Jobs of a queue in a state, newest first")
-def list_jobs(queue: NameQuery, state: State, limit: int = Query(50, ge=1, le=MAX_PAGE), cursor: CursorQuery = None,
-              job: str | None = Query(None, max_length=200, description="only jobs of this type"),
-              inspect: Inspector = Depends(inspector)) -> JobList:
+def list_jobs(
+    queue: NameQuery,
+    state: State,
+    limit: int = Query(50, ge=1, le=MAX_PAGE),
+    cursor: CursorQuery = None,
+    job: str | None = Query(None, max_length=200, description="only jobs of this type"),
+    inspect: Inspector = Depends(inspector),
+) -> JobList:
     return JobList.model_validate(inspect.jobs(queue, state, limit=limit, cursor=cursor, job=job))
 
 

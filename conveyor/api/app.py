@@ -10,20 +10,20 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from . import errors
-from .guard import Guard
+from conveyor.api import errors
+from conveyor.api.guard import Guard
 
 if TYPE_CHECKING:
-    from ..app import App
+    from conveyor.app import App
 
 #: Routers, as ``"module:attribute"``, included in this order. Adding an area
 #: (agent runs, schedules) is one line here; its module defines an ``APIRouter``
 #: and reaches the conveyor App through :func:`conveyor.api.deps.conveyor_app`.
 ROUTERS = (
-    "conveyor.api.runs:router",
-    "conveyor.api.resources:router",
-    "conveyor.api.schedules:router",
-    "conveyor.api.builds:router",
+    "conveyor.platform.api.runs:router",
+    "conveyor.platform.api.resources:router",
+    "conveyor.platform.api.schedules:router",
+    "conveyor.platform.api.builds:router",
     "conveyor.api.admin:router",
     "conveyor.api.dashboard:router",
     "conveyor.api.metrics:router",
@@ -54,8 +54,11 @@ a body over `CONVEYOR_API_MAX_BODY_BYTES` answers 413 (an upload: over `CONVEYOR
 TAGS = [
     {"name": "runs", "description": "Producer: a user's API key (userKey); your own tasks, runs and streams only."},
     {"name": "resources", "description": "Producer: a user's API key (userKey); your own resources only."},
-    {"name": "builds", "description": "A user's API key (your own builds only) or the admin token (every build); "
-                                      "deployments: admin token."},
+    {
+        "name": "builds",
+        "description": "A user's API key (your own builds only) or the admin token (every build); "
+        "deployments: admin token.",
+    },
     {"name": "schedules", "description": "Admin token (adminToken): a schedule can enqueue any job."},
     {"name": "admin", "description": "Admin token (adminToken): queues and jobs of every user."},
     {"name": "metrics", "description": "Open: counts and names only, for Prometheus."},
@@ -64,14 +67,13 @@ TAGS = [
 
 def field_errors(errors) -> list[dict]:
     """Validation errors as field and problem only: pydantic's ``input`` (and ``ctx``) would echo the request."""
-    return [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))[:MAX_MSG_CHARS]}
-            for err in errors]
+    return [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))[:MAX_MSG_CHARS]} for err in errors]
 
 
 def create_app(app: "App") -> FastAPI:
     """The HTTP application of ``app``. The caller owns ``app`` and closes it."""
-    from ..version import __version__
-    from .dashboard import STATIC_DIR, STATIC_PATH, StaticAssets
+    from conveyor.api.dashboard import STATIC_DIR, STATIC_PATH, StaticAssets
+    from conveyor.version import __version__
 
     api = FastAPI(title="conveyor", version=__version__, description=DESCRIPTION, openapi_tags=TAGS)
     api.state.conveyor = app

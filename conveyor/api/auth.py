@@ -33,8 +33,8 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from .. import access
-from . import sessions
+from conveyor import access
+from conveyor.api import sessions
 
 #: The dashboard's session cookie.
 COOKIE = "conveyor_admin"
@@ -90,19 +90,28 @@ def require_admin(request: Request, _: AdminToken) -> None:
     if access is Access.CLOSED:
         raise HTTPException(403, "admin routes are closed: CONVEYOR_ADMIN_TOKEN is not set")
     if access is Access.DENIED:
-        raise HTTPException(401, "a valid admin token is required (Authorization: Bearer <token>)",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401,
+            "a valid admin token is required (Authorization: Bearer <token>)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 # -- producer routes: a user's API key -------------------------------------------
 
 #: The producer routes' security scheme in the OpenAPI document.
-user_key_scheme = HTTPBearer(scheme_name="userKey", auto_error=False,
-                             description="A user's API key (`conveyor keys create USER`): cvk_<id>_<secret>.")
+user_key_scheme = HTTPBearer(
+    scheme_name="userKey",
+    auto_error=False,
+    description="A user's API key (`conveyor keys create USER`): cvk_<id>_<secret>.",
+)
 
 #: The admin routes' security scheme in the OpenAPI document.
-admin_token_scheme = HTTPBearer(scheme_name="adminToken", auto_error=False,
-                                description="CONVEYOR_ADMIN_TOKEN (the dashboard signs in with it once).")
+admin_token_scheme = HTTPBearer(
+    scheme_name="adminToken",
+    auto_error=False,
+    description="CONVEYOR_ADMIN_TOKEN (the dashboard signs in with it once).",
+)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import parse_qs, quote
@@ -34,12 +34,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from ..brokers.base import JOB_STATES
-from ..errors import JobNotFound, UnknownQueue
-from . import sessions
-from .auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret
-from .deps import CursorQuery, NamePath, inspector
-from .inspector import Inspector
+from conveyor.api import sessions
+from conveyor.api.auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret
+from conveyor.api.deps import CursorQuery, NamePath, inspector
+from conveyor.api.inspector import Inspector
+from conveyor.brokers.base import JOB_STATES
+from conveyor.errors import JobNotFound, UnknownQueue
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
 
@@ -61,7 +61,7 @@ _templates = Environment(
 def _datetime(ts: float | None) -> str:
     if not ts:
         return "–"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _duration(seconds: float | None) -> str:
@@ -98,12 +98,14 @@ class StaticAssets(StaticFiles):
         return response
 
 
-def _page(name: str, status: int = 200, request: Request | None = None, headers: dict | None = None,
-          **context) -> HTMLResponse:
+def _page(
+    name: str, status: int = 200, request: Request | None = None, headers: dict | None = None, **context
+) -> HTMLResponse:
     """A page; given the ``request``, its sign-out form carries the session's CSRF token."""
     cookie = request.cookies.get(COOKIE) if request is not None else None
-    html = _templates.get_template(name).render(csrf_token=sessions.csrf_token(cookie) if cookie else "",
-                                                static=STATIC_PATH, **context)
+    html = _templates.get_template(name).render(
+        csrf_token=sessions.csrf_token(cookie) if cookie else "", static=STATIC_PATH, **context
+    )
     return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store", **(headers or {})})
 
 
@@ -114,8 +116,11 @@ def _live_page(request: Request, name: str, *, follow: bool = True, **context) -
         return _page(name, request=request, **context)
     template = _templates.get_template(name)
     ctx = template.new_context(context)
-    regions = {block[len("live_"):]: "".join(render(ctx)) for block, render in template.blocks.items()
-               if block.startswith("live_")}
+    regions = {
+        block[len("live_") :]: "".join(render(ctx))
+        for block, render in template.blocks.items()
+        if block.startswith("live_")
+    }
     return JSONResponse({"regions": regions, "follow": follow}, headers={"Cache-Control": "no-store"})
 
 
@@ -152,15 +157,28 @@ async def login(request: Request) -> Response:
     app, client = request.app.state.conveyor, _client(request)
     if await run_in_threadpool(sessions.throttled, app, client):
         window = int(app.settings.admin_login_window)
-        return _page("login.html", 429, title="Sign in", next=target, headers={"Retry-After": str(window)},
-                     error="Too many wrong tokens from this address: try again in a minute.")
+        return _page(
+            "login.html",
+            429,
+            title="Sign in",
+            next=target,
+            headers={"Retry-After": str(window)},
+            error="Too many wrong tokens from this address: try again in a minute.",
+        )
     if not same_secret(given, token):
         await run_in_threadpool(sessions.record_failure, app, client)
         return _page("login.html", 401, title="Sign in", next=target, error="That token is not the admin token.")
     cookie = await run_in_threadpool(sessions.open_session, app, client)
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(COOKIE, cookie, httponly=True, samesite="strict", path="/",
-                        max_age=int(app.settings.admin_session_seconds), secure=request.url.scheme == "https")
+    response.set_cookie(
+        COOKIE,
+        cookie,
+        httponly=True,
+        samesite="strict",
+        path="/",
+        max_age=int(app.settings.admin_session_seconds),
+        secure=request.url.scheme == "https",
+    )
     return response
 
 
@@ -183,19 +201,35 @@ async def logout(request: Request) -> Response:
 def queues(request: Request, inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
-    return _live_page(request, "queues.html", title="Queues", queues=inspect.queues(),
-                      broker=inspect.app.settings.broker_name, config_warnings=inspect.config_warnings())
+    return _live_page(
+        request,
+        "queues.html",
+        title="Queues",
+        queues=inspect.queues(),
+        broker=inspect.app.settings.broker_name,
+        config_warnings=inspect.config_warnings(),
+    )
 
 
 @router.get("/queues/{queue}", response_class=HTMLResponse)
-def queue(request: Request, queue: NamePath, state: Annotated[str, Query(max_length=20)] = "waiting",
-          cursor: CursorQuery = None, job: Annotated[str | None, Query(max_length=200)] = None,
-          inspect: Inspector = Depends(inspector)) -> Response:
+def queue(
+    request: Request,
+    queue: NamePath,
+    state: Annotated[str, Query(max_length=20)] = "waiting",
+    cursor: CursorQuery = None,
+    job: Annotated[str | None, Query(max_length=200)] = None,
+    inspect: Inspector = Depends(inspector),
+) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
     if state not in JOB_STATES:
-        return _page("missing.html", 400, request=request, title="Bad request",
-                     message=f"state is one of {', '.join(JOB_STATES)}")
+        return _page(
+            "missing.html",
+            400,
+            request=request,
+            title="Bad request",
+            message=f"state is one of {', '.join(JOB_STATES)}",
+        )
     job_names = sorted(t.name for t in inspect.app.job_types.values() if t.queue == queue)
     if job not in job_names:
         job = None  # an unknown job type filters nothing (and is not echoed)
@@ -205,8 +239,13 @@ def queue(request: Request, queue: NamePath, state: Annotated[str, Query(max_len
     except UnknownQueue as exc:
         return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
     except ValueError:
-        return _page("missing.html", 400, request=request, title="Bad request",
-                     message="cursor: not a page of this dashboard; start again from the queue's first page")
+        return _page(
+            "missing.html",
+            400,
+            request=request,
+            title="Bad request",
+            message="cursor: not a page of this dashboard; start again from the queue's first page",
+        )
     return _live_page(request, "queue.html", title=f"Queue {queue}", queue=view, page=page, job_names=job_names)
 
 
@@ -219,22 +258,29 @@ def job(request: Request, job_id: NamePath, inspect: Inspector = Depends(inspect
     except JobNotFound as exc:
         return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
     # Followed until it ends; a failed or completed job changes only by an operator's click (which reloads).
-    return _live_page(request, "job.html", follow=view.state in ("waiting", "delayed", "active"),
-                      title=f"Job {view.job}", job=view,
-                      payload_json=json.dumps(view.payload, indent=2, sort_keys=True, default=str))
+    return _live_page(
+        request,
+        "job.html",
+        follow=view.state in ("waiting", "delayed", "active"),
+        title=f"Job {view.job}",
+        job=view,
+        payload_json=json.dumps(view.payload, indent=2, sort_keys=True, default=str),
+    )
 
 
 @router.get("/workers", response_class=HTMLResponse)
 def workers(request: Request, inspect: Inspector = Depends(inspector)) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
-    return _live_page(request, "workers.html", title="Workers", workers=inspect.workers(),
-                      broker=inspect.app.settings.broker_name)
+    return _live_page(
+        request, "workers.html", title="Workers", workers=inspect.workers(), broker=inspect.app.settings.broker_name
+    )
 
 
 @router.get("/search", response_class=HTMLResponse)
-def search(request: Request, q: Annotated[str, Query(max_length=1000)] = "",
-           inspect: Inspector = Depends(inspector)) -> Response:
+def search(
+    request: Request, q: Annotated[str, Query(max_length=1000)] = "", inspect: Inspector = Depends(inspector)
+) -> Response:
     """A job id or key: straight to the job when one matches, else the matches or a not-found page."""
     if (gate := _gate(request)) is not None:
         return gate

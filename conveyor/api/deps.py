@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Path, Query, Request
 
-from .inspector import Inspector
+from conveyor.api.inspector import Inspector
 
 if TYPE_CHECKING:
-    from ..app import App
+    from conveyor.app import App
 
 
 def conveyor_app(request: Request) -> "App":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from .. import errors as e
+from conveyor import errors as e
 
 logger = logging.getLogger(__name__)
 

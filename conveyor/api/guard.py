@@ -26,9 +26,9 @@ import uuid
 from typing import Any, Awaitable, Callable
 from urllib.parse import unquote_to_bytes
 
-from ..jsonchecks import holds_nul, json_depth_exceeds
-from ..logs import log_event
-from ..redaction import scrub, settings_secrets
+from conveyor.jsonchecks import holds_nul, json_depth_exceeds
+from conveyor.logs import log_event
+from conveyor.redaction import scrub, settings_secrets
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
@@ -37,8 +37,8 @@ Send = Callable[[dict], Awaitable[None]]
 #: Headers every response carries.
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-                               "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; "
-                               "frame-ancestors 'none'",
+    "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'",
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
     "referrer-policy": "no-referrer",
@@ -46,10 +46,12 @@ SECURITY_HEADERS = {
 
 #: The interactive API docs load Swagger UI / ReDoc from their CDN with an inline
 #: bootstrap script; they show no data, only the schema, and get this policy instead.
-DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-            "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
-            "font-src https://fonts.gstatic.com; img-src 'self' data: https://fastapi.tiangolo.com "
-            "https://cdn.redoc.ly; worker-src blob:; frame-ancestors 'none'")
+DOCS_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
+    "font-src https://fonts.gstatic.com; img-src 'self' data: https://fastapi.tiangolo.com "
+    "https://cdn.redoc.ly; worker-src blob:; frame-ancestors 'none'"
+)
 DOCS_PATHS = frozenset({"/docs", "/redoc", "/docs/oauth2-redirect"})
 
 
@@ -61,8 +63,10 @@ def problem(loc: list[Any], msg: str) -> dict:
 def _json_response(status: int, body: dict, extra: list[tuple[bytes, bytes]] = ()) -> tuple[dict, dict]:
     data = json.dumps(body, separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *extra]
-    return ({"type": "http.response.start", "status": status, "headers": headers},
-            {"type": "http.response.body", "body": data})
+    return (
+        {"type": "http.response.start", "status": status, "headers": headers},
+        {"type": "http.response.body", "body": data},
+    )
 
 
 def check_json(body: bytes, max_depth: int) -> dict | None:
@@ -104,16 +108,21 @@ class Guard:
         started = False
         path = scope.get("path", "")
         csp = DOCS_CSP if path in DOCS_PATHS else SECURITY_HEADERS["content-security-policy"]
-        secure = [(name.encode(), value.encode()) for name, value in SECURITY_HEADERS.items()
-                  if name != "content-security-policy"] + [(b"content-security-policy", csp.encode())]
+        secure = [
+            (name.encode(), value.encode())
+            for name, value in SECURITY_HEADERS.items()
+            if name != "content-security-policy"
+        ] + [(b"content-security-policy", csp.encode())]
 
         async def send_secured(message: dict) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
                 names = {name.lower() for name, _ in message.get("headers", [])}
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  *((n, v) for n, v in secure if n not in names)]}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), *((n, v) for n, v in secure if n not in names)],
+                }
             await send(message)
 
         async def answer(status: int, body: dict, extra: list[tuple[bytes, bytes]] = ()) -> None:
@@ -152,13 +161,23 @@ class Guard:
         except Exception as exc:
             error_id = uuid.uuid4().hex[:16]
             secrets = settings_secrets(settings)
-            log_event("api_error", level="error", queue=None, job=None, job_id=None, attempt=None,
-                      error_id=error_id, method=scope.get("method"), route=path[:200],
-                      error=scrub(f"{type(exc).__name__}: {exc}", secrets)[:2000],
-                      trace=scrub("".join(traceback.format_exception(exc)), secrets)[-8000:])
+            log_event(
+                "api_error",
+                level="error",
+                queue=None,
+                job=None,
+                job_id=None,
+                attempt=None,
+                error_id=error_id,
+                method=scope.get("method"),
+                route=path[:200],
+                error=scrub(f"{type(exc).__name__}: {exc}", secrets)[:2000],
+                trace=scrub("".join(traceback.format_exception(exc)), secrets)[-8000:],
+            )
             if not started:
-                await answer(500, {"detail": "internal error; the server's log has it under this error_id",
-                                   "error_id": error_id})
+                await answer(
+                    500, {"detail": "internal error; the server's log has it under this error_id", "error_id": error_id}
+                )
 
     @staticmethod
     def _check_target(scope: Scope) -> dict | None:

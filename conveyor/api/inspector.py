@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ..brokers.base import JOB_STATES, JobRecord
-from ..brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
-from ..errors import JobNotFound, JobStateConflict, UnknownQueue
-from ..logs import log_event
-from ..redaction import payload_secrets, redact_payload, scrub, settings_secrets
+from conveyor.brokers.base import JOB_STATES, JobRecord
+from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
+from conveyor.errors import JobNotFound, JobStateConflict, UnknownQueue
+from conveyor.logs import log_event
+from conveyor.redaction import payload_secrets, redact_payload, scrub, settings_secrets
 
 if TYPE_CHECKING:
-    from ..app import App
+    from conveyor.app import App
 
 #: Most jobs one page lists.
 MAX_PAGE = 500
@@ -168,20 +168,30 @@ class Inspector:
         views = []
         for name, spec in self.app.queues.items():
             c = self.broker.queue_counts(name)
-            views.append(QueueView(
-                name=name, concurrency=spec.concurrency, max_attempts=spec.max_attempts,
-                waiting=c.waiting, delayed=c.delayed, active=c.active, failed=c.failed,
-                completed_total=c.completed_total, failed_total=c.failed_total, paused=c.paused,
-                oldest_waiting_seconds=max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else None,
-            ))
+            views.append(
+                QueueView(
+                    name=name,
+                    concurrency=spec.concurrency,
+                    max_attempts=spec.max_attempts,
+                    waiting=c.waiting,
+                    delayed=c.delayed,
+                    active=c.active,
+                    failed=c.failed,
+                    completed_total=c.completed_total,
+                    failed_total=c.failed_total,
+                    paused=c.paused,
+                    oldest_waiting_seconds=max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else None,
+                )
+            )
         return views
 
     def queue(self, name: str) -> QueueView:
         self._check_queue(name)
         return next(q for q in self.queues() if q.name == name)
 
-    def jobs(self, queue: str, state: str, *, limit: int = 50, cursor: str | None = None,
-             job: str | None = None) -> JobPage:
+    def jobs(
+        self, queue: str, state: str, *, limit: int = 50, cursor: str | None = None, job: str | None = None
+    ) -> JobPage:
         """A page of jobs. ``cursor`` is the ``next_cursor`` of the page before (opaque to callers).
 
         With ``job``, only jobs of that type: up to :data:`MAX_FILTER_SCAN`
@@ -198,8 +208,9 @@ class Inspector:
         # One more than asked: whether it comes back says if there is a next page.
         records = self.broker.list_jobs(queue, state, limit=limit + 1, offset=offset)
         more = len(records) > limit
-        return JobPage(queue, state, [self._view(r) for r in records[:limit]], cursor,
-                       str(offset + limit) if more else None)
+        return JobPage(
+            queue, state, [self._view(r) for r in records[:limit]], cursor, str(offset + limit) if more else None
+        )
 
     def _filtered(self, queue: str, state: str, job: str, limit: int, offset: int, cursor: str | None) -> JobPage:
         found: list[JobRecord] = []
@@ -213,8 +224,14 @@ class Inspector:
                     if len(found) == limit:
                         # Resume after this record; more may follow if the batch went on.
                         rest = i + 1 < len(records) or len(records) == _SCAN_STEP
-                        return JobPage(queue, state, [self._view(r) for r in found], cursor,
-                                       str(position + i + 1) if rest else None, job)
+                        return JobPage(
+                            queue,
+                            state,
+                            [self._view(r) for r in found],
+                            cursor,
+                            str(position + i + 1) if rest else None,
+                            job,
+                        )
             scanned += len(records)
             position += len(records)
             if len(records) < _SCAN_STEP:
@@ -254,11 +271,25 @@ class Inspector:
                 # No live worker has swept it yet: its jobs are due for recovery since then.
                 gone_at, reason = w.heartbeat_at + gone_after, "recovered"
             state = "gone" if gone_at else ("late" if age is not None and age > late else "alive")
-            views.append(WorkerView(
-                id=w.id, host=w.host, pid=w.pid, queues=w.queues, threads=w.threads, version=w.version,
-                started_at=w.started_at, heartbeat_at=w.heartbeat_at, heartbeat_age=age, state=state,
-                in_flight=[] if state == "gone" else w.in_flight, done=w.done, failed=w.failed,
-                gone_at=gone_at, gone_reason=reason))
+            views.append(
+                WorkerView(
+                    id=w.id,
+                    host=w.host,
+                    pid=w.pid,
+                    queues=w.queues,
+                    threads=w.threads,
+                    version=w.version,
+                    started_at=w.started_at,
+                    heartbeat_at=w.heartbeat_at,
+                    heartbeat_age=age,
+                    state=state,
+                    in_flight=[] if state == "gone" else w.in_flight,
+                    done=w.done,
+                    failed=w.failed,
+                    gone_at=gone_at,
+                    gone_reason=reason,
+                )
+            )
         order = {"alive": 0, "late": 0, "gone": 1}
         views.sort(key=lambda v: (order[v.state], -(v.gone_at or 0), v.host, v.pid))
         return views
@@ -317,10 +348,19 @@ class Inspector:
         if job_type:
             max_attempts = job_type.max_attempts or self.app.queues[job_type.queue].max_attempts
         return JobView(
-            id=record.id, queue=record.queue, job=record.job, state=record.state, attempts=record.attempts,
-            max_attempts=max_attempts, key=record.key, payload=redact_payload(record.payload, model),
-            error=scrub(record.error, secrets), enqueued_at=record.enqueued_at, started_at=record.started_at,
-            finished_at=record.finished_at, eta=record.eta,
+            id=record.id,
+            queue=record.queue,
+            job=record.job,
+            state=record.state,
+            attempts=record.attempts,
+            max_attempts=max_attempts,
+            key=record.key,
+            payload=redact_payload(record.payload, model),
+            error=scrub(record.error, secrets),
+            enqueued_at=record.enqueued_at,
+            started_at=record.started_at,
+            finished_at=record.finished_at,
+            eta=record.eta,
         )
 
     def _history(self, record: JobRecord, view: JobView) -> list[AttemptView]:
@@ -337,9 +377,17 @@ class Inspector:
                 last = i == len(attempts) - 1
                 alive = states.get(a.worker) in ("alive", "late")
                 outcome = "running" if last and alive and view.state == "active" else "lost"
-            out.append(AttemptView(attempt=a.attempt, worker=a.worker, started_at=a.started_at,
-                                   ended_at=a.ended_at, outcome=outcome, error=scrub(a.error, secrets),
-                                   traceback=scrub(a.traceback, secrets)))
+            out.append(
+                AttemptView(
+                    attempt=a.attempt,
+                    worker=a.worker,
+                    started_at=a.started_at,
+                    ended_at=a.ended_at,
+                    outcome=outcome,
+                    error=scrub(a.error, secrets),
+                    traceback=scrub(a.traceback, secrets),
+                )
+            )
         return out
 
     def _secrets(self, record: JobRecord) -> list[str]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..brokers.middleware.metrics import exposition_registry
-from .deps import conveyor_app
+from conveyor.api.deps import conveyor_app
+from conveyor.middleware.metrics import exposition_registry
 
 router = APIRouter(tags=["metrics"])
 

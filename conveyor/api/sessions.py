@@ -20,10 +20,10 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..db import load_queries
+from conveyor.db import load_queries
 
 if TYPE_CHECKING:
-    from ..app import App
+    from conveyor.app import App
 
 QUERIES = load_queries(Path(__file__).with_name("sessions.sql"))
 
@@ -50,9 +50,15 @@ def open_session(app: "App", client: str) -> str:
     cookie = secrets.token_urlsafe(32)
     with app.pool.connection() as conn:
         conn.execute(QUERIES["prune_sessions"])
-        conn.execute(QUERIES["create_session"], {"digest": _digest(cookie), "epoch": token_epoch(app),
-                                                 "client": client[:200],
-                                                 "seconds": float(app.settings.admin_session_seconds)})
+        conn.execute(
+            QUERIES["create_session"],
+            {
+                "digest": _digest(cookie),
+                "epoch": token_epoch(app),
+                "client": client[:200],
+                "seconds": float(app.settings.admin_session_seconds),
+            },
+        )
     return cookie
 
 
@@ -82,8 +88,9 @@ def throttled(app: "App", client: str) -> bool:
     """True when ``client`` has used up its wrong guesses for the window."""
     settings = app.settings
     with app.pool.connection() as conn:
-        count = conn.execute(QUERIES["recent_failures"], {"client": client[:200],
-                                                          "window": float(settings.admin_login_window)}).fetchone()[0]
+        count = conn.execute(
+            QUERIES["recent_failures"], {"client": client[:200], "window": float(settings.admin_login_window)}
+        ).fetchone()[0]
     return count >= settings.admin_login_attempts
 
 

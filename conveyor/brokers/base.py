@@ -16,7 +16,7 @@ from typing import Any
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
-from ..errors import describe_error  # noqa: F401  (brokers import it from here)
+from conveyor.errors import describe_error  # noqa: F401  (brokers import it from here)
 
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")

@@ -18,7 +18,7 @@ from dramatiq import Message
 from dramatiq.brokers.stub import StubBroker, _StubConsumer
 from dramatiq.common import q_name
 
-from .base import ConveyorBroker, SafeMessageProxy, EnqueueItem, JobRecord, JobRef, QueueCounts
+from conveyor.brokers.base import ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts, SafeMessageProxy
 
 
 class InlineBroker(ConveyorBroker, StubBroker):
@@ -47,9 +47,14 @@ class InlineBroker(ConveyorBroker, StubBroker):
             record = self.records.get(message.message_id)
             if record is None:
                 record = self.records[message.message_id] = JobRecord(
-                    id=message.message_id, queue=q_name(message.queue_name), job=message.actor_name,
-                    state="waiting", key=message.options.get("key"), payload=(message.args or [{}])[0],
-                    enqueued_at=time.time())
+                    id=message.message_id,
+                    queue=q_name(message.queue_name),
+                    job=message.actor_name,
+                    state="waiting",
+                    key=message.options.get("key"),
+                    payload=(message.args or [{}])[0],
+                    enqueued_at=time.time(),
+                )
             record.state = "delayed" if delay is not None else "waiting"
             if delay is None:
                 self._waiting_since[record.id] = time.time()
@@ -115,11 +120,22 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 if record.queue == queue:
                     states[record.state] += 1
             totals = self._totals[queue]
-            since = [self._waiting_since[r.id] for r in self.records.values()
-                     if r.queue == queue and r.state == "waiting" and r.id in self._waiting_since]
-            return QueueCounts(queue, states["waiting"], states["delayed"], states["active"], states["failed"],
-                               totals["completed"], totals["failed"], queue in self.paused,
-                               min(since) if since else None)
+            since = [
+                self._waiting_since[r.id]
+                for r in self.records.values()
+                if r.queue == queue and r.state == "waiting" and r.id in self._waiting_since
+            ]
+            return QueueCounts(
+                queue,
+                states["waiting"],
+                states["delayed"],
+                states["active"],
+                states["failed"],
+                totals["completed"],
+                totals["failed"],
+                queue in self.paused,
+                min(since) if since else None,
+            )
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._lock:
@@ -130,7 +146,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
         with self._lock:
             rows = [replace(r) for r in self.records.values() if r.queue == queue and r.state == state]
         rows.sort(key=lambda r: r.finished_at or r.started_at or r.enqueued_at or 0, reverse=True)
-        return rows[offset:offset + limit]
+        return rows[offset : offset + limit]
 
     def pause_queue(self, queue: str) -> None:
         self.paused.add(queue)
@@ -180,8 +196,14 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 del letters[i]
                 return proxy._message
         options = {"key": record.key} if record.key else {}
-        return Message(queue_name=record.queue, actor_name=record.job, args=(record.payload,), kwargs={},
-                       options=options, message_id=record.id)
+        return Message(
+            queue_name=record.queue,
+            actor_name=record.job,
+            args=(record.payload,),
+            kwargs={},
+            options=options,
+            message_id=record.id,
+        )
 
 
 class _Consumer:
@@ -217,4 +239,3 @@ class _Consumer:
 
     def close(self) -> None:
         self.inner.close()
-

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from ..errors import ConveyorError
-from ..settings import Settings, env_help, get_settings
+from conveyor.errors import ConveyorError
+from conveyor.settings import Settings, env_help, get_settings
 
 #: Modules with a ``register(subparsers)`` function, in --help order.
 COMMAND_MODULES = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import env_flag
+from conveyor.cli import env_flag
 
 
 def register(sub) -> None:
@@ -21,14 +21,23 @@ def run_api(host: str, port: int) -> None:
     """Serve the API until SIGTERM/SIGINT (also the entry point of ``conveyor up``'s API process)."""
     import uvicorn
 
-    from ..api import create_app
-    from ..app import App
-    from ..logs import configure_logging, log_event
+    from conveyor.api import create_app
+    from conveyor.app import App
+    from conveyor.logs import configure_logging, log_event
 
     app = App()
     configure_logging(app.settings.log_level)
-    log_event("api_started", queue=None, job=None, job_id=None, attempt=None, host=host, port=port,
-              broker=app.settings.broker_name, admin="token" if app.settings.admin_token else "closed")
+    log_event(
+        "api_started",
+        queue=None,
+        job=None,
+        job_id=None,
+        attempt=None,
+        host=host,
+        port=port,
+        broker=app.settings.broker_name,
+        admin="token" if app.settings.admin_token else "closed",
+    )
     # Logging stays conveyor's JSON (log_config=None); no access log, as request lines carry no job ids.
     config = uvicorn.Config(create_app(app), host=host, port=port, log_config=None, access_log=False)
     try:

@@ -23,15 +23,16 @@ def register(sub) -> None:
         from bench.options import build_parser
 
         # The same options as `python -m bench`, parsed here.
-        p = sub.add_parser("bench", help=help_text, parents=[build_parser(add_help=False)],
-                           description=build_parser().description)
+        p = sub.add_parser(
+            "bench", help=help_text, parents=[build_parser(add_help=False)], description=build_parser().description
+        )
     else:
         p = sub.add_parser("bench", help=help_text)
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args) -> int:
-    from ..errors import ConfigurationError
+    from conveyor.errors import ConfigurationError
 
     if not _bench_available():
         raise ConfigurationError(f"conveyor bench runs from a source checkout: no bench/ in {ROOT}")

@@ -13,23 +13,31 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import EnqueueError
+from conveyor.errors import EnqueueError
 
 
 def register(sub) -> None:
     p = sub.add_parser("build", help="request an agent or connector build (host paths under the source roots)")
     p.add_argument("kind", help="upload, update, rollback, standalone_build, github_clone or mcp_upload")
-    p.add_argument("fields", help='the variant\'s fields as JSON, e.g. \'{"owner_id": "u1", "agent_id": "a1", '
-                                  '"source_dir": "/srv/agents/a1"}\'')
-    p.add_argument("--env", action="append", default=[], metavar="NAME",
-                   help="pass environment variable NAME (its value from this environment) to the build; repeatable")
+    p.add_argument(
+        "fields",
+        help='the variant\'s fields as JSON, e.g. \'{"owner_id": "u1", "agent_id": "a1", '
+        '"source_dir": "/srv/agents/a1"}\'',
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="pass environment variable NAME (its value from this environment) to the build; repeatable",
+    )
     p.add_argument("--build-id", help="the build's id (a repeat with the same id changes nothing)")
     p.set_defaults(func=cmd_build)
 
 
 def cmd_build(args) -> int:
-    from ..app import App
-    from ..builds.requests import request_build
+    from conveyor.app import App
+    from conveyor.platform.builds.requests import request_build
 
     try:
         fields = json.loads(args.fields)
@@ -42,8 +50,14 @@ def cmd_build(args) -> int:
         raise EnqueueError(f"--env: {', '.join(missing)} not set in this environment")
     app = App()
     try:
-        ticket = request_build(app, args.kind, fields, env={name: os.environ[name] for name in args.env},
-                               build_id=args.build_id, host_paths=True)
+        ticket = request_build(
+            app,
+            args.kind,
+            fields,
+            env={name: os.environ[name] for name in args.env},
+            build_id=args.build_id,
+            host_paths=True,
+        )
     finally:
         app.close()
     print(json.dumps({"build_id": ticket.build_id, "job_id": ticket.job_id, "deduplicated": ticket.deduplicated}))

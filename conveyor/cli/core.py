@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from . import env_flag
+from conveyor.cli import env_flag
 
 
 def register(sub) -> None:
-    p = sub.add_parser("migrate", help="apply ledger/migrations once each")
+    p = sub.add_parser("migrate", help="apply schema/migrations once each")
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("worker", help="run worker groups (one group per queue)")
     env_flag(p, "--queues", env="CONVEYOR_WORKER_QUEUES", help="comma-separated queues (default: all)")
     env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, help="processes per queue")
-    env_flag(p, "--threads", env="CONVEYOR_WORKER_THREADS", type=int,
-             help="threads per process (default: the queue's concurrency)")
+    env_flag(
+        p,
+        "--threads",
+        env="CONVEYOR_WORKER_THREADS",
+        type=int,
+        help="threads per process (default: the queue's concurrency)",
+    )
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("enqueue", help="enqueue a job, or JSON lines from stdin with --batch")
@@ -25,21 +29,28 @@ def register(sub) -> None:
     p.add_argument("--payload", help="the payload as JSON")
     p.add_argument("--key", help="dedup key: a second enqueue with it is a no-op")
     p.add_argument("--delay", type=float, help="seconds before the job may run")
-    p.add_argument("--batch", action="store_true",
-                   help='read {"job", "payload", "key", "delay"} JSON lines from stdin; every line is checked '
-                        'before any is sent, then they go in chunks, and each job\'s {"id", "deduplicated"} '
-                        'line is printed once its chunk is in (not when stdout is a terminal: there a bar '
-                        'and a summary show; elsewhere the summary is one JSON line on stderr)')
-    p.add_argument("--chunk-size", type=int, default=500,
-                   help="--batch: jobs per round trip to the broker (default 500)")
+    p.add_argument(
+        "--batch",
+        action="store_true",
+        help='read {"job", "payload", "key", "delay"} JSON lines from stdin; every line is checked '
+        'before any is sent, then they go in chunks, and each job\'s {"id", "deduplicated"} '
+        "line is printed once its chunk is in (not when stdout is a terminal: there a bar "
+        "and a summary show; elsewhere the summary is one JSON line on stderr)",
+    )
+    p.add_argument(
+        "--chunk-size", type=int, default=500, help="--batch: jobs per round trip to the broker (default 500)"
+    )
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("status", help="per-queue counts")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("up", help="everything on one machine: worker groups for all queues, the scheduler and "
-                                  "the API (embedded Postgres when nothing is configured)")
+    p = sub.add_parser(
+        "up",
+        help="everything on one machine: worker groups for all queues, the scheduler and "
+        "the API (embedded Postgres when nothing is configured)",
+    )
     env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, help="processes per queue")
     env_flag(p, "--host", env="CONVEYOR_API_HOST", help="API address")
     env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, help="API port (0: no API)")
@@ -47,8 +58,8 @@ def register(sub) -> None:
 
 
 def _app():
-    from ..app import App
-    from ..logs import configure_logging
+    from conveyor.app import App
+    from conveyor.logs import configure_logging
 
     app = App()
     configure_logging(app.settings.log_level)
@@ -56,14 +67,14 @@ def _app():
 
 
 def cmd_migrate(args) -> int:
-    from ..ledger.migrate import migrate
-    from .progress import CommandProgress
+    from conveyor.cli.progress import CommandProgress
+    from conveyor.schema.migrate import migrate
 
     app = _app()
     if app.settings.database_url:
         url = app.settings.database_url
     else:  # not app.database_url: that migrates the embedded database before we could show it
-        from ..embedded import start_embedded
+        from conveyor.embedded import start_embedded
 
         url = start_embedded(app.settings.data_dir)
     with CommandProgress("migrate", summary_stream=sys.stdout) as progress:
@@ -81,11 +92,14 @@ def cmd_migrate(args) -> int:
         try:
             migrate(url, on_pending=pending, on_applied=applied)
         except BaseException:
-            progress.summary(f"applied {len(done)} of {len(names)} migration(s), then failed",
-                             ok=False, applied=done, pending=names[len(done):])
+            progress.summary(
+                f"applied {len(done)} of {len(names)} migration(s), then failed",
+                ok=False,
+                applied=done,
+                pending=names[len(done) :],
+            )
             raise
-        progress.summary(f"applied {len(done)} migration(s)" + (": " + ", ".join(done) if done else ""),
-                         applied=done)
+        progress.summary(f"applied {len(done)} migration(s)" + (": " + ", ".join(done) if done else ""), applied=done)
     return 0
 
 
@@ -95,7 +109,7 @@ def _running(names: list[str], done: int) -> str:
 
 
 def _selected_queues(app, text: str | None) -> list[str]:
-    from ..errors import ConfigurationError
+    from conveyor.errors import ConfigurationError
 
     if not text:
         return list(app.queues)
@@ -107,32 +121,41 @@ def _selected_queues(app, text: str | None) -> list[str]:
 
 
 def cmd_worker(args) -> int:
-    from ..app import run_worker_process
-    from ..tasks.worker import Supervisor
+    from conveyor.app import run_worker_process
+    from conveyor.tasks.worker import Supervisor
 
     app = _app()
     queues = _selected_queues(app, args.queues)
     if app.backend.in_process:
-        from ..errors import ConfigurationError
+        from conveyor.errors import ConfigurationError
 
         raise ConfigurationError("the inline broker lives inside one process: use `conveyor up` or a real broker")
     if app.backend.queue_in_postgres:
-        from ..ledger.migrate import migrate
+        from conveyor.schema.migrate import migrate
 
         migrate(app.database_url)  # the embedded default must be ready before the children start
-    return Supervisor(queues, args.processes, args.threads, app.settings.shutdown_timeout,
-                      worker=run_worker_process, **_metrics_options(app.settings)).run()
+    return Supervisor(
+        queues,
+        args.processes,
+        args.threads,
+        app.settings.shutdown_timeout,
+        worker=run_worker_process,
+        **_metrics_options(app.settings),
+    ).run()
 
 
 def _metrics_options(settings) -> dict:
-    return {"metrics_port": settings.metrics_port, "metrics_host": settings.metrics_host,
-            "metrics_dir": str(settings.metrics_dir) if settings.metrics_dir else None}
+    return {
+        "metrics_port": settings.metrics_port,
+        "metrics_host": settings.metrics_host,
+        "metrics_dir": str(settings.metrics_dir) if settings.metrics_dir else None,
+    }
 
 
 def cmd_up(args) -> int:
-    from ..app import run_worker_process
-    from ..ledger.migrate import migrate
-    from ..tasks.worker import Supervisor
+    from conveyor.app import run_worker_process
+    from conveyor.schema.migrate import migrate
+    from conveyor.tasks.worker import Supervisor
 
     app = _app()
     broker = app.settings.broker_name
@@ -140,20 +163,22 @@ def cmd_up(args) -> int:
     migrate(app.database_url)
     print(f"conveyor up: broker={broker}, database={where}, queues={', '.join(app.queues)}", file=sys.stderr)
     if args.port:
-        print(f"API and dashboard: http://{args.host}:{args.port}/admin/queues "
-              f"(admin {'needs CONVEYOR_ADMIN_TOKEN' if app.settings.admin_token else 'closed: set CONVEYOR_ADMIN_TOKEN'})",
-              file=sys.stderr)
+        print(
+            f"API and dashboard: http://{args.host}:{args.port}/admin/queues "
+            f"(admin {'needs CONVEYOR_ADMIN_TOKEN' if app.settings.admin_token else 'closed: set CONVEYOR_ADMIN_TOKEN'})",
+            file=sys.stderr,
+        )
     print("Ctrl-C or SIGTERM stops it after in-flight jobs finish.", file=sys.stderr, flush=True)
     if app.backend.in_process:
         import signal
         import threading
 
-        from ..tasks.worker import InlineWorkers
+        from conveyor.tasks.worker import InlineWorkers
 
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        from ..scheduling.scheduler import Scheduler
+        from conveyor.platform.scheduling.scheduler import Scheduler
 
         workers = InlineWorkers(app).start()
         scheduler = threading.Thread(target=Scheduler(app).run, args=(stop,), name="conveyor-scheduler")
@@ -162,14 +187,21 @@ def cmd_up(args) -> int:
         scheduler.join()
         workers.stop()
         return 0
-    from .api import run_api
-    from .schedules import run_scheduler
+    from conveyor.cli.api import run_api
+    from conveyor.cli.schedules import run_scheduler
 
     services = (("scheduler", run_scheduler, ()),)
     if args.port:
         services += (("api", run_api, (args.host, args.port)),)
-    return Supervisor(list(app.queues), args.processes, None, app.settings.shutdown_timeout,
-                      worker=run_worker_process, services=services, **_metrics_options(app.settings)).run()
+    return Supervisor(
+        list(app.queues),
+        args.processes,
+        None,
+        app.settings.shutdown_timeout,
+        worker=run_worker_process,
+        services=services,
+        **_metrics_options(app.settings),
+    ).run()
 
 
 def cmd_enqueue(args) -> int:
@@ -196,10 +228,10 @@ def _enqueue_batch(app, chunk_size: int) -> int:
     counts them) and the rest are not; running the file again is safe for
     keyed jobs, whose second enqueue is a no-op.
     """
-    from ..errors import ConveyorError
-    from ..jsonchecks import json_depth_exceeds
-    from ..tasks.jobqueue import JobRequest
-    from .progress import CommandProgress, is_terminal
+    from conveyor.cli.progress import CommandProgress, is_terminal
+    from conveyor.errors import ConveyorError
+    from conveyor.jsonchecks import json_depth_exceeds
+    from conveyor.tasks.jobqueue import JobRequest
 
     if chunk_size < 1:
         print("conveyor: error: --chunk-size must be at least 1", file=sys.stderr)
@@ -232,21 +264,31 @@ def _enqueue_batch(app, chunk_size: int) -> int:
             enqueued = duplicates = 0
             try:
                 for start in range(0, len(requests), chunk_size):
-                    refs = app.jobs.enqueue_many(requests[start:start + chunk_size])
+                    refs = app.jobs.enqueue_many(requests[start : start + chunk_size])
                     if print_ids:
-                        sys.stdout.write("".join(json.dumps({"id": r.id, "deduplicated": r.deduplicated}) + "\n"
-                                                 for r in refs))
+                        sys.stdout.write(
+                            "".join(json.dumps({"id": r.id, "deduplicated": r.deduplicated}) + "\n" for r in refs)
+                        )
                         sys.stdout.flush()
                     enqueued += sum(not r.deduplicated for r in refs)
                     duplicates += sum(r.deduplicated for r in refs)
                     progress.advance(sending, len(refs))
             except BaseException:
-                progress.summary(f"{enqueued + duplicates} of {len(requests)} jobs sent, then failed", ok=False,
-                                 jobs=len(requests), enqueued=enqueued, deduplicated=duplicates,
-                                 unsent=len(requests) - enqueued - duplicates)
+                progress.summary(
+                    f"{enqueued + duplicates} of {len(requests)} jobs sent, then failed",
+                    ok=False,
+                    jobs=len(requests),
+                    enqueued=enqueued,
+                    deduplicated=duplicates,
+                    unsent=len(requests) - enqueued - duplicates,
+                )
                 raise
-            progress.summary(f"{len(requests)} jobs: {enqueued} enqueued, {duplicates} deduplicated",
-                             jobs=len(requests), enqueued=enqueued, deduplicated=duplicates)
+            progress.summary(
+                f"{len(requests)} jobs: {enqueued} enqueued, {duplicates} deduplicated",
+                jobs=len(requests),
+                enqueued=enqueued,
+                deduplicated=duplicates,
+            )
     except _BadLine as exc:  # reported once the bar is gone, so the message is not drawn over
         print(f"conveyor: error: {exc}", file=sys.stderr)
         return 2
@@ -278,6 +320,8 @@ def cmd_status(args) -> int:
         return 0
     print(f"{'queue':<12}{'waiting':>9}{'delayed':>9}{'active':>8}{'failed':>8}{'completed':>11}{'paused':>8}")
     for c in counts:
-        print(f"{c.queue:<12}{c.waiting:>9}{c.delayed:>9}{c.active:>8}{c.failed:>8}{c.completed_total:>11}"
-              f"{'yes' if c.paused else '':>8}")
+        print(
+            f"{c.queue:<12}{c.waiting:>9}{c.delayed:>9}{c.active:>8}{c.failed:>8}{c.completed_total:>11}"
+            f"{'yes' if c.paused else '':>8}"
+        )
     return 0

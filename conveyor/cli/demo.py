@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from . import env_flag
+from conveyor.cli import env_flag
 
 #: What the demo's users ask: realistic prompts, each starting one round.
 PROMPTS = (
@@ -46,11 +46,20 @@ DEMO_FAULT_RATE = 0.2
 def register(sub) -> None:
     p = sub.add_parser("demo", help="a bounded, self-checking run of the whole platform (embedded by default)")
     env_flag(p, "--runs", env="CONVEYOR_DEMO_RUNS", type=int, help="agent rounds to run")
-    env_flag(p, "--duplicates", env="CONVEYOR_DEMO_DUPLICATES", type=int,
-             help="rounds that get two extra, unkeyed finalizes (default: a quarter of the runs)")
-    p.add_argument("--fault-rate", type=float, default=None,
-                   help=f"share of first attempts that fail on purpose [env: CONVEYOR_FAULT_RATE; "
-                        f"unset: {DEMO_FAULT_RATE:g} in the demo]")
+    env_flag(
+        p,
+        "--duplicates",
+        env="CONVEYOR_DEMO_DUPLICATES",
+        type=int,
+        help="rounds that get two extra, unkeyed finalizes (default: a quarter of the runs)",
+    )
+    p.add_argument(
+        "--fault-rate",
+        type=float,
+        default=None,
+        help=f"share of first attempts that fail on purpose [env: CONVEYOR_FAULT_RATE; "
+        f"unset: {DEMO_FAULT_RATE:g} in the demo]",
+    )
     env_flag(p, "--timeout", env="CONVEYOR_DEMO_TIMEOUT", type=float, help="seconds before the demo gives up and fails")
     env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, help="worker processes per queue")
     p.set_defaults(func=cmd_demo)
@@ -82,10 +91,10 @@ def cmd_demo(args) -> int:
         return 2
     from rich.console import Console
 
-    from ..app import App
-    from ..ledger.migrate import migrate
-    from ..logs import configure_logging
-    from ..settings import get_settings
+    from conveyor.app import App
+    from conveyor.logs import configure_logging
+    from conveyor.schema.migrate import migrate
+    from conveyor.settings import get_settings
 
     settings = demo_settings(get_settings(), args.fault_rate)
     args.fault_rate = settings.fault_rate
@@ -94,8 +103,10 @@ def cmd_demo(args) -> int:
     configure_logging("WARNING")
     started = time.monotonic()
     where = f"embedded Postgres in {app.settings.data_dir}" if app.settings.embedded else "DATABASE_URL"
-    console.print(f"[bold]conveyor demo[/]: {args.runs} rounds on broker [cyan]{app.settings.broker_name}[/], "
-                  f"records in {where}, fault rate {args.fault_rate:g}")
+    console.print(
+        f"[bold]conveyor demo[/]: {args.runs} rounds on broker [cyan]{app.settings.broker_name}[/], "
+        f"records in {where}, fault rate {args.fault_rate:g}"
+    )
     migrate(app.database_url)
 
     demo = Demo(app, args, console)
@@ -125,9 +136,13 @@ def demo_settings(settings, fault_rate: float | None):
 def worker_env(settings) -> dict[str, str]:
     """The environment of the demo's `conveyor worker`: this process's, plus what the demo changed in its settings
     (the child reads its settings from its environment; this process's own is never changed)."""
-    return {**os.environ, "CONVEYOR_LOG_LEVEL": "INFO", "CONVEYOR_PROVIDER": settings.provider,
-            "CONVEYOR_FAULT_RATE": repr(settings.fault_rate),
-            "CONVEYOR_LOCAL_CHUNK_DELAY": repr(settings.local_chunk_delay)}
+    return {
+        **os.environ,
+        "CONVEYOR_LOG_LEVEL": "INFO",
+        "CONVEYOR_PROVIDER": settings.provider,
+        "CONVEYOR_FAULT_RATE": repr(settings.fault_rate),
+        "CONVEYOR_LOCAL_CHUNK_DELAY": repr(settings.local_chunk_delay),
+    }
 
 
 class Demo:
@@ -149,10 +164,11 @@ class Demo:
     # -- workers ------------------------------------------------------------------
 
     def start_workers(self) -> None:
-        self.baseline = {q: (c.completed_total, c.failed_total)
-                         for q in self.app.queues for c in [self.app.broker.queue_counts(q)]}
+        self.baseline = {
+            q: (c.completed_total, c.failed_total) for q in self.app.queues for c in [self.app.broker.queue_counts(q)]
+        }
         if self.app.backend.in_process:
-            from ..tasks.worker import InlineWorkers
+            from conveyor.tasks.worker import InlineWorkers
 
             self.inline = InlineWorkers(self.app).start()
             self.console.print("workers: every queue, inside this process (inline broker)")
@@ -161,10 +177,15 @@ class Demo:
         # `conveyor worker`: a Supervisor with one group per queue, as in production.
         self.workers = subprocess.Popen(
             [sys.executable, "-m", "conveyor", "worker", "--processes", str(self.args.processes)],
-            stdout=log, stderr=log, env=worker_env(self.app.settings))
+            stdout=log,
+            stderr=log,
+            env=worker_env(self.app.settings),
+        )
         log.close()
-        self.console.print(f"workers: {len(self.app.queues) * self.args.processes} processes "
-                           f"(pid {self.workers.pid}), logs in {self.log_path}")
+        self.console.print(
+            f"workers: {len(self.app.queues) * self.args.processes} processes "
+            f"(pid {self.workers.pid}), logs in {self.log_path}"
+        )
 
     def stop_workers(self) -> None:
         if self.inline is not None:
@@ -182,18 +203,25 @@ class Demo:
     def run(self) -> None:
         from rich.live import Live
 
-        from .. import records
-        from ..ledger import credits
-        from ..rounds import start_round
+        from conveyor.ledger import credits
+        from conveyor.platform import records
+        from conveyor.platform.rounds import start_round
 
         with self.app.pool.connection() as conn:
             credits.top_up(conn, user_id=self.user_id, amount=STARTING_CREDITS, reference=self.id)
             for n in range(self.args.runs):
-                records.create_task(conn, id=f"{self.id}-task{n}", user_id=self.user_id,
-                                    kind="task" if n % 2 else "chat", title=f"Demo task {n}",
-                                    instructions="Answer in three short lines.")
-        self.run_ids = [start_round(self.app, task_id=f"{self.id}-task{n}", content=PROMPTS[n % len(PROMPTS)]).run_id
-                        for n in range(self.args.runs)]
+                records.create_task(
+                    conn,
+                    id=f"{self.id}-task{n}",
+                    user_id=self.user_id,
+                    kind="task" if n % 2 else "chat",
+                    title=f"Demo task {n}",
+                    instructions="Answer in three short lines.",
+                )
+        self.run_ids = [
+            start_round(self.app, task_id=f"{self.id}-task{n}", content=PROMPTS[n % len(PROMPTS)]).run_id
+            for n in range(self.args.runs)
+        ]
         deadline = time.monotonic() + self.args.timeout
         progress = self.refresh()
         with Live(self.view(progress), console=self.console, refresh_per_second=4) as live:
@@ -208,8 +236,7 @@ class Demo:
         self.progress = progress
 
     def refresh(self) -> Progress:
-        from ..db import load_queries
-        from ..streams import buffer_for
+        from conveyor.platform.streams import buffer_for
 
         queries = _queries()
         progress = Progress()
@@ -218,8 +245,9 @@ class Demo:
             progress.charges = conn.execute(queries["charges"], {"user_id": self.user_id}).fetchone()[0]
             progress.extractions, _ = conn.execute(queries["extractions"], {"user_id": self.user_id}).fetchone()
             progress.memories = conn.execute(queries["memories"], {"user_id": self.user_id}).fetchone()[0]
-            progress.indexed, progress.index_chunks = conn.execute(queries["indexed"],
-                                                                   {"user_id": self.user_id}).fetchone()
+            progress.indexed, progress.index_chunks = conn.execute(
+                queries["indexed"], {"user_id": self.user_id}
+            ).fetchone()
         # Read each stream as a client would: only what is new since the last look.
         buffer = buffer_for(self.app)
         for run_id in self.run_ids:
@@ -241,11 +269,14 @@ class Demo:
 
     def done(self, progress: Progress) -> bool:
         n = self.args.runs
-        if len(progress.runs) < n or any(row[1] not in ("completed", "failed", "cancelled")
-                                         for row in progress.runs.values()):
+        if len(progress.runs) < n or any(
+            row[1] not in ("completed", "failed", "cancelled") for row in progress.runs.values()
+        ):
             return False
-        if len(self.duplicated) < self.duplicates_wanted and \
-                sum(row[1] == "completed" for row in progress.runs.values()) >= self.duplicates_wanted:
+        if (
+            len(self.duplicated) < self.duplicates_wanted
+            and sum(row[1] == "completed" for row in progress.runs.values()) >= self.duplicates_wanted
+        ):
             return False
         if not all(es and es[-1].kind == "end" for es in self.stream_entries.values()):
             return False
@@ -267,12 +298,20 @@ class Demo:
         for queue in self.app.queues:
             c = self.app.broker.queue_counts(queue)
             done, failed = self.baseline.get(queue, (0, 0))
-            table.add_row(queue, str(c.waiting), str(c.delayed), str(c.active), str(c.completed_total - done),
-                          str(c.failed_total - failed))
+            table.add_row(
+                queue,
+                str(c.waiting),
+                str(c.delayed),
+                str(c.active),
+                str(c.completed_total - done),
+                str(c.failed_total - failed),
+            )
         runs_done = sum(row[1] == "completed" for row in progress.runs.values())
-        line = (f"rounds {runs_done}/{self.args.runs} completed · {progress.chunks} chunks streamed · "
-                f"{progress.charges} charged · {progress.extractions} extracted ({progress.memories} memories) · "
-                f"{progress.indexed} indexed · {len(self.duplicated)} duplicate finalizes sent ×2")
+        line = (
+            f"rounds {runs_done}/{self.args.runs} completed · {progress.chunks} chunks streamed · "
+            f"{progress.charges} charged · {progress.extractions} extracted ({progress.memories} memories) · "
+            f"{progress.indexed} indexed · {len(self.duplicated)} duplicate finalizes sent ×2"
+        )
         return Group(table, line)
 
     # -- the checks ---------------------------------------------------------------------
@@ -280,18 +319,23 @@ class Demo:
     def check(self, elapsed: float) -> list[Check]:
         from rich.table import Table
 
-        from .. import records
-        from ..ledger import credits
-        from ..platform.payloads import run_key
-        from ..tasks.faults import chosen
+        from conveyor.ledger import credits
+        from conveyor.platform import records
+        from conveyor.platform.payloads import run_key
+        from conveyor.tasks.faults import chosen
 
         progress = getattr(self, "progress", None) or self.refresh()
         queries = _queries()
         n = self.args.runs
         runs = progress.runs
         completed = [r for r in runs.values() if r[1] == "completed"]
-        checks = [Check("finished in time", not self.timed_out,
-                        f"{elapsed:.1f}s" + (f" (gave up after {self.args.timeout:g}s)" if self.timed_out else ""))]
+        checks = [
+            Check(
+                "finished in time",
+                not self.timed_out,
+                f"{elapsed:.1f}s" + (f" (gave up after {self.args.timeout:g}s)" if self.timed_out else ""),
+            )
+        ]
         checks.append(Check("runs completed", len(completed) == n, f"{len(completed)}/{n}"))
 
         whole = 0
@@ -300,38 +344,70 @@ class Demo:
                 entries = self.stream_entries.get(run_id, [])
                 reply = conn.execute(queries["reply"], {"id": row[3]}).fetchone()
                 text = "".join(e.data for e in entries if e.kind == "chunk")
-                if ([e.seq for e in entries] == list(range(1, len(entries) + 1)) and entries
-                        and entries[-1].kind == "end" and reply and reply[0] == text):
+                if (
+                    [e.seq for e in entries] == list(range(1, len(entries) + 1))
+                    and entries
+                    and entries[-1].kind == "end"
+                    and reply
+                    and reply[0] == text
+                ):
                     whole += 1
             checks.append(Check("streams complete, no chunk twice, reply == stream", whole == n, f"{whole}/{n}"))
             charges = conn.execute(queries["charges"], {"user_id": self.user_id}).fetchone()[0]
-            checks.append(Check("charges == unique rounds", charges == len(completed),
-                                f"{charges} charges for {len(completed)} rounds, "
-                                f"{2 * len(self.duplicated)} duplicate finalizes"))
+            checks.append(
+                Check(
+                    "charges == unique rounds",
+                    charges == len(completed),
+                    f"{charges} charges for {len(completed)} rounds, {2 * len(self.duplicated)} duplicate finalizes",
+                )
+            )
             mismatches = credits.verify(conn)
             balance = credits.balance(conn, self.user_id)
             spent = sum((e[2] for e in credits.entries(conn, self.user_id) if e[1] == "consume"), Decimal(0))
-            checks.append(Check("balances == entries (ledger verify)",
-                                not mismatches and balance == STARTING_CREDITS + spent,
-                                f"{len(mismatches)} mismatches; balance {balance} = {STARTING_CREDITS} top-up {spent} charged"))
+            checks.append(
+                Check(
+                    "balances == entries (ledger verify)",
+                    not mismatches and balance == STARTING_CREDITS + spent,
+                    f"{len(mismatches)} mismatches; balance {balance} = {STARTING_CREDITS} top-up {spent} charged",
+                )
+            )
             extractions, memories_found = conn.execute(queries["extractions"], {"user_id": self.user_id}).fetchone()
             memories = conn.execute(queries["memories"], {"user_id": self.user_id}).fetchone()[0]
-            checks.append(Check("memories written", extractions == len(completed) and memories > 0,
-                                f"{extractions} extractions, {memories} memories"))
+            checks.append(
+                Check(
+                    "memories written",
+                    extractions == len(completed) and memories > 0,
+                    f"{extractions} extractions, {memories} memories",
+                )
+            )
             indexed, index_chunks = conn.execute(queries["indexed"], {"user_id": self.user_id}).fetchone()
             hits = records.search_resources(conn, "task", user_id=self.user_id, limit=100)
-            checks.append(Check("index rows written and searchable",
-                                indexed == len(completed) and index_chunks > 0 and len(hits) > 0,
-                                f"{indexed} resources, {index_chunks} chunks, search 'task': {len(hits)} hits"))
+            checks.append(
+                Check(
+                    "index rows written and searchable",
+                    indexed == len(completed) and index_chunks > 0 and len(hits) > 0,
+                    f"{indexed} resources, {index_chunks} chunks, search 'task': {len(hits)} hits",
+                )
+            )
 
         rate = self.args.fault_rate
         faulted = [rid for rid in runs if chosen(rate, run_key(rid))]
         rerun = [rid for rid in faulted if runs[rid][2] >= 2]
-        checks.append(Check("injected run faults retried and recovered", len(rerun) == len(faulted),
-                            f"{len(faulted)} runs chosen to fail once, {len(rerun)} re-ran"))
+        checks.append(
+            Check(
+                "injected run faults retried and recovered",
+                len(rerun) == len(faulted),
+                f"{len(faulted)} runs chosen to fail once, {len(rerun)} re-ran",
+            )
+        )
         retries, failures = self.job_outcomes()
-        checks.append(Check("no job failed for good", failures == 0,
-                            f"{retries} retries and deferrals across all jobs, {failures} failures"))
+        checks.append(
+            Check(
+                "no job failed for good",
+                failures == 0,
+                f"{retries} retries and deferrals across all jobs, {failures} failures",
+            )
+        )
 
         table = Table(title="summary", title_justify="left")
         table.add_column("check")
@@ -343,18 +419,23 @@ class Demo:
         if all(c.ok for c in checks):
             self.console.print(f"[bold green]all checks passed[/] in {elapsed:.1f}s")
         else:
-            self.console.print(f"[bold red]{sum(not c.ok for c in checks)} check(s) failed[/]"
-                               + (f"; worker logs: {self.log_path}" if self.workers else ""))
+            self.console.print(
+                f"[bold red]{sum(not c.ok for c in checks)} check(s) failed[/]"
+                + (f"; worker logs: {self.log_path}" if self.workers else "")
+            )
         return checks
 
     def job_outcomes(self) -> tuple[int, int]:
         """(retries and deferrals, jobs failed for good) over this demo's jobs, from the broker's records."""
-        from ..tasks.processors.finalize import round_resource_id
+        from conveyor.platform.processors.finalize import round_resource_id
 
         retries = failures = 0
         broker = self.app.broker
-        ids = {self.user_id, *self.run_ids,
-               *(round_resource_id(row[3]) for row in getattr(self, "progress", Progress()).runs.values())}
+        ids = {
+            self.user_id,
+            *self.run_ids,
+            *(round_resource_id(row[3]) for row in getattr(self, "progress", Progress()).runs.values()),
+        }
         for queue in self.app.queues:
             for state in ("completed", "failed"):
                 limit = 20 * self.args.runs + 100
@@ -367,7 +448,7 @@ class Demo:
 
 
 def _queries() -> dict[str, str]:
-    from ..db import load_queries
+    from conveyor.db import load_queries
 
     global _QUERIES
     if _QUERIES is None:

@@ -22,9 +22,9 @@ def register(sub) -> None:
 
 
 def _conn():
-    from ..app import App
-    from ..db import connect
-    from ..ledger.migrate import migrate
+    from conveyor.app import App
+    from conveyor.db import connect
+    from conveyor.schema.migrate import migrate
 
     app = App()
     migrate(app.database_url)
@@ -32,7 +32,7 @@ def _conn():
 
 
 def cmd_balance(args) -> int:
-    from ..ledger import credits
+    from conveyor.ledger import credits
 
     with _conn() as conn:
         print(credits.balance(conn, args.user))
@@ -40,8 +40,8 @@ def cmd_balance(args) -> int:
 
 
 def cmd_top_up(args) -> int:
-    from ..errors import LedgerError
-    from ..ledger import credits
+    from conveyor.errors import LedgerError
+    from conveyor.ledger import credits
 
     try:
         amount = Decimal(args.amount)
@@ -54,7 +54,7 @@ def cmd_top_up(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from ..ledger import credits
+    from conveyor.ledger import credits
 
     with _conn() as conn:
         mismatches = credits.verify(conn)

@@ -36,8 +36,7 @@ class CommandProgress:
     and finally ``p.summary("applied 2 migration(s)", applied=[...])``.
     """
 
-    def __init__(self, command: str, *, summary_stream: TextIO | None = None,
-                 bar_stream: TextIO | None = None) -> None:
+    def __init__(self, command: str, *, summary_stream: TextIO | None = None, bar_stream: TextIO | None = None) -> None:
         self.command = command
         self.bar_stream = bar_stream or sys.stderr
         self.summary_stream = summary_stream or sys.stderr
@@ -49,14 +48,27 @@ class CommandProgress:
     def __enter__(self) -> CommandProgress:
         if self.interactive:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
-                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TaskProgressColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TaskProgressColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                console=Console(file=self.bar_stream), transient=False,
-                redirect_stdout=False, redirect_stderr=False,
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TaskProgressColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(file=self.bar_stream),
+                transient=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
             )
             self._progress.start()
             self._route_logs_above_the_bar()
@@ -100,7 +112,8 @@ class CommandProgress:
             from rich.console import Console
 
             Console(file=self.summary_stream, highlight=False).print(
-                f"{text} in {seconds:.1f} s", markup=False, soft_wrap=True)
+                f"{text} in {seconds:.1f} s", markup=False, soft_wrap=True
+            )
         else:
             line = json.dumps({"command": self.command, "ok": ok, **fields, "seconds": seconds})
             print(line, file=self.summary_stream, flush=True)

@@ -28,9 +28,9 @@ def register(sub) -> None:
 
 
 def _app():
-    from ..app import App
-    from ..ledger.migrate import migrate
-    from ..logs import configure_logging
+    from conveyor.app import App
+    from conveyor.logs import configure_logging
+    from conveyor.schema.migrate import migrate
 
     app = App()
     configure_logging(app.settings.log_level)
@@ -39,7 +39,7 @@ def _app():
 
 
 def cmd_users_create(args) -> int:
-    from .. import access
+    from conveyor import access
 
     app = _app()
     try:
@@ -56,7 +56,7 @@ def cmd_users_create(args) -> int:
 
 
 def cmd_keys_create(args) -> int:
-    from .. import access
+    from conveyor import access
 
     app = _app()
     try:
@@ -70,7 +70,7 @@ def cmd_keys_create(args) -> int:
 
 
 def cmd_keys_list(args) -> int:
-    from .. import access
+    from conveyor import access
 
     app = _app()
     try:
@@ -79,8 +79,12 @@ def cmd_keys_list(args) -> int:
     finally:
         app.close()
     for key in keys:
-        row = {"id": key.id, "user": key.user_id, "created_at": key.created_at.isoformat(),
-               "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None}
+        row = {
+            "id": key.id,
+            "user": key.user_id,
+            "created_at": key.created_at.isoformat(),
+            "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+        }
         if args.json:
             print(json.dumps(row))
         else:
@@ -89,7 +93,7 @@ def cmd_keys_list(args) -> int:
 
 
 def cmd_keys_revoke(args) -> int:
-    from .. import access
+    from conveyor import access
 
     app = _app()
     try:

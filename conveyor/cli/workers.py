@@ -5,20 +5,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 def register(sub) -> None:
     p = sub.add_parser("workers", help="worker processes: host, pid, queues, heartbeat, jobs in flight, counts")
     p.add_argument("--json", action="store_true", help="print JSON (one array; times are UNIX seconds)")
-    p.add_argument("--all", action="store_true", help="include workers that are gone (default: live and the "
-                                                      "last hour's gone)")
+    p.add_argument(
+        "--all", action="store_true", help="include workers that are gone (default: live and the last hour's gone)"
+    )
     p.set_defaults(func=cmd_workers)
 
 
 def cmd_workers(args) -> int:
-    from ..api.inspector import Inspector
-    from .core import _app
+    from conveyor.api.inspector import Inspector
+    from conveyor.cli.core import _app
 
     app = _app()
     try:
@@ -35,17 +36,38 @@ def cmd_workers(args) -> int:
     from rich.table import Table
 
     table = Table(title=f"workers ({app.settings.broker_name} broker)", title_justify="left")
-    for name, justify in (("host", "left"), ("pid", "right"), ("state", "left"), ("queues", "left"),
-                          ("threads", "right"), ("started", "left"), ("heartbeat", "right"),
-                          ("in flight", "left"), ("done", "right"), ("failed", "right"), ("version", "left")):
+    for name, justify in (
+        ("host", "left"),
+        ("pid", "right"),
+        ("state", "left"),
+        ("queues", "left"),
+        ("threads", "right"),
+        ("started", "left"),
+        ("heartbeat", "right"),
+        ("in flight", "left"),
+        ("done", "right"),
+        ("failed", "right"),
+        ("version", "left"),
+    ):
         table.add_column(name, justify=justify, no_wrap=name in ("pid", "state", "heartbeat"))
     style = {"alive": "green", "late": "bold yellow", "gone": "dim"}
     for w in workers:
         state = f"[{style[w.state]}]{w.state}[/]"
         if w.state == "gone":
             state += f" [dim]({w.gone_reason or 'gone'} {_time(w.gone_at)})[/]"
-        table.add_row(w.host, str(w.pid), state, ", ".join(w.queues), str(w.threads), _time(w.started_at),
-                      _ago(w.heartbeat_age), "\n".join(w.in_flight) or "–", str(w.done), str(w.failed), w.version)
+        table.add_row(
+            w.host,
+            str(w.pid),
+            state,
+            ", ".join(w.queues),
+            str(w.threads),
+            _time(w.started_at),
+            _ago(w.heartbeat_age),
+            "\n".join(w.in_flight) or "–",
+            str(w.done),
+            str(w.failed),
+            w.version,
+        )
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
     if not workers:
         console.print("no worker has registered yet (start one with `conveyor worker`)")
@@ -55,7 +77,7 @@ def cmd_workers(args) -> int:
 
 
 def _time(ts: float | None) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if ts else "–"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S") if ts else "–"
 
 
 def _ago(seconds: float | None) -> str:

@@ -1,1 +1,1 @@
-"""Money and the platform's records, in Postgres."""
+"""Money: the credit ledger, in Postgres (its tables are in conveyor/schema/migrations)."""

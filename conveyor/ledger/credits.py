@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-from ..db import load_queries
-from ..errors import LedgerError, UnknownAccount
+from conveyor.db import load_queries
+from conveyor.errors import LedgerError, UnknownAccount
 
 QUERIES = load_queries(Path(__file__).with_name("queries.sql"))
 
@@ -44,12 +44,20 @@ def cost(total_tokens: int, price_per_1k: Decimal) -> Decimal:
     return (Decimal(total_tokens) * price_per_1k / 1000).quantize(CENT, rounding=ROUND_HALF_UP)
 
 
-def consume(conn, *, user_id: str, task_id: str, message_id: str, total_tokens: int,
-            price_per_1k: Decimal) -> EntryResult:
+def consume(
+    conn, *, user_id: str, task_id: str, message_id: str, total_tokens: int, price_per_1k: Decimal
+) -> EntryResult:
     """Charge one round. Running it again for the same (task, message) changes nothing."""
-    return _apply(conn, reference_id=consume_reference(task_id, message_id), user_id=user_id, kind="consume",
-                  amount=-cost(total_tokens, price_per_1k), tokens=total_tokens, task_id=task_id,
-                  message_id=message_id)
+    return _apply(
+        conn,
+        reference_id=consume_reference(task_id, message_id),
+        user_id=user_id,
+        kind="consume",
+        amount=-cost(total_tokens, price_per_1k),
+        tokens=total_tokens,
+        task_id=task_id,
+        message_id=message_id,
+    )
 
 
 def top_up(conn, *, user_id: str, amount: Decimal, reference: str) -> EntryResult:
@@ -57,8 +65,16 @@ def top_up(conn, *, user_id: str, amount: Decimal, reference: str) -> EntryResul
     amount = Decimal(amount).quantize(CENT, rounding=ROUND_HALF_UP)
     if amount <= 0:
         raise LedgerError(f"a top-up must be positive, got {amount}")
-    return _apply(conn, reference_id=f"top_up:{reference}", user_id=user_id, kind="top_up", amount=amount,
-                  tokens=None, task_id=None, message_id=None)
+    return _apply(
+        conn,
+        reference_id=f"top_up:{reference}",
+        user_id=user_id,
+        kind="top_up",
+        amount=amount,
+        tokens=None,
+        task_id=None,
+        message_id=None,
+    )
 
 
 def _apply(conn, **params) -> EntryResult:

@@ -7,15 +7,5 @@ The App imports it by name, as it imports ``CONVEYOR_IMPORTS``, unless
 from __future__ import annotations
 
 # The six queues first: their declaration order is the order workers and the dashboard list them.
-from . import queues  # noqa: F401
-from ..tasks.processors import (  # noqa: F401
-    agent_run,
-    build,
-    credit,
-    finalize,
-    indexing,
-    memory,
-    nudge,
-    resume,
-    schedule,
-)
+from conveyor.platform import queues  # noqa: F401
+from conveyor.platform.processors import agent_run, build, credit, finalize, indexing, memory, nudge, resume, schedule  # noqa: F401

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
-from ..tasks.payloads import Id, Payload
+from conveyor.tasks.payloads import Id, Payload
 
 
 def run_key(run_id: str) -> str:

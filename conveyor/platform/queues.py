@@ -7,7 +7,7 @@ another. Every field can be overridden from the environment
 
 from __future__ import annotations
 
-from ..tasks.queues import Queue, declare_queue
+from conveyor.tasks.queues import Queue, declare_queue
 
 # Agent runs mostly wait on the model provider: many threads are cheap.
 # 30 min limit: the longest agent build observed takes ~15 min.

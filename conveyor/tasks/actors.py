@@ -9,12 +9,12 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 from pydantic import ValidationError
 
-from ..errors import MalformedMessage
-from .context import JobContext
-from .registry import JobType
+from conveyor.errors import MalformedMessage
+from conveyor.tasks.context import JobContext
+from conveyor.tasks.registry import JobType
 
 if TYPE_CHECKING:
-    from ..app import App
+    from conveyor.app import App
 
 
 def declare_actors(broker: dramatiq.Broker, app: "App") -> None:

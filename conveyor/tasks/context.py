@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..app import App
+    from conveyor.app import App
 
 
 @dataclass(frozen=True)

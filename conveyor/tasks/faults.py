@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
-from ..errors import InjectedFault
-from .context import JobContext
+from conveyor.errors import InjectedFault
+from conveyor.tasks.context import JobContext
 
 
 def chosen(rate: float, key: str) -> bool:

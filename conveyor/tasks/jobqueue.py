@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from dramatiq import Message
 from pydantic import BaseModel, ValidationError
 
-from ..brokers.base import EnqueueItem, JobRef
-from ..brokers.middleware.base import conveyor_middleware
-from ..errors import InvalidPayload, PayloadTooLarge, TransactionalEnqueueUnsupported, UnknownJob
-from .payloads import Payload
+from conveyor.brokers.base import EnqueueItem, JobRef
+from conveyor.errors import InvalidPayload, PayloadTooLarge, TransactionalEnqueueUnsupported, UnknownJob
+from conveyor.middleware.base import conveyor_middleware
+from conveyor.tasks.payloads import Payload
 
 if TYPE_CHECKING:
-    from ..app import App
+    from conveyor.app import App
 
 #: Dramatiq's delay queues keep a message at most 7 days.
 MAX_DELAY_SECONDS = 7 * 24 * 3600
@@ -42,8 +42,9 @@ class JobQueue:
     def __init__(self, app: "App") -> None:
         self.app = app
 
-    def enqueue(self, job: str, payload: Any, *, key: str | None = None, delay: float | None = None,
-                connection: Any = None) -> JobRef:
+    def enqueue(
+        self, job: str, payload: Any, *, key: str | None = None, delay: float | None = None, connection: Any = None
+    ) -> JobRef:
         """Enqueue one job. With ``key``, a second enqueue within ``CONVEYOR_DEDUP_TTL`` returns the first job.
 
         With ``connection`` (a psycopg connection to the broker's database;
@@ -54,14 +55,16 @@ class JobQueue:
         """
         return self.enqueue_many([JobRequest(job, payload, key, delay)], connection=connection)[0]
 
-    def enqueue_many(self, requests: Iterable[JobRequest | Mapping[str, Any]], *,
-                     connection: Any = None) -> list[JobRef]:
+    def enqueue_many(
+        self, requests: Iterable[JobRequest | Mapping[str, Any]], *, connection: Any = None
+    ) -> list[JobRef]:
         """Enqueue a batch in one round trip. Every payload is validated before anything is sent."""
         broker = self.app.broker
         if connection is not None and not broker.transactional_enqueue:
             raise TransactionalEnqueueUnsupported(
                 f"the {self.app.settings.broker_name} broker cannot enqueue inside a database transaction "
-                f"(connection=...); only CONVEYOR_BROKER=postgres keeps jobs in Postgres")
+                f"(connection=...); only CONVEYOR_BROKER=postgres keeps jobs in Postgres"
+            )
         items = [self.prepare(r if isinstance(r, JobRequest) else JobRequest(**r)) for r in requests]
         if not items:
             return []
@@ -86,12 +89,19 @@ class JobQueue:
         if request.delay is not None and not (0 <= request.delay <= MAX_DELAY_SECONDS):
             raise InvalidPayload(request.job, [{"loc": ("delay",), "msg": f"must be 0-{MAX_DELAY_SECONDS} seconds"}])
         options = {"key": request.key} if request.key else {}
-        message = Message(queue_name=job_type.queue, actor_name=job_type.name,
-                          args=(payload.model_dump(mode="json"),), kwargs={}, options=options)
+        message = Message(
+            queue_name=job_type.queue,
+            actor_name=job_type.name,
+            args=(payload.model_dump(mode="json"),),
+            kwargs={},
+            options=options,
+        )
         size = len(message.encode())
         if size > self.app.settings.max_payload_bytes:
-            raise PayloadTooLarge(f"payload of job {request.job!r} is {size} bytes encoded; "
-                                  f"the limit is {self.app.settings.max_payload_bytes} (CONVEYOR_MAX_PAYLOAD_BYTES)")
+            raise PayloadTooLarge(
+                f"payload of job {request.job!r} is {size} bytes encoded; "
+                f"the limit is {self.app.settings.max_payload_bytes} (CONVEYOR_MAX_PAYLOAD_BYTES)"
+            )
         delay_ms = None if request.delay is None else int(request.delay * 1000)
         return EnqueueItem(message, request.key, delay_ms)
 

@@ -31,18 +31,3 @@ class Payload(BaseModel):
         if isinstance(data, dict):
             data = {k: v for k, v in data.items() if k in cls.model_fields}
         return cls.model_validate(data)
-
-
-# -- the platform's payloads, until every importer names conveyor.platform.payloads ------------
-# (house-compat: /work/notes/house_finish.sh rewrites the importers and removes this block)
-_PLATFORM_PAYLOADS = frozenset({"CreditConsume", "TaskRun", "ChatRun", "RunFinalize", "MemoryExtraction",
-                                "ResourceIndex"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _PLATFORM_PAYLOADS:
-        import importlib
-
-        return getattr(importlib.import_module("conveyor.platform.payloads"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-# -- end house-compat

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from conveyor.settings import Settings
 
 #: A queue name: it becomes part of environment variable names and broker keys.
 QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -69,7 +69,7 @@ def declare_queue(queue: Queue, *, module: str | None = None) -> Queue:
 
 def queue_specs(settings: "Settings", queues: dict[str, Queue]) -> dict[str, Queue]:
     """``queues`` with the environment's overrides applied; an override of a queue not in it is an error."""
-    from ..errors import ConfigurationError
+    from conveyor.errors import ConfigurationError
 
     unknown = sorted(set(settings.queues) - set(queues))
     if unknown:

@@ -11,12 +11,12 @@ import importlib
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from .payloads import Payload
-from .queues import DECLARED, DEFAULT_MAX_ATTEMPTS, OWNERS, Queue, declare_queue
+from conveyor.tasks.payloads import Payload
+from conveyor.tasks.queues import DECLARED, DEFAULT_MAX_ATTEMPTS, OWNERS, Queue, declare_queue
 
 if TYPE_CHECKING:
-    from ..settings import Settings
-    from .context import JobContext
+    from conveyor.settings import Settings
+    from conveyor.tasks.context import JobContext
 
 Processor = Callable[[Payload, "JobContext"], Any]
 FinalFailureHook = Callable[[Payload | None, str, "JobContext"], None]
@@ -47,8 +47,14 @@ JOB_TYPES: dict[str, JobType] = {}
 SETTINGS_CHECKS: list[tuple[str, SettingsCheck]] = []
 
 
-def job(name: str, *, queue: Queue | str, payload: type[Payload], time_limit: float | None = None,
-        max_attempts: int | None = None) -> Callable[[Processor], Processor]:
+def job(
+    name: str,
+    *,
+    queue: Queue | str,
+    payload: type[Payload],
+    time_limit: float | None = None,
+    max_attempts: int | None = None,
+) -> Callable[[Processor], Processor]:
     """Register the decorated function as the processor of job ``name`` on ``queue``.
 
     ``queue`` is a :class:`~conveyor.tasks.queues.Queue` (declared here if it is new) or the
@@ -66,8 +72,16 @@ def job(name: str, *, queue: Queue | str, payload: type[Payload], time_limit: fl
             declare_queue(spec, module=fn.__module__)
         previous = JOB_TYPES.get(name)
         queue_name = spec.name if spec is not None else str(queue)
-        JOB_TYPES[name] = JobType(name, queue_name, payload, fn, previous.on_final_failure if previous else None,
-                                  time_limit, max_attempts, fn.__module__)
+        JOB_TYPES[name] = JobType(
+            name,
+            queue_name,
+            payload,
+            fn,
+            previous.on_final_failure if previous else None,
+            time_limit,
+            max_attempts,
+            fn.__module__,
+        )
         return fn
 
     return register
@@ -97,14 +111,15 @@ def _owned_by(module: str, packages: Iterable[str]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
-def load_job_types(modules: Iterable[str] = (), *,
-                   exclude: Iterable[str] = ()) -> tuple[dict[str, JobType], dict[str, Queue]]:
+def load_job_types(
+    modules: Iterable[str] = (), *, exclude: Iterable[str] = ()
+) -> tuple[dict[str, JobType], dict[str, Queue]]:
     """Import the job ``modules``; return the job types and queues registered, less those ``exclude``'s packages own.
 
     A queue is left out with its owner only if no job type kept uses it; a kept job type on a
     queue nobody declared is a :class:`~conveyor.errors.ConfigurationError`.
     """
-    from ..errors import ConfigurationError
+    from conveyor.errors import ConfigurationError
 
     for module in modules:
         importlib.import_module(module)
@@ -113,15 +128,17 @@ def load_job_types(modules: Iterable[str] = (), *,
     used = {t.queue for t in job_types.values()}
     undeclared = sorted(f"{t.name} (queue {t.queue!r})" for t in job_types.values() if t.queue not in DECLARED)
     if undeclared:
-        raise ConfigurationError(f"job(s) on a queue no module declares: {', '.join(undeclared)}; "
-                                 f"declare it with job(..., queue=Queue(name))")
+        raise ConfigurationError(
+            f"job(s) on a queue no module declares: {', '.join(undeclared)}; "
+            f"declare it with job(..., queue=Queue(name))"
+        )
     queues = {n: q for n, q in DECLARED.items() if n in used or not _owned_by(OWNERS.get(n, ""), exclude)}
     return job_types, queues
 
 
 def check_loaded_settings(settings: "Settings", exclude: Iterable[str] = ()) -> None:
     """Run the settings checks of the loaded modules; a failing one is a ConfigurationError naming the setting."""
-    from ..errors import ConfigurationError
+    from conveyor.errors import ConfigurationError
 
     exclude = tuple(exclude)
     for module, check in SETTINGS_CHECKS:

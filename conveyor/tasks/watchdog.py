@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ..logs import log_event
+from conveyor.logs import log_event
 
 #: Exit code of a self-fenced worker process (EX_TEMPFAIL): the supervisor restarts it without counting a crash.
 SELF_FENCE_EXIT = 75
@@ -52,9 +52,18 @@ class Watchdog(threading.Thread):
     def fence(self, age: float) -> None:
         """Log why, and end the process now: no cleanup, no drain (draining is what must not happen)."""
         threading.Timer(LOG_GRACE, os._exit, (SELF_FENCE_EXIT,)).start()
-        log_event("self_fence", level="error", queue=self.queue, job=None, job_id=None, attempt=None,
-                  pid=os.getpid(), heartbeat_age_s=round(age, 3), lease_s=self.lease,
-                  threshold_s=round(self.threshold, 3),
-                  reason="no heartbeat reached the server for most of the lease: exiting before recovery "
-                         "hands this worker's jobs to another")
+        log_event(
+            "self_fence",
+            level="error",
+            queue=self.queue,
+            job=None,
+            job_id=None,
+            attempt=None,
+            pid=os.getpid(),
+            heartbeat_age_s=round(age, 3),
+            lease_s=self.lease,
+            threshold_s=round(self.threshold, 3),
+            reason="no heartbeat reached the server for most of the lease: exiting before recovery "
+            "hands this worker's jobs to another",
+        )
         os._exit(SELF_FENCE_EXIT)

@@ -19,8 +19,8 @@ from typing import Callable
 
 from dramatiq import Worker
 
-from ..logs import log_event
-from .watchdog import SELF_FENCE_EXIT, Watchdog
+from conveyor.logs import log_event
+from conveyor.tasks.watchdog import SELF_FENCE_EXIT, Watchdog
 
 #: Idle consumers wake this often (ms) to check for shutdown and delayed jobs.
 WORKER_TIMEOUT_MS = 1000
@@ -40,8 +40,7 @@ class ProcessWorker:
         self.queue = queue
         self.threads = threads or app.queues[queue].concurrency
         self.broker = app.broker
-        self.worker = Worker(self.broker, queues={queue}, worker_threads=self.threads,
-                             worker_timeout=WORKER_TIMEOUT_MS)
+        self.worker = Worker(self.broker, queues={queue}, worker_threads=self.threads, worker_timeout=WORKER_TIMEOUT_MS)
         self._stop = threading.Event()
         self._maintainer = threading.Thread(target=self._maintain_loop, name="conveyor-maintain", daemon=True)
         self._watchdog = Watchdog(self.broker, app.settings, queue)
@@ -53,8 +52,15 @@ class ProcessWorker:
         self._maintainer.start()
         # Runs through most of stop() too: a draining worker cut off from the server must not outlive its lease.
         self._watchdog.start()
-        log_event("worker_started", queue=self.queue, job=None, job_id=None, attempt=None,
-                  pid=os.getpid(), threads=self.threads)
+        log_event(
+            "worker_started",
+            queue=self.queue,
+            job=None,
+            job_id=None,
+            attempt=None,
+            pid=os.getpid(),
+            threads=self.threads,
+        )
 
     def stop(self) -> None:
         """Stop taking jobs, let in-flight ones finish, hand prefetched ones back."""
@@ -74,13 +80,27 @@ class ProcessWorker:
             try:
                 recovered = self.broker.maintain()
             except Exception as exc:  # the broker may be down for a while: keep trying
-                log_event("error", level="warning", queue=self.queue, job=None, job_id=None, attempt=None,
-                          error=f"recovery pass failed: {type(exc).__name__}: {exc}")
+                log_event(
+                    "error",
+                    level="warning",
+                    queue=self.queue,
+                    job=None,
+                    job_id=None,
+                    attempt=None,
+                    error=f"recovery pass failed: {type(exc).__name__}: {exc}",
+                )
                 continue
             for queue, ids in recovered.items():
                 for job_id in ids:
-                    log_event("stalled", level="warning", queue=queue, job=None, job_id=job_id, attempt=None,
-                              reason="its worker stopped heartbeating; requeued")
+                    log_event(
+                        "stalled",
+                        level="warning",
+                        queue=queue,
+                        job=None,
+                        job_id=job_id,
+                        attempt=None,
+                        reason="its worker stopped heartbeating; requeued",
+                    )
 
 
 @dataclass
@@ -105,10 +125,19 @@ class Supervisor:
     (``conveyor up`` adds the API and the scheduler this way).
     """
 
-    def __init__(self, queues: list[str], processes: int = 1, threads: int | None = None,
-                 shutdown_timeout: float = 600, *, worker: Callable[[str, int | None], None],
-                 metrics_port: int = 0, metrics_host: str = "127.0.0.1",
-                 metrics_dir: str | None = None, services: tuple[tuple[str, Callable, tuple], ...] = ()) -> None:
+    def __init__(
+        self,
+        queues: list[str],
+        processes: int = 1,
+        threads: int | None = None,
+        shutdown_timeout: float = 600,
+        *,
+        worker: Callable[[str, int | None], None],
+        metrics_port: int = 0,
+        metrics_host: str = "127.0.0.1",
+        metrics_dir: str | None = None,
+        services: tuple[tuple[str, Callable, tuple], ...] = (),
+    ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.children = [_Child(q, worker, (q, threads)) for q in queues for _ in range(processes)]
         self.children += [_Child(name, target, args) for name, target, args in services]
@@ -122,7 +151,7 @@ class Supervisor:
         """Run until SIGTERM/SIGINT; returns the exit code (0 after a clean drain)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stopping.set())
-        from ..brokers.middleware.metrics import WorkerMetrics
+        from conveyor.middleware.metrics import WorkerMetrics
 
         # Before any child starts: they inherit PROMETHEUS_MULTIPROC_DIR, emptied of an earlier run's counts.
         self.metrics = WorkerMetrics(self.metrics_dir)
@@ -151,12 +180,21 @@ class Supervisor:
                     else:
                         # A child that lived long was fine before it died: restart at once.
                         child.failures = 0 if now - child.started > 60 else child.failures + 1
-                        delay = 0.0 if child.failures == 0 else min(RESTART_BACKOFF_MAX,
-                                                                     0.25 * 2 ** (child.failures - 1))
+                        delay = (
+                            0.0 if child.failures == 0 else min(RESTART_BACKOFF_MAX, 0.25 * 2 ** (child.failures - 1))
+                        )
                     child.restart_at = now + delay
-                    log_event("worker_died", level="warning" if code == SELF_FENCE_EXIT else "error",
-                              queue=child.name, job=None, job_id=None, attempt=None, exitcode=code,
-                              self_fenced=code == SELF_FENCE_EXIT, restart_in_s=round(child.restart_at - now, 2))
+                    log_event(
+                        "worker_died",
+                        level="warning" if code == SELF_FENCE_EXIT else "error",
+                        queue=child.name,
+                        job=None,
+                        job_id=None,
+                        attempt=None,
+                        exitcode=code,
+                        self_fenced=code == SELF_FENCE_EXIT,
+                        restart_in_s=round(child.restart_at - now, 2),
+                    )
                 if child.process is None and now >= child.restart_at:
                     self._spawn(child)
         return self._shutdown()

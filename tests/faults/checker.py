@@ -57,8 +57,10 @@ class Run:
 
     def __repr__(self) -> str:
         end = self.ended_at.isoformat() if self.ended_at else "?"
-        return (f"run(job={self.job_id} {self.token} attempt={self.attempt} delivery={self.delivery} "
-                f"{self.host}/{self.pid} {self.started_at.time()}..{end[11:]} ok={self.ok})")
+        return (
+            f"run(job={self.job_id} {self.token} attempt={self.attempt} delivery={self.delivery} "
+            f"{self.host}/{self.pid} {self.started_at.time()}..{end[11:]} ok={self.ok})"
+        )
 
 
 class Checker:
@@ -125,8 +127,14 @@ class Checker:
     # -- the run log -------------------------------------------------------------
 
     def runs(self) -> list[Run]:
-        runs = [Run(*r) for r in _rows(self.url, "SELECT run_id, job_id, token, attempt, delivery, host, pid, "
-                                                 "started_at, effect_at, ended_at, ok FROM fault_runs")]
+        runs = [
+            Run(*r)
+            for r in _rows(
+                self.url,
+                "SELECT run_id, job_id, token, attempt, delivery, host, pid, "
+                "started_at, effect_at, ended_at, ok FROM fault_runs",
+            )
+        ]
         spooled: dict[str, dict] = {}
         for path in self.cluster.spool.glob("*.jsonl"):
             for line in path.read_text().splitlines():
@@ -177,7 +185,7 @@ class Checker:
         for job_id, job_runs in by_job.items():
             job_runs.sort(key=lambda r: r.started_at)
             for i, a in enumerate(job_runs):
-                for b in job_runs[i + 1:]:
+                for b in job_runs[i + 1 :]:
                     if b.started_at < (a.ended_at or forever):
                         out.setdefault(job_id, []).append((a, b))
         return out
@@ -196,21 +204,33 @@ class Checker:
         counts = Counter(e[0] for e in entries)
         missing = sorted(set(required) - set(counts))
         extra = sorted(r for r in counts if r not in allowed) + sorted(r for r, n in counts.items() if n > 1)
-        wrong = [f"{ref}: {amount} != {-credits.cost(allowed[ref][2], price)}" for ref, _, amount in entries
-                 if ref in allowed and amount != -credits.cost(allowed[ref][2], price)]
+        wrong = [
+            f"{ref}: {amount} != {-credits.cost(allowed[ref][2], price)}"
+            for ref, _, amount in entries
+            if ref in allowed and amount != -credits.cost(allowed[ref][2], price)
+        ]
         expected: dict[str, Decimal] = defaultdict(Decimal)
         for ref in counts:
             if ref in allowed:
                 expected[allowed[ref][1]] -= credits.cost(allowed[ref][2], price)
         balances = dict(_rows(self.url, "SELECT user_id, balance FROM credit_accounts"))
-        mismatched = [f"{user}: balance {balances.get(user)} != {value}" for user, value in expected.items()
-                      if balances.get(user) != value]
-        verify = subprocess.run([sys.executable, "-m", "conveyor", "ledger", "verify"],
-                                env=env_for(self.cluster.settings), cwd=ROOT, capture_output=True, text=True,
-                                timeout=120)
+        mismatched = [
+            f"{user}: balance {balances.get(user)} != {value}"
+            for user, value in expected.items()
+            if balances.get(user) != value
+        ]
+        verify = subprocess.run(
+            [sys.executable, "-m", "conveyor", "ledger", "verify"],
+            env=env_for(self.cluster.settings),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if verify.returncode != 0 or f"{len(entries)} entries, 0 mismatches" not in verify.stdout:
-            mismatched.append(f"conveyor ledger verify: rc={verify.returncode} {verify.stdout.strip()} "
-                              f"{verify.stderr.strip()[-300:]}")
+            mismatched.append(
+                f"conveyor ledger verify: rc={verify.returncode} {verify.stdout.strip()} {verify.stderr.strip()[-300:]}"
+            )
         return missing, extra + wrong + mismatched
 
     # -- keys -----------------------------------------------------------------------
@@ -225,8 +245,7 @@ class Checker:
             if item.sent_at - original.done_at > DEDUP_TTL * 0.75:
                 continue  # sent when the key may already have expired (the producer was held up)
             if not item.deduplicated or item.ref_id != original.ref_id:
-                not_deduplicated.append(f"{item.key}: {item.ref_id} (dedup={item.deduplicated}) "
-                                        f"!= {original.ref_id}")
+                not_deduplicated.append(f"{item.key}: {item.ref_id} (dedup={item.deduplicated}) != {original.ref_id}")
         keys = sorted({item.key for item in jobs.values() if item.key})
         if not keys:
             return not_deduplicated, []
@@ -234,16 +253,23 @@ class Checker:
         wait = last + DEDUP_TTL + 0.5 - time.time()
         if wait > 0:
             time.sleep(wait)
-        requests = [{"job": "fault.work.nudge", "payload": {"token": f"rekey-{i}"}, "key": key}
-                    for i, key in enumerate(keys)]
+        requests = [
+            {"job": "fault.work.nudge", "payload": {"token": f"rekey-{i}"}, "key": key} for i, key in enumerate(keys)
+        ]
         refs = self.app.jobs.enqueue_many(requests)
         held = [f"{key} -> {ref.id}" for key, ref in zip(keys, refs) if ref.deduplicated]
         return not_deduplicated, held
 
     # -- everything ------------------------------------------------------------------
 
-    def check(self, healed_at: float, *, producer=None, expect_no_reruns: bool = False,
-              extra_problems: list[str] | None = None) -> report.Row:
+    def check(
+        self,
+        healed_at: float,
+        *,
+        producer=None,
+        expect_no_reruns: bool = False,
+        extra_problems: list[str] | None = None,
+    ) -> report.Row:
         recovery, states = self.settle(healed_at, producer=producer)
         jobs = self.jobs()
         runs = self.runs()
@@ -262,14 +288,17 @@ class Checker:
                 problems["stuck"].append(f"{token} ({job_id}) is {state}")
                 continue
             if state != item.expect:
-                problems["lost"].append(f"{token} ({job_id}) ended {state}, expected {item.expect} "
-                                        f"(error: {self.errors.get(job_id, '')[:150]!r})")
+                problems["lost"].append(
+                    f"{token} ({job_id}) ended {state}, expected {item.expect} "
+                    f"(error: {self.errors.get(job_id, '')[:150]!r})"
+                )
                 continue
             ok_runs = [r for r in runs_by_job.get(job_id, []) if r.ok]
             if item.expect == "completed":
                 if item.logged and not ok_runs:
-                    problems["lost"].append(f"{token} ({job_id}) is completed but never ran to its end: "
-                                            f"{runs_by_job.get(job_id)}")
+                    problems["lost"].append(
+                        f"{token} ({job_id}) is completed but never ran to its end: {runs_by_job.get(job_id)}"
+                    )
                 if item.charge and item.charge[0] not in charged:
                     problems["lost"].append(f"{token} ({job_id}) is completed but its charge is missing")
                 if dead.get(job_id):
@@ -297,16 +326,31 @@ class Checker:
             return len(problems.get(kind, []))
 
         row = report.Row(
-            fault=self.fault, broker=self.broker_name, jobs=len(jobs), lost=count("lost"),
-            doubled=count("doubled"), overlapping=len(overlapping), stuck=count("stuck"),
-            recovery=recovery, reruns=len(reruns), runs=len(runs),
+            fault=self.fault,
+            broker=self.broker_name,
+            jobs=len(jobs),
+            lost=count("lost"),
+            doubled=count("doubled"),
+            overlapping=len(overlapping),
+            stuck=count("stuck"),
+            recovery=recovery,
+            reruns=len(reruns),
+            runs=len(runs),
             maybe=sum(1 for item in self.items if item.maybe and not item.acknowledged),
-            notes="; ".join(p[:160] for kind in ("lost", "doubled", "overlapping", "stuck", "other")
-                            for p in problems.get(kind, [])[:2]),
+            notes="; ".join(
+                p[:160]
+                for kind in ("lost", "doubled", "overlapping", "stuck", "other")
+                for p in problems.get(kind, [])[:2]
+            ),
         )
         report.record(row)
         failures = {kind: found for kind, found in problems.items() if found}
         assert not failures, f"{self.fault} on {self.broker_name}: " + json.dumps(
-            {kind: found[:10] + ([f"... {len(found) - 10} more"] if len(found) > 10 else [])
-             for kind, found in failures.items()}, indent=1, default=str)
+            {
+                kind: found[:10] + ([f"... {len(found) - 10} more"] if len(found) > 10 else [])
+                for kind, found in failures.items()
+            },
+            indent=1,
+            default=str,
+        )
         return row

@@ -63,7 +63,7 @@ def fault_pg():
 
 def ensure_template(pg: PostgresServer) -> str:
     """The migrated database (plus the fault tables) that each test's database is copied from."""
-    from conveyor.ledger.migrate import migrate
+    from conveyor.schema.migrate import migrate
 
     if id(pg) not in _templates:
         pg.drop_database(TEMPLATE)
@@ -86,8 +86,9 @@ def world(request, fault_pg, fault_redis, tmp_path):
     """
     made: list[tuple[Cluster, PostgresServer, str]] = []
 
-    def make(broker: str, fault: str, *, pg: PostgresServer | None = None, redis: RedisServer | None = None,
-             **overrides) -> Cluster:
+    def make(
+        broker: str, fault: str, *, pg: PostgresServer | None = None, redis: RedisServer | None = None, **overrides
+    ) -> Cluster:
         pg, redis = pg or fault_pg, redis or fault_redis
         for server in (pg, redis):
             if not server.is_running:  # an earlier test crashed it and failed before restarting it

@@ -59,26 +59,53 @@ def fault_settings(broker: str, redis_url: str | None, database_url: str, **over
 
 
 def utc(seconds: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
 
 class Supervisor:
     """``conveyor worker`` for the workload's queues, as a subprocess."""
 
-    def __init__(self, cluster: "Cluster", name: str, queues: tuple[str, ...], processes: int,
-                 prefix: list[str], settings: Settings, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        cluster: "Cluster",
+        name: str,
+        queues: tuple[str, ...],
+        processes: int,
+        prefix: list[str],
+        settings: Settings,
+        env: dict[str, str],
+    ) -> None:
         self.name = name
         self.queues = queues
         self.expected = len(queues) * processes
         self.log = cluster.logs / f"worker-{name}.log"
-        extra = {"FAULT_SPOOL": str(cluster.spool), "FAULT_HOST": name, "CONVEYOR_METRICS_PORT": "0",
-                 **cluster.env, **env}
+        extra = {
+            "FAULT_SPOOL": str(cluster.spool),
+            "FAULT_HOST": name,
+            "CONVEYOR_METRICS_PORT": "0",
+            **cluster.env,
+            **env,
+        }
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "conveyor", "worker", "--queues", ",".join(queues),
-             "--processes", str(processes)],
-            env=env_for(settings, **extra), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=self._log_file, cwd=ROOT, start_new_session=True)
+            [
+                *prefix,
+                sys.executable,
+                "-m",
+                "conveyor",
+                "worker",
+                "--queues",
+                ",".join(queues),
+                "--processes",
+                str(processes),
+            ],
+            env=env_for(settings, **extra),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log_file,
+            cwd=ROOT,
+            start_new_session=True,
+        )
 
     def events(self, name: str | None = None) -> list[dict]:
         out = []
@@ -104,8 +131,12 @@ class Supervisor:
         return alive
 
     def wait_ready(self) -> None:
-        wait_for(lambda: self.proc.poll() is None and len(self.child_pids()) >= self.expected,
-                 timeout=READY_TIMEOUT, interval=0.1, message=f"{self.expected} worker processes of {self.name}")
+        wait_for(
+            lambda: self.proc.poll() is None and len(self.child_pids()) >= self.expected,
+            timeout=READY_TIMEOUT,
+            interval=0.1,
+            message=f"{self.expected} worker processes of {self.name}",
+        )
 
     def terminate(self, timeout: float = 60) -> int | None:
         """SIGTERM (drain), then SIGKILL of the whole group if it did not exit in time; returns its exit code."""
@@ -149,11 +180,20 @@ class Cluster:
         #: pid -> UNIX time of the SIGKILL the harness sent it.
         self.kills: dict[int, float] = {}
 
-    def start_workers(self, name: str, *, queues: tuple[str, ...] = WORK_QUEUES, processes: int = 1,
-                      prefix: list[str] | None = None, settings: Settings | None = None,
-                      wait: bool = True, **env: str) -> Supervisor:
-        supervisor = Supervisor(self, f"{name}{len(self.supervisors)}", queues, processes, prefix or [],
-                                settings or self.settings, env)
+    def start_workers(
+        self,
+        name: str,
+        *,
+        queues: tuple[str, ...] = WORK_QUEUES,
+        processes: int = 1,
+        prefix: list[str] | None = None,
+        settings: Settings | None = None,
+        wait: bool = True,
+        **env: str,
+    ) -> Supervisor:
+        supervisor = Supervisor(
+            self, f"{name}{len(self.supervisors)}", queues, processes, prefix or [], settings or self.settings, env
+        )
         self.supervisors.append(supervisor)
         if wait:
             supervisor.wait_ready()
@@ -178,8 +218,11 @@ def open_runs(cluster: Cluster, token_prefix: str, *, effect: bool = False) -> l
     """(token, pid, job id) of runs that started and have not ended, optionally only those past their effect."""
     import psycopg
 
-    query = ("SELECT token, pid, job_id FROM fault_runs WHERE ended_at IS NULL AND token LIKE %s"
-             + (" AND effect_at IS NOT NULL" if effect else "") + " ORDER BY started_at")
+    query = (
+        "SELECT token, pid, job_id FROM fault_runs WHERE ended_at IS NULL AND token LIKE %s"
+        + (" AND effect_at IS NOT NULL" if effect else "")
+        + " ORDER BY started_at"
+    )
     with psycopg.connect(cluster.settings.database_url, autocommit=True, connect_timeout=10) as conn:
         return [tuple(r) for r in conn.execute(query, (token_prefix + "%",)).fetchall()]
 
@@ -190,6 +233,7 @@ def kill_holders(cluster: Cluster, tokens: set[str], timeout: float = 60) -> flo
     All at once: killing one process while another holder in it has not reached its effect yet
     would make that one a mid-job kill. Returns the time of the last kill.
     """
+
     def holding() -> dict[str, int]:
         return {token: pid for token, pid, _ in open_runs(cluster, "", effect=True) if token in tokens}
 
@@ -197,8 +241,9 @@ def kill_holders(cluster: Cluster, tokens: set[str], timeout: float = 60) -> flo
         now = holding()
         return now if set(now) == tokens else None
 
-    held = wait_for(all_holding, timeout=timeout, interval=0.05,
-                    message=f"jobs {sorted(tokens)} to hold after their effect")
+    held = wait_for(
+        all_holding, timeout=timeout, interval=0.05, message=f"jobs {sorted(tokens)} to hold after their effect"
+    )
     last = time.time()
     for pid in sorted(set(held.values())):
         last = cluster.kill(pid)

@@ -35,8 +35,9 @@ HOLD_SECONDS = 45.0
 #: Error texts a database or a JSON encoder may refuse: a NUL, and a lone surrogate (not encodable as UTF-8).
 BAD_TEXTS = {"nul": "bad\x00text", "surrogate": "bad\ud800text", "both": "nul\x00 and \udcff surrogate"}
 
-INSERT_RUN = ("INSERT INTO fault_runs (run_id, job_id, token, attempt, delivery, host, pid) "
-              "VALUES (%s, %s, %s, %s, %s, %s, %s)")
+INSERT_RUN = (
+    "INSERT INTO fault_runs (run_id, job_id, token, attempt, delivery, host, pid) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
 END_RUN = "UPDATE fault_runs SET ended_at = started_at + make_interval(secs => %s), ok = %s WHERE run_id = %s"
 EFFECT = "UPDATE fault_runs SET effect_at = clock_timestamp() WHERE run_id = %s"
 INSERT_DEAD = "INSERT INTO fault_dead (job_id, token, error, pid) VALUES (%s, %s, %s, %s)"
@@ -92,8 +93,9 @@ def work(payload: Work, ctx) -> None:
     run_id = str(uuid.uuid4())
     try:
         with ctx.app.pool.connection() as conn:
-            conn.execute(INSERT_RUN, (run_id, ctx.job_id, payload.token, ctx.attempt, delivery_of(message),
-                                      host(), os.getpid()))
+            conn.execute(
+                INSERT_RUN, (run_id, ctx.job_id, payload.token, ctx.attempt, delivery_of(message), host(), os.getpid())
+            )
     except BaseException:
         # The row may or may not be there (an error at commit): if it is, the run ended as it began.
         spool({"run_id": run_id, "elapsed": 0.0, "ok": False})
@@ -108,9 +110,14 @@ def work(payload: Work, ctx) -> None:
             time.sleep(payload.sleep)
         if payload.user_id:
             with ctx.app.pool.connection() as conn:
-                credits.consume(conn, user_id=payload.user_id, task_id=payload.task_id,
-                                message_id=payload.message_id, total_tokens=payload.total_tokens,
-                                price_per_1k=ctx.app.settings.price_per_1k_tokens)
+                credits.consume(
+                    conn,
+                    user_id=payload.user_id,
+                    task_id=payload.task_id,
+                    message_id=payload.message_id,
+                    total_tokens=payload.total_tokens,
+                    price_per_1k=ctx.app.settings.price_per_1k_tokens,
+                )
         if payload.hold and ctx.attempt == 1:
             with ctx.app.pool.connection() as conn:
                 conn.execute(EFFECT, (run_id,))

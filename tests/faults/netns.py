@@ -23,7 +23,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 class NetworkNamespace:
     def __init__(self) -> None:
-        tag = f"{os.getpid() % 100000:05d}{random.randrange(16 ** 3):03x}"
+        tag = f"{os.getpid() % 100000:05d}{random.randrange(16**3):03x}"
         self.name = f"cvfault{tag}"
         self.host_link = f"cvh{tag}"  # at most 15 characters
         self.ns_link = f"cvn{tag}"

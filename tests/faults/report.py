@@ -24,12 +24,14 @@ DOC = ROOT / "docs" / "reliability.md"
 
 #: (fault, broker) pairs of the whole suite, in the table's order.
 SCENARIOS = [
-    ("worker SIGKILL mid-job", "redis"), ("worker SIGKILL mid-job", "postgres"),
+    ("worker SIGKILL mid-job", "redis"),
+    ("worker SIGKILL mid-job", "postgres"),
     ("worker SIGKILL after its effect, before its ack", "redis"),
     ("worker SIGKILL after its effect, before its ack", "postgres"),
     ("worker SIGKILL after a charge, before its ack", "redis"),
     ("worker SIGKILL after a charge, before its ack", "postgres"),
-    ("SIGTERM drain under load", "redis"), ("SIGTERM drain under load", "postgres"),
+    ("SIGTERM drain under load", "redis"),
+    ("SIGTERM drain under load", "postgres"),
     ("Redis SIGKILL + restart (appendfsync always)", "redis"),
     ("Redis paused longer than the client timeout (CLIENT PAUSE)", "redis"),
     ("Postgres crash (immediate) + restart, fsync on", "redis"),
@@ -102,14 +104,15 @@ def render(rows: list[Row], *, elapsed: float | None = None) -> str:
 
     commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
     dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     by_pair = {(r.fault, r.broker): r for r in rows}  # a repeated scenario (soak): its last row
     extra = [pair for pair in by_pair if pair not in SCENARIOS]
     lines = [
         "# Reliability: what the fault suite did to conveyor, and what came of it",
         "",
         f"Written by `tests/faults/` from the run it just did — commit `{commit}`{dirty}, {when}"
-        + (f", {elapsed:.0f} s for the whole suite" if elapsed else "") + ". Do not edit by hand: run",
+        + (f", {elapsed:.0f} s for the whole suite" if elapsed else "")
+        + ". Do not edit by hand: run",
         "`make test` (or `.venv/bin/python -m pytest tests/faults`) and commit the file it writes.",
         "",
         "Each row is one fault injected while a mixed workload runs on real `conveyor worker` processes",
@@ -129,8 +132,10 @@ def render(rows: list[Row], *, elapsed: float | None = None) -> str:
             lines.append(f"| {r.fault} | {r.broker} | did not finish | | | | | | |")
         else:
             recovery = f"{r.recovery:.1f} s" if r.recovery is not None else "never"
-            lines.append(f"| {r.fault} | {r.broker} | {r.jobs} | {r.lost} | {r.doubled} | {r.overlapping} | "
-                         f"{r.stuck} | {recovery} | {r.reruns} |")
+            lines.append(
+                f"| {r.fault} | {r.broker} | {r.jobs} | {r.lost} | {r.doubled} | {r.overlapping} | "
+                f"{r.stuck} | {recovery} | {r.reruns} |"
+            )
     lines += [
         "",
         "- **jobs**: enqueues the producer got an answer for (acknowledged); enqueues that raised during",
@@ -157,8 +162,11 @@ def render(rows: list[Row], *, elapsed: float | None = None) -> str:
         "## Notes from this run",
         "",
     ]
-    noted = [by_pair[pair] for pair in [*SCENARIOS, *extra] if pair in by_pair
-             and (by_pair[pair].notes or by_pair[pair].error)]
+    noted = [
+        by_pair[pair]
+        for pair in [*SCENARIOS, *extra]
+        if pair in by_pair and (by_pair[pair].notes or by_pair[pair].error)
+    ]
     if not noted:
         lines.append("Nothing to report: every row is clean.")
     for r in noted:

@@ -33,15 +33,20 @@ def summarize(rows: list[dict], rounds: int, seconds: float) -> str:
         t["errors"] += bool(row["error"])
         previous = worst.get(pair, 0.0)
         worst[pair] = None if previous is None or row["recovery"] is None else max(previous, row["recovery"])
-    lines = [f"# Fault suite soak: {rounds} round(s) in {seconds / 60:.0f} min", "",
-             "| fault | broker | rounds | jobs | lost | doubled effects | overlapping runs | stuck | "
-             "worst time to recover | reruns | unfinished rounds |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Fault suite soak: {rounds} round(s) in {seconds / 60:.0f} min",
+        "",
+        "| fault | broker | rounds | jobs | lost | doubled effects | overlapping runs | stuck | "
+        "worst time to recover | reruns | unfinished rounds |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for pair, t in totals.items():
         recovery = "never (some round)" if worst[pair] is None else f"{worst[pair]:.1f} s"
-        lines.append(f"| {pair[0]} | {pair[1]} | {t['rounds']:.0f} | {t['jobs']:.0f} | {t['lost']:.0f} | "
-                     f"{t['doubled']:.0f} | {t['overlapping']:.0f} | {t['stuck']:.0f} | {recovery} | "
-                     f"{t['reruns']:.0f} | {t['errors']:.0f} |")
+        lines.append(
+            f"| {pair[0]} | {pair[1]} | {t['rounds']:.0f} | {t['jobs']:.0f} | {t['lost']:.0f} | "
+            f"{t['doubled']:.0f} | {t['overlapping']:.0f} | {t['stuck']:.0f} | {recovery} | "
+            f"{t['reruns']:.0f} | {t['errors']:.0f} |"
+        )
     notes = [f"- {r['fault']} / {r['broker']}: {r['error'] or r['notes']}" for r in rows if r["error"] or r["notes"]]
     return "\n".join(lines + ["", "## Notes", "", *(notes or ["None: every round was clean."]), ""])
 

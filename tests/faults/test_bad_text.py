@@ -23,8 +23,11 @@ def test_error_texts_with_nul_and_lone_surrogates(world, broker):
     groups = [cluster.start_workers(name, wait=False) for name in ("a", "b")]
     for group in groups:
         group.wait_ready()
-    plan = (mixed(25, "nul", bad_text="nul") + mixed(25, "surrogate", bad_text="surrogate")
-            + mixed(25, "both", bad_text="both"))
+    plan = (
+        mixed(25, "nul", bad_text="nul")
+        + mixed(25, "surrogate", bad_text="surrogate")
+        + mixed(25, "both", bad_text="both")
+    )
     producer = Producer(cluster.app, plan, spread=3.0)
     producer.start()
     producer.wait()

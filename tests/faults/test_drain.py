@@ -25,12 +25,19 @@ def test_sigterm_drain_under_load_loses_none_and_runs_none_twice(world, broker):
     producer = Producer(cluster.app, plan, spread=2.5)
     producer.start()
     pids = set(draining.child_pids())
-    wait_for(lambda: len([r for r in open_runs(cluster, "") if r[1] in pids]) >= 2, timeout=60,
-             message="jobs in flight in the draining supervisor")
+    wait_for(
+        lambda: len([r for r in open_runs(cluster, "") if r[1] in pids]) >= 2,
+        timeout=60,
+        message="jobs in flight in the draining supervisor",
+    )
     assert draining.terminate(timeout=60) == 0, "a drain exits 0"
     healed_at = time.time()
     checker = Checker(cluster, plan, fault=FAULT)
     unfinished = [r for r in checker.runs() if r.pid in pids and not r.end_known]
     cluster.start_workers("after")
-    checker.check(healed_at, producer=producer, expect_no_reruns=True,
-                  extra_problems=[f"in-flight run not finished by the drain: {r}" for r in unfinished])
+    checker.check(
+        healed_at,
+        producer=producer,
+        expect_no_reruns=True,
+        extra_problems=[f"in-flight run not finished by the drain: {r}" for r in unfinished],
+    )

@@ -51,7 +51,8 @@ def age_postgres_rows(cluster, job_ids: set[str]) -> int:
         return conn.execute(
             "UPDATE conveyor_jobs SET message = (message - 'message_id' - 'message_timestamp')"
             " || jsonb_build_object('options', '{}'::jsonb), max_attempts = NULL WHERE id = ANY(%s)",
-            (sorted(job_ids),)).rowcount
+            (sorted(job_ids),),
+        ).rowcount
 
 
 @pytest.mark.parametrize("broker", ["redis", "postgres"])

@@ -39,12 +39,17 @@ def namespace():
 @pytest.fixture(scope="module")
 def ns_servers(namespace):
     """Durable servers that listen on loopback and on the veth address."""
-    pg = PostgresServer(tempfile.mkdtemp(prefix="conveyor-fault-pg-ns-"), settings={
-        **PostgresServer.DURABLE, "listen_addresses": f"127.0.0.1,{namespace.host_address}"})
+    pg = PostgresServer(
+        tempfile.mkdtemp(prefix="conveyor-fault-pg-ns-"),
+        settings={**PostgresServer.DURABLE, "listen_addresses": f"127.0.0.1,{namespace.host_address}"},
+    )
     try:
         pg.trust(f"{namespace.ns_address}/32")
-        redis = RedisServer(tempfile.mkdtemp(prefix="conveyor-fault-redis-ns-"), durable=True,
-                            bind=("127.0.0.1", namespace.host_address))
+        redis = RedisServer(
+            tempfile.mkdtemp(prefix="conveyor-fault-redis-ns-"),
+            durable=True,
+            bind=("127.0.0.1", namespace.host_address),
+        )
         try:
             yield pg, redis
         finally:
@@ -59,14 +64,18 @@ def test_worker_host_cut_off_and_reconnected(world, broker, namespace, ns_server
     cluster = world(broker, FAULT, pg=pg, redis=redis)
     address = namespace.host_address
     dbname = cluster.settings.database_url.rsplit("/", 1)[1]
-    remote = cluster.settings.model_copy(update={
-        "database_url": pg.url_on(address, dbname),
-        "redis_url": redis.url_on(address) if broker == "redis" else None})
+    remote = cluster.settings.model_copy(
+        update={
+            "database_url": pg.url_on(address, dbname),
+            "redis_url": redis.url_on(address) if broker == "redis" else None,
+        }
+    )
     # The cut-off host serves the queues without charges: a charge hanging in a cut-off
     # connection lands when the host is back (the ledger keeps it once, but the run
     # log would show it overlapping its rerun, and no fence can stop a run already begun).
-    far = cluster.start_workers("far", queues=("indexing", "nudge"), prefix=namespace.prefix,
-                                settings=remote, wait=False)
+    far = cluster.start_workers(
+        "far", queues=("indexing", "nudge"), prefix=namespace.prefix, settings=remote, wait=False
+    )
     near = cluster.start_workers("near", wait=False)
     far.wait_ready()
     near.wait_ready()
@@ -74,8 +83,11 @@ def test_worker_host_cut_off_and_reconnected(world, broker, namespace, ns_server
     producer = Producer(cluster.app, plan, spread=3.0)
     producer.start()
     far_pids = set(far.child_pids())
-    wait_for(lambda: any(pid in far_pids for _, pid, _ in open_runs(cluster, "")), timeout=60,
-             message="jobs running on the far host")
+    wait_for(
+        lambda: any(pid in far_pids for _, pid, _ in open_runs(cluster, "")),
+        timeout=60,
+        message="jobs running on the far host",
+    )
     namespace.cut()
     try:
         time.sleep(CUT_SECONDS)

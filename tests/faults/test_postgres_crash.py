@@ -17,8 +17,11 @@ from tests.faults.test_redis_faults import start
 
 @pytest.mark.parametrize("broker,how", [("redis", "immediate"), ("postgres", "immediate"), ("postgres", "SIGKILL")])
 def test_postgres_crash_and_restart_under_load(world, fault_pg, broker, how):
-    fault = ("Postgres crash (immediate) + restart, fsync on" if how == "immediate"
-             else "Postgres crash (SIGKILL postmaster) + restart, fsync on")
+    fault = (
+        "Postgres crash (immediate) + restart, fsync on"
+        if how == "immediate"
+        else "Postgres crash (SIGKILL postmaster) + restart, fsync on"
+    )
     cluster = world(broker, fault)
     plan, producer = start(cluster, prefix="pgcrash")
     if how == "immediate":

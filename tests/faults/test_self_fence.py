@@ -33,32 +33,46 @@ def _ts(event: dict) -> float:
 
 
 @pytest.mark.parametrize("broker", ["redis", "postgres"])
-def test_a_cut_off_worker_exits_before_its_lease_and_its_job_runs_once_elsewhere(world, broker, namespace,  # noqa: F811
-                                                                                 ns_servers):  # noqa: F811
+def test_a_cut_off_worker_exits_before_its_lease_and_its_job_runs_once_elsewhere(
+    world,
+    broker,
+    namespace,  # noqa: F811
+    ns_servers,
+):  # noqa: F811
     pg, redis = ns_servers
     cluster = world(broker, FAULT, pg=pg, redis=redis)
     address = namespace.host_address
     dbname = cluster.settings.database_url.rsplit("/", 1)[1]
-    remote = cluster.settings.model_copy(update={
-        "database_url": pg.url_on(address, dbname),
-        "redis_url": redis.url_on(address) if broker == "redis" else None})
+    remote = cluster.settings.model_copy(
+        update={
+            "database_url": pg.url_on(address, dbname),
+            "redis_url": redis.url_on(address) if broker == "redis" else None,
+        }
+    )
     far = cluster.start_workers("far", queues=("nudge",), prefix=namespace.prefix, settings=remote)
     plan = long_jobs(1, "fence", sleep=JOB_SECONDS, queue="nudge")
     producer = Producer(cluster.app, plan, spread=0.1)
     producer.start()
     far_pids = set(far.child_pids())
-    wait_for(lambda: any(pid in far_pids for _, pid, _ in open_runs(cluster, "fence-")), timeout=60,
-             message="the job running on the far host")
+    wait_for(
+        lambda: any(pid in far_pids for _, pid, _ in open_runs(cluster, "fence-")),
+        timeout=60,
+        message="the job running on the far host",
+    )
     namespace.cut()
     cut_at = time.time()
     try:
         near = cluster.start_workers("near", queues=("nudge",))  # in the cut: the job must not end first
-        wait_for(lambda: far.events("self_fence"), timeout=3 * LEASE, interval=0.05,
-                 message="the far worker fencing itself")
+        wait_for(
+            lambda: far.events("self_fence"), timeout=3 * LEASE, interval=0.05, message="the far worker fencing itself"
+        )
         # Its job comes back after the lease and a recovery pass, and runs to its end on the near host.
         near_pids = set(near.child_pids())
-        wait_for(lambda: any(r.pid in near_pids and r.ended_at for r in Checker(cluster, plan, fault=FAULT).runs()),
-                 timeout=JOB_SECONDS + 6 * LEASE, message="the job rerun to its end on the near host")
+        wait_for(
+            lambda: any(r.pid in near_pids and r.ended_at for r in Checker(cluster, plan, fault=FAULT).runs()),
+            timeout=JOB_SECONDS + 6 * LEASE,
+            message="the job rerun to its end on the near host",
+        )
     finally:
         namespace.heal()
     healed_at = time.time()
@@ -68,13 +82,17 @@ def test_a_cut_off_worker_exits_before_its_lease_and_its_job_runs_once_elsewhere
     assert died, far.events("worker_died")
     fenced_in = _ts(fence) - cut_at
     assert fence["heartbeat_age_s"] < LEASE and fenced_in < LEASE, (fenced_in, fence)
-    runs = sorted((r for r in Checker(cluster, plan, fault=FAULT).runs() if r.token.startswith("fence-")),
-                  key=lambda r: r.started_at)
+    runs = sorted(
+        (r for r in Checker(cluster, plan, fault=FAULT).runs() if r.token.startswith("fence-")),
+        key=lambda r: r.started_at,
+    )
     assert [r.pid in far_pids for r in runs] == [True, False], runs
     first, second = runs
     assert first.ok is False, first  # killed mid-run (ended when its process fenced itself), not finished
     assert second.delivery > first.delivery and second.ok, second
     assert second.started_at > first.ended_at, (first, second)
-    print(f"\n{broker}: cut -> self-fence exit {fenced_in:.2f}s (heartbeat age {fence['heartbeat_age_s']}s, "
-          f"lease {LEASE}s); cut -> rerun start {second.started_at.timestamp() - cut_at:.2f}s")
+    print(
+        f"\n{broker}: cut -> self-fence exit {fenced_in:.2f}s (heartbeat age {fence['heartbeat_age_s']}s, "
+        f"lease {LEASE}s); cut -> rerun start {second.started_at.timestamp() - cut_at:.2f}s"
+    )
     Checker(cluster, plan, fault=FAULT).check(healed_at, producer=producer)

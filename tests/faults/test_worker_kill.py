@@ -31,8 +31,9 @@ def test_worker_sigkill_mid_job(world, broker):
     plan = mixed(60, "midjob") + long_jobs(6, "long", sleep=1.5)
     producer = Producer(cluster.app, plan, spread=2.0)
     producer.start()
-    token, pid, job_id = wait_for(lambda: next(iter(open_runs(cluster, "long-")), None), timeout=60,
-                                  message="a long job to be running")
+    token, pid, job_id = wait_for(
+        lambda: next(iter(open_runs(cluster, "long-")), None), timeout=60, message="a long job to be running"
+    )
     killed_at = cluster.kill(pid)
     checker = Checker(cluster, plan, fault="worker SIGKILL mid-job")
     checker.check(killed_at, producer=producer)

@@ -48,16 +48,19 @@ class Planned:
         return {"job": self.job, "payload": self.payload, "key": self.key, "delay": self.delay}
 
 
-def mixed(n: int, prefix: str, *, seed: int = 10, users: int = 5, slow: float = 1.0,
-          bad_text: str | None = None) -> list[Planned]:
+def mixed(
+    n: int, prefix: str, *, seed: int = 10, users: int = 5, slow: float = 1.0, bad_text: str | None = None
+) -> list[Planned]:
     """``n`` jobs of every kind, plus a duplicate for about a third of the keyed ones."""
     rng = random.Random(f"{prefix}:{seed}")
     plan: list[Planned] = []
     for i in range(n):
         token = f"{prefix}-{i}"
         queue = WORK_QUEUES[i % len(WORK_QUEUES)]
-        kind = rng.choices(["quick", "slow", "fail_once", "permanent", "charge", "consume", "delayed"],
-                           weights=[30, 12, 14, 5, 16, 10, 13])[0]
+        kind = rng.choices(
+            ["quick", "slow", "fail_once", "permanent", "charge", "consume", "delayed"],
+            weights=[30, 12, 14, 5, 16, 10, 13],
+        )[0]
         payload: dict = {"token": token}
         item = Planned(f"fault.work.{queue}", payload)
         if kind == "quick":
@@ -92,8 +95,18 @@ def mixed(n: int, prefix: str, *, seed: int = 10, users: int = 5, slow: float = 
         plan.append(item)
     for item in list(plan):
         if item.key and rng.random() < 0.35:
-            plan.append(Planned(item.job, dict(item.payload), item.key, item.delay, item.expect, item.charge,
-                                item.logged, duplicate_of=item))
+            plan.append(
+                Planned(
+                    item.job,
+                    dict(item.payload),
+                    item.key,
+                    item.delay,
+                    item.expect,
+                    item.charge,
+                    item.logged,
+                    duplicate_of=item,
+                )
+            )
     return plan
 
 
@@ -103,10 +116,22 @@ def holding_charges(n: int, prefix: str) -> list[Planned]:
     for i in range(n):
         task, message = f"{prefix}-t{i}", f"m{i}"
         tokens = 1000 + i
-        payload = {"token": f"{prefix}-{i}", "hold": True, "user_id": f"{prefix}-u", "task_id": task,
-                   "message_id": message, "total_tokens": tokens}
-        out.append(Planned("fault.work.critical", payload, key=f"credit:{task}:{message}",
-                           charge=(credits.consume_reference(task, message), f"{prefix}-u", tokens)))
+        payload = {
+            "token": f"{prefix}-{i}",
+            "hold": True,
+            "user_id": f"{prefix}-u",
+            "task_id": task,
+            "message_id": message,
+            "total_tokens": tokens,
+        }
+        out.append(
+            Planned(
+                "fault.work.critical",
+                payload,
+                key=f"credit:{task}:{message}",
+                charge=(credits.consume_reference(task, message), f"{prefix}-u", tokens),
+            )
+        )
     return out
 
 
@@ -133,7 +158,7 @@ class Producer(threading.Thread):
 
     def run(self) -> None:
         try:
-            batches = [self.plan[i:i + self.batch] for i in range(0, len(self.plan), self.batch)]
+            batches = [self.plan[i : i + self.batch] for i in range(0, len(self.plan), self.batch)]
             pause = self.spread / max(len(batches), 1)
             for batch in batches:
                 started = time.time()
@@ -148,8 +173,12 @@ class Producer(threading.Thread):
                 else:
                     now = time.time()
                     for item, ref in zip(batch, refs):
-                        item.ref_id, item.deduplicated, item.acknowledged, item.done_at = \
-                            ref.id, ref.deduplicated, True, now
+                        item.ref_id, item.deduplicated, item.acknowledged, item.done_at = (
+                            ref.id,
+                            ref.deduplicated,
+                            True,
+                            now,
+                        )
                 time.sleep(pause)
         finally:
             self.finished.set()

@@ -3,7 +3,7 @@
 The brokers know which jobs a dead worker held; operators also want to see
 the workers themselves (host, pid, queues, heartbeat, what they run) and,
 for a failed job, every attempt with its traceback. Those facts are written
-by the worker processes (:class:`~conveyor.brokers.middleware.fleet.Fleet`)
+by the worker processes (:class:`~conveyor.middleware.fleet.Fleet`)
 into a store beside the broker's own data — Redis keys under the broker's
 namespace, Postgres tables of their own, memory for the inline broker — so
 the broker modules' core logic does not change, and any process (the API,
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...app import App
+    from conveyor.app import App
 
 #: How long a worker's entry is kept after its last heartbeat (s).
 FORGET_AFTER = 24 * 3600.0
@@ -157,15 +157,15 @@ def fleet_store(app: "App") -> FleetStore:
     if store is None:
         name = app.settings.broker_name
         if name == "redis":
-            from .redis_store import RedisFleetStore
+            from conveyor.brokers.fleet.redis_store import RedisFleetStore
 
             store = RedisFleetStore(broker.client, broker.namespace)
         elif name == "postgres":
-            from .postgres_store import PostgresFleetStore
+            from conveyor.brokers.fleet.postgres_store import PostgresFleetStore
 
             store = PostgresFleetStore(app)
         else:
-            from .memory_store import MemoryFleetStore
+            from conveyor.brokers.fleet.memory_store import MemoryFleetStore
 
             store = MemoryFleetStore(broker)
         _stores[broker] = store

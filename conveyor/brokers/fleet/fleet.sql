@@ -1,5 +1,5 @@
 -- Named queries of the Postgres fleet store (postgres_store.py); tables in
--- conveyor/ledger/migrations/0045_fleet.sql.
+-- conveyor/schema/migrations/0045_fleet.sql.
 
 -- name: beat
 INSERT INTO conveyor_fleet_workers AS w (id, host, pid, queues, threads, version, in_flight, done, failed)

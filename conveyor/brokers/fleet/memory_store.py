@@ -7,7 +7,7 @@ import threading
 import time
 from collections import defaultdict
 
-from . import AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+from conveyor.brokers.fleet import AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
 
 #: Jobs whose attempts are kept (this process's memory is the limit, not a retention).
 MAX_JOBS = 10000
@@ -26,15 +26,22 @@ class MemoryFleetStore(FleetStore):
         with self._lock:
             known = self._workers.get(info.id)
             self._workers[info.id] = dataclasses.replace(
-                info, started_at=known.started_at if known else now, heartbeat_at=now, gone_at=None,
-                gone_reason=None, in_flight=list(info.in_flight), queues=list(info.queues))
+                info,
+                started_at=known.started_at if known else now,
+                heartbeat_at=now,
+                gone_at=None,
+                gone_reason=None,
+                in_flight=list(info.in_flight),
+                queues=list(info.queues),
+            )
 
     def leave(self, info: WorkerInfo, reason: str) -> None:
         with self._lock:
             known = self._workers.get(info.id)
             if known:
-                self._workers[info.id] = dataclasses.replace(known, gone_at=time.time(), gone_reason=reason,
-                                                             in_flight=[], done=info.done, failed=info.failed)
+                self._workers[info.id] = dataclasses.replace(
+                    known, gone_at=time.time(), gone_reason=reason, in_flight=[], done=info.done, failed=info.failed
+                )
 
     def sweep(self, gone_after: float) -> int:
         return 0  # inline workers live and die with this process

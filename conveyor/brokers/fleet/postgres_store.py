@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...db import load_queries
-from . import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+from conveyor.brokers.fleet import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+from conveyor.db import load_queries
 
 if TYPE_CHECKING:
-    from ...app import App
+    from conveyor.app import App
 
 QUERIES = load_queries(Path(__file__).with_name("fleet.sql"))
 
@@ -37,9 +37,20 @@ class PostgresFleetStore(FleetStore):
             return cur.rowcount
 
     def beat(self, info: WorkerInfo, *, keep: float) -> None:
-        self._run("beat", {"id": info.id, "host": info.host, "pid": info.pid, "queues": info.queues,
-                           "threads": info.threads, "version": info.version, "in_flight": info.in_flight,
-                           "done": info.done, "failed": info.failed})
+        self._run(
+            "beat",
+            {
+                "id": info.id,
+                "host": info.host,
+                "pid": info.pid,
+                "queues": info.queues,
+                "threads": info.threads,
+                "version": info.version,
+                "in_flight": info.in_flight,
+                "done": info.done,
+                "failed": info.failed,
+            },
+        )
 
     def leave(self, info: WorkerInfo, reason: str) -> None:
         self._run("leave", {"id": info.id, "reason": reason, "done": info.done, "failed": info.failed})
@@ -56,9 +67,24 @@ class PostgresFleetStore(FleetStore):
         rows = self._run("workers", fetch="all")
         if not rows:
             return self._run("now", fetch="one")[0], []
-        out = [WorkerInfo(id=r[1], host=r[2], pid=r[3], queues=list(r[4]), threads=r[5], version=r[6],
-                          started_at=r[7], heartbeat_at=r[8], in_flight=list(r[9]), done=r[10], failed=r[11],
-                          gone_at=r[12], gone_reason=r[13]) for r in rows]
+        out = [
+            WorkerInfo(
+                id=r[1],
+                host=r[2],
+                pid=r[3],
+                queues=list(r[4]),
+                threads=r[5],
+                version=r[6],
+                started_at=r[7],
+                heartbeat_at=r[8],
+                in_flight=list(r[9]),
+                done=r[10],
+                failed=r[11],
+                gone_at=r[12],
+                gone_reason=r[13],
+            )
+            for r in rows
+        ]
         return rows[0][0], out
 
     def write_attempts(self, events: list[AttemptEvent], *, keep: float) -> None:

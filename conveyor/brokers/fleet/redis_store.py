@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+from conveyor.brokers.fleet import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
 
 _SCRIPT = Path(__file__).with_name("fleet.lua").read_text()
 
@@ -51,11 +51,21 @@ class RedisFleetStore(FleetStore):
         # Slices of ATTEMPTS_PER_CALL: each script call blocks Redis while it runs.
         with self.client.pipeline(transaction=False) as pipe:
             for start in range(0, len(events), ATTEMPTS_PER_CALL):
-                chunk = events[start:start + ATTEMPTS_PER_CALL]
+                chunk = events[start : start + ATTEMPTS_PER_CALL]
                 args: list = []
                 for e in chunk:
-                    args += [e.kind, e.job_id, e.token, e.attempt, e.worker, int(e.age * 1000), e.outcome or "",
-                             e.error or "", e.traceback or "", int((e.start_age or 0) * 1000)]
+                    args += [
+                        e.kind,
+                        e.job_id,
+                        e.token,
+                        e.attempt,
+                        e.worker,
+                        int(e.age * 1000),
+                        e.outcome or "",
+                        e.error or "",
+                        e.traceback or "",
+                        int((e.start_age or 0) * 1000),
+                    ]
                 self._call("attempts", int(keep * 1000), len(chunk), *args, client=pipe)
             pipe.execute()
 
@@ -64,10 +74,17 @@ class RedisFleetStore(FleetStore):
         out = []
         for value in raw.values():
             entry = json.loads(value)
-            out.append(AttemptInfo(
-                attempt=int(entry.get("attempt", 0)), worker=entry.get("worker", ""),
-                started_at=_seconds(entry.get("started_at")), ended_at=_seconds(entry.get("ended_at")),
-                outcome=entry.get("outcome"), error=entry.get("error"), traceback=entry.get("traceback")))
+            out.append(
+                AttemptInfo(
+                    attempt=int(entry.get("attempt", 0)),
+                    worker=entry.get("worker", ""),
+                    started_at=_seconds(entry.get("started_at")),
+                    ended_at=_seconds(entry.get("ended_at")),
+                    outcome=entry.get("outcome"),
+                    error=entry.get("error"),
+                    traceback=entry.get("traceback"),
+                )
+            )
         return sorted(out, key=lambda a: (a.started_at or a.ended_at or 0, a.attempt))
 
     def count_enqueued(self, counts: dict[tuple[str, str], int]) -> None:
@@ -90,9 +107,24 @@ class RedisFleetStore(FleetStore):
 
 
 def _fields(info: WorkerInfo) -> list:
-    return ["host", info.host, "pid", info.pid, "queues", json.dumps(info.queues), "threads", info.threads,
-            "version", info.version, "in_flight", json.dumps(info.in_flight), "done", info.done,
-            "failed", info.failed]
+    return [
+        "host",
+        info.host,
+        "pid",
+        info.pid,
+        "queues",
+        json.dumps(info.queues),
+        "threads",
+        info.threads,
+        "version",
+        info.version,
+        "in_flight",
+        json.dumps(info.in_flight),
+        "done",
+        info.done,
+        "failed",
+        info.failed,
+    ]
 
 
 def _seconds(ms) -> float | None:
@@ -101,10 +133,17 @@ def _seconds(ms) -> float | None:
 
 def _worker(worker_id: str, row: dict[str, str]) -> WorkerInfo:
     return WorkerInfo(
-        id=worker_id, host=row.get("host", "?"), pid=int(row.get("pid") or 0),
-        queues=json.loads(row.get("queues") or "[]"), threads=int(row.get("threads") or 0),
-        version=row.get("version", ""), started_at=_seconds(row.get("started_at")),
-        heartbeat_at=_seconds(row.get("heartbeat_at")), in_flight=json.loads(row.get("in_flight") or "[]"),
-        done=int(row.get("done") or 0), failed=int(row.get("failed") or 0),
-        gone_at=_seconds(row.get("gone_at")), gone_reason=row.get("gone_reason"),
+        id=worker_id,
+        host=row.get("host", "?"),
+        pid=int(row.get("pid") or 0),
+        queues=json.loads(row.get("queues") or "[]"),
+        threads=int(row.get("threads") or 0),
+        version=row.get("version", ""),
+        started_at=_seconds(row.get("started_at")),
+        heartbeat_at=_seconds(row.get("heartbeat_at")),
+        in_flight=json.loads(row.get("in_flight") or "[]"),
+        done=int(row.get("done") or 0),
+        failed=int(row.get("failed") or 0),
+        gone_at=_seconds(row.get("gone_at")),
+        gone_reason=row.get("gone_reason"),
     )

@@ -1,7 +1,7 @@
 """A Dramatiq broker on Postgres: one table is the queue (the build-worker design).
 
 ``CONVEYOR_BROKER=postgres`` (or no broker and no ``REDIS_URL``) selects it;
-the table and its indexes are in ``ledger/migrations/0010_jobs.sql``.
+the table and its indexes are in ``schema/migrations/0010_jobs.sql``.
 
 - ``jobs.py``: :class:`~.jobs.Jobs`, the one class that talks to Postgres:
   its named queries (``jobs.sql``), its pools, the translation of every
@@ -26,7 +26,7 @@ written stays held by its worker and is handed out again, never acked.
 #: claims are proven durable per batch before their jobs start (durability.py).
 WORKER_SYNCHRONOUS_COMMIT = False
 
-from .broker import PostgresBroker  # noqa: E402
-from .jobs import CHANNEL, QUERIES, Jobs  # noqa: E402
+from conveyor.brokers.postgres.broker import PostgresBroker  # noqa: E402
+from conveyor.brokers.postgres.jobs import CHANNEL, QUERIES, Jobs  # noqa: E402
 
 __all__ = ["CHANNEL", "QUERIES", "Jobs", "PostgresBroker", "WORKER_SYNCHRONOUS_COMMIT"]

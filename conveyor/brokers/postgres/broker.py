@@ -32,15 +32,23 @@ from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed, QueueJoinTimeout, QueueNotFound
 from dramatiq.middleware import SkipMessage
 
-from ...errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, InvalidPayload
-from ...logs import log_event
-from ..base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts, describe_error
-from .consumer import DELIVERY_OPTIONS, PostgresConsumer
-from .deliveries import Deliveries, Retry
-from .durability import PROVEN, ClaimProofs
-from .jobs import POOL_TIMEOUT, Jobs, unstorable_path
-from .listen import Listener
-from .recovery import Recovery
+from conveyor.brokers.base import (
+    JOB_STATES,
+    ConveyorBroker,
+    EnqueueItem,
+    JobRecord,
+    JobRef,
+    QueueCounts,
+    describe_error,
+)
+from conveyor.brokers.postgres.consumer import DELIVERY_OPTIONS, PostgresConsumer
+from conveyor.brokers.postgres.deliveries import Deliveries, Retry
+from conveyor.brokers.postgres.durability import PROVEN, ClaimProofs
+from conveyor.brokers.postgres.jobs import POOL_TIMEOUT, Jobs, unstorable_path
+from conveyor.brokers.postgres.listen import Listener
+from conveyor.brokers.postgres.recovery import Recovery
+from conveyor.errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, InvalidPayload
+from conveyor.logs import log_event
 
 #: Seconds a job's start waits for Postgres to come back before the job is handed back unstarted.
 START_GRACE = 5.0
@@ -61,11 +69,17 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     transactional_enqueue = True
 
-    def __init__(self, database_url: str, *, middleware: list | None = None, settings: Any = None,
-                 on_dead: Callable[[Any, Any, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        middleware: list | None = None,
+        settings: Any = None,
+        on_dead: Callable[[Any, Any, str], None] | None = None,
+    ) -> None:
         super().__init__(middleware=middleware)
         if settings is None:
-            from ...settings import Settings
+            from conveyor.settings import Settings
 
             settings = Settings()
         self.database_url = database_url
@@ -75,9 +89,14 @@ class PostgresBroker(ConveyorBroker, Broker):
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.jobs = Jobs(database_url, self.worker_id)
         self.deliveries = Deliveries(self.jobs)
-        self.recovery = Recovery(self.jobs, self.deliveries, lease=self.lease,
-                                 interval=settings.pg_recovery_seconds, retention=settings.retention,
-                                 on_dead=self._run_on_dead)
+        self.recovery = Recovery(
+            self.jobs,
+            self.deliveries,
+            lease=self.lease,
+            interval=settings.pg_recovery_seconds,
+            retention=settings.retention,
+            on_dead=self._run_on_dead,
+        )
         self._on_dead = on_dead
         self._lock = threading.RLock()
         self.listener = self._new_listener()
@@ -85,8 +104,13 @@ class PostgresBroker(ConveyorBroker, Broker):
         self._consumed: set[str] = set()
 
     def _new_listener(self) -> Listener:
-        return Listener(connect=self.jobs.connect, on_connect=self.jobs.listen, heartbeat=self._heartbeat,
-                        heartbeat_interval=self.lease / 3, notifications=self.jobs.notifications)
+        return Listener(
+            connect=self.jobs.connect,
+            on_connect=self.jobs.listen,
+            heartbeat=self._heartbeat,
+            heartbeat_interval=self.lease / 3,
+            notifications=self.jobs.notifications,
+        )
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         self.jobs.heartbeat(conn, socket.gethostname(), os.getpid(), sorted(self._consumed))
@@ -136,9 +160,16 @@ class PostgresBroker(ConveyorBroker, Broker):
         try:
             self.deliveries.write()
         except ConveyorError as exc:
-            log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
-                      error=f"outcomes of {self.deliveries.unwritten()} job(s) not written, recovery "
-                            f"will hand them out again: {exc}")
+            log_event(
+                "error",
+                level="warning",
+                queue=None,
+                job=None,
+                job_id=None,
+                attempt=None,
+                error=f"outcomes of {self.deliveries.unwritten()} job(s) not written, recovery "
+                f"will hand them out again: {exc}",
+            )
         if listener.ready.is_set() and not self.deliveries.owned():
             # Gone for good: its leftover rows are recovered at the next pass, not after the lease.
             # Not while it still owns deliveries (a job running past the shutdown timeout): those
@@ -164,8 +195,9 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     # -- enqueue -----------------------------------------------------------------
 
-    def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float,
-                     connection: psycopg.Connection | None = None) -> list[JobRef]:
+    def enqueue_jobs(
+        self, items: list[EnqueueItem], *, dedup_ttl: float, connection: psycopg.Connection | None = None
+    ) -> list[JobRef]:
         """Insert jobs; with ``connection``, inside the caller's transaction (a savepoint if one is open)."""
         rows = [self._row(item) for item in items]
         refs = self.jobs.enqueue(rows, dedup_ttl, connection)
@@ -181,8 +213,10 @@ class PostgresBroker(ConveyorBroker, Broker):
         path = unstorable_path([message.args, message.kwargs])
         if path is not None:
             where = ("args", *path[1:]) if path[0] == 0 else ("kwargs", *path[1:])
-            raise InvalidPayload(message.actor_name, [{"loc": where, "msg": "contains a NUL character or a lone "
-                                                                           "surrogate, which Postgres cannot store"}])
+            raise InvalidPayload(
+                message.actor_name,
+                [{"loc": where, "msg": "contains a NUL character or a lone surrogate, which Postgres cannot store"}],
+            )
         self.emit_before("enqueue", message, item.delay_ms)
         actor = self.actors.get(message.actor_name)
         return {
@@ -221,9 +255,15 @@ class PostgresBroker(ConveyorBroker, Broker):
                     continue
                 # Without a counted attempt the job must not run: hand it back.
                 message.options["pg_release"] = True
-                log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
-                          job_id=message.message_id, attempt=None,
-                          error=f"could not record the start, job handed back: {type(exc).__name__}: {exc}")
+                log_event(
+                    "error",
+                    level="warning",
+                    queue=q_name(message.queue_name),
+                    job=message.actor_name,
+                    job_id=message.message_id,
+                    attempt=None,
+                    error=f"could not record the start, job handed back: {type(exc).__name__}: {exc}",
+                )
                 raise SkipMessage("the start could not be recorded") from None
 
     def claim_final_failure(self, message: Any) -> bool:
@@ -239,8 +279,9 @@ class PostgresBroker(ConveyorBroker, Broker):
         deadline = time.monotonic() + START_GRACE
         while True:
             try:
-                return self.jobs.claim_final_failure(message.message_id, delivery,
-                                                     message.options.get("last_error") or "failed")
+                return self.jobs.claim_final_failure(
+                    message.message_id, delivery, message.options.get("last_error") or "failed"
+                )
             except Exception as exc:
                 if isinstance(exc, DatabaseUnavailable) and time.monotonic() < deadline:
                     time.sleep(0.2)
@@ -255,10 +296,15 @@ class PostgresBroker(ConveyorBroker, Broker):
         """Write nothing more for this delivery: the row stays held and the orphan pass hands it out again."""
         message.options[ABANDON] = True
         self.deliveries.abandon(message.message_id, message.options["pg_delivery"])
-        log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
-                  job_id=message.message_id, attempt=message.options.get("attempt"),
-                  error=f"delivery {message.options['pg_delivery']} abandoned, the job runs again after the "
-                        f"lease: {why}")
+        log_event(
+            "error",
+            level="warning",
+            queue=q_name(message.queue_name),
+            job=message.actor_name,
+            job_id=message.message_id,
+            attempt=message.options.get("attempt"),
+            error=f"delivery {message.options['pg_delivery']} abandoned, the job runs again after the lease: {why}",
+        )
 
     def heartbeat_age(self) -> float | None:
         beat = self.listener.last_beat
@@ -286,9 +332,15 @@ class PostgresBroker(ConveyorBroker, Broker):
             # A hand-back of a claim a crash may have undone could land on someone else's claim:
             # write nothing; the row (if it is still ours) comes back through the orphan pass.
             self.deliveries.drop(message.message_id, delivery)
-            log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
-                      job_id=message.message_id, attempt=None,
-                      error=f"delivery {delivery} not handed back: its claim was never proven durable")
+            log_event(
+                "error",
+                level="warning",
+                queue=q_name(message.queue_name),
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=None,
+                error=f"delivery {delivery} not handed back: its claim was never proven durable",
+            )
             return
         self.deliveries.settle(message.message_id, delivery, status, error)
 
@@ -310,9 +362,15 @@ class PostgresBroker(ConveyorBroker, Broker):
             self.deliveries.abandon(message.message_id, delivery)
         except DatabaseRefused as exc:
             # Refused even as sanitised text: run it again now rather than lose it (the ack that follows is void).
-            log_event("error", level="error", queue=q_name(message.queue_name), job=message.actor_name,
-                      job_id=message.message_id, attempt=message.options.get("attempt"),
-                      error=f"the retry could not be stored, the job is handed back instead: {exc}")
+            log_event(
+                "error",
+                level="error",
+                queue=q_name(message.queue_name),
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=message.options.get("attempt"),
+                error=f"the retry could not be stored, the job is handed back instead: {exc}",
+            )
             self.deliveries.settle(message.message_id, delivery, "pending")
         except Exception:
             # Kept until Postgres is back; it supersedes the ack that follows.
@@ -346,8 +404,15 @@ class PostgresBroker(ConveyorBroker, Broker):
         try:
             self._on_dead(self, message, error)
         except Exception as exc:
-            log_event("error", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt,
-                      error=f"final-failure handling raised {type(exc).__name__}: {exc}")
+            log_event(
+                "error",
+                level="error",
+                queue=queue,
+                job=job,
+                job_id=job_id,
+                attempt=attempt,
+                error=f"final-failure handling raised {type(exc).__name__}: {exc}",
+            )
 
     # -- recovery ---------------------------------------------------------------------
 

@@ -33,13 +33,13 @@ from dramatiq import Consumer, Message
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
-from ...errors import ConveyorError
-from ...logs import log_event
-from ..base import SafeMessageProxy
-from .durability import PROVEN
+from conveyor.brokers.base import SafeMessageProxy
+from conveyor.brokers.postgres.durability import PROVEN
+from conveyor.errors import ConveyorError
+from conveyor.logs import log_event
 
 if TYPE_CHECKING:
-    from .broker import PostgresBroker
+    from conveyor.brokers.postgres.broker import PostgresBroker
 
 #: Seconds added to a delayed job's due time before claiming it (clock and rounding slack).
 DUE_MARGIN = 0.005
@@ -78,8 +78,15 @@ class PostgresConsumer(Consumer):
         try:
             return self._next()
         except ConveyorError as exc:
-            log_event("error", level="warning", queue=self.queue, job=None, job_id=None, attempt=None,
-                      error=f"postgres consumer restarts: {exc}")
+            log_event(
+                "error",
+                level="warning",
+                queue=self.queue,
+                job=None,
+                job_id=None,
+                attempt=None,
+                error=f"postgres consumer restarts: {exc}",
+            )
             raise ConnectionClosed(exc) from None
 
     def _next(self) -> SafeMessageProxy | None:

@@ -23,9 +23,9 @@ import dataclasses
 import threading
 import time
 
-from ...errors import DatabaseRefused
-from ...logs import log_event
-from .jobs import Jobs
+from conveyor.brokers.postgres.jobs import Jobs
+from conveyor.errors import DatabaseRefused
+from conveyor.logs import log_event
 
 Key = tuple[str, int]
 
@@ -109,8 +109,7 @@ class Deliveries:
     def owned(self) -> set[str]:
         """Ids this process holds or has an unwritten outcome for (the orphan pass leaves them alone)."""
         with self._lock:
-            return (set(self._held) | {k[0] for k in self._outcomes} | {k[0] for k in self._retries}
-                    | self._writing)
+            return set(self._held) | {k[0] for k in self._outcomes} | {k[0] for k in self._retries} | self._writing
 
     def unwritten(self) -> int:
         with self._lock:
@@ -135,8 +134,9 @@ class Deliveries:
                 while retries:
                     key, retry = next(iter(retries.items()))
                     try:
-                        self.jobs.retry(key[0], key[1], retry.message, max(0.0, retry.due - time.monotonic()),
-                                        retry.error)
+                        self.jobs.retry(
+                            key[0], key[1], retry.message, max(0.0, retry.due - time.monotonic()), retry.error
+                        )
                     except DatabaseRefused as exc:
                         # Not storable even after sanitising: run it again now rather than never.
                         _log_refused(key, "its retry", exc)
@@ -194,6 +194,12 @@ def _cause(exc: BaseException) -> str:
 
 
 def _log_refused(key: Key, what: str, exc: Exception) -> None:
-    log_event("error", level="error", queue=None, job=None, job_id=key[0], attempt=None,
-              error=f"delivery {key[1]}: {what} was not written, the job goes back to its queue after the "
-                    f"lease: {exc}")
+    log_event(
+        "error",
+        level="error",
+        queue=None,
+        job=None,
+        job_id=key[0],
+        attempt=None,
+        error=f"delivery {key[1]}: {what} was not written, the job goes back to its queue after the lease: {exc}",
+    )

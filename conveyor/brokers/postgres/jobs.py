@@ -45,10 +45,10 @@ from typing import Any, Iterator
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from ...db import load_queries
-from ...errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable, EnqueueOutcomeUnknown
-from ..base import JobRef, QueueCounts
-from .records import LISTS, job_record
+from conveyor.brokers.base import JobRef, QueueCounts
+from conveyor.brokers.postgres.records import LISTS, job_record
+from conveyor.db import load_queries
+from conveyor.errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable, EnqueueOutcomeUnknown
 
 QUERIES = load_queries(Path(__file__).with_name("jobs.sql"))
 
@@ -70,8 +70,14 @@ TOTAL_SLOTS = 8
 #: Every connection's options. Keepalives and the TCP user timeout: a connection on a
 #: dead network path fails within ~15 s instead of hanging the consumer (and the jobs
 #: it claimed) for good.
-CONNECTION = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
-              "keepalives_count": 3, "tcp_user_timeout": 15000}
+CONNECTION = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15000,
+}
 
 #: Errors that mean "Postgres is not reachable right now (or timed out, or chose this
 #: transaction as a deadlock victim)": try again later. Every other psycopg error is a refusal.
@@ -141,7 +147,7 @@ def unstorable_path(value: Any, path: tuple = ()) -> tuple | None:
 
 
 def _sync_worker_commits() -> bool:
-    from . import WORKER_SYNCHRONOUS_COMMIT  # the package's switch (bench/pg_quick.py flips it)
+    from conveyor.brokers.postgres import WORKER_SYNCHRONOUS_COMMIT  # the package's switch (bench/pg_quick.py flips it)
 
     return WORKER_SYNCHRONOUS_COMMIT
 
@@ -177,10 +183,16 @@ class Jobs:
             pool = self._pools.get(fast)
             if pool is None:
                 pool = self._pools[fast] = ConnectionPool(
-                    self.database_url, min_size=1, max_size=POOL_MAX, open=False,
+                    self.database_url,
+                    min_size=1,
+                    max_size=POOL_MAX,
+                    open=False,
                     kwargs={"autocommit": True, **CONNECTION},
-                    name="conveyor-pg-worker" if fast else "conveyor-pg-broker", timeout=POOL_TIMEOUT,
-                    reconnect_timeout=60, configure=_worker_session if fast else _durable_session)
+                    name="conveyor-pg-worker" if fast else "conveyor-pg-broker",
+                    timeout=POOL_TIMEOUT,
+                    reconnect_timeout=60,
+                    configure=_worker_session if fast else _durable_session,
+                )
                 pool.open(wait=False)
         with pool.connection() as conn:
             yield conn
@@ -258,8 +270,10 @@ class Jobs:
                     raise _enqueue_error(exc) from exc
                 self.trouble()
                 if committing:
-                    raise EnqueueOutcomeUnknown(f"{translate(exc, 'the enqueue')}; the connection broke while "
-                                                f"it committed, so the job(s) may have been enqueued") from exc
+                    raise EnqueueOutcomeUnknown(
+                        f"{translate(exc, 'the enqueue')}; the connection broke while "
+                        f"it committed, so the job(s) may have been enqueued"
+                    ) from exc
                 if attempt == 2 or isinstance(exc, PoolTimeout):
                     raise _enqueue_error(exc) from exc
                 attempt += 1
@@ -281,8 +295,9 @@ class Jobs:
             keys = sorted({rows[i]["key"] for i in skipped if rows[i]["key"]})
             holders = {}
             if keys:
-                holders = {key: (job_id, live) for key, job_id, live in
-                           conn.execute(QUERIES["key_holders"], {"keys": keys})}
+                holders = {
+                    key: (job_id, live) for key, job_id, live in conn.execute(QUERIES["key_holders"], {"keys": keys})
+                }
             todo = []
             for i in skipped:
                 key = rows[i]["key"]
@@ -297,8 +312,10 @@ class Jobs:
                 conn.execute(QUERIES["release_expired_keys"], {"keys": expired})
             if not todo:
                 return refs  # type: ignore[return-value]
-        raise BrokerUnavailable(f"could not settle the keys of {len(todo)} job(s) against concurrent "
-                                f"enqueues in {KEY_ROUNDS} rounds; nothing was enqueued")
+        raise BrokerUnavailable(
+            f"could not settle the keys of {len(todo)} job(s) against concurrent "
+            f"enqueues in {KEY_ROUNDS} rounds; nothing was enqueued"
+        )
 
     # -- one delivery's life ------------------------------------------------------
 
@@ -307,8 +324,9 @@ class Jobs:
 
         ``synchronous=False``: the caller proves the claim durable before its jobs start (durability.py).
         """
-        rows = self._execute("claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all",
-                             fast=not synchronous)
+        rows = self._execute(
+            "claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all", fast=not synchronous
+        )
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: FIFO within priority
         return [(r[0], r[1], r[2], r[3], r[6]) for r in rows]
 
@@ -323,22 +341,41 @@ class Jobs:
     def finish(self, outcomes: dict[tuple[str, int], tuple[str, str | None]]) -> int:
         """Apply outcomes {(id, delivery): (status, error)} of current deliveries in one statement."""
         keys = list(outcomes)
-        return self._execute("finish", {
-            "ids": [k[0] for k in keys], "deliveries": [k[1] for k in keys],
-            "statuses": [outcomes[k][0] for k in keys], "errors": [storable(outcomes[k][1]) for k in keys],
-            "slot": self.slot(),
-        }, fetch="one", fast=True)[0]
+        return self._execute(
+            "finish",
+            {
+                "ids": [k[0] for k in keys],
+                "deliveries": [k[1] for k in keys],
+                "statuses": [outcomes[k][0] for k in keys],
+                "errors": [storable(outcomes[k][1]) for k in keys],
+                "slot": self.slot(),
+            },
+            fetch="one",
+            fast=True,
+        )[0]
 
     def retry(self, job_id: str, delivery: int, message: str, delay: float, error: str | None) -> None:
         """The delivery failed and the job runs again after ``delay`` s, with its new message."""
-        self._execute("retry", {"id": job_id, "delivery": delivery, "delay": delay,
-                                "message": json.dumps(storable_json(json.loads(message))),
-                                "error": storable(error), "channel": CHANNEL}, fast=True)
+        self._execute(
+            "retry",
+            {
+                "id": job_id,
+                "delivery": delivery,
+                "delay": delay,
+                "message": json.dumps(storable_json(json.loads(message))),
+                "error": storable(error),
+                "channel": CHANNEL,
+            },
+            fast=True,
+        )
 
     def fail_malformed(self, job_id: str, delivery: int, error: str) -> bool:
         """Fail a claimed row whose message does not decode; True when this call claimed its final failure."""
-        row = self._execute("fail_malformed", {"id": job_id, "delivery": delivery, "error": storable(error),
-                                               "slot": self.slot()}, fetch="one")
+        row = self._execute(
+            "fail_malformed",
+            {"id": job_id, "delivery": delivery, "error": storable(error), "slot": self.slot()},
+            fetch="one",
+        )
         return bool(row and row[0])
 
     def claim_final_failure(self, job_id: str, delivery: int, error: str) -> bool:
@@ -389,8 +426,9 @@ class Jobs:
 
     def heartbeat(self, conn: psycopg.Connection, hostname: str, pid: int, queues: list[str]) -> None:
         try:
-            conn.execute(QUERIES["heartbeat"], {"id": self.worker_id, "hostname": hostname, "pid": pid,
-                                                "queues": queues})
+            conn.execute(
+                QUERIES["heartbeat"], {"id": self.worker_id, "hostname": hostname, "pid": pid, "queues": queues}
+            )
         except STATEMENT_ERRORS as exc:
             raise translate(exc, "heartbeat") from exc
 
@@ -403,8 +441,9 @@ class Jobs:
 
     def release_orphans(self, lease: float, owned: set[str]) -> list[tuple[str, str]]:
         """This worker's rows claimed over a lease ago that it no longer knows about: back to pending."""
-        return self._execute("release_orphans", {"worker": self.worker_id, "lease": lease, "held": sorted(owned)},
-                             fetch="all")
+        return self._execute(
+            "release_orphans", {"worker": self.worker_id, "lease": lease, "held": sorted(owned)}, fetch="all"
+        )
 
     def forget_dead_workers(self, after: float) -> None:
         self._execute("forget_dead_workers", {"after": after})
@@ -416,9 +455,11 @@ class Jobs:
 
     def counts(self, queue: str) -> QueueCounts:
         waiting, delayed, active, failed, completed_total, failed_total, paused, oldest = self._read(
-            "counts", {"queue": queue}, "one")
-        return QueueCounts(queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused,
-                           oldest)
+            "counts", {"queue": queue}, "one"
+        )
+        return QueueCounts(
+            queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused, oldest
+        )
 
     def get(self, job_id: str):
         row = self._read("get_job", {"id": job_id}, "one")
@@ -445,8 +486,7 @@ class Jobs:
     # report "nothing retried" / "not found" for what it just did. The caller sees DatabaseUnavailable.
 
     def retry_failed(self, job_id: str | None, queue: str | None) -> int:
-        retried, _ = self._execute("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL},
-                                   fetch="one")
+        retried, _ = self._execute("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL}, fetch="one")
         return retried
 
     def delete(self, job_id: str) -> bool:
@@ -461,11 +501,17 @@ def _enqueue_error(exc: BaseException) -> Exception:
 
 def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
     return {
-        "ids": [r["id"] for r in rows], "queues": [r["queue"] for r in rows], "jobs": [r["job"] for r in rows],
-        "priorities": [r["priority"] for r in rows], "max_attempts": [r["max_attempts"] for r in rows],
-        "keys": [r["key"] for r in rows], "messages": [r["message"] for r in rows],
-        "errors": [storable(r["error"]) for r in rows], "delays": [r["delay"] for r in rows],
-        "dedup_ttl": float(dedup_ttl), "channel": CHANNEL,
+        "ids": [r["id"] for r in rows],
+        "queues": [r["queue"] for r in rows],
+        "jobs": [r["job"] for r in rows],
+        "priorities": [r["priority"] for r in rows],
+        "max_attempts": [r["max_attempts"] for r in rows],
+        "keys": [r["key"] for r in rows],
+        "messages": [r["message"] for r in rows],
+        "errors": [storable(r["error"]) for r in rows],
+        "delays": [r["delay"] for r in rows],
+        "dedup_ttl": float(dedup_ttl),
+        "channel": CHANNEL,
     }
 
 

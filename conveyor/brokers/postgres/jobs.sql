@@ -1,6 +1,6 @@
 -- Named queries of the Postgres broker, run only by jobs.py (the one class
 -- that talks to Postgres). The table is described in
--- conveyor/ledger/migrations/0010_jobs.sql.
+-- conveyor/schema/migrations/0010_jobs.sql.
 
 -- name: enqueue
 -- Insert a batch of jobs; a row whose id or key is taken is skipped (the

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 import psycopg
 
-from ...logs import log_event
+from conveyor.logs import log_event
 
 #: Longest wait between two reconnection attempts (s).
 RECONNECT_MAX_DELAY = 2.0
@@ -57,9 +57,15 @@ class Listener(threading.Thread):
     waits for the queues named by notifications (``Jobs.notifications``).
     """
 
-    def __init__(self, *, connect: Callable[[], psycopg.Connection], on_connect: Callable[[psycopg.Connection], None],
-                 heartbeat: Callable[[psycopg.Connection], None], heartbeat_interval: float,
-                 notifications: Callable[[psycopg.Connection, float], Iterable[str]]) -> None:
+    def __init__(
+        self,
+        *,
+        connect: Callable[[], psycopg.Connection],
+        on_connect: Callable[[psycopg.Connection], None],
+        heartbeat: Callable[[psycopg.Connection], None],
+        heartbeat_interval: float,
+        notifications: Callable[[psycopg.Connection, float], Iterable[str]],
+    ) -> None:
         super().__init__(name="conveyor-pg-listen", daemon=True)
         self._connect = connect
         self._on_connect = on_connect
@@ -117,16 +123,24 @@ class Listener(threading.Thread):
                 self._beat(conn)
                 if self.up_since is None:
                     self.up_since = time.monotonic()
-                    log_event("reconnected", queue=None, job=None, job_id=None, attempt=None,
-                              component="postgres listener")
+                    log_event(
+                        "reconnected", queue=None, job=None, job_id=None, attempt=None, component="postgres listener"
+                    )
                 # Whatever was enqueued while we were not listening: claim it now.
                 self._wake(None)
                 delay = 0.1
                 self._listen(conn)
             except Exception as exc:  # DatabaseUnavailable mostly; nothing may end the heartbeat for good
                 if self.up_since is not None:
-                    log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
-                              error=f"postgres listener lost its connection: {type(exc).__name__}: {exc}")
+                    log_event(
+                        "error",
+                        level="warning",
+                        queue=None,
+                        job=None,
+                        job_id=None,
+                        attempt=None,
+                        error=f"postgres listener lost its connection: {type(exc).__name__}: {exc}",
+                    )
                 self.up_since = None
                 self.last_error = f"{type(exc).__name__}: {exc}"
             finally:

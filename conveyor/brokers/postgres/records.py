@@ -5,7 +5,7 @@ Payloads are passed through as stored and never printed.
 
 from __future__ import annotations
 
-from ..base import JobRecord
+from conveyor.brokers.base import JobRecord
 
 #: state -> (query in jobs.sql, status parameter)
 LISTS = {
@@ -21,13 +21,33 @@ _STATES = {"pending": "waiting", "in_progress": "active", "done": "completed", "
 
 def job_record(row: tuple) -> JobRecord:
     """One row of ``get_job`` / ``list_*`` as a record."""
-    (job_id, queue, job, status, delayed, attempt, key, payload, error,
-     created_at, started_at, completed_at, available_at) = row
+    (
+        job_id,
+        queue,
+        job,
+        status,
+        delayed,
+        attempt,
+        key,
+        payload,
+        error,
+        created_at,
+        started_at,
+        completed_at,
+        available_at,
+    ) = row
     state = "delayed" if status == "pending" and delayed else _STATES[status]
     return JobRecord(
-        id=job_id, queue=queue, job=job, state=state, attempts=attempt, key=key,
-        payload=payload if isinstance(payload, dict) else {}, error=error,
-        enqueued_at=created_at.timestamp(), started_at=started_at.timestamp() if started_at else None,
+        id=job_id,
+        queue=queue,
+        job=job,
+        state=state,
+        attempts=attempt,
+        key=key,
+        payload=payload if isinstance(payload, dict) else {},
+        error=error,
+        enqueued_at=created_at.timestamp(),
+        started_at=started_at.timestamp() if started_at else None,
         finished_at=completed_at.timestamp() if completed_at else None,
         eta=available_at.timestamp() if state == "delayed" else None,
     )

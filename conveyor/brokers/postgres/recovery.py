@@ -12,10 +12,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from ...logs import log_event
-from .deliveries import Deliveries
-from .jobs import Jobs
-from .listen import Listener
+from conveyor.brokers.postgres.deliveries import Deliveries
+from conveyor.brokers.postgres.jobs import Jobs
+from conveyor.brokers.postgres.listen import Listener
+from conveyor.logs import log_event
 
 #: Rows per recovery or prune statement, and statements per pass: both stay off the hot path.
 BATCH = 1000
@@ -34,8 +34,9 @@ OnDead = Callable[[str, str, str, "str | None", int, str], None]
 class Recovery:
     """``maintain()`` and what it calls, for one worker process."""
 
-    def __init__(self, jobs: Jobs, deliveries: Deliveries, *, lease: float, interval: float, retention: float,
-                 on_dead: OnDead) -> None:
+    def __init__(
+        self, jobs: Jobs, deliveries: Deliveries, *, lease: float, interval: float, retention: float, on_dead: OnDead
+    ) -> None:
         self.jobs = jobs
         self.deliveries = deliveries
         self.lease = lease

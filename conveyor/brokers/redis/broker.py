@@ -30,14 +30,14 @@ from dramatiq.middleware import SkipMessage
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from ...errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable
-from ...logs import log_event
-from ..base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts
-from .errors import is_unavailable, translated
-from .consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
-from .keys import Keys
-from .records import record_from_hash
-from .scripts import JOBS
+from conveyor.brokers.base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts
+from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
+from conveyor.brokers.redis.errors import is_unavailable, translated
+from conveyor.brokers.redis.keys import Keys
+from conveyor.brokers.redis.records import record_from_hash
+from conveyor.brokers.redis.scripts import JOBS
+from conveyor.errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable
+from conveyor.logs import log_event
 
 _MS = 1000  # settings are in seconds, the script counts milliseconds
 
@@ -68,10 +68,18 @@ class _Retry:
 class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     """Dramatiq's RedisBroker plus keyed enqueue, attempts, job records and the delivery fence."""
 
-    def __init__(self, *, url: str, middleware: list, namespace: str, heartbeat_timeout: float, retention: float,
-                 settings: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        url: str,
+        middleware: list,
+        namespace: str,
+        heartbeat_timeout: float,
+        retention: float,
+        settings: Any = None,
+    ) -> None:
         if settings is None:
-            from ...settings import Settings
+            from conveyor.settings import Settings
 
             settings = Settings()
         # The pool is built here, from the settings: Dramatiq's from_url(url) would drop every option.
@@ -148,8 +156,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         try:
             self.acks.close()
         except Exception as exc:
-            log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
-                      error=f"buffered acks not sent, their jobs will run again: {type(exc).__name__}: {exc}")
+            log_event(
+                "error",
+                level="warning",
+                queue=None,
+                job=None,
+                job_id=None,
+                attempt=None,
+                error=f"buffered acks not sent, their jobs will run again: {type(exc).__name__}: {exc}",
+            )
         try:
             self.release_orphans()
             with self._lock:
@@ -158,8 +173,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             if consumed and not left:
                 self._call("leave", "")
         except Exception as exc:
-            log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
-                      error=f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}")
+            log_event(
+                "error",
+                level="warning",
+                queue=None,
+                job=None,
+                job_id=None,
+                attempt=None,
+                error=f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}",
+            )
         self.client.close()
         self.client.connection_pool.disconnect()
 
@@ -181,8 +203,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     delivery = int(rows[i + 2])
                     held[rid] = delivery
                     wait = rows[i + 4]
-                    out.append((rid, rows[i + 1], delivery, rows[i + 3].decode(),
-                                int(wait) if wait not in (b"", "", None) else None))
+                    out.append(
+                        (
+                            rid,
+                            rows[i + 1],
+                            delivery,
+                            rows[i + 3].decode(),
+                            int(wait) if wait not in (b"", "", None) else None,
+                        )
+                    )
         return out
 
     def _held_count(self, name: str) -> int:
@@ -199,8 +228,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                         held.pop(rid, None)
 
     def _refused(self, what: str, queue: str, job_id: str) -> None:
-        log_event("refused", level="warning", queue=queue, job=None, job_id=job_id, attempt=None,
-                  reason=f"{what} of a superseded delivery: the job was handed to another delivery")
+        log_event(
+            "refused",
+            level="warning",
+            queue=queue,
+            job=None,
+            job_id=job_id,
+            attempt=None,
+            reason=f"{what} of a superseded delivery: the job was handed to another delivery",
+        )
 
     def _take_retry(self, job_id: str, delivery: int) -> _Retry | None:
         with self._lock:
@@ -227,8 +263,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _prepare(self, message: Message, delay_ms: int | None) -> Message:
         message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
         if delay_ms is not None:
-            message = message.copy(queue_name=dq_name(message.queue_name),
-                                   options={"eta": current_millis() + delay_ms})
+            message = message.copy(queue_name=dq_name(message.queue_name), options={"eta": current_millis() + delay_ms})
         return message
 
     def _enqueue_many(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[tuple[Message, JobRef]]:
@@ -255,8 +290,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     )
                 results = pipe.execute()
         except redis.RedisError as exc:
-            raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {type(exc).__name__}: {exc}") \
-                from exc
+            raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {type(exc).__name__}: {exc}") from exc
         out = []
         for (message, item), (job_id, duplicate) in zip(prepared, results):
             ref = JobRef(job_id.decode() if isinstance(job_id, bytes) else job_id, bool(duplicate))
@@ -271,8 +305,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         rid, delivery = delivery_of(message)  # type: ignore[misc]
         new = self._prepare(_fresh(message).copy(queue_name=q_name(message.queue_name)), delay)
         self.emit_before("enqueue", new, delay)
-        retry = _Retry(new.options["redis_message_id"], new.encode(), "" if delay is None else int(delay),
-                       storable(new.options.get("last_error", "")))
+        retry = _Retry(
+            new.options["redis_message_id"],
+            new.encode(),
+            "" if delay is None else int(delay),
+            storable(new.options.get("last_error", "")),
+        )
         with self._lock:
             self._retries[(message.message_id, delivery)] = retry
         self.emit_after("enqueue", new, delay)
@@ -309,8 +347,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         while True:
             acks = self.acks.take(queue)
             try:
-                result = self._call("start", queue, rid, message.message_id, delivery, self.retention_ms,
-                                    len(acks) // 3, *acks)
+                result = self._call(
+                    "start", queue, rid, message.message_id, delivery, self.retention_ms, len(acks) // 3, *acks
+                )
                 break
             except Exception as exc:
                 self.acks.restore(queue, acks)
@@ -318,9 +357,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 # without a counted, fenced start it must not run: hand it back.
                 if not is_unavailable(exc) or time.monotonic() >= deadline:
                     message.options["redis_release"] = True
-                    log_event("error", level="warning", queue=q_name(queue), job=message.actor_name,
-                              job_id=message.message_id, attempt=None,
-                              error=f"could not record the start, job handed back: {type(exc).__name__}")
+                    log_event(
+                        "error",
+                        level="warning",
+                        queue=q_name(queue),
+                        job=message.actor_name,
+                        job_id=message.message_id,
+                        attempt=None,
+                        error=f"could not record the start, job handed back: {type(exc).__name__}",
+                    )
                     raise SkipMessage("Redis is unavailable") from None
                 time.sleep(0.2)
         self.acks.sent(queue, acks, result[1:])
@@ -345,12 +390,17 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     # Not failed for good yet: its nack hands it back, and the next delivery claims again
                     # (the Retries hook that called this swallows what it raises).
                     message.options["redis_unsettled"] = True
-                    log_event("error", level="warning", queue=q_name(message.queue_name), job=message.actor_name,
-                              job_id=message.message_id, attempt=message.options.get("attempt"),
-                              error=f"could not claim the final failure, job handed back: {type(exc).__name__}")
+                    log_event(
+                        "error",
+                        level="warning",
+                        queue=q_name(message.queue_name),
+                        job=message.actor_name,
+                        job_id=message.message_id,
+                        attempt=message.options.get("attempt"),
+                        error=f"could not claim the final failure, job handed back: {type(exc).__name__}",
+                    )
                     if is_unavailable(exc):
-                        raise BrokerUnreachable(f"could not claim the final failure: {type(exc).__name__}") \
-                            from exc
+                        raise BrokerUnreachable(f"could not claim the final failure: {type(exc).__name__}") from exc
                     raise BrokerRejected(f"final-failure claim refused: {type(exc).__name__}: {exc}") from exc
                 time.sleep(0.2)
         if claimed == -1:
@@ -380,8 +430,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """Recover dead workers' jobs (server clock), hand back what this worker holds but runs nowhere, prune."""
         names = sorted(self.queues) + sorted(dq_name(q) for q in self.queues)
         recovered: dict[str, list[str]] = {}
-        rows = self._call("maintain", "", self.heartbeat_timeout, self.retention_ms, self.dead_message_ttl,
-                          self.recovery_gap_ms, *names)
+        rows = self._call(
+            "maintain",
+            "",
+            self.heartbeat_timeout,
+            self.retention_ms,
+            self.dead_message_ttl,
+            self.recovery_gap_ms,
+            *names,
+        )
         for i in range(0, len(rows), 2):
             recovered.setdefault(rows[i].decode(), []).append(rows[i + 1].decode())
         self.release_orphans()
@@ -406,8 +463,16 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 ids = self._call("release", name, *held)
             if ids:
                 released[q_name(name)] = [i.decode() for i in ids]
-                log_event("released", level="warning", queue=q_name(name), job=None, job_id=None, attempt=None,
-                          count=len(ids), reason="held by this worker but in flight nowhere: handed back")
+                log_event(
+                    "released",
+                    level="warning",
+                    queue=q_name(name),
+                    job=None,
+                    job_id=None,
+                    attempt=None,
+                    count=len(ids),
+                    reason="held by this worker but in flight nowhere: handed back",
+                )
         return released
 
     # -- configuration ---------------------------------------------------------
@@ -425,8 +490,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         try:
             config = {}
             for name in ("appendonly", "save", "maxmemory-policy"):
-                config.update({k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
-                               for k, v in self.client.config_get(name).items()})
+                config.update(
+                    {
+                        k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+                        for k, v in self.client.config_get(name).items()
+                    }
+                )
         except redis.ResponseError:  # CONFIG is renamed or forbidden (managed Redis): nothing to say
             self._config_warnings = {}
             return {}
@@ -434,16 +503,28 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             raise BrokerUnreachable(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
         warnings = {}
         if config.get("appendonly") == "no" and not config.get("save", "").strip():
-            warnings["no_persistence"] = ("Redis keeps nothing on disk (appendonly no, no save points): a restart "
-                                          "loses every enqueued job, job record and dedup key")
+            warnings["no_persistence"] = (
+                "Redis keeps nothing on disk (appendonly no, no save points): a restart "
+                "loses every enqueued job, job record and dedup key"
+            )
         policy = config.get("maxmemory-policy", "noeviction")
         if policy != "noeviction":
-            warnings["eviction_policy"] = (f"Redis maxmemory-policy is {policy}, not noeviction: when memory runs "
-                                           "out it deletes keys, so enqueued jobs and dedup keys can vanish")
+            warnings["eviction_policy"] = (
+                f"Redis maxmemory-policy is {policy}, not noeviction: when memory runs "
+                "out it deletes keys, so enqueued jobs and dedup keys can vanish"
+            )
         self._config_warnings = warnings
         for reason, text in warnings.items():
-            log_event("config_warning", level="warning", queue=None, job=None, job_id=None, attempt=None,
-                      reason=reason, error=text)
+            log_event(
+                "config_warning",
+                level="warning",
+                queue=None,
+                job=None,
+                job_id=None,
+                attempt=None,
+                reason=reason,
+                error=text,
+            )
         return dict(warnings)
 
     # -- reading -------------------------------------------------------------
@@ -460,7 +541,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             pipe.zrange(keys.index(queue, "waiting"), 0, 0, withscores=True)
             waiting, delayed, active, failed, (completed_total, failed_total), paused, oldest = pipe.execute()
         return QueueCounts(
-            queue, waiting, delayed, active, failed, int(completed_total or 0), int(failed_total or 0), bool(paused),
+            queue,
+            waiting,
+            delayed,
+            active,
+            failed,
+            int(completed_total or 0),
+            int(failed_total or 0),
+            bool(paused),
             oldest[0][1] / _MS if oldest else None,
         )
 

@@ -20,13 +20,13 @@ from dramatiq import Consumer, Message
 from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
-from ...errors import BrokerRejected
-from ...logs import log_event
-from ..base import SafeMessageProxy
-from .errors import is_unavailable
+from conveyor.brokers.base import SafeMessageProxy
+from conveyor.brokers.redis.errors import is_unavailable
+from conveyor.errors import BrokerRejected
+from conveyor.logs import log_event
 
 if TYPE_CHECKING:
-    from .broker import RedisBroker
+    from conveyor.brokers.redis.broker import RedisBroker
 
 #: Message options that belong to one delivery, never stored with the job.
 DELIVERY_OPTIONS = ("redis_message_id", "redis_delivery", "redis_queue", "redis_release", "redis_unsettled")
@@ -117,8 +117,15 @@ class AckBuffer:
             try:
                 self.flush()
             except Exception as exc:  # Redis away for a moment: the acks wait for it
-                log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None,
-                          error=f"acks not sent yet: {type(exc).__name__}: {exc}")
+                log_event(
+                    "error",
+                    level="warning",
+                    queue=None,
+                    job=None,
+                    job_id=None,
+                    attempt=None,
+                    error=f"acks not sent yet: {type(exc).__name__}: {exc}",
+                )
                 time.sleep(1.0)
 
     def close(self) -> None:
@@ -204,16 +211,29 @@ class RedisConsumer(Consumer):
         message.options.clear()
         message.options.update(options)
         if note == "adopted":
-            log_event("adopted", level="warning", queue=q_name(self.queue_name), job=message.actor_name,
-                      job_id=message.message_id, attempt=None,
-                      reason="message without a job record (an older producer): record created, job runs")
+            log_event(
+                "adopted",
+                level="warning",
+                queue=q_name(self.queue_name),
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=None,
+                reason="message without a job record (an older producer): record created, job runs",
+            )
         self.cache.append(SafeMessageProxy(message))
 
     def _poison(self, rid: str, delivery: int, exc: Exception) -> None:
         self.broker._call("poison", self.queue_name, rid)
         self.broker._settle(self.queue_name, [(rid, delivery)])
-        log_event("error", level="error", queue=q_name(self.queue_name), job=None, job_id=None, attempt=None,
-                  error=f"malformed message {rid} moved to the dead letters: {exc}")
+        log_event(
+            "error",
+            level="error",
+            queue=q_name(self.queue_name),
+            job=None,
+            job_id=None,
+            attempt=None,
+            error=f"malformed message {rid} moved to the dead letters: {exc}",
+        )
 
     @property
     def outstanding_message_count(self) -> int:
@@ -238,8 +258,11 @@ class RedisConsumer(Consumer):
             return
         retry = self.broker._take_retry(message.message_id, delivery)
         if retry is not None:
-            self._guard(lambda: self.broker._write_retry(self.queue_name, rid, message.message_id, delivery, retry),
-                        message, restore=lambda: self.broker._keep_retry(message.message_id, delivery, retry))
+            self._guard(
+                lambda: self.broker._write_retry(self.queue_name, rid, message.message_id, delivery, retry),
+                message,
+                restore=lambda: self.broker._keep_retry(message.message_id, delivery, retry),
+            )
             return
         self.broker.acks.add(self.queue_name, rid, message.message_id, delivery)
 
@@ -254,8 +277,7 @@ class RedisConsumer(Consumer):
             self._hand_back([message])
             return
         error = message.options.get("last_error") or "failed"
-        self._guard(lambda: self.broker._write_nack(self.queue_name, rid, message.message_id, delivery, error),
-                    message)
+        self._guard(lambda: self.broker._write_nack(self.queue_name, rid, message.message_id, delivery, error), message)
 
     def requeue(self, messages) -> None:
         self._hand_back(list(messages))
@@ -272,9 +294,15 @@ class RedisConsumer(Consumer):
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None
             self.broker._settle(self.queue_name, pairs)
-            log_event("error", level="error", queue=q_name(self.queue_name), job=None, job_id=None, attempt=None,
-                      error=f"{len(pairs)} job(s) not handed back, the release pass will: "
-                            f"{type(exc).__name__}: {exc}")
+            log_event(
+                "error",
+                level="error",
+                queue=q_name(self.queue_name),
+                job=None,
+                job_id=None,
+                attempt=None,
+                error=f"{len(pairs)} job(s) not handed back, the release pass will: {type(exc).__name__}: {exc}",
+            )
 
     def _guard(self, write, message: Any, restore=None) -> None:
         """Run an outcome's write. Redis away: keep the job held and raise ConnectionClosed (Dramatiq retries).
@@ -288,9 +316,15 @@ class RedisConsumer(Consumer):
                 raise ConnectionClosed(exc) from None
             if message is not None and (held := delivery_of(message)):
                 self.broker._settle(self.queue_name, [held])
-            log_event("error", level="error", queue=q_name(self.queue_name), job=None,
-                      job_id=getattr(message, "message_id", None), attempt=None,
-                      error=f"outcome not written, the job will be handed back: {type(exc).__name__}: {exc}")
+            log_event(
+                "error",
+                level="error",
+                queue=q_name(self.queue_name),
+                job=None,
+                job_id=getattr(message, "message_id", None),
+                attempt=None,
+                error=f"outcome not written, the job will be handed back: {type(exc).__name__}: {exc}",
+            )
             if isinstance(exc, redis.RedisError):
                 raise BrokerRejected(f"Redis refused an outcome: {type(exc).__name__}: {exc}") from exc
             raise
@@ -309,9 +343,15 @@ class RedisConsumer(Consumer):
         except Exception as exc:
             # No longer in flight here either way: the next release pass (or recovery) hands them back.
             self.broker._settle(self.queue_name, pairs)
-            log_event("error", level="warning", queue=q_name(self.queue_name), job=None, job_id=None,
-                      attempt=None, error=f"{len(pairs)} fetched job(s) not handed back yet: "
-                                          f"{type(exc).__name__}: {exc}")
+            log_event(
+                "error",
+                level="warning",
+                queue=q_name(self.queue_name),
+                job=None,
+                job_id=None,
+                attempt=None,
+                error=f"{len(pairs)} fetched job(s) not handed back yet: {type(exc).__name__}: {exc}",
+            )
 
 
 def _text(value: Any) -> str:

@@ -6,7 +6,7 @@ import functools
 
 import redis
 
-from ...errors import BrokerRejected, BrokerUnreachable
+from conveyor.errors import BrokerRejected, BrokerUnreachable
 
 #: Errors that mean "Redis cannot be reached or did not answer in time" (a BUSY reply too: see is_unavailable).
 UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, TimeoutError, ConnectionError)
@@ -18,7 +18,8 @@ def is_unavailable(exc: BaseException) -> bool:
         return True
     # OOM: a full Redis under noeviction refuses writes until memory frees; READONLY/NOREPLICAS: a failover.
     return isinstance(exc, redis.ResponseError) and str(exc).startswith(
-        ("BUSY", "LOADING", "MASTERDOWN", "OOM", "READONLY", "NOREPLICAS"))
+        ("BUSY", "LOADING", "MASTERDOWN", "OOM", "READONLY", "NOREPLICAS")
+    )
 
 
 def translated(method):

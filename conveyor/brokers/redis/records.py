@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..base import JobRecord
+from conveyor.brokers.base import JobRecord
 
 _MS = 1000
 

@@ -1,0 +1,118 @@
+"""Attempts, retries with backoff, and the one final failure of a job.
+
+Replaces Dramatiq's ``Retries``: attempts are counted by the broker on
+every start (so a job whose worker dies counts too, which Dramatiq's
+redelivery does not), permanent errors fail at once, and when a job has
+spent its attempts its final-failure hooks run exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dramatiq.common import compute_backoff
+from dramatiq.middleware import SkipMessage
+from pydantic import ValidationError
+
+from conveyor.errors import PermanentError, RetryLater, describe_error
+from conveyor.logs import log_event
+from conveyor.middleware.base import ConveyorMiddleware
+
+#: Errors that can never succeed on a second try.
+PERMANENT = (PermanentError, ValidationError)
+
+
+class WorkerLost(Exception):
+    """The job's earlier deliveries never finished: their worker died."""
+
+
+class Retries(ConveyorMiddleware):
+    """Counts attempts and decides, after each failure, between retry and final failure."""
+
+    def __init__(self, on_final_failure) -> None:
+        #: Called as ``on_final_failure(broker, message, error_text)`` once per job.
+        self.on_final_failure = on_final_failure
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"max_attempts", "min_backoff", "max_backoff"}
+
+    def before_process_message(self, broker, message) -> None:
+        attempt = broker.start_job(message)
+        if attempt == 0:
+            log_event(
+                "skipped",
+                queue=message.queue_name,
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=None,
+                reason="job was deleted",
+            )
+            raise SkipMessage("job was deleted")
+        message.options["attempt"] = attempt
+        budget = self._max_attempts(broker, message) + message.options.get("deferrals", 0)
+        if attempt > budget:
+            error = WorkerLost(f"the worker died during each of the {attempt - 1} earlier attempts")
+            self._fail(broker, message, describe_error(error))
+            raise SkipMessage(str(error))
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        if exception is None:
+            return
+        attempt = message.options.get("attempt", 1)
+        error = describe_error(exception)
+        if isinstance(exception, RetryLater):
+            delay = int(exception.delay * 1000)
+            deferrals = message.options.get("deferrals", 0) + 1
+            log_event(
+                "retry",
+                queue=message.queue_name,
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=attempt,
+                delay_ms=delay,
+                reason=error,
+            )
+            broker.enqueue(message.copy(options={"deferrals": deferrals, "last_error": error}), delay=delay)
+            return
+        if isinstance(exception, PERMANENT):
+            self._fail(broker, message, error)
+            return
+        budget = self._max_attempts(broker, message) + message.options.get("deferrals", 0)
+        if attempt >= budget:
+            self._fail(broker, message, error)
+            return
+        actor = broker.get_actor(message.actor_name)
+        min_ms = int(actor.options["min_backoff"] * 1000)
+        max_ms = int(actor.options["max_backoff"] * 1000)
+        # Exponential in the attempt, jittered up to 2x, never outside the queue's bounds.
+        _, delay = compute_backoff(attempt - 1, factor=max(min_ms, 1), max_backoff=max(max_ms, min_ms, 1))
+        log_event(
+            "retry",
+            level="warning",
+            queue=message.queue_name,
+            job=message.actor_name,
+            job_id=message.message_id,
+            attempt=attempt,
+            delay_ms=delay,
+            error=error,
+        )
+        broker.enqueue(message.copy(options={"last_error": error}), delay=delay)
+
+    def _max_attempts(self, broker, message) -> int:
+        return broker.get_actor(message.actor_name).options["max_attempts"]
+
+    def _fail(self, broker, message: Any, error: str) -> None:
+        message.fail()
+        message.options["last_error"] = error
+        log_event(
+            "failed",
+            level="error",
+            queue=message.queue_name,
+            job=message.actor_name,
+            job_id=message.message_id,
+            attempt=message.options.get("attempt"),
+            error=error,
+        )
+        if broker.claim_final_failure(message):
+            self.on_final_failure(broker, message, error)

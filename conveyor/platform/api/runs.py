@@ -1,0 +1,235 @@
+"""Producer routes of the agent platform: start a run (202), follow its stream (SSE), read its status.
+
+``POST /api/tasks/{task_id}/runs`` adds the user's message and enqueues the
+run; ``GET /api/runs/{run_id}/stream`` is Server-Sent Events, one event per
+chunk with ``id: <seq>``, so a client that reconnects with
+``Last-Event-ID`` resumes after the last chunk it got, never receiving one
+twice; ``GET /api/runs/{run_id}`` is the run as the database has it.
+
+Every route needs a user's API key (:func:`~conveyor.api.auth.require_user`)
+and sees only that user's tasks and runs: another user's id answers 404
+with the same body as an id that does not exist. A client-chosen
+``message_id`` is the user's own (:func:`~conveyor.platform.records.scoped_message_id`).
+
+The routers need the conveyor :class:`~conveyor.app.App` in
+``request.app.state.conveyor`` (see :func:`conveyor_app`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import datetime
+from typing import Annotated, Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from conveyor.api.auth import require_user
+from conveyor.api.errors import not_found
+from conveyor.errors import EnqueueError, RecordConflict, RecordNotFound
+from conveyor.platform import records
+from conveyor.platform.rounds import start_round
+from conveyor.platform.streams import buffer_for
+from conveyor.tasks.payloads import Id
+
+router = APIRouter(prefix="/api", tags=["runs"])
+
+#: Every producer route answers these besides its own.
+AUTH_RESPONSES = {401: {"description": "no valid API key"}}
+
+#: Largest chunk number a client may resume after (``run_chunks.seq`` is an INTEGER).
+MAX_SEQ = 2**31 - 1
+
+#: Seconds between SSE comments that keep idle proxies from closing the stream.
+KEEPALIVE_SECONDS = 15.0
+
+#: Seconds of an idle stream between looks at the run's status in the database,
+#: for a run that ended without an end entry (its stream expired, say).
+STATUS_CHECK_SECONDS = 2.0
+
+IdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@\-]+$")]
+
+
+def conveyor_app(request: Request):
+    """The conveyor App serving this request (``create_app`` puts it in ``app.state.conveyor``)."""
+    return request.app.state.conveyor
+
+
+class StartRun(BaseModel):
+    """The user's message that starts a round."""
+
+    content: str = Field(min_length=1, max_length=100_000)
+    #: Optional: a client-chosen ID makes a retried POST return the first run instead of starting another.
+    message_id: Id | None = None
+
+
+class RunAccepted(BaseModel):
+    run_id: str
+    task_id: str
+    user_message_id: str
+    assistant_message_id: str
+    job_id: str
+    created: bool
+    stream_url: str
+    status_url: str
+
+
+class RunStatus(BaseModel):
+    id: str
+    task_id: str
+    job: str
+    status: str
+    attempts: int
+    user_message_id: str
+    assistant_message_id: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    total_tokens: int | None
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    finalized_at: datetime | None
+    stream_url: str
+
+
+def stream_url(run_id: str) -> str:
+    return f"/api/runs/{run_id}/stream"
+
+
+@router.post(
+    "/tasks/{task_id}/runs",
+    status_code=202,
+    response_model=RunAccepted,
+    responses={
+        **AUTH_RESPONSES,
+        404: {"description": "no such task of yours"},
+        409: {"description": "you used this message ID for other content"},
+        503: {"description": "the broker is unavailable; nothing was started"},
+    },
+)
+def post_run(
+    task_id: IdPath, body: StartRun, response: Response, app=Depends(conveyor_app), user_id: str = Depends(require_user)
+) -> RunAccepted:
+    """Start a round of one of your tasks (API key); the run happens on a worker. Answers 202 with where to follow it."""
+    message_id = records.scoped_message_id(user_id, body.message_id) if body.message_id else None
+    try:
+        with app.pool.connection() as conn:
+            records.get_task_of(conn, task_id, user_id)  # another user's task is as missing as none
+        started = start_round(app, task_id=task_id, content=body.content, message_id=message_id)
+    except RecordNotFound as exc:
+        raise not_found(exc) from None
+    except RecordConflict as exc:
+        raise HTTPException(409, str(exc)) from None
+    except EnqueueError as exc:
+        raise HTTPException(503, str(exc)) from None
+    status_url = f"/api/runs/{started.run_id}"
+    response.headers["Location"] = status_url
+    return RunAccepted(
+        run_id=started.run_id,
+        task_id=started.task_id,
+        user_message_id=started.user_message_id,
+        assistant_message_id=started.assistant_message_id,
+        job_id=started.job_id,
+        created=started.created,
+        stream_url=stream_url(started.run_id),
+        status_url=status_url,
+    )
+
+
+def _load_run(app, run_id: str, user_id: str) -> records.Run:
+    with app.pool.connection() as conn:
+        try:
+            return records.get_run_of(conn, run_id, user_id)
+        except RecordNotFound as exc:
+            raise not_found(exc) from None
+
+
+@router.get(
+    "/runs/{run_id}",
+    response_model=RunStatus,
+    responses={**AUTH_RESPONSES, 404: {"description": "no such run of yours"}},
+)
+def get_run(run_id: IdPath, app=Depends(conveyor_app), user_id: str = Depends(require_user)) -> RunStatus:
+    """One of your runs (API key) as the database has it: status, attempts, token usage, error."""
+    run = _load_run(app, run_id, user_id)
+    return RunStatus(
+        **{k: getattr(run, k) for k in RunStatus.model_fields if k != "stream_url"}, stream_url=stream_url(run.id)
+    )
+
+
+@router.get(
+    "/runs/{run_id}/stream",
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "chunk events, then one end event"},
+        400: {"description": "Last-Event-ID is not a chunk number"},
+        **AUTH_RESPONSES,
+        404: {"description": "no such run of yours"},
+    },
+)
+async def get_run_stream(
+    run_id: IdPath,
+    request: Request,
+    last_event_id: Annotated[str | None, Header()] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="resume after this seq")] = None,
+    app=Depends(conveyor_app),
+    user_id: str = Depends(require_user),
+) -> StreamingResponse:
+    """Server-Sent Events of one of your runs (API key): ``event: chunk`` (``{"text"}``) per chunk, then
+    ``event: end`` (``{"status"}``).
+
+    Resumable: reconnect with ``Last-Event-ID`` (or ``?after=``) to get only what follows.
+    """
+    start = after or 0
+    if last_event_id is not None:
+        text = last_event_id.strip()
+        # ASCII digits only (str.isdigit takes '²'), and no more than a chunk number can be.
+        if not (text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_SEQ):
+            raise HTTPException(400, "Last-Event-ID must be the number of the last chunk received")
+        start = int(text)
+    await run_in_threadpool(_load_run, app, run_id, user_id)
+    return StreamingResponse(
+        _events(app, run_id, start, user_id),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _events(app, run_id: str, after: int, user_id: str) -> AsyncIterator[str]:
+    buffer = buffer_for(app)
+    poll = app.settings.stream_poll_interval
+    yield "retry: 1000\n\n"
+    last_sent = last_status_check = time.monotonic()
+    terminal_seen = False
+    while True:
+        entries = await run_in_threadpool(buffer.read, run_id, after)
+        for entry in entries:
+            after = entry.seq
+            if entry.kind == "end":
+                yield _event(entry.seq, "end", {"status": entry.data})
+                return
+            yield _event(entry.seq, "chunk", {"text": entry.data})
+        now = time.monotonic()
+        if entries:
+            last_sent = now
+            continue
+        if now - last_status_check >= STATUS_CHECK_SECONDS:
+            last_status_check = now
+            run = await run_in_threadpool(_load_run, app, run_id, user_id)
+            # Seen ended twice with nothing new in between: no end entry is coming (expired stream).
+            if run.terminal and terminal_seen:
+                yield _event(after + 1, "end", {"status": run.status})
+                return
+            terminal_seen = run.terminal
+        if now - last_sent >= KEEPALIVE_SECONDS:
+            last_sent = now
+            yield ": keep-alive\n\n"
+        await asyncio.sleep(poll)
+
+
+def _event(seq: int, name: str, data: dict[str, Any]) -> str:
+    return f"id: {seq}\nevent: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"

@@ -1,0 +1,83 @@
+"""What a producer calls to start a build: encrypt the env, write the rows, enqueue agent.build."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from conveyor.errors import EnqueueError, InvalidPayload
+from conveyor.platform.builds.payloads import BuildPayload
+from conveyor.platform.builds.store import BuildStore
+from conveyor.secrets import encrypt_env
+from conveyor.tasks.jobqueue import validate_payload
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+
+JOB = "agent.build"
+
+
+@dataclass(frozen=True)
+class BuildTicket:
+    """A requested build: poll ``builds`` (or GET /api/builds/{build_id}) for its outcome."""
+
+    build_id: str
+    job_id: str
+    deduplicated: bool
+
+
+def new_build_id() -> str:
+    return f"bld_{uuid.uuid4().hex}"
+
+
+def build_key(build_id: str) -> str:
+    """The enqueue key of a build: one job per build, however often it is requested."""
+    return f"build:{build_id}"
+
+
+def request_build(
+    app: "App",
+    kind: str,
+    fields: Mapping[str, Any],
+    *,
+    env: Mapping[str, str] | None = None,
+    build_id: str | None = None,
+    host_paths: bool = False,
+) -> BuildTicket:
+    """Validate, encrypt ``env`` (plain values in, Fernet tokens out), record and enqueue one build.
+
+    Requesting the same ``build_id`` again changes nothing and returns the first job. Raises
+    :class:`~conveyor.errors.InvalidPayload` (naming fields, never values) or
+    :class:`~conveyor.errors.SecretKeyError`; then nothing was recorded.
+
+    ``host_paths`` lets the request name archives, directories and local repositories on the
+    build host (the worker still takes them only under ``CONVEYOR_BUILD_SOURCE_ROOTS``): for
+    operators' own code and CLI, never for requests from HTTP, which upload instead.
+    """
+    data = {**fields, "kind": kind, "build_id": build_id or new_build_id(), "env": encrypt_env(app.settings, env or {})}
+    payload = validate_payload(JOB, BuildPayload, data)
+    request = payload.root
+    named = request.host_paths()
+    if named and not host_paths:
+        raise InvalidPayload(
+            JOB,
+            [
+                {"loc": (name,), "msg": "host paths are not accepted here: upload the source and give upload_id"}
+                for name in named
+            ],
+        )
+    store = BuildStore(app.pool)
+    if not store.create(request):
+        # Requested before: that request's job and outcome stand.
+        existing = store.get(request.build_id)
+        return BuildTicket(request.build_id, (existing.job_id if existing else None) or "", True)
+    try:
+        ref = app.jobs.enqueue(JOB, payload, key=build_key(request.build_id))
+    except EnqueueError as exc:
+        # Nothing will ever run it: end it now rather than leave its target "building".
+        store.fail(request.build_id, f"not enqueued: {exc}")
+        raise
+    store.set_job(request.build_id, ref.id)
+    return BuildTicket(request.build_id, ref.id, ref.deduplicated)

@@ -1,0 +1,284 @@
+"""Builds, their targets (agents and MCP connectors), versions and deployments in Postgres.
+
+A build row is the outcome: ``queued`` → ``building`` (claimed, heartbeating)
+→ ``succeeded`` or ``failed``. Every write by a worker is fenced by the
+claim number it got, so a worker presumed dead that wakes up cannot
+overwrite the outcome of the worker that took its build over; and a unique
+index lets a build record one outcome only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from conveyor.db import load_queries
+from conveyor.errors import BuildFailed
+from conveyor.platform.builds.payloads import BuildVariant
+
+QUERIES = load_queries(Path(__file__).with_name("queries.sql"))
+
+
+@dataclass(frozen=True)
+class Target:
+    """An agent or a connector, as far as builds are concerned."""
+
+    kind: str
+    id: str
+    owner_id: str
+    status: str
+    status_reason: str | None
+    repo_url: str | None
+    repo_branch: str | None
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    """A build as the API shows it. It holds no env: secrets never leave the payload."""
+
+    id: str
+    kind: str
+    agent_id: str | None
+    connector_id: str | None
+    owner_id: str
+    status: str
+    version: str | None
+    artifact_sha256: str | None
+    log: str
+    error: str | None
+    claim: int
+    worker: str | None
+    job_id: str | None
+    heartbeat_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an executor produced, for :meth:`BuildStore.succeed` to record.
+
+    ``version`` None means "the next v<n>"; ``new_version`` is False for a
+    rollback, which points at a version that already exists.
+    """
+
+    artifact_sha256: str
+    version: str | None = None
+    new_version: bool = True
+    env_names: tuple[str, ...] = ()
+    repo_url: str | None = None
+    repo_branch: str | None = None
+
+
+class BuildStore:
+    """Reads and writes builds through a connection pool (autocommit; transactions where needed)."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    # -- producer side -------------------------------------------------------
+
+    def create(self, request: BuildVariant) -> bool:
+        """The build's row and its target, moved to ``building`` when the build deploys.
+
+        Once per build id: False (and nothing changed) when the build exists already.
+        """
+        kind = request.target_kind
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(QUERIES[f"{kind}_ensure"], {"id": request.target_id, "owner_id": request.owner_id})
+            created = (
+                conn.execute(
+                    QUERIES["build_insert"],
+                    {
+                        "id": request.build_id,
+                        "kind": request.kind,
+                        "owner_id": request.owner_id,
+                        "agent_id": request.target_id if kind == "agent" else None,
+                        "connector_id": request.target_id if kind == "connector" else None,
+                    },
+                ).fetchone()
+                is not None
+            )
+            if created and request.deploys:
+                conn.execute(
+                    QUERIES[f"{kind}_set_status"],
+                    {
+                        "id": request.target_id,
+                        "status": "building",
+                        "reason": None,
+                        "repo_url": None,
+                        "repo_branch": None,
+                    },
+                )
+            return created
+
+    def set_job(self, build_id: str, job_id: str) -> None:
+        with self.pool.connection() as conn:
+            conn.execute(QUERIES["build_set_job"], {"id": build_id, "job_id": job_id})
+
+    # -- worker side ---------------------------------------------------------
+
+    def claim(self, build_id: str, *, worker: str, job_id: str, stale_after: float) -> int | None:
+        """Claim a queued build, or take over one whose worker stopped heartbeating; None when neither applies."""
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(QUERIES["build_lock"], {"id": build_id, "stale": stale_after}).fetchone()
+            if row is None:
+                return None
+            status, _, stale = row
+            if not (status == "queued" or (status == "building" and stale)):
+                return None
+            (claim,) = conn.execute(
+                QUERIES["build_claim"], {"id": build_id, "worker": worker, "job_id": job_id}
+            ).fetchone()
+            event = "claimed" if status == "queued" else "taken_over"
+            conn.execute(QUERIES["build_event"], {"id": build_id, "claim": claim, "event": event, "detail": worker})
+            return claim
+
+    def heartbeat(self, build_id: str, claim: int, log: str) -> bool:
+        """Mark the build alive and save its log so far; False when this claim no longer owns it."""
+        with self.pool.connection() as conn:
+            return conn.execute(QUERIES["build_heartbeat"], {"id": build_id, "claim": claim, "log": log}).rowcount == 1
+
+    def release(self, build_id: str, claim: int, *, error: str, log: str) -> bool:
+        """Give the build back to ``queued`` after a failed attempt (it may be retried)."""
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(
+                QUERIES["build_release"], {"id": build_id, "claim": claim, "error": error, "log": log}
+            ).fetchone()
+            if row:
+                conn.execute(
+                    QUERIES["build_event"], {"id": build_id, "claim": claim, "event": "released", "detail": error}
+                )
+            return row is not None
+
+    def succeed(self, request: BuildVariant, claim: int, outcome: Outcome, log: str) -> str | None:
+        """Record a successful build in one transaction: its version, the deployment, the target, the outcome.
+
+        Returns the version, or None when this claim lost the build to another worker.
+        Raises :class:`BuildFailed` when the version exists with different content.
+        """
+        kind, target_id = request.target_kind, request.target_id
+        try:
+            with self.pool.connection() as conn, conn.transaction():
+                # Serialises builds of one target, so two cannot take the same next version.
+                if conn.execute(QUERIES[f"{kind}_lock"], {"id": target_id}).fetchone() is None:
+                    raise BuildFailed(f"{kind} {target_id} no longer exists")
+                key = {"kind": kind, "id": target_id}
+                version = outcome.version or conn.execute(QUERIES["version_next"], key).fetchone()[0]
+                if outcome.new_version:
+                    conn.execute(
+                        QUERIES["version_insert"],
+                        {
+                            **key,
+                            "version": version,
+                            "artifact": outcome.artifact_sha256,
+                            "build_id": request.build_id,
+                            "env_names": list(outcome.env_names),
+                        },
+                    )
+                    stored = conn.execute(QUERIES["version_get"], {**key, "version": version}).fetchone()
+                    if stored[1] != outcome.artifact_sha256:
+                        raise BuildFailed(f"{kind} {target_id} already has a version {version} with other content")
+                if request.deploys:
+                    conn.execute(
+                        QUERIES["deployment_upsert"],
+                        {**key, "version": version, "artifact": outcome.artifact_sha256, "build_id": request.build_id},
+                    )
+                    conn.execute(
+                        QUERIES[f"{kind}_set_status"],
+                        {
+                            "id": target_id,
+                            "status": "active",
+                            "reason": None,
+                            "repo_url": outcome.repo_url,
+                            "repo_branch": outcome.repo_branch,
+                        },
+                    )
+                done = conn.execute(
+                    QUERIES["build_succeed"],
+                    {
+                        "id": request.build_id,
+                        "claim": claim,
+                        "version": version,
+                        "artifact": outcome.artifact_sha256,
+                        "log": log,
+                    },
+                ).fetchone()
+                if done is None:
+                    raise _LostClaim()
+                conn.execute(
+                    QUERIES["build_event"],
+                    {"id": request.build_id, "claim": claim, "event": "succeeded", "detail": version},
+                )
+                return version
+        except _LostClaim:
+            return None
+
+    def fail(self, build_id: str, error: str) -> bool:
+        """End a build ``failed`` and its target ``failed``, once; False when it had already ended."""
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(QUERIES["build_fail"], {"id": build_id, "error": error}).fetchone()
+            if row is None:
+                return False
+            claim, _, agent_id, connector_id = row
+            conn.execute(QUERIES["build_event"], {"id": build_id, "claim": claim, "event": "failed", "detail": error})
+            kind, target_id = ("agent", agent_id) if agent_id else ("connector", connector_id)
+            conn.execute(
+                QUERIES[f"{kind}_set_status"],
+                {
+                    "id": target_id,
+                    "status": "failed",
+                    "reason": f"build {build_id} failed: {error}"[:2000],
+                    "repo_url": None,
+                    "repo_branch": None,
+                },
+            )
+            return True
+
+    # -- reading -------------------------------------------------------------
+
+    def get(self, build_id: str) -> BuildRecord | None:
+        with self.pool.connection() as conn:
+            row = conn.cursor(row_factory=dict_row).execute(QUERIES["build_get"], {"id": build_id}).fetchone()
+        return BuildRecord(**row) if row else None
+
+    def events(self, build_id: str) -> list[tuple[int, str, str | None]]:
+        """The build's history: (claim, event, detail), oldest first."""
+        with self.pool.connection() as conn:
+            return [tuple(r[:3]) for r in conn.execute(QUERIES["build_events"], {"id": build_id})]
+
+    def target(self, kind: str, target_id: str) -> Target | None:
+        with self.pool.connection() as conn:
+            row = conn.execute(QUERIES[f"{kind}_get"], {"id": target_id}).fetchone()
+        return Target(kind, *row) if row else None
+
+    def version(self, kind: str, target_id: str, version: str) -> tuple[str, str] | None:
+        """(version, artifact sha256) of one version of a target, or None."""
+        with self.pool.connection() as conn:
+            row = conn.execute(QUERIES["version_get"], {"kind": kind, "id": target_id, "version": version}).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def versions(self, kind: str, target_id: str) -> list[tuple[str, str]]:
+        with self.pool.connection() as conn:
+            return [(r[0], r[1]) for r in conn.execute(QUERIES["version_list"], {"kind": kind, "id": target_id})]
+
+    def deployment(self, kind: str, target_id: str) -> dict[str, Any] | None:
+        """What the target runs now: version, artifact_sha256, previous_version, build_id, updated_at."""
+        with self.pool.connection() as conn:
+            return (
+                conn.cursor(row_factory=dict_row)
+                .execute(QUERIES["deployment_get"], {"kind": kind, "id": target_id})
+                .fetchone()
+            )
+
+
+class _LostClaim(Exception):
+    """Another worker took this build over; raised inside succeed() to roll its transaction back."""

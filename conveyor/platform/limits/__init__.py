@@ -1,0 +1,45 @@
+"""Fleet-wide limits over the broker's own store: a counting semaphore and a request rate limit.
+
+* :class:`Semaphore` — at most N holders across every worker process on
+  every host (the llm queue's global concurrency).
+* :class:`RateLimit` — at most N hits per fixed window (a provider's
+  requests per minute).
+
+Both answer at once and never wait: a job that gets no slot or no hit
+raises :class:`~conveyor.errors.RetryLater`, which re-runs it later
+without spending an attempt. One module per store, picked by the broker:
+Redis (``redis.py``), Postgres advisory locks and a counter table
+(``postgres.py``), or this process alone for the inline broker
+(``local.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from conveyor.appcache import per_app
+from conveyor.platform.limits.base import Limits, RateLimit, Semaphore, Slot  # noqa: F401  (the interface, importable from the package)
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+
+
+def build_limits(app: "App") -> Limits:
+    """Limits on the store of ``app``'s broker."""
+    settings = app.settings
+    store = app.backend.store  # the broker's store (conveyor.backends)
+    if store == "redis":
+        from conveyor.platform.limits.redis import RedisLimits
+
+        return RedisLimits(settings.redis_url, namespace=settings.redis_namespace, lease=settings.llm_slot_lease)
+    if store == "postgres":
+        from conveyor.platform.limits.postgres import PostgresRateLimit, PostgresSemaphore
+
+        return Limits(PostgresSemaphore(app.pool), PostgresRateLimit(app.pool))
+    from conveyor.platform.limits.local import LocalRateLimit, LocalSemaphore
+
+    return Limits(LocalSemaphore(), LocalRateLimit())
+
+
+limits_for = per_app(build_limits)
+"""The app's limits, built once per App."""

@@ -1,0 +1,76 @@
+"""Limits on Postgres (postgres broker, embedded default).
+
+The semaphore is N advisory locks: a slot is ``pg_try_advisory_lock(name, i)``
+for some free ``i < N``, held by a connection kept out of the pool for the
+slot's lifetime. A worker that dies loses its session, and Postgres frees
+its slot at once: no lease to expire, nothing to clean up.
+The rate limit counts hits per fixed window in ``rate_windows``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import psycopg
+
+from conveyor.db import load_queries
+from conveyor.platform.limits.base import RateLimit, Semaphore, Slot
+
+QUERIES = load_queries(Path(__file__).with_name("postgres.sql"))
+
+
+def lock_class(name: str) -> int:
+    """The advisory lock's first key for ``name``: a stable signed 32-bit hash."""
+    value = zlib.crc32(f"conveyor:limit:{name}".encode())
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+class _AdvisorySlot(Slot):
+    def __init__(self, pool, conn, key: int, index: int) -> None:
+        self._pool, self._conn, self._key, self._index = pool, conn, key, index
+
+    def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.execute(QUERIES["release"], {"key": self._key, "slot": self._index})
+        except psycopg.Error:
+            conn.close()  # a broken session holds no locks any more; the pool drops a closed connection
+        finally:
+            self._pool.putconn(conn)
+
+
+class PostgresSemaphore(Semaphore):
+    """N session-level advisory locks per name."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    def try_acquire(self, name: str, limit: int) -> Slot | None:
+        key = lock_class(name)
+        conn = self.pool.getconn()
+        try:
+            row = conn.execute(QUERIES["acquire"], {"key": key, "limit": limit}).fetchone()
+        except BaseException:
+            self.pool.putconn(conn)
+            raise
+        if row is None:
+            self.pool.putconn(conn)
+            return None
+        return _AdvisorySlot(self.pool, conn, key, row[0])
+
+
+class PostgresRateLimit(RateLimit):
+    """Fixed-window counters in ``rate_windows``; old windows are pruned when a new one opens."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    def hit(self, name: str, limit: int, window: float) -> float:
+        with self.pool.connection() as conn:
+            hits, remaining = conn.execute(QUERIES["hit"], {"name": name, "window": window}).fetchone()
+            if hits == 1:
+                conn.execute(QUERIES["prune"], {"name": name})
+        return 0.0 if hits <= limit else max(0.0, float(remaining))

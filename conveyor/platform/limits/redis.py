@@ -1,0 +1,98 @@
+"""Limits on Redis (redis broker).
+
+The semaphore is a sorted set of holders scored by lease expiry; acquiring
+drops expired holders first, so a worker that died holding a slot frees it
+after ``CONVEYOR_LLM_SLOT_LEASE`` seconds. A live holder renews its lease
+from a background thread. Time is Redis's own (``TIME``), so hosts with
+skewed clocks agree. The rate limit is one counter per fixed window.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+
+import redis
+
+from conveyor.logs import log_event
+from conveyor.platform.limits.base import Limits, RateLimit, Semaphore, Slot
+
+_SCRIPT = (Path(__file__).with_name("limits.lua")).read_text()
+
+
+class _LeasedSlot(Slot):
+    """A holder id in the set, renewed every third of the lease until released."""
+
+    def __init__(self, semaphore: "RedisSemaphore", key: str, holder: str) -> None:
+        self._semaphore, self._key, self._holder = semaphore, key, holder
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew, name="conveyor-slot-lease", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        sem = self._semaphore
+        while not self._stop.wait(sem.lease_ms / 3000):
+            try:
+                kept = sem._call("renew", self._key, self._holder)
+            except redis.RedisError:
+                continue  # Redis away for a moment; the lease has slack for two misses
+            if not kept:
+                log_event(
+                    "slot_lost",
+                    level="warning",
+                    queue=None,
+                    job=None,
+                    job_id=None,
+                    attempt=None,
+                    slot=self._key,
+                    reason="lease expired before renewal",
+                )
+                return
+
+    def release(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._semaphore._call("release", self._key, self._holder)
+
+
+class RedisSemaphore(Semaphore):
+    """Leased slots in ``<namespace>:slots:<name>``."""
+
+    def __init__(self, client: redis.Redis, namespace: str, lease: float) -> None:
+        self.client, self.namespace, self.lease_ms = client, namespace, int(lease * 1000)
+        self._script = client.register_script(_SCRIPT)
+
+    def _call(self, command: str, key: str, *args) -> int:
+        return int(self._script(keys=[key], args=[command, self.lease_ms, *args]))
+
+    def try_acquire(self, name: str, limit: int) -> Slot | None:
+        key = f"{self.namespace}:slots:{name}"
+        holder = uuid.uuid4().hex
+        if not self._call("acquire", key, holder, limit):
+            return None
+        return _LeasedSlot(self, key, holder)
+
+
+class RedisRateLimit(RateLimit):
+    """A counter per name and window, expiring after the window."""
+
+    def __init__(self, client: redis.Redis, namespace: str) -> None:
+        self.client, self.namespace = client, namespace
+        self._script = client.register_script(_SCRIPT)
+
+    def hit(self, name: str, limit: int, window: float) -> float:
+        wait_ms = self._script(keys=[f"{self.namespace}:rate:{name}"], args=["hit", int(window * 1000), limit])
+        return int(wait_ms) / 1000
+
+
+class RedisLimits(Limits):
+    """Both limits on one Redis client."""
+
+    def __init__(self, url: str, *, namespace: str, lease: float) -> None:
+        self.client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+        super().__init__(RedisSemaphore(self.client, namespace, lease), RedisRateLimit(self.client, namespace))
+
+    def close(self) -> None:
+        self.client.close()

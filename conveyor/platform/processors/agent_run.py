@@ -1,0 +1,116 @@
+"""task.run and chat.run: answer a round, streaming the reply to its readers.
+
+Everything is rebuilt from the IDs in the payload. Each chunk goes into the
+run's stream buffer under its seq before the next is generated; the
+assistant message is written by the ID the run got at creation, with the
+token usage, in the same transaction that completes the run; then the
+end-of-round job (run.finalize) is enqueued under its key.
+
+A re-run (retry, or a worker that died mid-stream) regenerates the reply
+from the same conversation. The buffer ignores chunks it already holds,
+so readers never see one twice; with the deterministic local provider the
+regenerated chunks are the same ones. The stored message is what the
+buffer holds, so it is always exactly what readers saw.
+"""
+
+from __future__ import annotations
+
+from conveyor.errors import PermanentError, RecordNotFound
+from conveyor.logs import log_event
+from conveyor.platform import records
+from conveyor.platform.payloads import ChatRun, RunFinalize, TaskRun, run_key
+from conveyor.platform.providers import ChatMessage, provider_for
+from conveyor.platform.providers.base import estimate_usage
+from conveyor.platform.queues import AGENT
+from conveyor.platform.streams import buffer_for
+from conveyor.tasks.context import JobContext
+from conveyor.tasks.faults import maybe_fail_mid_stream
+from conveyor.tasks.registry import job, on_final_failure
+
+#: What task.run tells the model before the task's own instructions.
+TASK_PREAMBLE = "You are an agent carrying out a task for the user."
+
+
+@job("task.run", queue=AGENT, payload=TaskRun)
+def task_run(payload: TaskRun, ctx: JobContext) -> None:
+    """A task round: the task's instructions and the user's latest message."""
+    run_round(payload, ctx, whole_conversation=False)
+
+
+@job("chat.run", queue=AGENT, payload=ChatRun)
+def chat_run(payload: ChatRun, ctx: JobContext) -> None:
+    """A chat round: the whole conversation up to the user's message."""
+    run_round(payload, ctx, whole_conversation=True)
+
+
+def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) -> None:
+    app = ctx.app
+    buffer = buffer_for(app)
+    with app.pool.connection() as conn:
+        try:
+            run, task = records.run_of_task(conn, run_id=payload.run_id, task_id=payload.task_id)
+        except RecordNotFound as exc:
+            raise PermanentError(str(exc)) from None
+        if run.terminal:
+            # An earlier attempt finished it; make sure its stream ended and its round was finalized.
+            if run.status == "completed":
+                buffer.end(run.id, "completed")
+                _enqueue_finalize(ctx, run)
+            return
+        if records.start_run(conn, run.id) is None:
+            return  # another attempt ended it between our read and now; it finalizes its own round
+        messages = _context(conn, task, run, whole_conversation)
+
+    generation = provider_for(app).stream(messages)
+    try:
+        for seq, text in enumerate(generation, 1):
+            buffer.append(run.id, seq, text)
+            maybe_fail_mid_stream(ctx, run_key(run.id), seq)
+    finally:
+        generation.close()
+
+    streamed = [e for e in buffer.read_all(run.id) if e.kind == "chunk"]
+    content = "".join(e.data for e in streamed)
+    usage = generation.usage or estimate_usage(messages, content)
+    with app.pool.connection() as conn:
+        completed = records.complete_run(
+            conn, run, content=content, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens
+        )
+    buffer.end(run.id, "completed")
+    log_event(
+        "run_completed" if completed else "run_already_completed",
+        queue=ctx.queue,
+        job=ctx.job,
+        job_id=ctx.job_id,
+        attempt=ctx.attempt,
+        run_id=run.id,
+        chunks=len(streamed),
+        total_tokens=usage.total_tokens,
+    )
+    _enqueue_finalize(ctx, run)
+
+
+def _context(conn, task: records.Task, run: records.Run, whole_conversation: bool) -> list[ChatMessage]:
+    system = f"{TASK_PREAMBLE}\n{task.instructions}".strip() if task.kind == "task" else task.instructions
+    messages = [ChatMessage("system", system)] if system else []
+    if whole_conversation:
+        messages += [ChatMessage(role, content) for role, content in records.conversation(conn, run.user_message_id)]
+    else:
+        messages.append(ChatMessage("user", records.get_message(conn, run.user_message_id).content))
+    return messages
+
+
+def _enqueue_finalize(ctx: JobContext, run: records.Run) -> None:
+    payload = RunFinalize(task_id=run.task_id, run_id=run.id)
+    ctx.app.jobs.enqueue("run.finalize", payload, key=payload.idempotency_key())
+
+
+@on_final_failure("task.run")
+@on_final_failure("chat.run")
+def run_failed(payload: TaskRun | None, error: str, ctx: JobContext) -> None:
+    """A run that spent its attempts ends ``failed``, and so does its stream: no reader waits forever."""
+    if payload is None:
+        return
+    with ctx.app.pool.connection() as conn:
+        records.fail_run(conn, payload.run_id, error)
+    buffer_for(ctx.app).end(payload.run_id, "failed")

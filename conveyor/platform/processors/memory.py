@@ -1,0 +1,113 @@
+"""memory.extraction: learn durable facts about the user from one round, and upsert them.
+
+Runs on the llm queue under two fleet-wide limits, both over the broker's
+own store: at most ``CONVEYOR_LLM_GLOBAL_CONCURRENCY`` extractions run at
+once across every worker, and the provider gets at most
+``CONVEYOR_PROVIDER_RATE_LIMIT`` requests per ``CONVEYOR_PROVIDER_RATE_WINDOW``.
+A job that finds either exhausted is delayed (``RetryLater``): it does not
+fail and does not spend an attempt.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from conveyor.errors import PermanentError, ProviderRateLimited, RecordNotFound, RetryLater
+from conveyor.logs import log_event
+from conveyor.platform import records
+from conveyor.platform.limits import limits_for
+from conveyor.platform.payloads import MemoryExtraction
+from conveyor.platform.providers import ChatMessage, provider_for
+from conveyor.platform.queues import LLM
+from conveyor.tasks.context import JobContext
+from conveyor.tasks.faults import maybe_fail
+from conveyor.tasks.registry import job
+
+#: The semaphore every llm-queue job shares.
+LLM_SLOTS = "queue:llm"
+
+#: A job that found no free slot tries again after this many seconds (jittered up to 2x,
+#: so waiting jobs do not all come back at once). Extractions take seconds, not minutes.
+SLOT_RETRY_DELAY = 0.5
+
+#: Memories kept per round; a model that rambles does not flood the table.
+MAX_MEMORIES = 10
+
+EXTRACTION_PROMPT = (
+    "From the conversation below, list durable facts about the user worth remembering in later "
+    "conversations. One per line, as `topic: fact`, at most {n} lines, nothing else."
+)
+
+
+@job("memory.extraction", queue=LLM, payload=MemoryExtraction)
+def extract_memories(payload: MemoryExtraction, ctx: JobContext) -> None:
+    app = ctx.app
+    limits = limits_for(app)
+    with limits.semaphore.held(LLM_SLOTS, app.settings.llm_global_concurrency) as slot:
+        if slot is None:
+            raise RetryLater("every llm slot is taken fleet-wide", delay=SLOT_RETRY_DELAY * (1 + random.random()))
+        if app.settings.provider_rate_limit:
+            wait = limits.rate.hit("provider", app.settings.provider_rate_limit, app.settings.provider_rate_window)
+            if wait:
+                raise ProviderRateLimited("the provider's request budget for this window is spent", delay=wait)
+        _extract(payload, ctx)
+
+
+def _extract(payload: MemoryExtraction, ctx: JobContext) -> None:
+    with ctx.app.pool.connection() as conn:
+        started_at = records.clock(conn)
+        try:
+            _run_id, question, answer = records.round_of(conn, task_id=payload.task_id, message_id=payload.message_id)
+        except RecordNotFound as exc:
+            raise PermanentError(str(exc)) from None
+    completion = provider_for(ctx.app).complete(
+        [
+            ChatMessage("system", EXTRACTION_PROMPT.format(n=MAX_MEMORIES)),
+            ChatMessage("user", question),
+            ChatMessage("assistant", answer),
+        ]
+    )
+    maybe_fail(ctx, f"memory:{payload.message_id}", "after the provider answered")
+    found = parse_memories(completion.text)
+    with ctx.app.pool.connection() as conn, conn.transaction():
+        for key, value in found.items():
+            records.upsert_memory(
+                conn,
+                user_id=payload.user_id,
+                key=key,
+                value=value,
+                task_id=payload.task_id,
+                message_id=payload.message_id,
+            )
+        records.record_extraction(
+            conn,
+            user_id=payload.user_id,
+            task_id=payload.task_id,
+            message_id=payload.message_id,
+            memories=len(found),
+            started_at=started_at,
+        )
+    log_event(
+        "memories_extracted",
+        queue=ctx.queue,
+        job=ctx.job,
+        job_id=ctx.job_id,
+        attempt=ctx.attempt,
+        message_id=payload.message_id,
+        memories=len(found),
+        total_tokens=completion.usage.total_tokens,
+    )
+
+
+def parse_memories(text: str) -> dict[str, str]:
+    """``topic: fact`` lines as {key: fact}; keys are lower-case slugs, later lines win, others are ignored."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        topic, sep, fact = line.strip().lstrip("-*• ").partition(":")
+        key = re.sub(r"[^a-z0-9]+", "-", topic.lower()).strip("-")[:100]
+        if sep and key and fact.strip():
+            found[key] = fact.strip()[:2000]
+        if len(found) >= MAX_MEMORIES:
+            break
+    return found

@@ -1,0 +1,75 @@
+"""A round: the user's message, the run that answers it, and the job that runs it.
+
+The producer side of the agent platform: the API's ``POST
+/api/tasks/{task_id}/runs`` and the demo both start rounds here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from conveyor.errors import EnqueueError
+from conveyor.platform import records
+from conveyor.platform.payloads import run_key
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+
+#: The job that runs a round, by the task's kind.
+RUN_JOBS = {"task": "task.run", "chat": "chat.run"}
+
+
+@dataclass(frozen=True)
+class StartedRound:
+    """What starting a round returns: the run and its messages' IDs, and the enqueued job."""
+
+    run_id: str
+    task_id: str
+    user_message_id: str
+    assistant_message_id: str
+    job_id: str
+    created: bool
+
+
+def new_id(prefix: str) -> str:
+    """A fresh record ID such as ``run_3f2a...``."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def start_round(app: "App", *, task_id: str, content: str, message_id: str | None = None) -> StartedRound:
+    """Add the user's message and a queued run, then enqueue its job (key ``run:{run_id}``).
+
+    With a caller-given ``message_id``, starting the same round again returns
+    the first run (``created=False``) and enqueues nothing new: a client may
+    retry its POST safely. Raises :class:`~conveyor.errors.RecordNotFound` for
+    an unknown task and :class:`~conveyor.errors.RecordConflict` when the
+    message ID is taken by other content.
+    """
+    message_id = message_id or new_id("msg")
+    with app.pool.connection() as conn:
+        task = records.get_task(conn, task_id)
+        with conn.transaction():
+            records.add_message(conn, id=message_id, task_id=task_id, role="user", content=content)
+            run_id = records.find_run_by_user_message(conn, message_id)
+            created = run_id is None
+            if created:
+                run_id = new_id("run")
+                records.create_run(
+                    conn,
+                    id=run_id,
+                    task_id=task_id,
+                    job=RUN_JOBS[task.kind],
+                    user_message_id=message_id,
+                    assistant_message_id=new_id("msg"),
+                )
+        run = records.get_run(conn, run_id)
+        try:
+            # Keyed: a retried POST of a run still queued enqueues nothing new.
+            ref = app.jobs.enqueue(run.job, {"task_id": task_id, "run_id": run_id}, key=run_key(run_id))
+        except EnqueueError as exc:
+            # Nothing will run it: end it now rather than leave it queued forever.
+            records.fail_run(conn, run_id, f"could not be enqueued: {exc}")
+            raise
+    return StartedRound(run_id, task_id, message_id, run.assistant_message_id, ref.id, created)

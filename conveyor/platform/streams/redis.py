@@ -1,0 +1,47 @@
+"""The Redis stream buffer (redis broker): one Redis Stream per run, entry id ``<seq>-0``.
+
+``streams.lua`` appends a chunk only when its seq is past the stream's last
+entry, atomically, so a regenerated chunk is a no-op. Each write extends
+the stream's TTL (``CONVEYOR_STREAM_RETENTION``), so finished streams
+expire on their own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from conveyor.platform.streams.base import READ_BATCH, StreamBuffer, StreamEntry
+
+_SCRIPT = (Path(__file__).with_name("streams.lua")).read_text()
+
+
+class RedisStreamBuffer(StreamBuffer):
+    """Chunks in ``<namespace>:run:<run_id>:stream``."""
+
+    def __init__(self, url: str, *, namespace: str, retention: float) -> None:
+        self.client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+        self.namespace = namespace
+        self.retention_ms = int(retention * 1000)
+        self._script = self.client.register_script(_SCRIPT)
+
+    def _key(self, run_id: str) -> str:
+        return f"{self.namespace}:run:{run_id}:stream"
+
+    def append(self, run_id: str, seq: int, text: str) -> bool:
+        return bool(self._script(keys=[self._key(run_id)], args=["chunk", seq, text, self.retention_ms]))
+
+    def end(self, run_id: str, status: str) -> None:
+        self._script(keys=[self._key(run_id)], args=["end", 0, status, self.retention_ms])
+
+    def read(self, run_id: str, after: int = 0, limit: int = READ_BATCH) -> list[StreamEntry]:
+        rows = self.client.xrange(self._key(run_id), min=f"{after + 1}-0", max="+", count=limit)
+        out = []
+        for entry_id, fields in rows:
+            seq = int(entry_id.split(b"-", 1)[0])
+            out.append(StreamEntry(seq, fields[b"k"].decode(), fields[b"d"].decode()))
+        return out
+
+    def close(self) -> None:
+        self.client.close()
