@@ -1,0 +1,1 @@
+"""What tests share: private servers, harnesses, job modules for workers, waiting helpers."""

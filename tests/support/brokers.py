@@ -1,0 +1,16 @@
+"""The brokers tests run against, defined once, from the library's own table.
+
+Every test that runs on several brokers parametrizes over one of these tuples
+(or the ``broker`` fixture built from them), so a new broker in
+:data:`conveyor.backends.BACKENDS` reaches every such test by itself.
+"""
+
+from __future__ import annotations
+
+from conveyor.backends import BACKENDS
+
+#: Every broker conveyor has, the in-process one included.
+ALL_BROKERS: tuple[str, ...] = tuple(BACKENDS)
+
+#: Brokers with a server of their own, whose workers are separate processes.
+SERVER_BROKERS: tuple[str, ...] = tuple(name for name, backend in BACKENDS.items() if not backend.in_process)
