@@ -4,7 +4,7 @@
         [--peer dramatiq-postgres=/path/to/venv/bin/python] [--peer dramatiq-pg=/path/to/python]
 
 It starts a private, durable Postgres (fsync and synchronous_commit on;
-tests/servers.py), then for each system, on a fresh database:
+tests/support/servers.py), then for each system, on a fresh database:
 
 - enqueue: ``--jobs`` single enqueues, one after the other (jobs/s);
 - throughput: one worker process with ``--threads`` threads drains that
@@ -218,7 +218,7 @@ def main() -> int:
         return 0
 
     sys.path.insert(0, str(ROOT))
-    from tests.servers import PostgresServer
+    from tests.support.servers import PostgresServer
 
     runs = [("conveyor", sys.executable), ("conveyor-sync", sys.executable)]
     runs += [tuple(p.split("=", 1)) for p in args.peer]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from tests.servers import PostgresServer, RedisServer
+from tests.support.servers import PostgresServer, RedisServer
 
 from . import procstat
 

@@ -1,7 +1,7 @@
 """Fixtures: private servers for the session, clean state for every test.
 
 One Redis and one PostgreSQL server start per test session (see
-`tests/servers.py`); each test gets a flushed Redis and its own database
+`tests/support/servers.py`); each test gets a flushed Redis and its own database
 copied from a migrated template, dropped afterwards. Nothing here reads or
 sets the process environment: tests that need configuration take
 `clean_env` and set what they need through it.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import PostgresServer, RedisServer
+from tests.support.servers import PostgresServer, RedisServer
 
 #: The migrated database every test database is copied from.
 TEMPLATE_DB = "conveyor_template"
@@ -90,8 +90,8 @@ def pg_template(pg_server: PostgresServer) -> str:
     pg_server.drop_database(TEMPLATE_DB)
     pg_server.create_database(TEMPLATE_DB)
     migrate(pg_server.url(TEMPLATE_DB))
-    with pg_server.connect(TEMPLATE_DB) as conn:  # the tables tests/jobs.py writes to
-        conn.execute((Path(__file__).parent / "jobs.sql").read_text())
+    with pg_server.connect(TEMPLATE_DB) as conn:  # the tables tests/support/jobs.py writes to
+        conn.execute((Path(__file__).parent / "support" / "jobs.sql").read_text())
     # A copy fails while anyone is connected to its source.
     pg_server.terminate_connections(TEMPLATE_DB)
     return TEMPLATE_DB
@@ -178,7 +178,7 @@ def app(settings):
 @pytest.fixture
 def workers(settings, tmp_path):
     """Factory: `workers(queues, processes=1, **env)` starts `conveyor worker`; all are stopped after."""
-    from tests.harness import WorkerProcess
+    from tests.support.harness import WorkerProcess
 
     started = []
 

@@ -16,7 +16,7 @@ import pytest
 
 from conveyor.alerts import Alert, WebhookSender
 from conveyor.logs import configure_logging
-from tests.obs_support import Receiver
+from tests.support.obs_support import Receiver
 
 HOSTILE = "boom @everyone @here <!channel> <!everyone> <@U0123> ``` now outside the block *bold* <https://evil|x>"
 

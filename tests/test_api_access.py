@@ -18,8 +18,8 @@ from conveyor.api.auth import COOKIE
 from conveyor.app import App
 from conveyor.platform import records
 from conveyor.settings import Settings
-from tests.obs_support import TOKEN, cli_env
-from tests.platform_support import make_task, serve, user_key
+from tests.support.obs_support import TOKEN, cli_env
+from tests.support.platform_support import make_task, serve, user_key
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 TEMPLATES = Path(__file__).parents[1] / "conveyor" / "api" / "templates"

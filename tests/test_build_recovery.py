@@ -12,8 +12,8 @@ import pytest
 from conveyor.app import App
 from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import Settings
-from tests.build_sources import GATED, KEY, build, claim_dir, make_tree, make_zip, open_gate, sandboxed, workdir  # noqa: F401
-from tests.waiting import wait_for
+from tests.support.build_sources import GATED, KEY, build, claim_dir, make_tree, make_zip, open_gate, sandboxed, workdir  # noqa: F401
+from tests.support.waiting import wait_for
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 from conveyor.app import App
 from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import QueueOverride, Settings
-from tests.build_sources import (  # noqa: F401 (fixtures)
+from tests.support.build_sources import (  # noqa: F401 (fixtures)
     KEY,
     build,
     build_app,
@@ -30,7 +30,7 @@ from tests.build_sources import (  # noqa: F401 (fixtures)
     workdir,
     workers,
 )
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 ADMIN_TOKEN = "adm-7Qx2-sandbox-test-token-91"
 #: Who a build script runs as: nobody under a root worker, else the worker's own (unprivileged) user.

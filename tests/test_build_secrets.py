@@ -12,9 +12,9 @@ from cryptography.fernet import Fernet
 
 from conveyor.platform.builds.store import BuildStore
 from conveyor.secrets import looks_encrypted
-from tests.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
-from tests.obs_support import Receiver, api_server
-from tests.waiting import wait_for
+from tests.support.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
+from tests.support.obs_support import Receiver, api_server
+from tests.support.waiting import wait_for
 
 SECRET = "sk-live-7f3a9c1e5b2d4f60"
 ROTATED_OUT = "pw-from-a-removed-key-93ab"

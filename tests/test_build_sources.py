@@ -21,7 +21,7 @@ from conveyor.platform.builds.local import LocalBuilder
 from conveyor.platform.builds.paths import inside
 from conveyor.platform.builds.store import BuildStore
 from conveyor.platform.builds.unpack import UNUSABLE
-from tests.build_sources import (  # noqa: F401 (fixtures)
+from tests.support.build_sources import (  # noqa: F401 (fixtures)
     ADMIN_AUTH,
     build,
     build_app,
@@ -32,7 +32,7 @@ from tests.build_sources import (  # noqa: F401 (fixtures)
     workdir,
     workers,
 )
-from tests.obs_support import api_server
+from tests.support.obs_support import api_server
 
 AUTH = ADMIN_AUTH
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from conveyor.platform.builds.store import BuildStore
-from tests.build_sources import (  # noqa: F401 (fixtures)
+from tests.support.build_sources import (  # noqa: F401 (fixtures)
     ADMIN_AUTH,
     build_app,
     finished,
@@ -22,9 +22,9 @@ from tests.build_sources import (  # noqa: F401 (fixtures)
     workdir,
     workers,
 )
-from tests.obs_support import api_server
-from tests.platform_support import user_key
-from tests.waiting import wait_for
+from tests.support.obs_support import api_server
+from tests.support.platform_support import user_key
+from tests.support.waiting import wait_for
 
 AUTH = ADMIN_AUTH
 ROUTE = "/api/agents/upload-and-deploy"

@@ -13,7 +13,7 @@ import pytest
 from conveyor.app import App
 from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import QueueOverride
-from tests.build_sources import (  # noqa: F401 (fixtures)
+from tests.support.build_sources import (  # noqa: F401 (fixtures)
     GATED,
     build,
     build_app,
@@ -29,7 +29,7 @@ from tests.build_sources import (  # noqa: F401 (fixtures)
     workdir,
     workers,
 )
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def members(app: App, sha256: str) -> dict[str, bytes]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.schema.migrate import migration_files
-from tests.harness import ROOT, env_for, make_settings
+from tests.support.harness import ROOT, env_for, make_settings
 
 ANSI = "\x1b["
 BAR = "━"

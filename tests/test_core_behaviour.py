@@ -9,8 +9,8 @@ import pytest
 from dramatiq import Message
 
 from conveyor.app import App
-from tests.harness import make_settings, peak_concurrency, probe_dead, probe_runs, running
-from tests.waiting import wait_for
+from tests.support.harness import make_settings, peak_concurrency, probe_dead, probe_runs, running
+from tests.support.waiting import wait_for
 
 BROKERS = ["redis", "postgres", "inline"]
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.harness import ROOT, WorkerProcess, env_for, make_settings
-from tests.waiting import wait_for
+from tests.support.harness import ROOT, WorkerProcess, env_for, make_settings
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(params=["redis", "postgres"])

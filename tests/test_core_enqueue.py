@@ -6,7 +6,7 @@ import pytest
 
 from conveyor.app import App
 from conveyor.errors import BrokerUnavailable, InvalidPayload, PayloadTooLarge, UnknownJob
-from tests.harness import make_settings
+from tests.support.harness import make_settings
 
 GOOD = {"user_id": "u1", "task_id": "t1", "message_id": "m1", "total_tokens": 10}
 
@@ -101,8 +101,8 @@ def test_key_whose_job_vanished_is_free_again(clean_env, redis_url, database_url
 def test_undecodable_message_is_dead_lettered_alone(clean_env, redis_url, database_url):
     import redis
 
-    from tests.harness import running
-    from tests.waiting import wait_for
+    from tests.support.harness import running
+    from tests.support.waiting import wait_for
 
     app = App(make_settings("redis", redis_url, database_url))
     try:

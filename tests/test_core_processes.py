@@ -19,9 +19,9 @@ import pytest
 from conveyor.app import App
 from conveyor.ledger import credits
 from conveyor.settings import QueueOverride
-from tests.harness import ROOT, WorkerProcess, env_for, make_settings, probe_dead, probe_runs
-from tests.jobs import flaky
-from tests.waiting import wait_for
+from tests.support.harness import ROOT, WorkerProcess, env_for, make_settings, probe_dead, probe_runs
+from tests.support.jobs import flaky
+from tests.support.waiting import wait_for
 
 BROKERS = ["redis", "postgres"]
 

@@ -11,9 +11,9 @@ import tempfile
 
 import httpx
 
-from tests.harness import ROOT
-from tests.servers import free_port
-from tests.waiting import wait_for
+from tests.support.harness import ROOT
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 
 def test_up_then_enqueue_in_another_shell_moves_the_balance_once(clean_env, embedded_data_dir, tmp_path):

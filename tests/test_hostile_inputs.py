@@ -29,8 +29,8 @@ from starlette.routing import Mount
 from conveyor.api import create_app
 from conveyor.app import App
 from conveyor.settings import Settings
-from tests.obs_support import TOKEN, cli_env
-from tests.platform_support import make_task, serve, user_key
+from tests.support.obs_support import TOKEN, cli_env
+from tests.support.platform_support import make_task, serve, user_key
 
 MARK = "zq9mark"
 BODY_CAP = 256 * 1024

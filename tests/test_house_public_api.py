@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from tests.harness import ROOT, WorkerProcess, env_for, make_settings, probe_runs
-from tests.waiting import wait_for
+from tests.support.harness import ROOT, WorkerProcess, env_for, make_settings, probe_runs
+from tests.support.waiting import wait_for
 
 USER_MODULE = '''
 """A user's job module: it needs nothing but ``conveyor``."""

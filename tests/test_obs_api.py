@@ -10,8 +10,8 @@ import pytest
 
 from conveyor.api import sessions
 from conveyor.api.auth import COOKIE
-from tests.obs_support import SECRET, TOKEN, CliProcess, Receiver, api_server, cli_env, redis_app, value, worker
-from tests.waiting import wait_for
+from tests.support.obs_support import SECRET, TOKEN, CliProcess, Receiver, api_server, cli_env, redis_app, value, worker
+from tests.support.waiting import wait_for
 
 QUEUE = "indexing"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -306,7 +306,7 @@ def test_a_failed_jobs_secret_appears_in_no_page_json_log_or_webhook(api, app, r
         clean_env,
         REDIS_URL=redis_url,
         CONVEYOR_BROKER="redis",
-        CONVEYOR_IMPORTS="tests.obs_jobs",
+        CONVEYOR_IMPORTS="tests.support.obs_jobs",
         CONVEYOR_QUEUES__INDEXING__MIN_BACKOFF="0.02",
         CONVEYOR_QUEUES__INDEXING__MAX_BACKOFF="0.05",
         JOB_FAILURE_WEBHOOK_URL=receiver.url,
@@ -369,7 +369,7 @@ def test_errors_are_scrubbed_of_payload_and_settings_secrets(app):
 
 
 def test_the_conveyor_api_command_serves_and_stops_on_sigterm(redis_url, clean_env, tmp_path):
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     port = free_port()
     env = cli_env(

@@ -8,9 +8,9 @@ import pytest
 
 from conveyor.app import App
 from conveyor.middleware.base import ConveyorMiddleware
-from tests.obs_support import broker_app as make_app
-from tests.obs_support import running as run_workers
-from tests.waiting import wait_for
+from tests.support.obs_support import broker_app as make_app
+from tests.support.obs_support import running as run_workers
+from tests.support.waiting import wait_for
 
 QUEUE = "indexing"
 

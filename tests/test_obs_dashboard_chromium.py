@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.obs_support import SECRET, TOKEN, api_server, redis_app, worker
-from tests.waiting import wait_for
+from tests.support.obs_support import SECRET, TOKEN, api_server, redis_app, worker
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.chromium
 
@@ -143,7 +143,7 @@ def _strict_api_server(app):
     import uvicorn
 
     from conveyor.api import create_app
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     api = create_app(app)
 
@@ -214,14 +214,14 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select
 
-    from tests.obs_support import CliProcess, cli_env
+    from tests.support.obs_support import CliProcess, cli_env
 
     app = redis_app(redis_url, heartbeat_timeout=float(HEARTBEAT_TIMEOUT))
     env = cli_env(
         clean_env,
         REDIS_URL=redis_url,
         CONVEYOR_BROKER="redis",
-        CONVEYOR_IMPORTS="tests.obs_jobs",
+        CONVEYOR_IMPORTS="tests.support.obs_jobs",
         CONVEYOR_QUEUES__INDEXING__MIN_BACKOFF="0.02",
         CONVEYOR_QUEUES__INDEXING__MAX_BACKOFF="0.05",
         CONVEYOR_ADMIN_TOKEN=TOKEN,

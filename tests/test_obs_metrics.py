@@ -9,10 +9,10 @@ from prometheus_client import generate_latest
 from conveyor.app import App
 from conveyor.brokers.fleet import fleet_store
 from conveyor.middleware.metrics import exposition_registry
-from tests.obs_support import CliProcess, cli_env, registry_text, running, samples, settings, value
-from tests.obs_support import broker_app as make_app
-from tests.servers import free_port
-from tests.waiting import wait_for
+from tests.support.obs_support import CliProcess, cli_env, registry_text, running, samples, settings, value
+from tests.support.obs_support import broker_app as make_app
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 QUEUE = "indexing"
 
@@ -116,7 +116,7 @@ def test_metrics_from_two_worker_processes_add_up(redis_url, clean_env, tmp_path
         clean_env,
         REDIS_URL=redis_url,
         CONVEYOR_BROKER="redis",
-        CONVEYOR_IMPORTS="tests.obs_jobs",
+        CONVEYOR_IMPORTS="tests.support.obs_jobs",
         CONVEYOR_METRICS_PORT=str(port),
         CONVEYOR_METRICS_HOST="127.0.0.1",
         CONVEYOR_METRICS_DIR=str(metrics_dir),

@@ -14,10 +14,10 @@ import sys
 import httpx
 import pytest
 
-from tests.obs_support import ROOT, api_server, cli_env, running
-from tests.obs_support import broker_app as make_app
-from tests.servers import free_port
-from tests.waiting import wait_for
+from tests.support.obs_support import ROOT, api_server, cli_env, running
+from tests.support.obs_support import broker_app as make_app
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 QUEUE = "indexing"
@@ -105,7 +105,7 @@ def query(url: str, promql: str) -> float | None:
 def test_jobs_enqueued_by_the_cli_reach_prometheus_through_the_api(request, broker, prometheus, clean_env):
     app = make_app(request, broker)
     try:
-        variables = {"CONVEYOR_BROKER": broker, "CONVEYOR_IMPORTS": "tests.obs_jobs"}
+        variables = {"CONVEYOR_BROKER": broker, "CONVEYOR_IMPORTS": "tests.support.obs_jobs"}
         if broker == "redis":
             variables["REDIS_URL"] = app.settings.redis_url
         else:

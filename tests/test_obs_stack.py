@@ -14,8 +14,8 @@ from conveyor.app import App
 from conveyor.middleware.metrics import exposition_registry
 from conveyor.platform.queues import QUEUES
 from conveyor.tasks.worker import InlineWorkers
-from tests.obs_support import ROOT, settings
-from tests.waiting import wait_for
+from tests.support.obs_support import ROOT, settings
+from tests.support.waiting import wait_for
 
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
 PROMETHEUS = ROOT / "compose" / "prometheus.yml"

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from conveyor.alerts import Alert, guess_format, render
-from tests.obs_support import SECRET, Receiver, redis_app, registry_text, value, worker
-from tests.servers import free_port
-from tests.waiting import wait_for
+from tests.support.obs_support import SECRET, Receiver, redis_app, registry_text, value, worker
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 QUEUE = "indexing"
 

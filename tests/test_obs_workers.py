@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from conveyor.brokers.fleet import fleet_store
-from tests.obs_support import ROOT, SECRET, TOKEN, CliProcess, api_server, cli_env, running
-from tests.obs_support import broker_app as make_app
-from tests.waiting import wait_for
+from tests.support.obs_support import ROOT, SECRET, TOKEN, CliProcess, api_server, cli_env, running
+from tests.support.obs_support import broker_app as make_app
+from tests.support.waiting import wait_for
 
 QUEUE = "indexing"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -159,7 +159,7 @@ def pg_env(clean_env, database_url):
         clean_env,
         DATABASE_URL=database_url,
         CONVEYOR_BROKER="postgres",
-        CONVEYOR_IMPORTS="tests.obs_jobs",
+        CONVEYOR_IMPORTS="tests.support.obs_jobs",
         CONVEYOR_ADMIN_TOKEN=TOKEN,
         CONVEYOR_METRICS_PORT="0",
         CONVEYOR_PG_LEASE_SECONDS="3",

@@ -17,9 +17,9 @@ from conveyor.platform.scheduling.nudges import (
     schedule_nudge,
 )
 from conveyor.platform.scheduling.pauses import cancel_run, get_pause, pause_run
-from tests.harness import running
-from tests.sched_jobs import any_broker_app, runs  # noqa: F401 (fixture)
-from tests.waiting import wait_for
+from tests.support.harness import running
+from tests.support.sched_jobs import any_broker_app, runs  # noqa: F401 (fixture)
+from tests.support.waiting import wait_for
 
 #: A task, its user message and a queued run, in the agent platform's tables.
 PLATFORM_RUN = """

@@ -18,8 +18,8 @@ from dramatiq import Message
 
 from conveyor.app import App
 from conveyor.errors import BrokerUnavailable, TransactionalEnqueueUnsupported
-from tests.harness import make_settings, probe_dead, probe_runs, running
-from tests.waiting import wait_for
+from tests.support.harness import make_settings, probe_dead, probe_runs, running
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ from conveyor.brokers.postgres.jobs import storable
 from conveyor.errors import InvalidPayload, PermanentError
 from conveyor.tasks.payloads import Payload
 from conveyor.tasks.registry import JOB_TYPES, job, on_final_failure
-from tests.harness import make_settings, running
-from tests.servers import PostgresServer
-from tests.waiting import wait_for
+from tests.support.harness import make_settings, running
+from tests.support.servers import PostgresServer
+from tests.support.waiting import wait_for
 
 BAD_TEXT = "bad \x00 text \ud800 and \udcff"
 
@@ -416,7 +416,7 @@ def test_a_job_that_ran_past_the_lease_is_not_handed_back_while_its_done_is_writ
 
 
 def test_the_brokers_durable_writes_commit_synchronously_whatever_the_servers_default(make_app, database_url):
-    # The session's test server runs with synchronous_commit off (tests/servers.py), as an operator might.
+    # The session's test server runs with synchronous_commit off (tests/support/servers.py), as an operator might.
     assert sql(database_url, "SHOW synchronous_commit") == [("off",)]
     app = make_app()
     with app.broker.jobs._conn() as conn:  # enqueues, synchronous claims, final failures, recovery

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from conveyor.ledger import credits
-from tests.harness import ROOT, env_for, make_settings, probe_runs
-from tests.waiting import wait_for
+from tests.support.harness import ROOT, env_for, make_settings, probe_runs
+from tests.support.waiting import wait_for
 
 #: Short lease and recovery interval, so a dead worker's jobs come back within seconds.
 LEASE = 1.5

@@ -12,9 +12,9 @@ from conveyor.errors import JobError, ProviderError, ProviderRateLimited, Provid
 from conveyor.platform.providers.base import ChatMessage
 from conveyor.platform.providers.openai import OpenAIProvider
 from conveyor.settings import Settings
-from tests.chat_server import ChatServer
-from tests.platform_support import completed_round, workers
-from tests.waiting import wait_for
+from tests.support.chat_server import ChatServer
+from tests.support.platform_support import completed_round, workers
+from tests.support.waiting import wait_for
 
 KEY = "sk-test-very-secret-0123456789"
 QUESTION = [ChatMessage("user", "hello there")]

@@ -16,8 +16,8 @@ from conveyor.platform.providers.base import ChatMessage
 from conveyor.platform.providers.local import reply_chunks
 from conveyor.settings import Settings
 from conveyor.tasks.context import JobContext
-from tests.platform_support import make_task, parse_sse, run_status, serve, user_key, workers
-from tests.waiting import wait_for
+from tests.support.platform_support import make_task, parse_sse, run_status, serve, user_key, workers
+from tests.support.waiting import wait_for
 
 PRICE = Decimal("0.002")
 

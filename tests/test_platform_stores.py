@@ -116,7 +116,7 @@ def test_a_postgres_slot_is_freed_when_its_holder_process_dies(database_url):
     import sys
     from pathlib import Path
 
-    from tests.waiting import wait_for
+    from tests.support.waiting import wait_for
 
     app = App(Settings(broker="postgres", database_url=database_url))
     semaphore = build_limits(app).semaphore
@@ -145,7 +145,7 @@ def test_a_postgres_slot_is_freed_when_its_holder_process_dies(database_url):
 
 
 def test_a_redis_slot_whose_holder_stopped_renewing_expires_after_its_lease(redis_url, database_url):
-    from tests.waiting import wait_for
+    from tests.support.waiting import wait_for
 
     app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, llm_slot_lease=0.5))
     semaphore = build_limits(app).semaphore

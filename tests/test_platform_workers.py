@@ -16,7 +16,7 @@ from conveyor.platform.providers.local import reply_chunks
 from conveyor.platform.rounds import start_round
 from conveyor.platform.streams import buffer_for
 from conveyor.settings import Settings
-from tests.platform_support import (
+from tests.support.platform_support import (
     completed_round,
     make_task,
     parse_sse,
@@ -26,7 +26,7 @@ from tests.platform_support import (
     user_key,
     worker_process,
 )
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 PEAK_SQL = """
 SELECT max((SELECT count(*) FROM memory_extractions o

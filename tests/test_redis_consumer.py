@@ -13,8 +13,8 @@ import redis
 
 from conveyor.app import App
 from conveyor.logs import JsonFormatter, log_event
-from tests.harness import make_settings, running
-from tests.waiting import wait_for
+from tests.support.harness import make_settings, running
+from tests.support.waiting import wait_for
 
 STATES = ("waiting", "delayed", "active", "completed", "failed")
 

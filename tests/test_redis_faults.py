@@ -17,9 +17,9 @@ from dramatiq import Message
 
 from conveyor.app import App
 from conveyor.tasks.worker import ProcessWorker
-from tests.harness import ROOT, make_settings, probe_dead, probe_runs, running
-from tests.servers import RedisServer
-from tests.waiting import wait_for
+from tests.support.harness import ROOT, make_settings, probe_dead, probe_runs, running
+from tests.support.servers import RedisServer
+from tests.support.waiting import wait_for
 
 QUEUE = "critical"
 JOB = f"test.probe.{QUEUE}"
@@ -360,7 +360,7 @@ def test_redis_without_persistence_or_with_eviction_is_named(database_url, clean
 
         from conveyor.api import sessions
         from conveyor.api.auth import COOKIE
-        from tests.obs_support import api_server, redis_app
+        from tests.support.obs_support import api_server, redis_app
 
         dashboard_app = redis_app(volatile.url)
         try:

@@ -13,9 +13,9 @@ from conveyor.errors import InvalidSchedule, ScheduleNotFound
 from conveyor.platform.scheduling.cron import Cron
 from conveyor.platform.scheduling.scheduler import Scheduler, fire_key
 from conveyor.platform.scheduling.schedules import Schedules
-from tests.harness import running
-from tests.sched_jobs import any_broker_app, make_app, runs  # noqa: F401 (fixture)
-from tests.waiting import wait_for
+from tests.support.harness import running
+from tests.support.sched_jobs import any_broker_app, make_app, runs  # noqa: F401 (fixture)
+from tests.support.waiting import wait_for
 
 T0 = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
 

@@ -10,8 +10,8 @@ import sys
 import httpx
 
 from conveyor.platform.scheduling.schedules import Schedules
-from tests.obs_support import api_server
-from tests.sched_jobs import make_app, runs
+from tests.support.obs_support import api_server
+from tests.support.sched_jobs import make_app, runs
 
 
 def conveyor(*args: str) -> subprocess.CompletedProcess:
@@ -23,7 +23,7 @@ def test_schedules_cli_creates_lists_pauses_resumes_deletes_and_the_scheduler_fi
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
         "CONVEYOR_BROKER": "redis",
-        "CONVEYOR_IMPORTS": "tests.sched_jobs",
+        "CONVEYOR_IMPORTS": "tests.support.sched_jobs",
     }.items():
         clean_env.setenv(name, value)
     bad = conveyor("schedules", "create", "--cron", "*/5 * * *", "--job", "test.record", "--payload", '{"note": "x"}')
@@ -132,13 +132,13 @@ def test_two_scheduler_processes_fire_each_due_occurrence_once_and_stop_on_sigte
     import tempfile
     from pathlib import Path
 
-    from tests.waiting import wait_for
+    from tests.support.waiting import wait_for
 
     for name, value in {
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
         "CONVEYOR_BROKER": "redis",
-        "CONVEYOR_IMPORTS": "tests.sched_jobs",
+        "CONVEYOR_IMPORTS": "tests.support.sched_jobs",
         "CONVEYOR_SCHEDULER_INTERVAL": "0.05",
     }.items():
         clean_env.setenv(name, value)
@@ -184,13 +184,13 @@ def test_conveyor_up_runs_the_scheduler_with_the_workers(database_url, redis_url
     import tempfile
     from pathlib import Path
 
-    from tests.waiting import wait_for
+    from tests.support.waiting import wait_for
 
     for name, value in {
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
         "CONVEYOR_BROKER": "redis",
-        "CONVEYOR_IMPORTS": "tests.sched_jobs",
+        "CONVEYOR_IMPORTS": "tests.support.sched_jobs",
         "CONVEYOR_SCHEDULER_INTERVAL": "0.1",
         "CONVEYOR_METRICS_PORT": "0",
         "CONVEYOR_SHUTDOWN_TIMEOUT": "10",

@@ -9,8 +9,8 @@ import psycopg
 import pytest
 import redis
 
-from tests.servers import PostgresServer, ServerStartError
-from tests.waiting import wait_for
+from tests.support.servers import PostgresServer, ServerStartError
+from tests.support.waiting import wait_for
 
 SERVERS_TEMPLATE = "servers_template"
 

@@ -32,7 +32,7 @@ from tests.faults import report
 from tests.faults.harness import DEDUP_TTL, LEASE, RECOVERY, Cluster, utc
 from tests.faults.jobs import WORK_QUEUES
 from tests.faults.workload import Planned
-from tests.harness import ROOT, env_for
+from tests.support.harness import ROOT, env_for
 
 #: Seconds, on top of the lease and the recovery interval, for the backlog a fault left to drain
 #: (retries' backoff, slow jobs, a loaded CI machine). A job later than that is stuck.

@@ -20,7 +20,7 @@ import redis as redis_lib
 
 from tests.faults import report
 from tests.faults.harness import Cluster, fault_settings
-from tests.servers import PostgresServer, RedisServer
+from tests.support.servers import PostgresServer, RedisServer
 
 TEMPLATE = "conveyor_fault_template"
 SQL = Path(__file__).with_name("faults.sql")

@@ -21,8 +21,8 @@ from pathlib import Path
 from conveyor.app import App
 from conveyor.settings import Settings
 from tests.faults.jobs import WORK_QUEUES
-from tests.harness import ROOT, env_for, make_settings
-from tests.waiting import wait_for
+from tests.support.harness import ROOT, env_for, make_settings
+from tests.support.waiting import wait_for
 
 #: Seconds without a heartbeat before a worker's jobs are recovered, on both brokers
 #: (Redis: heartbeat_timeout; Postgres: the lease). Longer than the slowest workload job,
@@ -169,7 +169,7 @@ class Cluster:
 
     def __init__(self, settings: Settings, workdir: Path, env: dict[str, str] | None = None) -> None:
         self.settings = settings
-        #: Environment for every worker: settings the test overrode that tests.harness.env_for does not pass.
+        #: Environment for every worker: settings the test overrode that tests.support.harness.env_for does not pass.
         self.env = dict(env or {})
         self.logs = workdir / "logs"
         self.spool = workdir / "spool"

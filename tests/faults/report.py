@@ -18,7 +18,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.harness import ROOT
+from tests.support.harness import ROOT
 
 DOC = ROOT / "docs" / "reliability.md"
 

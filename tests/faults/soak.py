@@ -18,7 +18,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from tests.harness import ROOT
+from tests.support.harness import ROOT
 
 
 def summarize(rows: list[dict], rounds: int, seconds: float) -> str:

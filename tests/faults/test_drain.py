@@ -10,7 +10,7 @@ import pytest
 from tests.faults.checker import Checker
 from tests.faults.harness import open_runs
 from tests.faults.workload import Producer, long_jobs, mixed
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 FAULT = "SIGTERM drain under load"
 

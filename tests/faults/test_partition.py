@@ -18,8 +18,8 @@ from tests.faults.checker import Checker
 from tests.faults.harness import LEASE, RECOVERY, open_runs
 from tests.faults.netns import NetworkNamespace
 from tests.faults.workload import Producer, long_jobs, mixed
-from tests.servers import PostgresServer, RedisServer
-from tests.waiting import wait_for
+from tests.support.servers import PostgresServer, RedisServer
+from tests.support.waiting import wait_for
 
 FAULT = "worker host cut off (netns), reconnected"
 

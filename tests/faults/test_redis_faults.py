@@ -7,7 +7,7 @@ import time
 
 from tests.faults.checker import Checker
 from tests.faults.workload import Producer, mixed
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 #: Seconds Redis stays down between the SIGKILL and the restart.
 DOWN_SECONDS = 1.5

@@ -20,7 +20,7 @@ from tests.faults.checker import Checker
 from tests.faults.harness import LEASE, open_runs
 from tests.faults.test_partition import namespace, ns_servers  # noqa: F401  (fixtures)
 from tests.faults.workload import Producer, long_jobs
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 FAULT = "worker host cut off (netns) during a long job: self-fence"
 

@@ -12,7 +12,7 @@ import pytest
 from tests.faults.checker import Checker
 from tests.faults.harness import kill_holders, open_runs
 from tests.faults.workload import Producer, holding_charges, holding_jobs, long_jobs, mixed
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 BROKERS = ["redis", "postgres"]
 

@@ -1,4 +1,4 @@
-"""Job types for tests, loaded into workers with CONVEYOR_IMPORTS=tests.jobs.
+"""Job types for tests, loaded into workers with CONVEYOR_IMPORTS=tests.support.jobs.
 
 ``test.probe.<queue>`` records every start and finish in ``probe_runs`` and can
 sleep, fail, fail permanently or kill its own process, so tests can observe

@@ -23,10 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.app import App
 from conveyor.settings import Settings
-from tests.servers import free_port
-from tests.waiting import wait_for
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.harness import ROOT
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 #: The admin token of these tests.
 TOKEN = "test-admin-token-5f1c"
@@ -40,7 +39,7 @@ FAST_QUEUES = {"indexing": {"min_backoff": 0.02, "max_backoff": 0.05}}
 
 def settings(**overrides) -> Settings:
     values = dict(
-        imports="tests.obs_jobs",
+        imports="tests.support.obs_jobs",
         queues=FAST_QUEUES,
         admin_token=TOKEN,
         shutdown_timeout=5,

@@ -18,7 +18,7 @@ from conveyor.platform.queues import QUEUES
 from conveyor.settings import Settings
 from conveyor.tasks.worker import InlineWorkers, ProcessWorker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Fast retries and recovery for tests: settings, never longer sleeps.
 FAST_QUEUES = {q: {"min_backoff": 0.05, "max_backoff": 0.2} for q in QUEUES}
@@ -30,7 +30,7 @@ FAST = {
     "pg_poll_seconds": 0.5,
     "pg_recovery_seconds": 0.5,
     "pg_lease_seconds": 2,
-    "imports": "tests.jobs",
+    "imports": "tests.support.jobs",
 }
 
 

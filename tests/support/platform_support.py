@@ -9,7 +9,8 @@ from dramatiq import Worker
 
 from conveyor import access
 from conveyor.platform import records
-from tests.obs_support import api_server
+from tests.support.harness import ROOT
+from tests.support.obs_support import api_server
 
 #: The queues a round's jobs run on.
 ROUND_QUEUES = ("agent", "critical", "llm", "indexing")
@@ -88,10 +89,9 @@ def worker_process(env: dict, queue: str, threads: int | None = None):
     """A real worker process for one queue (``conveyor.app.run_worker_process``), configured by ``env``."""
     import subprocess
     import sys
-    from pathlib import Path
 
     code = f"from conveyor.app import run_worker_process; run_worker_process({queue!r}, {threads!r})"
-    env = {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**env, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

@@ -1,4 +1,4 @@
-"""A job for the scheduling tests: records each run in the test database (CONVEYOR_IMPORTS=tests.sched_jobs)."""
+"""A job for the scheduling tests: records each run in the test database (CONVEYOR_IMPORTS=tests.support.sched_jobs)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,13 @@ def make_app(database_url: str, redis_url: str | None = None, broker: str | None
         **settings,
     }
     app = App(
-        Settings(broker=broker, redis_url=redis_url, database_url=database_url, imports="tests.sched_jobs", **settings)
+        Settings(
+            broker=broker,
+            redis_url=redis_url,
+            database_url=database_url,
+            imports="tests.support.sched_jobs",
+            **settings,
+        )
     )
     with app.pool.connection() as conn:
         conn.execute(RECORDS_DDL)

@@ -1,4 +1,4 @@
-"""Job types for the observability tests (loaded with CONVEYOR_IMPORTS=tests.obs_jobs).
+"""Job types for the observability tests (loaded with CONVEYOR_IMPORTS=tests.support.obs_jobs).
 
 ``obs.work`` carries a secret field, so tests can check it never shows;
 it fails on purpose while told to, and can be slowed down.

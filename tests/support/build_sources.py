@@ -18,8 +18,8 @@ from conveyor.app import App
 from conveyor.platform.builds.requests import BuildTicket, request_build
 from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import QueueOverride, Settings
-from tests.harness import running
-from tests.waiting import wait_for
+from tests.support.harness import running
+from tests.support.waiting import wait_for
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",
