@@ -127,7 +127,7 @@ def test_a_postgres_slot_is_freed_when_its_holder_process_dies(database_url):
         "slot = build_limits(app).semaphore.try_acquire('queue:llm', 1); "
         "print('held' if slot else 'none', flush=True); time.sleep(60)"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     holder = subprocess.Popen([sys.executable, "-c", code, database_url], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "held"

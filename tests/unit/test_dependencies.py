@@ -10,7 +10,7 @@ import re
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 #: Distributions whose import name differs from their name.
 IMPORT_NAMES = {

@@ -22,7 +22,7 @@ from tests.support.obs_support import TOKEN, cli_env
 from tests.support.platform_support import make_task, serve, user_key
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
-TEMPLATES = Path(__file__).parents[1] / "conveyor" / "api" / "templates"
+TEMPLATES = Path(__file__).parents[2] / "conveyor" / "api" / "templates"
 
 #: Every producer route, with ids that need not exist (authentication comes first).
 PRODUCER_ROUTES = [
@@ -319,7 +319,7 @@ def test_worker_metrics_listen_on_loopback_unless_configured(clean_env):
     assert Settings().metrics_host == "127.0.0.1"
     clean_env.setenv("CONVEYOR_METRICS_HOST", "0.0.0.0")
     assert Settings().metrics_host == "0.0.0.0"
-    compose = (Path(__file__).parents[1] / "compose" / "docker-compose.yml").read_text()
+    compose = (Path(__file__).parents[2] / "compose" / "docker-compose.yml").read_text()
     assert 'CONVEYOR_METRICS_HOST: "0.0.0.0"' in compose  # compose sets it for Prometheus, explicitly
 
 

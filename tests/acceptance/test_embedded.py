@@ -48,7 +48,7 @@ def test_embedded_postgres_keeps_data_across_a_restart(embedded_data_dir):
 def test_another_process_gets_the_same_server_and_leaves_it_running(embedded_data_dir):
     url = start_embedded(embedded_data_dir)
     code = "import sys; from conveyor.embedded import start_embedded; print(start_embedded(sys.argv[1]))"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     child = subprocess.run(
         [sys.executable, "-c", code, str(embedded_data_dir)], capture_output=True, text=True, timeout=60, env=env
     )
@@ -98,7 +98,7 @@ def test_as_root_pgserver_installed_inside_a_closed_directory_still_serves(embed
         if (site / "pgserver.libs").is_dir():
             shutil.copytree(site / "pgserver.libs", packages / "pgserver.libs")
         modes_before = {p: p.stat().st_mode for p in [closed, *closed.rglob("*")]}
-        env = {**os.environ, "PYTHONPATH": f"{packages}{os.pathsep}{Path(__file__).resolve().parents[1]}"}
+        env = {**os.environ, "PYTHONPATH": f"{packages}{os.pathsep}{Path(__file__).resolve().parents[2]}"}
         child = subprocess.run(
             [sys.executable, "-c", _CHILD, str(embedded_data_dir)],
             cwd=closed,
