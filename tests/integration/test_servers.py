@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 
 import psycopg
@@ -10,7 +9,6 @@ import pytest
 import redis
 
 from tests.support.servers import PostgresServer, ServerStartError
-from tests.support.waiting import wait_for
 
 SERVERS_TEMPLATE = "servers_template"
 
@@ -158,30 +156,3 @@ def test_database_url_is_new_for_each_test(database_url, pg_server):
     name = previous.rsplit("/", 1)[1]
     with pg_server.connect() as admin:
         assert admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None
-
-
-# -- helpers ------------------------------------------------------------------
-
-
-def test_wait_for_returns_the_truthy_value():
-    calls = iter([0, None, "ready"])
-    assert wait_for(lambda: next(calls), timeout=5, interval=0) == "ready"
-
-
-def test_wait_for_times_out_with_the_message():
-    with pytest.raises(AssertionError, match="the queue to drain"):
-        wait_for(lambda: False, timeout=0.1, interval=0.01, message="the queue to drain")
-
-
-def test_clean_env_removes_conveyor_configuration(monkeypatch, request):
-    for name in ("REDIS_URL", "DATABASE_URL", "JOB_FAILURE_WEBHOOK_URL", "CONVEYOR_BROKER"):
-        monkeypatch.setenv(name, "x")
-    monkeypatch.setenv("UNRELATED", "kept")
-    env = request.getfixturevalue("clean_env")
-
-    assert not [k for k in os.environ if k.startswith("CONVEYOR_")]
-    assert "REDIS_URL" not in os.environ and "DATABASE_URL" not in os.environ
-    assert "JOB_FAILURE_WEBHOOK_URL" not in os.environ
-    assert os.environ["UNRELATED"] == "kept"
-    env.setenv("CONVEYOR_BROKER", "redis")
-    assert os.environ["CONVEYOR_BROKER"] == "redis"
