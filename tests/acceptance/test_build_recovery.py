@@ -12,12 +12,13 @@ import pytest
 from conveyor.app import App
 from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import Settings
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.build_sources import GATED, KEY, build, claim_dir, make_tree, make_zip, open_gate, sandboxed, workdir  # noqa: F401
 from tests.support.waiting import wait_for
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_outcome(
     database_url, request, clean_env, workdir, broker
 ):  # noqa: F811

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from conveyor.schema.migrate import migration_files
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import ROOT, env_for, make_settings
 
 ANSI = "\x1b["
 BAR = "━"
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(params=SERVER_BROKERS)
 def settings(request, clean_env, redis_url, database_url):
     return make_settings(request.param, redis_url, database_url)
 

@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import ROOT, WorkerProcess, env_for, make_settings
 from tests.support.waiting import wait_for
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(params=SERVER_BROKERS)
 def settings(request, clean_env, redis_url, database_url):
     return make_settings(request.param, redis_url, database_url)
 

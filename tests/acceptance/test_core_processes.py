@@ -19,14 +19,13 @@ import pytest
 from conveyor.app import App
 from conveyor.ledger import credits
 from conveyor.settings import QueueOverride
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import ROOT, WorkerProcess, env_for, make_settings, probe_dead, probe_runs
 from tests.support.jobs import flaky
 from tests.support.waiting import wait_for
 
-BROKERS = ["redis", "postgres"]
 
-
-@pytest.fixture(params=BROKERS)
+@pytest.fixture(params=SERVER_BROKERS)
 def settings(request, clean_env, redis_url, database_url):
     return make_settings(request.param, redis_url, database_url)
 

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import ROOT, WorkerProcess, env_for, make_settings, probe_runs
 from tests.support.waiting import wait_for
 
@@ -40,7 +41,7 @@ def send(payload: Send, ctx) -> None:
 '''
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(params=SERVER_BROKERS)
 def user_env(request, clean_env, redis_url, database_url, tmp_path):
     module = f"user_jobs_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(textwrap.dedent(USER_MODULE))

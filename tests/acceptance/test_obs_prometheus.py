@@ -14,6 +14,7 @@ import sys
 import httpx
 import pytest
 
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.obs_support import ROOT, api_server, cli_env, running
 from tests.support.obs_support import broker_app as make_app
 from tests.support.servers import free_port
@@ -101,7 +102,7 @@ def query(url: str, promql: str) -> float | None:
     return float(result[0]["value"][1])
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_jobs_enqueued_by_the_cli_reach_prometheus_through_the_api(request, broker, prometheus, clean_env):
     app = make_app(request, broker)
     try:

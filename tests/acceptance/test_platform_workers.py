@@ -16,6 +16,7 @@ from conveyor.platform.providers.local import reply_chunks
 from conveyor.platform.rounds import start_round
 from conveyor.platform.streams import buffer_for
 from conveyor.settings import Settings
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.platform_support import (
     completed_round,
     make_task,
@@ -45,7 +46,7 @@ def _env(clean_env, broker, redis_url, database_url, **extra) -> dict:
     return dict(os.environ)
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clean_env, broker, redis_url, database_url):
     cap, jobs = 2, 8
     env = _env(
@@ -88,7 +89,7 @@ def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clea
     app.close()
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_env, broker, redis_url, database_url):
     env = _env(
         clean_env,

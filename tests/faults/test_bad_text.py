@@ -13,11 +13,12 @@ import pytest
 
 from tests.faults.checker import Checker
 from tests.faults.workload import Producer, mixed
+from tests.support.brokers import SERVER_BROKERS
 
 FAULT = "error texts with NUL and lone surrogates"
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_error_texts_with_nul_and_lone_surrogates(world, broker):
     cluster = world(broker, FAULT)
     groups = [cluster.start_workers(name, wait=False) for name in ("a", "b")]

@@ -14,6 +14,7 @@ import pytest
 from tests.faults.checker import Checker
 from tests.faults.harness import FAKETIME_LIB
 from tests.faults.workload import Producer, long_jobs, mixed
+from tests.support.brokers import SERVER_BROKERS
 
 FAULT = "worker clock 120 s behind (libfaketime)"
 
@@ -21,7 +22,7 @@ FAULT = "worker clock 120 s behind (libfaketime)"
 SKEWED_FOR = 8.0
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_worker_with_a_clock_120s_behind(world, broker):
     assert os.path.exists(FAKETIME_LIB), "libfaketime is needed (Debian: apt-get install libfaketime)"
     cluster = world(broker, FAULT)

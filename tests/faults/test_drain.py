@@ -10,12 +10,13 @@ import pytest
 from tests.faults.checker import Checker
 from tests.faults.harness import open_runs
 from tests.faults.workload import Producer, long_jobs, mixed
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.waiting import wait_for
 
 FAULT = "SIGTERM drain under load"
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_sigterm_drain_under_load_loses_none_and_runs_none_twice(world, broker):
     cluster = world(broker, FAULT)
     draining, staying = (cluster.start_workers(name, wait=False) for name in ("drain", "stay"))

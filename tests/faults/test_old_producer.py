@@ -17,6 +17,7 @@ import redis as redis_lib
 
 from tests.faults.checker import Checker
 from tests.faults.workload import Producer, enqueue_now, mixed
+from tests.support.brokers import SERVER_BROKERS
 
 FAULT = "message from an older producer, fields missing"
 
@@ -55,7 +56,7 @@ def age_postgres_rows(cluster, job_ids: set[str]) -> int:
         ).rowcount
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_messages_from_an_older_producer_run_once(world, broker):
     cluster = world(broker, FAULT)
     old = [item for item in mixed(30, "old") if item.duplicate_of is None and item.job.startswith("fault.")]

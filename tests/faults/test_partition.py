@@ -18,6 +18,7 @@ from tests.faults.checker import Checker
 from tests.faults.harness import LEASE, RECOVERY, open_runs
 from tests.faults.netns import NetworkNamespace
 from tests.faults.workload import Producer, long_jobs, mixed
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.servers import PostgresServer, RedisServer
 from tests.support.waiting import wait_for
 
@@ -58,7 +59,7 @@ def ns_servers(namespace):
         pg.close()
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_worker_host_cut_off_and_reconnected(world, broker, namespace, ns_servers):
     pg, redis = ns_servers
     cluster = world(broker, FAULT, pg=pg, redis=redis)

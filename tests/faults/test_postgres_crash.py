@@ -13,9 +13,10 @@ import pytest
 
 from tests.faults.checker import Checker
 from tests.faults.test_redis_faults import start
+from tests.support.brokers import SERVER_BROKERS
 
 
-@pytest.mark.parametrize("broker,how", [("redis", "immediate"), ("postgres", "immediate"), ("postgres", "SIGKILL")])
+@pytest.mark.parametrize("broker,how", [*((b, "immediate") for b in SERVER_BROKERS), ("postgres", "SIGKILL")])
 def test_postgres_crash_and_restart_under_load(world, fault_pg, broker, how):
     fault = (
         "Postgres crash (immediate) + restart, fsync on"

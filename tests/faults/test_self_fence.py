@@ -20,6 +20,7 @@ from tests.faults.checker import Checker
 from tests.faults.harness import LEASE, open_runs
 from tests.faults.test_partition import namespace, ns_servers  # noqa: F401  (fixtures)
 from tests.faults.workload import Producer, long_jobs
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.waiting import wait_for
 
 FAULT = "worker host cut off (netns) during a long job: self-fence"
@@ -32,7 +33,7 @@ def _ts(event: dict) -> float:
     return dt.datetime.strptime(event["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC).timestamp()
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_a_cut_off_worker_exits_before_its_lease_and_its_job_runs_once_elsewhere(
     world,
     broker,

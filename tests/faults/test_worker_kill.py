@@ -12,9 +12,8 @@ import pytest
 from tests.faults.checker import Checker
 from tests.faults.harness import kill_holders, open_runs
 from tests.faults.workload import Producer, holding_charges, holding_jobs, long_jobs, mixed
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.waiting import wait_for
-
-BROKERS = ["redis", "postgres"]
 
 
 def start_two_groups(cluster):
@@ -24,7 +23,7 @@ def start_two_groups(cluster):
     return groups
 
 
-@pytest.mark.parametrize("broker", BROKERS)
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_worker_sigkill_mid_job(world, broker):
     cluster = world(broker, "worker SIGKILL mid-job")
     start_two_groups(cluster)
@@ -40,7 +39,7 @@ def test_worker_sigkill_mid_job(world, broker):
     assert len([r for r in checker.runs() if r.job_id == job_id]) >= 2, "the killed run's job ran again"
 
 
-@pytest.mark.parametrize("broker", BROKERS)
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_worker_sigkill_after_effect_before_ack(world, broker):
     fault = "worker SIGKILL after its effect, before its ack"
     cluster = world(broker, fault)
@@ -58,7 +57,7 @@ def test_worker_sigkill_after_effect_before_ack(world, broker):
         assert len(mine) >= 2 and mine[0].effect_at is not None and any(r.ok for r in mine), mine
 
 
-@pytest.mark.parametrize("broker", BROKERS)
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_worker_sigkill_after_charge_before_ack_charges_once(world, broker):
     """The charge is in the ledger when the worker dies; the rerun charges nothing more."""
     fault = "worker SIGKILL after a charge, before its ack"

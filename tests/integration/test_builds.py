@@ -13,6 +13,7 @@ import pytest
 from conveyor.app import App
 from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import QueueOverride
+from tests.support.brokers import ALL_BROKERS
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     GATED,
     build,
@@ -39,7 +40,7 @@ def members(app: App, sha256: str) -> dict[str, bytes]:
         return {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres", "inline"])
+@pytest.mark.parametrize("broker", ALL_BROKERS)
 def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, workdir, broker):
     app = build_app(broker=broker, redis_url=None) if broker != "redis" else build_app()
     store = BuildStore(app.pool)

@@ -9,13 +9,12 @@ import pytest
 from dramatiq import Message
 
 from conveyor.app import App
+from tests.support.brokers import ALL_BROKERS
 from tests.support.harness import make_settings, peak_concurrency, probe_dead, probe_runs, running
 from tests.support.waiting import wait_for
 
-BROKERS = ["redis", "postgres", "inline"]
 
-
-@pytest.fixture(params=BROKERS)
+@pytest.fixture(params=ALL_BROKERS)
 def app(request, clean_env, redis_url, database_url):
     app = App(make_settings(request.param, redis_url, database_url))
     yield app
@@ -139,7 +138,7 @@ def test_paused_queue_is_not_claimed_until_resumed(app, database_url):
         wait_for(lambda: finished(app, ref.id), message="the resumed queue's job")
 
 
-@pytest.mark.parametrize("broker", BROKERS)
+@pytest.mark.parametrize("broker", ALL_BROKERS)
 def test_time_limit_stops_a_job_that_runs_too_long(broker, clean_env, redis_url, database_url):
     app = App(
         make_settings(broker, redis_url, database_url, queues={"indexing": {"time_limit": 0.5, "max_attempts": 1}})

@@ -8,6 +8,7 @@ import pytest
 
 from conveyor.app import App
 from conveyor.middleware.base import ConveyorMiddleware
+from tests.support.brokers import ALL_BROKERS
 from tests.support.obs_support import broker_app as make_app
 from tests.support.obs_support import running as run_workers
 from tests.support.waiting import wait_for
@@ -15,10 +16,9 @@ from tests.support.waiting import wait_for
 QUEUE = "indexing"
 
 #: Every broker this suite runs on.
-BROKERS = ["redis", "postgres", "inline"]
 
 
-@pytest.fixture(params=BROKERS)
+@pytest.fixture(params=ALL_BROKERS)
 def broker_app(request):
     app = make_app(request, request.param)
     yield app

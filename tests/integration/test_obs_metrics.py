@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 from conveyor.app import App
 from conveyor.brokers.fleet import fleet_store
 from conveyor.middleware.metrics import exposition_registry
+from tests.support.brokers import ALL_BROKERS
 from tests.support.obs_support import CliProcess, cli_env, registry_text, running, samples, settings, value
 from tests.support.obs_support import broker_app as make_app
 from tests.support.servers import free_port
@@ -17,11 +18,10 @@ from tests.support.waiting import wait_for
 QUEUE = "indexing"
 
 #: Every broker this suite runs on.
-BROKERS = ["redis", "postgres", "inline"]
 JOB = "obs.work"
 
 
-@pytest.fixture(params=BROKERS)
+@pytest.fixture(params=ALL_BROKERS)
 def broker_app(request):
     app = make_app(request, request.param)
     yield app

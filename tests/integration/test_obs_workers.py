@@ -12,16 +12,16 @@ import httpx
 import pytest
 
 from conveyor.brokers.fleet import fleet_store
+from tests.support.brokers import ALL_BROKERS
 from tests.support.obs_support import ROOT, SECRET, TOKEN, CliProcess, api_server, cli_env, running
 from tests.support.obs_support import broker_app as make_app
 from tests.support.waiting import wait_for
 
 QUEUE = "indexing"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-BROKERS = ["redis", "postgres", "inline"]
 
 
-@pytest.fixture(params=BROKERS)
+@pytest.fixture(params=ALL_BROKERS)
 def broker_app(request):
     app = make_app(request, request.param)
     yield app

@@ -16,13 +16,14 @@ from conveyor.platform.providers.base import ChatMessage
 from conveyor.platform.providers.local import reply_chunks
 from conveyor.settings import Settings
 from conveyor.tasks.context import JobContext
+from tests.support.brokers import ALL_BROKERS
 from tests.support.platform_support import make_task, parse_sse, run_status, serve, user_key, workers
 from tests.support.waiting import wait_for
 
 PRICE = Decimal("0.002")
 
 
-@pytest.fixture(params=["redis", "postgres", "inline"])
+@pytest.fixture(params=ALL_BROKERS)
 def app(request, redis_url, database_url):
     app = App(
         Settings(

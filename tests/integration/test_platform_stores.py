@@ -10,9 +10,10 @@ from conveyor.app import App
 from conveyor.platform.limits import build_limits
 from conveyor.platform.streams import build_buffer
 from conveyor.settings import Settings
+from tests.support.brokers import ALL_BROKERS
 
 
-@pytest.fixture(params=["redis", "postgres", "inline"])
+@pytest.fixture(params=ALL_BROKERS)
 def app(request, redis_url, database_url):
     app = App(Settings(broker=request.param, redis_url=redis_url, database_url=database_url))
     yield app

@@ -13,6 +13,7 @@ from conveyor.errors import InvalidSchedule, ScheduleNotFound
 from conveyor.platform.scheduling.cron import Cron
 from conveyor.platform.scheduling.scheduler import Scheduler, fire_key
 from conveyor.platform.scheduling.schedules import Schedules
+from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import running
 from tests.support.sched_jobs import any_broker_app, make_app, runs  # noqa: F401 (fixture)
 from tests.support.waiting import wait_for
@@ -61,7 +62,7 @@ def test_bad_cron_zone_policy_job_or_payload_is_refused_at_creation(apps, databa
         schedules.get("sch_missing")
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"])
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_two_schedulers_racing_fire_each_occurrence_once(apps, database_url, request, broker):
     redis_url = request.getfixturevalue("redis_url") if broker == "redis" else None
     first, second = apps(database_url, redis_url, broker=broker), apps(database_url, redis_url, broker=broker)

@@ -1,7 +1,7 @@
 """The brokers tests run against, defined once, from the library's own table.
 
 Every test that runs on several brokers parametrizes over one of these tuples
-(or the ``broker`` fixture built from them), so a new broker in
+(as a parametrize list or a fixture's params), so a new broker in
 :data:`conveyor.backends.BACKENDS` reaches every such test by itself.
 """
 

@@ -7,6 +7,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor.tasks.payloads import Id, Payload
 from conveyor.tasks.registry import job
+from tests.support.brokers import ALL_BROKERS
 
 #: The table the job writes to; tests create it with RECORDS_DDL.
 RECORDS_DDL = "CREATE TABLE IF NOT EXISTS test_job_runs (id BIGSERIAL PRIMARY KEY, job_id TEXT, payload JSONB)"
@@ -60,7 +61,7 @@ def make_app(database_url: str, redis_url: str | None = None, broker: str | None
     return app
 
 
-@pytest.fixture(params=["redis", "postgres", "inline"])
+@pytest.fixture(params=ALL_BROKERS)
 def any_broker_app(request, database_url):
     """An App (see make_app) on each broker in turn."""
     redis_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
