@@ -10,18 +10,16 @@ so the checker knows when a killed run ended.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from conveyor.app import App
 from conveyor.settings import Settings
 from tests.faults.jobs import WORK_QUEUES
-from tests.support.harness import ROOT, env_for, make_settings
+from tests.support.harness import WorkerProcess, make_settings
 from tests.support.waiting import wait_for
 
 #: Seconds without a heartbeat before a worker's jobs are recovered, on both brokers
@@ -62,8 +60,8 @@ def utc(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
 
-class Supervisor:
-    """``conveyor worker`` for the workload's queues, as a subprocess."""
+class Supervisor(WorkerProcess):
+    """``conveyor worker`` for the workload's queues, as a subprocess (started by tests.support.harness)."""
 
     def __init__(
         self,
@@ -78,7 +76,6 @@ class Supervisor:
         self.name = name
         self.queues = queues
         self.expected = len(queues) * processes
-        self.log = cluster.logs / f"worker-{name}.log"
         extra = {
             "FAULT_SPOOL": str(cluster.spool),
             "FAULT_HOST": name,
@@ -86,49 +83,9 @@ class Supervisor:
             **cluster.env,
             **env,
         }
-        self._log_file = open(self.log, "wb")
-        self.proc = subprocess.Popen(
-            [
-                *prefix,
-                sys.executable,
-                "-m",
-                "conveyor",
-                "worker",
-                "--queues",
-                ",".join(queues),
-                "--processes",
-                str(processes),
-            ],
-            env=env_for(settings, **extra),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self._log_file,
-            cwd=ROOT,
-            start_new_session=True,
+        super().__init__(
+            settings, ",".join(queues), processes, log=cluster.logs / f"worker-{name}.log", prefix=prefix, **extra
         )
-
-    def events(self, name: str | None = None) -> list[dict]:
-        out = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if name is None or row.get("event") == name:
-                    out.append(row)
-        return out
-
-    def child_pids(self) -> list[int]:
-        """Pids of this supervisor's worker processes that are alive now."""
-        alive = []
-        for pid in {e["pid"] for e in self.events("worker_started")}:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                continue
-            alive.append(pid)
-        return alive
 
     def wait_ready(self) -> None:
         wait_for(

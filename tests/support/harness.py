@@ -8,8 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -94,22 +95,47 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
+def start_worker(
+    settings: Settings,
+    queues: str,
+    processes: int = 1,
+    *,
+    stderr: Any = subprocess.DEVNULL,
+    prefix: Sequence[str] = (),
+    **extra_env: str,
+) -> subprocess.Popen:
+    """Start ``conveyor worker`` for ``queues`` as its own session, configured only by ``settings`` (and ``extra_env``).
+
+    ``prefix`` runs it under another command (``ip netns exec NS`` puts it on another network);
+    its JSON log lines go to ``stderr``. The one way tests and the fault suite start workers.
+    """
+    return subprocess.Popen(
+        [*prefix, sys.executable, "-m", "conveyor", "worker", "--queues", queues, "--processes", str(processes)],
+        env=env_for(settings, **extra_env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
 class WorkerProcess:
     """``conveyor worker`` as a subprocess; its children's pids are read from its JSON log."""
 
     def __init__(
-        self, settings: Settings, queues: str, processes: int = 1, log: Path | None = None, **extra_env: str
+        self,
+        settings: Settings,
+        queues: str,
+        processes: int = 1,
+        log: Path | None = None,
+        *,
+        prefix: Sequence[str] = (),
+        **extra_env: str,
     ) -> None:
         self.log = log
         self._log_file = open(log, "wb") if log else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "conveyor", "worker", "--queues", queues, "--processes", str(processes)],
-            env=env_for(settings, **extra_env),
-            stdout=subprocess.DEVNULL,
-            stderr=self._log_file,
-            cwd=ROOT,
-            start_new_session=True,
-        )
+        self.proc = start_worker(settings, queues, processes, stderr=self._log_file, prefix=prefix, **extra_env)
 
     def events(self, name: str | None = None) -> list[dict]:
         out = []
@@ -125,9 +151,8 @@ class WorkerProcess:
 
     def child_pids(self) -> list[int]:
         """Pids of children currently running (started and not stopped)."""
-        started = [e["pid"] for e in self.events("worker_started")]
         alive = []
-        for pid in started:
+        for pid in dict.fromkeys(e["pid"] for e in self.events("worker_started")):
             try:
                 os.kill(pid, 0)
                 alive.append(pid)
