@@ -1,10 +1,16 @@
 """Fixtures: private servers for the session, clean state for every test.
 
-One Redis and one PostgreSQL server start per test session (see
-`tests/support/servers.py`); each test gets a flushed Redis and its own database
-copied from a migrated template, dropped afterwards. Nothing here reads or
-sets the process environment: tests that need configuration take
-`clean_env` and set what they need through it.
+One Redis and one PostgreSQL server start per test session, on first use (see
+`tests/support/servers.py`): a test that takes none of their fixtures starts
+none, so `pytest tests/unit` runs without a server. Each test gets a flushed
+Redis and its own database copied from a migrated template, dropped afterwards.
+
+At import, before any test module, this file removes conveyor's configuration
+(every `CONVEYOR_*` variable, `REDIS_URL`, `DATABASE_URL`,
+`JOB_FAILURE_WEBHOOK_URL`) from the process environment, so no test depends on
+the caller's shell; a test that needs a value sets it through `clean_env`. It
+also loads every job module the tests' Apps name, and fails a test that leaves
+the job registry different from how it found it (see `tests/support/registry.py`).
 """
 
 from __future__ import annotations
@@ -18,14 +24,25 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import registry
 from tests.support.servers import PostgresServer, RedisServer
 
 #: The migrated database every test database is copied from.
 TEMPLATE_DB = "conveyor_template"
 
-#: Variables that configure conveyor; `clean_env` removes them all.
+#: Variables that configure conveyor: removed from the environment at import, and again by `clean_env`.
 CONFIG_VARS = ("REDIS_URL", "DATABASE_URL", "JOB_FAILURE_WEBHOOK_URL")
 CONFIG_PREFIX = "CONVEYOR_"
+
+
+def is_config_var(name: str) -> bool:
+    return name in CONFIG_VARS or name.startswith(CONFIG_PREFIX)
+
+
+for _name in [n for n in os.environ if is_config_var(n)]:
+    del os.environ[_name]
+
+registry.load_job_modules()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -151,15 +168,31 @@ def embedded_data_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Remove conveyor's configuration variables for this test.
+    """Remove conveyor's configuration variables for this test (any set since the import stripped them).
 
     Returns the monkeypatch, so the test can `clean_env.setenv(...)` exactly
     what it means to configure; everything is restored afterwards.
     """
     for name in list(os.environ):
-        if name in CONFIG_VARS or name.startswith(CONFIG_PREFIX):
+        if is_config_var(name):
             monkeypatch.delenv(name)
     return monkeypatch
+
+
+# -- the job registry ---------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def registry_unchanged() -> Iterator[None]:
+    """Fail a test that registers, replaces or removes a job type, queue or settings check.
+
+    The registry is the process's: a change would reach every later test's App.
+    """
+    before = registry.snapshot()
+    yield
+    changed = registry.changes(before, registry.snapshot())
+    if changed:
+        pytest.fail("the test changed the global job registry: " + "; ".join(changed), pytrace=False)
 
 
 # -- apps and worker processes, for modules that define a `settings` fixture ---

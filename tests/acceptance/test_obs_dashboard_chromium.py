@@ -1,6 +1,6 @@
 """The /admin/queues dashboard in a real headless Chromium: sign in, find a failed job, retry it by clicking.
 
-Needs Debian's ``chromium`` and ``chromium-driver``. Set ``CONVEYOR_SCREENSHOT=/some/dir``
+Needs Debian's ``chromium`` and ``chromium-driver``. Set ``TEST_SCREENSHOT_DIR=/some/dir``
 to keep screenshots of the pages it saw.
 """
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.chromium
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 QUEUE = "indexing"
-#: Read at import: the clean_env fixture removes every CONVEYOR_ variable during a test.
-SCREENSHOTS = os.environ.get("CONVEYOR_SCREENSHOT")
+#: Not a CONVEYOR_ variable: conftest.py removes those from the environment at import.
+SCREENSHOTS = os.environ.get("TEST_SCREENSHOT_DIR")
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_retrying_a_failed_job_by_clicking_makes_it_complete(browser, redis_url,
 
 
 def _screenshot(browser, name: str) -> None:
-    """Keep a screenshot as <CONVEYOR_SCREENSHOT dir>/<name>.png when that variable names a directory."""
+    """Keep a screenshot as <TEST_SCREENSHOT_DIR>/<name>.png when that variable names a directory."""
     folder = SCREENSHOTS
     if folder:
         os.makedirs(folder, exist_ok=True)

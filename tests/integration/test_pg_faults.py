@@ -20,15 +20,10 @@ import pytest
 
 from conveyor.app import App
 from conveyor.brokers.postgres.deliveries import Retry
-from conveyor.brokers.postgres.jobs import storable
-from conveyor.errors import InvalidPayload, PermanentError
-from conveyor.tasks.payloads import Payload
-from conveyor.tasks.registry import JOB_TYPES, job, on_final_failure
+from conveyor.errors import InvalidPayload
 from tests.support.harness import make_settings, running
 from tests.support.servers import PostgresServer
 from tests.support.waiting import wait_for
-
-BAD_TEXT = "bad \x00 text \ud800 and \udcff"
 
 
 def sql(database_url: str, query: str, params=None) -> list[tuple]:
@@ -56,48 +51,10 @@ def make_app(clean_env, database_url):
         app.close()
 
 
-# -- jobs whose errors Postgres cannot store as they are ----------------------------------
+# -- jobs whose errors Postgres cannot store as they are (test.pg.bad: tests/support/jobs.py) --
 
 
-class Bad(Payload):
-    token: str
-    fail_times: int = 0
-    permanent: bool = False
-    error: str = "nul"
-
-
-ERRORS = {"nul": BAD_TEXT, "poison": "poison"}
-
-
-@pytest.fixture
-def bad_jobs():
-    """``test.pg.bad``: raises an error with a NUL and lone surrogates (or a word a test forbids)."""
-
-    def bad(payload: Bad, ctx) -> None:
-        sql(
-            ctx.app.settings.database_url,
-            "INSERT INTO probe_runs (token, job_id, attempt, pid) VALUES (%s, %s, %s, 0)",
-            (payload.token, ctx.job_id, ctx.attempt),
-        )
-        if payload.permanent:
-            raise PermanentError(ERRORS[payload.error])
-        if ctx.attempt <= payload.fail_times:
-            raise RuntimeError(ERRORS[payload.error])
-
-    def dead(payload: Bad | None, error: str, ctx) -> None:
-        sql(
-            ctx.app.settings.database_url,
-            "INSERT INTO probe_dead (job_id, token, error) VALUES (%s, %s, %s)",
-            (ctx.job_id, payload.token if payload else None, storable(error)),
-        )
-
-    job("test.pg.bad", queue="critical", payload=Bad)(bad)
-    on_final_failure("test.pg.bad")(dead)
-    yield
-    JOB_TYPES.pop("test.pg.bad", None)
-
-
-def test_nul_and_lone_surrogates_in_an_error_keep_the_retry_and_the_final_failure(bad_jobs, make_app, database_url):
+def test_nul_and_lone_surrogates_in_an_error_keep_the_retry_and_the_final_failure(make_app, database_url):
     app = make_app()
     with running(app, "critical"):
         retried = app.jobs.enqueue("test.pg.bad", {"token": "retried", "fail_times": 1})
@@ -114,7 +71,7 @@ def test_nul_and_lone_surrogates_in_an_error_keep_the_retry_and_the_final_failur
     assert app.broker.get_job(after.id).state == "completed"
 
 
-def test_an_outcome_postgres_refuses_neither_blocks_the_others_nor_is_lost(bad_jobs, make_app, database_url):
+def test_an_outcome_postgres_refuses_neither_blocks_the_others_nor_is_lost(make_app, database_url):
     # A real refusal, not a mock: the table refuses this one error text.
     sql(
         database_url,

@@ -5,6 +5,7 @@ sleep, fail, fail permanently or kill its own process, so tests can observe
 from outside what ran where and how often.
 With TEST_FLAKY_CREDIT_PERCENT=N, the real credit.consume fails on its first
 attempt for N % of tasks (chosen by a stable hash of the task id).
+``test.pg.bad`` fails with an error text Postgres cannot store as it is.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import os
 import time
 from dataclasses import replace
 
+import psycopg
+
+from conveyor.brokers.postgres.jobs import storable
 from conveyor.errors import PermanentError
 from conveyor.ledger import credits
 from conveyor.platform.payloads import CreditConsume
@@ -98,3 +102,47 @@ if _PERCENT:
         return _real.run(payload, ctx)
 
     JOB_TYPES["credit.consume"] = replace(_real, run=_flaky_consume)
+
+
+# -- texts Postgres cannot store as they are (tests/integration/test_pg_faults.py) ----------------
+
+#: A NUL and lone surrogates: Postgres refuses them in text, so the broker must make them storable.
+BAD_TEXT = "bad \x00 text \ud800 and \udcff"
+
+#: What ``test.pg.bad`` raises: the bad text, or a word a test makes the table refuse.
+ERRORS = {"nul": BAD_TEXT, "poison": "poison"}
+
+
+class Bad(Payload):
+    token: str
+    fail_times: int = 0
+    permanent: bool = False
+    error: str = "nul"
+
+
+def _write(database_url: str, query: str, params: tuple) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(query, params)
+
+
+@job("test.pg.bad", queue="critical", payload=Bad)
+def bad(payload: Bad, ctx) -> None:
+    """Records its start, then raises an error with a NUL and lone surrogates (or the forbidden word)."""
+    _write(
+        ctx.app.settings.database_url,
+        "INSERT INTO probe_runs (token, job_id, attempt, pid) VALUES (%s, %s, %s, 0)",
+        (payload.token, ctx.job_id, ctx.attempt),
+    )
+    if payload.permanent:
+        raise PermanentError(ERRORS[payload.error])
+    if ctx.attempt <= payload.fail_times:
+        raise RuntimeError(ERRORS[payload.error])
+
+
+@on_final_failure("test.pg.bad")
+def bad_dead(payload: Bad | None, error: str, ctx) -> None:
+    _write(
+        ctx.app.settings.database_url,
+        "INSERT INTO probe_dead (job_id, token, error) VALUES (%s, %s, %s)",
+        (ctx.job_id, payload.token if payload else None, storable(error)),
+    )
