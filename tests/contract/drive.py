@@ -148,6 +148,14 @@ class Pump:
             self._raise()
             raise AssertionError(f"nothing was delivered from {self.queue_name} within {timeout:g}s") from None
 
+    def poll(self, timeout: float) -> Any:
+        """The next message handed out within ``timeout`` s, else None."""
+        try:
+            return self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            self._raise()
+            return None
+
     def nothing(self, within: float) -> None:
         """Fails if a message is handed out within ``within`` s."""
         try:
