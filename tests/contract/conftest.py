@@ -88,6 +88,14 @@ def _builder(request: pytest.FixtureRequest, name: str) -> Callable[[], Any]:
     raise AssertionError(f"the contract does not know how to build broker {name!r}: add it to _builder")
 
 
+#: How a worker process of each broker stops heartbeating without handing anything back (it hangs, or is
+#: SIGKILLed): besides its consumer, which ``Pump.freeze`` stops. Redis heartbeats only with its calls.
+SILENCE: dict[str, Callable[[Any], None]] = {
+    "redis": lambda broker: None,
+    "postgres": lambda broker: broker.listener.stop(),
+}
+
+
 @pytest.fixture(params=ALL_BROKERS)
 def broker_name(request: pytest.FixtureRequest) -> str:
     name = request.param
@@ -126,23 +134,27 @@ def broker(peer: Callable[[], Any]) -> Any:
 
 @pytest.fixture
 def pump(peer: Callable[[], Any]) -> Iterator[Callable[..., Pump]]:
-    """Factory: ``pump(broker, queue=QUEUE, prefetch=1)`` consumes ``queue``; also its delay queue, if any.
+    """Factory: ``pump(broker, queue=QUEUE, prefetch=1)`` consumes ``queue`` (and its delay queue, if any).
 
-    A broker with delay queues (Dramatiq's design: redis, inline) hands out
-    a delayed message from ``<queue>.DQ``; a pump of that queue holds it and
-    enqueues it when due, as a Dramatiq worker does. Pumps stop before the
-    brokers close (``peer`` was set up first, so it is torn down last).
+    Pumps stop before the brokers close (``peer`` was set up first, so it is torn down last).
     """
     pumps: list[Pump] = []
 
     def start(broker: Any, queue: str = QUEUE, prefetch: int = 1) -> Pump:
-        for delay_queue in sorted(broker.get_declared_delay_queues()):
-            if delay_queue.startswith(f"{queue}."):
-                pumps.append(Pump(broker, delay_queue, prefetch=10))
-        main = Pump(broker, queue, prefetch=prefetch)
-        pumps.append(main)
-        return main
+        pumps.append(Pump(broker, queue, prefetch=prefetch))
+        return pumps[-1]
 
     yield start
     for started in reversed(pumps):
         started.close()
+
+
+@pytest.fixture
+def hang(broker_name: str) -> Callable[[Any, Pump], None]:
+    """``hang(broker, pump)``: that worker stops consuming and heartbeating, and hands back nothing."""
+
+    def stop(broker: Any, consumer: Pump) -> None:
+        consumer.freeze()
+        SILENCE[broker_name](broker)
+
+    return stop

@@ -107,6 +107,13 @@ class Pump:
     """
 
     def __init__(self, broker: Any, queue_name: str, prefetch: int = 1) -> None:
+        #: The pump of this queue's delay queue, on a broker that has delay queues (Dramatiq's design:
+        #: redis, inline hand out a delayed message from ``<queue>.DQ``); it stops and closes with this one.
+        self.delays = [
+            Pump(broker, name, prefetch=10)
+            for name in sorted(broker.get_declared_delay_queues())
+            if name.startswith(f"{queue_name}.")
+        ]
         self.broker = broker
         self.queue_name = queue_name
         self.consumer = broker.consume(queue_name, prefetch=prefetch, timeout=CONSUMER_TIMEOUT_MS)
@@ -176,15 +183,19 @@ class Pump:
 
     def freeze(self) -> None:
         """Stop consuming and hand nothing back: what the consumer holds stays held (a worker that hangs)."""
-        self._stop.set()
-        self._thread.join(10)
+        for pump in (self, *self.delays):
+            pump._stop.set()
+        for pump in (self, *self.delays):
+            pump._thread.join(10)
 
     def close(self) -> None:
         """Stop, and close the consumer, which hands back what it fetched and handed to no one."""
         if not self._stop.is_set():
             self.freeze()
-            self.consumer.close()
-        self._raise()
+            for pump in (self, *self.delays):
+                pump.consumer.close()
+        for pump in (self, *self.delays):
+            pump._raise()
 
     def _raise(self) -> None:
         if self.error is not None:
