@@ -46,11 +46,18 @@ def message(payload: dict | None = None, *, queue_name: str = QUEUE, job: str = 
 
 
 def enqueue(
-    broker: Any, payload: dict | None = None, *, key: str | None = None, delay_ms: int | None = None, **kw: Any
+    broker: Any,
+    payload: dict | None = None,
+    *,
+    key: str | None = None,
+    delay_ms: int | None = None,
+    dedup_ttl: float = LONG_TTL,
+    queue_name: str = QUEUE,
+    job: str = JOB,
 ) -> JobRef:
     """One keyed or plain enqueue through ``enqueue_jobs``."""
-    ttl = kw.pop("dedup_ttl", LONG_TTL)
-    (ref,) = broker.enqueue_jobs([EnqueueItem(message(payload, **kw), key, delay_ms)], dedup_ttl=ttl)
+    item = EnqueueItem(message(payload, queue_name=queue_name, job=job), key, delay_ms)
+    (ref,) = broker.enqueue_jobs([item], dedup_ttl=dedup_ttl)
     return ref
 
 
@@ -163,10 +170,12 @@ class Pump:
             self._raise()
             return None
 
-    def nothing(self, within: float) -> None:
-        """Fails if a message is handed out within ``within`` s."""
+    def nothing(self, within: float | None = None, *, until: float | None = None) -> None:
+        """Fails if a message is handed out within ``within`` s, or before ``until`` (``time.monotonic()``)."""
+        if until is not None:
+            within = until - time.monotonic()
         try:
-            delivered = self.inbox.get(timeout=within)
+            delivered = self.inbox.get(timeout=max(0.0, within or 0.0))
         except queue.Empty:
             self._raise()
             return

@@ -41,7 +41,7 @@ def test_a_consumer_gets_only_its_own_queue(broker, pump):
     mine = enqueue(broker, {"n": 2})
     consumer = pump(broker)
     assert consumer.receive().message_id == mine.id
-    consumer.nothing(within=0.3)
+    consumer.nothing(within=0.2)
     assert broker.get_job(other.id).state == "waiting"
 
 
@@ -49,7 +49,7 @@ def test_a_paused_queue_hands_out_nothing_until_resumed(broker, pump):
     broker.pause_queue("contract")
     ref = enqueue(broker, {"n": 1})
     consumer = pump(broker)
-    consumer.nothing(within=0.5)
+    consumer.nothing(within=0.3)
     assert broker.get_job(ref.id).state == "waiting"
     assert broker.queue_counts("contract").paused
     broker.resume_queue("contract")

@@ -8,6 +8,9 @@ from tests.contract.drive import OTHER_JOB, OTHER_QUEUE, QUEUE, enqueue, fail, r
 
 
 def test_counts_and_lists_follow_every_state_of_one_queue_only(broker, pump):
+    empty = broker.queue_counts(QUEUE)
+    assert (empty.waiting, empty.delayed, empty.active, empty.failed) == (0, 0, 0, 0)
+    assert (empty.completed_total, empty.failed_total, empty.oldest_waiting_at) == (0, 0, None)
     done, dead, running = (enqueue(broker, {"n": n}).id for n in range(3))
     consumer = pump(broker)  # prefetch 1: it holds one job at a time
     delivered = consumer.receive()
@@ -45,12 +48,6 @@ def test_counts_and_lists_follow_every_state_of_one_queue_only(broker, pump):
     got = (others.waiting, others.delayed, others.active, others.failed, others.completed_total, others.failed_total)
     assert got == (1, 0, 0, 0, 0, 0)
     assert [r.id for r in broker.list_jobs(OTHER_QUEUE, "waiting")] == [other]
-
-
-def test_an_empty_queue_counts_nothing(broker):
-    counts = broker.queue_counts(QUEUE)
-    assert (counts.waiting, counts.delayed, counts.active, counts.failed) == (0, 0, 0, 0)
-    assert (counts.completed_total, counts.failed_total, counts.oldest_waiting_at) == (0, 0, None)
 
 
 def test_finished_jobs_are_listed_newest_first(broker, pump):

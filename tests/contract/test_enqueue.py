@@ -18,6 +18,7 @@ def test_an_enqueued_job_reads_back_as_waiting(broker):
     assert (record.attempts, record.key, record.error, record.payload) == (0, None, None, {"n": 1, "text": "héllo"})
     assert before - 1 <= record.enqueued_at <= time.time() + 1
     assert record.started_at is None and record.finished_at is None
+    assert broker.get_job("no-such-job") is None
 
 
 def test_a_batch_returns_one_ref_per_item_in_order(broker):
@@ -29,10 +30,6 @@ def test_a_batch_returns_one_ref_per_item_in_order(broker):
     assert [broker.get_job(r.id).payload["n"] for r in refs] == [0, 1, 2, 3]
     assert broker.get_job(refs[3].id).key == "batch:k"
     assert broker.get_job(refs[3].id).queue == OTHER_QUEUE
-
-
-def test_an_unknown_job_has_no_record(broker):
-    assert broker.get_job("no-such-job") is None
 
 
 def test_list_jobs_gives_the_waiting_jobs_of_one_queue(broker):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from conveyor.brokers.base import EnqueueItem
@@ -46,13 +47,13 @@ def test_a_finished_job_holds_its_key_for_the_ttl(broker, pump):
 
 
 def test_the_key_is_free_again_once_its_ttl_is_over(broker, pump):
-    ref = enqueue(broker, {"n": 1}, key="k:ttl", dedup_ttl=0.3)
+    ref = enqueue(broker, {"n": 1}, key="k:ttl", dedup_ttl=0.2)
     consumer = pump(broker)
     delivered = consumer.receive()
     broker.start_job(delivered)
     consumer.ack(delivered)
     record_in(broker, ref.id, "completed")
-    time.sleep(0.4)
+    time.sleep(0.25)
     fresh = enqueue(broker, {"n": 2}, key="k:ttl")
     assert fresh.id != ref.id and not fresh.deduplicated
     assert broker.get_job(fresh.id).key == "k:ttl"
@@ -64,3 +65,20 @@ def test_a_deleted_job_frees_its_key(broker):
     assert broker.delete_job(ref.id)
     fresh = enqueue(broker, {"n": 2}, key="k:deleted")
     assert fresh.id != ref.id and not fresh.deduplicated
+
+
+def test_racing_enqueues_of_one_key_make_one_job(broker):
+    refs, barrier = [], threading.Barrier(12)
+
+    def race(n):
+        barrier.wait()
+        refs.append(enqueue(broker, {"n": n}, key="k:race"))
+
+    threads = [threading.Thread(target=race, args=(n,)) for n in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({r.id for r in refs}) == 1 and len(refs) == 12
+    assert sum(not r.deduplicated for r in refs) == 1
+    assert broker.queue_counts("contract").waiting == 1
