@@ -75,6 +75,9 @@ class InlineBroker(ConveyorBroker, StubBroker):
                         continue
                     self._keys[item.key] = (item.message.message_id, now + dedup_ttl)
                 self.enqueue(item.message, delay=item.delay_ms)
+                record = self.records.get(item.message.message_id)
+                if record is not None and item.key:
+                    record.key = item.key  # the item's key, also when the message's options carry none
                 refs.append(JobRef(item.message.message_id, False))
         return refs
 

@@ -1,0 +1,1 @@
+"""The broker contract suite (see conftest.py)."""
