@@ -58,8 +58,8 @@ def cmd_verify(args) -> int:
 
     with _conn() as conn:
         mismatches = credits.verify(conn)
-        accounts, entries = conn.execute(credits.QUERIES["totals"]).fetchone()
+        size = credits.totals(conn)
     for m in mismatches:
         print(f"MISMATCH {m.user_id}: balance {m.balance} != entries {m.entries_sum}", file=sys.stderr)
-    print(f"{accounts} accounts, {entries} entries, {len(mismatches)} mismatches")
+    print(f"{size.accounts} accounts, {size.entries} entries, {len(mismatches)} mismatches")
     return 1 if mismatches else 0

@@ -34,6 +34,14 @@ class Mismatch:
     entries_sum: Decimal
 
 
+@dataclass(frozen=True)
+class Totals:
+    """How many accounts and entries the ledger holds."""
+
+    accounts: int
+    entries: int
+
+
 def consume_reference(task_id: str, message_id: str) -> str:
     """The ledger reference of one round's charge (the enqueue key's twin)."""
     return f"consume:{task_id}:{message_id}"
@@ -99,3 +107,8 @@ def entries(conn, user_id: str) -> list[tuple]:
 def verify(conn) -> list[Mismatch]:
     """Every account whose balance differs from the sum of its entries (empty when the ledger is sound)."""
     return [Mismatch(*row) for row in conn.execute(QUERIES["verify"]).fetchall()]
+
+
+def totals(conn) -> Totals:
+    """The ledger's size: accounts and entries (what ``conveyor ledger verify`` reports beside the mismatches)."""
+    return Totals(*conn.execute(QUERIES["totals"]).fetchone())
