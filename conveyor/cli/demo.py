@@ -20,8 +20,12 @@ import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conveyor.cli import env_flag
+
+if TYPE_CHECKING:
+    from conveyor.tasks.worker import InlineWorkers
 
 #: What the demo's users ask: realistic prompts, each starting one round.
 PROMPTS = (
@@ -157,8 +161,8 @@ class Demo:
         self.stream_entries: dict[str, list] = {}
         self.timed_out = False
         self.baseline: dict[str, tuple[int, int]] = {}
-        self.workers = None
-        self.inline = None
+        self.workers: subprocess.Popen[bytes] | None = None
+        self.inline: InlineWorkers | None = None
         self.log_path = Path(tempfile.gettempdir()) / f"conveyor-{self.id}-workers.log"
 
     # -- workers ------------------------------------------------------------------
@@ -268,10 +272,10 @@ class Demo:
         return progress
 
     def done(self, progress: Progress) -> bool:
+        from conveyor.platform.records import TERMINAL
+
         n = self.args.runs
-        if len(progress.runs) < n or any(
-            row[1] not in ("completed", "failed", "cancelled") for row in progress.runs.values()
-        ):
+        if len(progress.runs) < n or any(row[1] not in TERMINAL for row in progress.runs.values()):
             return False
         if (
             len(self.duplicated) < self.duplicates_wanted
