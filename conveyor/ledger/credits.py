@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
+from typing import Any
+
+from psycopg import Connection
 
 from conveyor.db import load_queries
 from conveyor.errors import LedgerError, UnknownAccount
@@ -109,6 +112,8 @@ def verify(conn) -> list[Mismatch]:
     return [Mismatch(*row) for row in conn.execute(QUERIES["verify"]).fetchall()]
 
 
-def totals(conn) -> Totals:
+def totals(conn: Connection[Any]) -> Totals:
     """The ledger's size: accounts and entries (what ``conveyor ledger verify`` reports beside the mismatches)."""
-    return Totals(*conn.execute(QUERIES["totals"]).fetchone())
+    row = conn.execute(QUERIES["totals"]).fetchone()
+    assert row is not None  # two counts: always one row
+    return Totals(*row)

@@ -39,7 +39,7 @@ def new_id(prefix: str) -> str:
 
 
 def start_round(app: "App", *, task_id: str, content: str, message_id: str | None = None) -> StartedRound:
-    """Add the user's message and a queued run, then enqueue its job (key ``run:{run_id}``).
+    """Add the user's message and a queued run, then enqueue its job (keyed by :func:`~conveyor.platform.payloads.run_key`).
 
     With a caller-given ``message_id``, starting the same round again returns
     the first run (``created=False``) and enqueues nothing new: a client may
