@@ -198,8 +198,7 @@ def _verify(url: str, ops: int) -> bool:
     from conveyor.ledger import credits
 
     with connect(url, autocommit=True) as conn:
-        _, entries = conn.execute(credits.QUERIES["totals"]).fetchone()
-        return entries == ops + USERS and not credits.verify(conn)
+        return credits.totals(conn).entries == ops + USERS and not credits.verify(conn)
 
 
 def measure_credit(kind: str, servers, *, ops: int, processes: int, threads: int, tag: str) -> CreditRun:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from psycopg import Connection
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("ledger", help="the credit ledger")
     lsub = p.add_subparsers(dest="ledger_command", metavar="ACTION", required=True)
     b = lsub.add_parser("balance", help="a user's balance")
@@ -21,7 +25,7 @@ def register(sub) -> None:
     v.set_defaults(func=cmd_verify)
 
 
-def _conn():
+def _conn() -> Connection[Any]:
     from conveyor.app import App
     from conveyor.db import connect
     from conveyor.schema.migrate import migrate
@@ -31,7 +35,7 @@ def _conn():
     return connect(app.database_url, autocommit=True)
 
 
-def cmd_balance(args) -> int:
+def cmd_balance(args: argparse.Namespace) -> int:
     from conveyor.ledger import credits
 
     with _conn() as conn:
@@ -39,7 +43,7 @@ def cmd_balance(args) -> int:
     return 0
 
 
-def cmd_top_up(args) -> int:
+def cmd_top_up(args: argparse.Namespace) -> int:
     from conveyor.errors import LedgerError
     from conveyor.ledger import credits
 
@@ -53,13 +57,13 @@ def cmd_top_up(args) -> int:
     return 0
 
 
-def cmd_verify(args) -> int:
+def cmd_verify(args: argparse.Namespace) -> int:
     from conveyor.ledger import credits
 
     with _conn() as conn:
         mismatches = credits.verify(conn)
-        accounts, entries = conn.execute(credits.QUERIES["totals"]).fetchone()
+        size = credits.totals(conn)
     for m in mismatches:
         print(f"MISMATCH {m.user_id}: balance {m.balance} != entries {m.entries_sum}", file=sys.stderr)
-    print(f"{accounts} accounts, {entries} entries, {len(mismatches)} mismatches")
+    print(f"{size.accounts} accounts, {size.entries} entries, {len(mismatches)} mismatches")
     return 1 if mismatches else 0

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from typing import TYPE_CHECKING, Any
 
 from conveyor.cli import env_flag
 
+if TYPE_CHECKING:
+    from conveyor.app import App
 
-def register(sub) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("scheduler", help="fire due cron schedules (run as many as you like)")
     env_flag(
         p, "--interval", env="CONVEYOR_SCHEDULER_INTERVAL", type=float, help="seconds between passes over due schedules"
@@ -45,7 +50,7 @@ def register(sub) -> None:
         a.set_defaults(func=cmd_action, action=action)
 
 
-def _app():
+def _app() -> App:
     from conveyor.app import App
     from conveyor.logs import configure_logging
     from conveyor.schema.migrate import migrate
@@ -56,7 +61,7 @@ def _app():
     return app
 
 
-def cmd_scheduler(args) -> int:
+def cmd_scheduler(args: argparse.Namespace) -> int:
     from conveyor.platform.scheduling.scheduler import Scheduler
 
     app = _app()
@@ -88,7 +93,7 @@ def run_scheduler() -> None:
     _run_until_signal(app)
 
 
-def _run_until_signal(app) -> None:
+def _run_until_signal(app: App) -> None:
     import signal
     import threading
 
@@ -103,38 +108,42 @@ def _run_until_signal(app) -> None:
         app.close()
 
 
-def cmd_create(args) -> int:
+def cmd_create(args: argparse.Namespace) -> int:
     from conveyor.errors import InvalidSchedule
-    from conveyor.platform.scheduling.schedules import Schedules
+    from conveyor.platform.scheduling import schedules
 
     try:
         payload = json.loads(args.payload)
     except ValueError as exc:
         raise InvalidSchedule(f"--payload is not JSON: {exc}") from None
     app = _app()
-    schedule = Schedules(app).create(
-        cron=args.cron,
-        job=args.job,
-        payload=payload,
-        timezone=args.timezone,
-        name=args.name,
-        misfire_policy=args.misfire,
-        enabled=not args.paused,
-    )
+    with app.pool.connection() as conn:
+        schedule = schedules.create_schedule(
+            conn,
+            app.job_types,
+            cron=args.cron,
+            job=args.job,
+            payload=payload,
+            timezone=args.timezone,
+            name=args.name,
+            misfire_policy=args.misfire,
+            enabled=not args.paused,
+        )
     print(_json(schedule.as_dict()))
     return 0
 
 
-def cmd_list(args) -> int:
-    from conveyor.platform.scheduling.schedules import Schedules
+def cmd_list(args: argparse.Namespace) -> int:
+    from conveyor.platform.scheduling import schedules
 
-    schedules = Schedules(_app()).list(limit=10_000)
+    with _app().pool.connection() as conn:
+        found = schedules.list_schedules(conn, limit=10_000)
     if args.json:
-        for s in schedules:
+        for s in found:
             print(_json(s.as_dict()))
         return 0
     print(f"{'id':<37}{'name':<20}{'cron':<18}{'timezone':<18}{'job':<20}{'state':<8}next fire (UTC)")
-    for s in schedules:
+    for s in found:
         state = "on" if s.enabled else "paused"
         print(
             f"{s.id:<37}{(s.name or '')[:19]:<20}{s.cron[:17]:<18}{s.timezone[:17]:<18}{s.job[:19]:<20}"
@@ -143,21 +152,26 @@ def cmd_list(args) -> int:
     return 0
 
 
-def cmd_action(args) -> int:
-    from conveyor.platform.scheduling.schedules import Schedules
+def cmd_action(args: argparse.Namespace) -> int:
+    from conveyor.platform.scheduling import schedules
 
-    schedules = Schedules(_app())
-    if args.action == "delete":
-        schedules.delete(args.schedule)
-        print(f"deleted {args.schedule}")
-        return 0
-    schedule = getattr(schedules, {"show": "get"}.get(args.action, args.action))(args.schedule)
-    out = schedule.as_dict()
-    if args.action == "show":
-        out["fires"] = schedules.fires(schedule.id)[-20:]
+    with _app().pool.connection() as conn:
+        if args.action == "delete":
+            schedules.delete_schedule(conn, args.schedule)
+            print(f"deleted {args.schedule}")
+            return 0
+        actions = {
+            "show": schedules.get_schedule,
+            "pause": schedules.pause_schedule,
+            "resume": schedules.resume_schedule,
+        }
+        schedule = actions[args.action](conn, args.schedule)
+        out = schedule.as_dict()
+        if args.action == "show":
+            out["fires"] = [f.as_dict() for f in schedules.fires(conn, schedule.id)[-20:]]
     print(_json(out))
     return 0
 
 
-def _json(data) -> str:
+def _json(data: Any) -> str:
     return json.dumps(data, default=str, sort_keys=True)

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
+from typing import Any
+
+from psycopg import Connection
 
 from conveyor.db import load_queries
 from conveyor.errors import LedgerError, UnknownAccount
@@ -32,6 +35,14 @@ class Mismatch:
     user_id: str
     balance: Decimal
     entries_sum: Decimal
+
+
+@dataclass(frozen=True)
+class Totals:
+    """How many accounts and entries the ledger holds."""
+
+    accounts: int
+    entries: int
 
 
 def consume_reference(task_id: str, message_id: str) -> str:
@@ -99,3 +110,10 @@ def entries(conn, user_id: str) -> list[tuple]:
 def verify(conn) -> list[Mismatch]:
     """Every account whose balance differs from the sum of its entries (empty when the ledger is sound)."""
     return [Mismatch(*row) for row in conn.execute(QUERIES["verify"]).fetchall()]
+
+
+def totals(conn: Connection[Any]) -> Totals:
+    """The ledger's size: accounts and entries (what ``conveyor ledger verify`` reports beside the mismatches)."""
+    row = conn.execute(QUERIES["totals"]).fetchone()
+    assert row is not None  # two counts: always one row
+    return Totals(*row)

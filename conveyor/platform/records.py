@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+from psycopg import Connection
 
 from conveyor.db import load_queries
 from conveyor.errors import RecordConflict, RecordNotFound
@@ -82,6 +86,16 @@ class Resource:
 
 
 @dataclass(frozen=True)
+class LockedResource:
+    """A resource's text and versions, its row locked until the transaction ends (see :func:`lock_resource`)."""
+
+    title: str
+    body: str
+    version: str
+    indexed_version: str | None
+
+
+@dataclass(frozen=True)
 class SearchHit:
     resource_id: str
     title: str
@@ -93,7 +107,9 @@ class SearchHit:
 # -- tasks and messages -------------------------------------------------------
 
 
-def create_task(conn, *, id: str, user_id: str, kind: str = "chat", title: str = "", instructions: str = "") -> Task:
+def create_task(
+    conn: Connection[Any], *, id: str, user_id: str, kind: str = "chat", title: str = "", instructions: str = ""
+) -> Task:
     """Create a task; the same ID again returns the existing task if it matches, else :class:`RecordConflict`."""
     conn.execute(
         QUERIES["create_task"],
@@ -105,14 +121,14 @@ def create_task(conn, *, id: str, user_id: str, kind: str = "chat", title: str =
     return task
 
 
-def get_task(conn, task_id: str) -> Task:
+def get_task(conn: Connection[Any], task_id: str) -> Task:
     row = conn.execute(QUERIES["get_task"], {"id": task_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no task {task_id!r}")
     return Task(*row)
 
 
-def add_message(conn, *, id: str, task_id: str, role: str, content: str) -> Message:
+def add_message(conn: Connection[Any], *, id: str, task_id: str, role: str, content: str) -> Message:
     """Add a message by its ID; the same ID with the same content is a no-op, other content a conflict."""
     conn.execute(QUERIES["add_message"], {"id": id, "task_id": task_id, "role": role, "content": content})
     message = get_message(conn, id)
@@ -121,14 +137,14 @@ def add_message(conn, *, id: str, task_id: str, role: str, content: str) -> Mess
     return message
 
 
-def get_message(conn, message_id: str) -> Message:
+def get_message(conn: Connection[Any], message_id: str) -> Message:
     row = conn.execute(QUERIES["get_message"], {"id": message_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no message {message_id!r}")
     return Message(*row)
 
 
-def conversation(conn, upto_message_id: str) -> list[tuple[str, str]]:
+def conversation(conn: Connection[Any], upto_message_id: str) -> list[tuple[str, str]]:
     """(role, content) of the task's messages up to and including ``upto_message_id``, oldest first."""
     return [tuple(row) for row in conn.execute(QUERIES["conversation"], {"message_id": upto_message_id})]
 
@@ -136,7 +152,9 @@ def conversation(conn, upto_message_id: str) -> list[tuple[str, str]]:
 # -- runs -----------------------------------------------------------------------
 
 
-def create_run(conn, *, id: str, task_id: str, job: str, user_message_id: str, assistant_message_id: str) -> None:
+def create_run(
+    conn: Connection[Any], *, id: str, task_id: str, job: str, user_message_id: str, assistant_message_id: str
+) -> None:
     conn.execute(
         QUERIES["create_run"],
         {
@@ -149,14 +167,14 @@ def create_run(conn, *, id: str, task_id: str, job: str, user_message_id: str, a
     )
 
 
-def get_run(conn, run_id: str) -> Run:
+def get_run(conn: Connection[Any], run_id: str) -> Run:
     row = conn.execute(QUERIES["get_run"], {"id": run_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no run {run_id!r}")
     return Run(*row)
 
 
-def run_of_task(conn, *, run_id: str, task_id: str) -> tuple[Run, Task]:
+def run_of_task(conn: Connection[Any], *, run_id: str, task_id: str) -> tuple[Run, Task]:
     """The run and its task, as a payload names them; :class:`RecordNotFound` if either is missing or they differ."""
     run, task = get_run(conn, run_id), get_task(conn, task_id)
     if run.task_id != task.id:
@@ -164,18 +182,18 @@ def run_of_task(conn, *, run_id: str, task_id: str) -> tuple[Run, Task]:
     return run, task
 
 
-def find_run_by_user_message(conn, user_message_id: str) -> str | None:
+def find_run_by_user_message(conn: Connection[Any], user_message_id: str) -> str | None:
     row = conn.execute(QUERIES["find_run_by_user_message"], {"user_message_id": user_message_id}).fetchone()
     return row[0] if row else None
 
 
-def start_run(conn, run_id: str) -> int | None:
+def start_run(conn: Connection[Any], run_id: str) -> int | None:
     """Count an attempt and mark the run running; None when it has already ended."""
     row = conn.execute(QUERIES["start_run"], {"id": run_id}).fetchone()
     return row[0] if row else None
 
 
-def complete_run(conn, run: Run, *, content: str, prompt_tokens: int, completion_tokens: int) -> bool:
+def complete_run(conn: Connection[Any], run: Run, *, content: str, prompt_tokens: int, completion_tokens: int) -> bool:
     """Write the assistant message by its ID and complete the run, in one transaction.
 
     False when the run had already ended (another attempt finished it first).
@@ -201,16 +219,16 @@ def complete_run(conn, run: Run, *, content: str, prompt_tokens: int, completion
     return True
 
 
-def fail_run(conn, run_id: str, error: str) -> bool:
+def fail_run(conn: Connection[Any], run_id: str, error: str) -> bool:
     """Drive a live run to ``failed``; False when it had already ended."""
     return conn.execute(QUERIES["fail_run"], {"id": run_id, "error": error[:2000]}).fetchone() is not None
 
 
-def mark_finalized(conn, run_id: str) -> None:
+def mark_finalized(conn: Connection[Any], run_id: str) -> None:
     conn.execute(QUERIES["mark_finalized"], {"id": run_id})
 
 
-def round_of(conn, *, task_id: str, message_id: str) -> tuple[str, str, str]:
+def round_of(conn: Connection[Any], *, task_id: str, message_id: str) -> tuple[str, str, str]:
     """(run id, user's message, assistant's reply) of the round that ``message_id`` answered."""
     row = conn.execute(QUERIES["round"], {"task_id": task_id, "message_id": message_id}).fetchone()
     if row is None:
@@ -221,7 +239,7 @@ def round_of(conn, *, task_id: str, message_id: str) -> tuple[str, str, str]:
 # -- memories -------------------------------------------------------------------
 
 
-def upsert_memory(conn, *, user_id: str, key: str, value: str, task_id: str, message_id: str) -> None:
+def upsert_memory(conn: Connection[Any], *, user_id: str, key: str, value: str, task_id: str, message_id: str) -> None:
     conn.execute(
         QUERIES["upsert_memory"],
         {"user_id": user_id, "key": key, "value": value, "task_id": task_id, "message_id": message_id},
@@ -229,7 +247,7 @@ def upsert_memory(conn, *, user_id: str, key: str, value: str, task_id: str, mes
 
 
 def record_extraction(
-    conn, *, user_id: str, task_id: str, message_id: str, memories: int, started_at: datetime
+    conn: Connection[Any], *, user_id: str, task_id: str, message_id: str, memories: int, started_at: datetime
 ) -> None:
     conn.execute(
         QUERIES["record_extraction"],
@@ -243,12 +261,15 @@ def record_extraction(
     )
 
 
-def clock(conn) -> datetime:
+def clock(conn: Connection[Any]) -> datetime:
     """The database's clock: one clock for every worker process and host."""
-    return conn.execute(QUERIES["clock"]).fetchone()[0]
+    row = conn.execute(QUERIES["clock"]).fetchone()
+    assert row is not None  # a SELECT without FROM has one row
+    moment: datetime = row[0]
+    return moment
 
 
-def memories(conn, user_id: str) -> list[tuple]:
+def memories(conn: Connection[Any], user_id: str) -> list[tuple[Any, ...]]:
     return conn.execute(QUERIES["memories"], {"user_id": user_id}).fetchall()
 
 
@@ -260,7 +281,7 @@ def resource_version(title: str, body: str) -> str:
     return hashlib.sha256(f"{title}\x1f{body}".encode()).hexdigest()[:32]
 
 
-def upsert_resource(conn, *, id: str, user_id: str, task_id: str | None, title: str, body: str) -> str:
+def upsert_resource(conn: Connection[Any], *, id: str, user_id: str, task_id: str | None, title: str, body: str) -> str:
     """Store a resource's text; returns its version (unchanged text keeps its version and index)."""
     version = resource_version(title, body)
     conn.execute(
@@ -270,11 +291,33 @@ def upsert_resource(conn, *, id: str, user_id: str, task_id: str | None, title: 
     return version
 
 
-def get_resource(conn, resource_id: str) -> Resource:
+def get_resource(conn: Connection[Any], resource_id: str) -> Resource:
     row = conn.execute(QUERIES["get_resource"], {"id": resource_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no resource {resource_id!r}")
     return Resource(*row)
+
+
+def lock_resource(conn: Connection[Any], resource_id: str) -> LockedResource:
+    """Lock the resource for this transaction, so two index jobs of one resource take turns."""
+    row = conn.execute(QUERIES["lock_resource"], {"id": resource_id}).fetchone()
+    if row is None:
+        raise RecordNotFound(f"no resource {resource_id!r}")
+    return LockedResource(*row)
+
+
+def replace_chunks(conn: Connection[Any], resource_id: str, version: str, chunks: Sequence[str]) -> None:
+    """The resource's indexed chunks become ``chunks`` (numbered from 1), all of ``version``."""
+    conn.execute(QUERIES["delete_resource_chunks"], {"id": resource_id})
+    with conn.cursor() as cur:
+        cur.executemany(
+            QUERIES["insert_resource_chunk"],
+            [{"id": resource_id, "seq": n, "version": version, "body": chunk} for n, chunk in enumerate(chunks, 1)],
+        )
+
+
+def mark_indexed(conn: Connection[Any], resource_id: str, version: str) -> None:
+    conn.execute(QUERIES["mark_indexed"], {"id": resource_id, "version": version})
 
 
 #: Where ts_headline marks a match (search_resources): control characters, so
@@ -291,7 +334,7 @@ def safe_snippet(headline: str) -> str:
     return html.escape(headline, quote=True).replace(_START_SEL, "<b>").replace(_STOP_SEL, "</b>")
 
 
-def search_resources(conn, q: str, *, user_id: str | None = None, limit: int = 20) -> list[SearchHit]:
+def search_resources(conn: Connection[Any], q: str, *, user_id: str | None = None, limit: int = 20) -> list[SearchHit]:
     """Full-text search over indexed chunks (web-search syntax: words, "phrases", -exclusions, or).
 
     Each snippet is safe HTML (:func:`safe_snippet`).
@@ -310,28 +353,30 @@ def search_resources(conn, q: str, *, user_id: str | None = None, limit: int = 2
 # that does not exist, so an id cannot be probed.
 
 
-def get_task_of(conn, task_id: str, user_id: str) -> Task:
+def get_task_of(conn: Connection[Any], task_id: str, user_id: str) -> Task:
     row = conn.execute(QUERIES["get_task_of_user"], {"id": task_id, "user_id": user_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no task {task_id!r}")
     return Task(*row)
 
 
-def get_run_of(conn, run_id: str, user_id: str) -> Run:
+def get_run_of(conn: Connection[Any], run_id: str, user_id: str) -> Run:
     row = conn.execute(QUERIES["get_run_of_user"], {"id": run_id, "user_id": user_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no run {run_id!r}")
     return Run(*row)
 
 
-def get_resource_of(conn, resource_id: str, user_id: str) -> Resource:
+def get_resource_of(conn: Connection[Any], resource_id: str, user_id: str) -> Resource:
     resource = get_resource(conn, resource_id)
     if resource.user_id != user_id:
         raise RecordNotFound(f"no resource {resource_id!r}")
     return resource
 
 
-def upsert_own_resource(conn, *, id: str, user_id: str, task_id: str | None, title: str, body: str) -> str:
+def upsert_own_resource(
+    conn: Connection[Any], *, id: str, user_id: str, task_id: str | None, title: str, body: str
+) -> str:
     """:func:`upsert_resource` that never touches another user's resource (:class:`RecordNotFound` then)."""
     version = resource_version(title, body)
     conn.execute(

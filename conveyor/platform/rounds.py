@@ -39,7 +39,7 @@ def new_id(prefix: str) -> str:
 
 
 def start_round(app: "App", *, task_id: str, content: str, message_id: str | None = None) -> StartedRound:
-    """Add the user's message and a queued run, then enqueue its job (key ``run:{run_id}``).
+    """Add the user's message and a queued run, then enqueue its job (keyed by :func:`~conveyor.platform.payloads.run_key`).
 
     With a caller-given ``message_id``, starting the same round again returns
     the first run (``created=False``) and enqueues nothing new: a client may
@@ -52,10 +52,10 @@ def start_round(app: "App", *, task_id: str, content: str, message_id: str | Non
         task = records.get_task(conn, task_id)
         with conn.transaction():
             records.add_message(conn, id=message_id, task_id=task_id, role="user", content=content)
-            run_id = records.find_run_by_user_message(conn, message_id)
-            created = run_id is None
+            found = records.find_run_by_user_message(conn, message_id)
+            created = found is None
+            run_id = found or new_id("run")
             if created:
-                run_id = new_id("run")
                 records.create_run(
                     conn,
                     id=run_id,

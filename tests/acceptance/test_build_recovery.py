@@ -10,10 +10,20 @@ import sys
 import pytest
 
 from conveyor.app import App
-from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import Settings
 from tests.support.brokers import SERVER_BROKERS
-from tests.support.build_sources import GATED, KEY, build, claim_dir, make_tree, make_zip, open_gate, sandboxed, workdir  # noqa: F401
+from tests.support.build_sources import (  # noqa: F401
+    GATED,
+    KEY,
+    StoreReads,
+    build,
+    claim_dir,
+    make_tree,
+    make_zip,
+    open_gate,
+    sandboxed,
+    workdir,
+)
 from tests.support.waiting import wait_for
 
 
@@ -42,7 +52,7 @@ def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_
     }.items():
         clean_env.setenv(name, value)
     app = App(Settings())
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     script = GATED + "echo built\n"
     archive = make_zip(make_tree(workdir / "src", {"agent.py": "run()\n"}, script), workdir / "src.zip")
     ticket = build(
@@ -118,7 +128,7 @@ def _assert_one_outcome(app, store, ticket, done) -> None:
     assert done.status == "succeeded" and done.version == "v1" and done.claim == 2
     assert [e for _, e, _ in store.events(ticket.build_id)] == ["claimed", "taken_over", "succeeded"]
     assert store.versions("agent", "agent-k") == [("v1", done.artifact_sha256)]
-    assert store.deployment("agent", "agent-k")["build_id"] == ticket.build_id
+    assert store.deployment("agent", "agent-k").build_id == ticket.build_id
     assert store.target("agent", "agent-k").status == "active"
     job = app.broker.get_job(ticket.job_id)
     assert job.attempts == 2

@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 from conveyor.app import App
-from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import QueueOverride, Settings
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     KEY,
+    StoreReads,
     build,
     build_app,
     finished,
@@ -100,7 +100,7 @@ def test_a_hostile_build_script_gets_nothing_writes_nothing_outside_and_leaks_no
     # item 6) silences and scrubs; tests/test_alert_safety.py holds that.
     secrets = [ADMIN_TOKEN, KEY, OPENAI_KEY]
     app = App(Settings())
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     data.mkdir(parents=True, exist_ok=True)
     (data / "canary").write_text("still here\n")
     tag = uuid.uuid4().hex
@@ -213,7 +213,7 @@ def test_a_fork_bomb_stays_under_the_process_limit_and_the_whole_sandbox_is_kill
         build_time_limits={"upload": 4},
         queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=1)},
     )
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     marker = uuid.uuid4().hex
     bomb = make_tree(workdir / "bomb", {"a.py": "x\n"}, "bomb() { bomb | bomb & }; bomb 2>/dev/null; sleep 600\n")
@@ -249,7 +249,7 @@ def _uid(proc: psutil.Process) -> int | None:
 def test_a_secret_a_build_prints_is_scrubbed_from_its_log_error_and_events(build_app, workers, workdir):  # noqa: F811
     """Not only the build's own env: every secret setting's value, however the script learnt it."""
     app = build_app(openai_api_key=OPENAI_KEY, admin_token=ADMIN_TOKEN)
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     tree = make_tree(
         workdir / "knows",
@@ -282,7 +282,7 @@ def test_output_without_newlines_does_not_make_the_worker_hold_it(build_app, wor
     import resource
 
     app = build_app()
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, the peak so far
     tree = make_tree(workdir / "loud", {"a.py": "x\n"}, "head -c 200000000 /dev/zero | tr '\\0' x; echo; echo end\n")

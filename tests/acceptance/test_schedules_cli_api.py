@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from conveyor.platform.scheduling.schedules import Schedules
+from conveyor.platform.scheduling import schedules
 from tests.support.obs_support import api_server
 from tests.support.sched_jobs import make_app, runs
 
@@ -114,7 +114,8 @@ def test_schedule_routes_need_the_admin_token_and_give_clear_errors(database_url
         assert client.get(f"/api/schedules/{sid}", headers=auth).json()["fires"] == []
         assert client.delete(f"/api/schedules/{sid}", headers=auth).status_code == 204
         assert client.get(f"/api/schedules/{sid}", headers=auth).status_code == 404
-        assert Schedules(app).list() == []
+        with app.pool.connection() as conn:
+            assert schedules.list_schedules(conn) == []
     finally:
         stack.close()
         app.close()
@@ -143,9 +144,11 @@ def test_two_scheduler_processes_fire_each_due_occurrence_once_and_stop_on_sigte
     }.items():
         clean_env.setenv(name, value)
     app = make_app(database_url, redis_url)
-    schedules = Schedules(app)
-    for i in range(50):  # yearly: the wall clock brings no second occurrence due during the test
-        schedules.create(cron="0 0 1 1 *", job="test.record", payload={"note": f"n{i}"})
+    with app.pool.connection() as conn:
+        for i in range(50):  # yearly: the wall clock brings no second occurrence due during the test
+            schedules.create_schedule(
+                conn, app.job_types, cron="0 0 1 1 *", job="test.record", payload={"note": f"n{i}"}
+            )
     logs = [Path(tempfile.mkstemp(prefix="conveyor-scheduler-")[1]) for _ in range(2)]
     handles = [log.open("wb") for log in logs]
     procs = [
@@ -197,8 +200,10 @@ def test_conveyor_up_runs_the_scheduler_with_the_workers(database_url, redis_url
     }.items():
         clean_env.setenv(name, value)
     app = make_app(database_url, redis_url)
-    schedule = Schedules(app).create(cron="0 0 1 1 *", job="test.record", payload={"note": "from-up"})
     with app.pool.connection() as conn:
+        schedule = schedules.create_schedule(
+            conn, app.job_types, cron="0 0 1 1 *", job="test.record", payload={"note": "from-up"}
+        )
         conn.execute("UPDATE schedules SET next_fire_at = now() - interval '1 second'")
     log = Path(tempfile.mkstemp(prefix="conveyor-up-")[1])
     with log.open("wb") as out:
@@ -211,7 +216,8 @@ def test_conveyor_up_runs_the_scheduler_with_the_workers(database_url, redis_url
                 timeout=90,
                 message="the schedule's job to run under conveyor up",
             )
-            assert Schedules(app).fires(schedule.id)[0]["status"] == "enqueued"
+            with app.pool.connection() as conn:
+                assert schedules.fires(conn, schedule.id)[0].status == "enqueued"
         finally:
             up.send_signal(signal.SIGTERM)
             code = up.wait(timeout=60)

@@ -10,9 +10,8 @@ import httpx
 import redis
 from cryptography.fernet import Fernet
 
-from conveyor.platform.builds.store import BuildStore
 from conveyor.secrets import looks_encrypted
-from tests.support.build_sources import build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
+from tests.support.build_sources import StoreReads, build_app, finished, make_tree, make_zip, workdir, workers  # noqa: F401 (fixtures)
 from tests.support.obs_support import Receiver, api_server
 from tests.support.waiting import wait_for
 
@@ -85,7 +84,7 @@ def test_secrets_appear_in_no_log_api_response_job_record_or_table(
                 "env": {"OLD_PASSWORD": stale},
             },
         )
-        store = BuildStore(app.pool)
+        store = StoreReads(app)
         record, stale_record, failed = finished(store, build_id, "b-stale", failing.json()["build_id"])
         assert record.status == stale_record.status == "succeeded"
         assert failed.status == "failed" and "bad key [redacted]" in failed.error

@@ -19,10 +19,10 @@ import pytest
 from conveyor.errors import InvalidPayload, UnsafePath
 from conveyor.platform.builds.local import LocalBuilder
 from conveyor.platform.builds.paths import inside
-from conveyor.platform.builds.store import BuildStore
 from conveyor.platform.builds.unpack import UNUSABLE
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     ADMIN_AUTH,
+    StoreReads,
     build,
     build_app,
     finished,
@@ -45,7 +45,7 @@ def test_a_build_id_that_could_be_a_path_is_refused_and_the_data_dir_survives(bu
     (data / "canary").write_text("keep me\n")
     one = make_tree(workdir / "one", {"a.py": "1\n"})
     (first,) = finished(
-        BuildStore(app.pool),
+        StoreReads(app),
         build(
             app, "upload", {"owner_id": "u", "agent_id": "ag", "archive_path": str(make_zip(one, workdir / "1.zip"))}
         ).build_id,
@@ -83,7 +83,7 @@ def test_a_build_id_that_could_be_a_path_is_refused_and_the_data_dir_survives(bu
 
 def test_http_requests_name_no_host_path(build_app, workdir):  # noqa: F811
     app = build_app()
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     with api_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         for body, field in [
             ({"kind": "update", "agent_id": "ag", "source_dir": "/etc"}, "source_dir"),
@@ -105,7 +105,7 @@ def test_http_requests_name_no_host_path(build_app, workdir):  # noqa: F811
 def test_every_unusable_source_fails_at_once_with_one_message(build_app, workers, workdir):  # noqa: F811
     # max_attempts 3 (the default): a source that can never work must not use them.
     app = build_app(build_max_source_bytes=1024**2, build_max_source_files=50)
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     good = make_tree(workdir / "good", {"agent.py": "run()\n", "lib/x.py": "x = 1\n"})
     good_zip = make_zip(good, workdir / "good.zip")
@@ -181,7 +181,7 @@ def test_every_unusable_source_fails_at_once_with_one_message(build_app, workers
 
 def test_a_tree_the_build_script_grows_past_the_caps_is_not_packaged(build_app, workers, workdir):  # noqa: F811
     app = build_app(build_max_source_bytes=256 * 1024, build_max_file_bytes=10 * 1024**2)
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     tree = make_tree(workdir / "grows", {"a.py": "x\n"}, "head -c 300000 /dev/zero > blob.bin\n")
     (record,) = finished(
@@ -205,7 +205,7 @@ def test_the_cli_takes_host_paths_under_the_source_roots_and_env_by_name(
     redis_url,
 ):
     app = build_app()
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     tree = make_tree(workdir / "cli-src", {"agent.py": "run()\n"}, 'test "$API_KEY" = cli-secret-value\n')
     env = {

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 
-from conveyor.platform.builds.store import BuildStore
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     ADMIN_AUTH,
+    StoreReads,
     build_app,
     finished,
     make_tree,
@@ -42,7 +42,7 @@ def artifact_members(data_dir: Path, sha256: str) -> dict[str, bytes]:
 
 def test_an_uploaded_zip_is_built_and_deployed_and_an_update_takes_an_upload_too(build_app, workers, workdir):  # noqa: F811
     app = build_app(upload_max_bytes=256 * 1024)
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     v1 = make_zip(
         make_tree(workdir / "v1", {"agent.py": "print(1)\n"}, "mkdir -p dist && cp agent.py dist/\n"),
@@ -81,7 +81,7 @@ def test_an_uploaded_zip_is_built_and_deployed_and_an_update_takes_an_upload_too
         assert answer.status_code == 202, answer.text
         (record,) = finished(store, answer.json()["build_id"])
         assert record.status == "succeeded" and record.version == "2.0" and "changelog: prints 2" in record.log
-        assert store.deployment("agent", "ag-up")["version"] == "2.0"
+        assert store.deployment("agent", "ag-up").version == "2.0"
         # ... or as JSON naming an upload id (here one the upload route stored; it is used up by its build).
         stored = client.post(
             ROUTE,
@@ -112,7 +112,7 @@ def test_an_uploaded_zip_is_built_and_deployed_and_an_update_takes_an_upload_too
 def test_oversize_non_zip_and_bad_forms_are_refused_and_nothing_is_stored(build_app, workdir):  # noqa: F811
     app = build_app(upload_max_bytes=64 * 1024)
     data = Path(app.settings.data_dir)
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     big = io.BytesIO()
     with zipfile.ZipFile(big, "w", zipfile.ZIP_STORED) as zf:
         zf.writestr("blob.bin", bytes(range(256)) * 1024)  # 256 KiB, stored
@@ -170,7 +170,7 @@ def test_a_users_key_uploads_for_that_user_only_and_the_upload_route_has_its_own
     # The API's body cap is far below the upload's: the upload route is allowed its own (Guard.body_limits).
     app = build_app(upload_max_bytes=256 * 1024, api_max_body_bytes=16 * 1024)
     data = Path(app.settings.data_dir)
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     alice, bob = user_key(app, "alice-up"), user_key(app, "bob-up")
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:

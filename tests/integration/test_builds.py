@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from conveyor.app import App
-from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import QueueOverride
 from tests.support.brokers import ALL_BROKERS
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     GATED,
+    StoreReads,
     build,
     build_app,
     claim_dir,
@@ -43,7 +43,7 @@ def members(app: App, sha256: str) -> dict[str, bytes]:
 @pytest.mark.parametrize("broker", ALL_BROKERS)
 def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, workdir, broker):
     app = build_app(broker=broker, redis_url=None) if broker != "redis" else build_app()
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     script = "echo building; mkdir -p dist && cp agent.py dist/agent.py\n"
     repo = make_tree(workdir / "repo", {"agent.py": "print('v1')\n"}, script)
@@ -95,7 +95,7 @@ def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, wo
     assert standalone_rec.version == f"git-{second_commit[:12]}"
     assert "changelog: v2 logic" in reclone_rec.log
     # A standalone build makes a version without deploying it.
-    assert store.deployment("agent", "agent-1")["version"] == reclone_rec.version == "v1"
+    assert store.deployment("agent", "agent-1").version == reclone_rec.version == "v1"
     assert sorted(v for v, _ in store.versions("agent", "agent-1")) == sorted(
         [clone_rec.version, "v1", standalone_rec.version]
     )
@@ -108,7 +108,7 @@ def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, wo
     (back_rec,) = finished(store, back.build_id)
     assert back_rec.status == "succeeded"
     deployed = store.deployment("agent", "agent-1")
-    assert (deployed["version"], deployed["previous_version"], deployed["artifact_sha256"]) == (
+    assert (deployed.version, deployed.previous_version, deployed.artifact_sha256) == (
         clone_rec.version,
         "v1",
         clone_rec.artifact_sha256,
@@ -120,7 +120,7 @@ def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, wo
 
 def test_rollback_to_a_version_that_never_existed_fails_the_agent_and_keeps_the_deployment(build_app, workers, workdir):
     app = build_app()
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     one = make_tree(workdir / "one", {"a.py": "1\n"})
     two = make_tree(workdir / "two", {"a.py": "2\n"})
@@ -130,18 +130,18 @@ def test_rollback_to_a_version_that_never_existed_fails_the_agent_and_keeps_the_
     finished(store, v1.build_id)
     v2 = build(app, "update", {"owner_id": "u", "agent_id": "ag", "source_dir": str(two)})
     finished(store, v2.build_id)
-    assert store.deployment("agent", "ag")["version"] == "v2"
+    assert store.deployment("agent", "ag").version == "v2"
     bad = build(app, "rollback", {"owner_id": "u", "agent_id": "ag", "target_version": "v9"})
     (record,) = finished(store, bad.build_id)
     assert record.status == "failed" and "has no version v9 (versions: v1, v2)" in record.error
     agent = store.target("agent", "ag")
     assert agent.status == "failed" and "no version v9" in agent.status_reason
-    assert store.deployment("agent", "ag")["version"] == "v2"
+    assert store.deployment("agent", "ag").version == "v2"
     good = build(app, "rollback", {"owner_id": "u", "agent_id": "ag", "target_version": "v1"})
     (record,) = finished(store, good.build_id)
     assert record.status == "succeeded" and store.target("agent", "ag").status == "active"
-    assert store.deployment("agent", "ag")["version"] == "v1"
-    assert store.deployment("agent", "ag")["artifact_sha256"] == store.version("agent", "ag", "v1")[1]
+    assert store.deployment("agent", "ag").version == "v1"
+    assert store.deployment("agent", "ag").artifact_sha256 == store.version("agent", "ag", "v1")[1]
 
 
 def test_a_build_that_fails_for_good_drives_its_target_to_a_terminal_state_once(build_app, workers, workdir, caplog):
@@ -149,7 +149,7 @@ def test_a_build_that_fails_for_good_drives_its_target_to_a_terminal_state_once(
         build_time_limits={"upload": 1, "mcp_upload": 60},
         queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=2)},
     )
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     workers(app)
     broken = make_tree(workdir / "broken", {"a.py": "x\n"}, "echo compiling; echo 'syntax error' >&2; exit 3\n")
 
@@ -221,7 +221,7 @@ def test_a_running_build_heartbeats_and_a_duplicate_delivery_neither_builds_twic
     build_app, workers, workdir, caplog
 ):
     app = build_app()
-    store = BuildStore(app.pool)
+    store = StoreReads(app)
     caplog.set_level(logging.INFO, logger="conveyor.events")
     workers(app)
     tree = make_tree(workdir / "src", {"a.py": "x\n"}, "echo started; " + GATED)

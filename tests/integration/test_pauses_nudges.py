@@ -30,6 +30,12 @@ VALUES ('run-p', 'task-p', 'task.run', 'm-p', 'am-p');
 """
 
 
+def pause_status(app, pause_id: str) -> str | None:
+    with app.pool.connection() as conn:
+        pause = get_pause(conn, pause_id)
+    return pause.status if pause else None
+
+
 @pytest.fixture
 def app(any_broker_app):
     return any_broker_app
@@ -78,7 +84,8 @@ def test_a_paused_run_resumes_after_its_delay_unless_cancelled(app, events):
     with app.pool.connection() as conn:
         conn.execute("UPDATE runs SET status = 'cancelled', finished_at = now() WHERE id = 'run-p'")
 
-    assert cancel_run(app, "run-2") == [dropped.id]
+    with app.pool.connection() as conn:
+        assert cancel_run(conn, "run-2") == [dropped.id]
     with running(app, "scheduling", "indexing"):
         wait_for(
             lambda: (
@@ -90,19 +97,20 @@ def test_a_paused_run_resumes_after_its_delay_unless_cancelled(app, events):
             timeout=20,
             message="run-1 resumed, run-2's resume handled, run-4's deferred",
         )
-    assert get_pause(app, long.id)["status"] == "waiting"
+    assert pause_status(app, long.id) == "waiting"
     deferred = app.broker.get_job(long.job_id)
     assert deferred.eta - deferred.enqueued_at > 6 * 24 * 3600  # one 7-day hop (the broker's limit), not 30 days
-    assert get_pause(app, kept.id)["status"] == "resumed"
-    assert get_pause(app, dropped.id)["status"] == "cancelled"
+    assert pause_status(app, kept.id) == "resumed"
+    assert pause_status(app, dropped.id) == "cancelled"
     skips = {e["run_id"]: (e["job_id"], e["reason"]) for e in events("skipped")}
     assert skips == {
         "run-2": (dropped.job_id, "the run was cancelled"),
         "run-p": (platform.job_id, "the run was cancelled"),
     }
-    assert get_pause(app, platform.id)["status"] == "cancelled"
+    assert pause_status(app, platform.id) == "cancelled"
     # Too late to cancel a resumed run's resume; it can be paused again.
-    assert cancel_run(app, "run-1") == []
+    with app.pool.connection() as conn:
+        assert cancel_run(conn, "run-1") == []
     pause_run(app, run_id="run-1", delay=60, resume_job="test.record", resume_payload={"note": "again"})
 
 
@@ -123,10 +131,11 @@ def test_a_superseded_nudge_is_skipped_with_its_reason(app, events):
     platform = schedule_nudge(app, task_id="t-platform", at=at, job="test.record", payload={"note": "nudge-p"})
     with app.pool.connection() as conn:
         conn.execute("INSERT INTO messages (id, task_id, role, content) VALUES ('m-1', 't-platform', 'user', 'hi')")
-    note_user_reply(app, "t-replied")
-    note_task_closed(app, "t-closed")
-    note_user_reply(app, "t-quiet", at=datetime.now(UTC) - timedelta(hours=1))  # before the nudge was set
-    assert cancel_nudge(app, cancelled.id)
+    with app.pool.connection() as conn:
+        note_user_reply(conn, "t-replied")
+        note_task_closed(conn, "t-closed")
+        note_user_reply(conn, "t-quiet", at=datetime.now(UTC) - timedelta(hours=1))  # before the nudge was set
+        assert cancel_nudge(conn, cancelled.id)
     with running(app, "nudge", "indexing"):
         wait_for(
             lambda: runs(app) == [{"note": "nudge-quiet"}] and len(events("skipped")) == 4,
@@ -137,10 +146,13 @@ def test_a_superseded_nudge_is_skipped_with_its_reason(app, events):
         app.jobs.enqueue("nudge.fire", {"nudge_id": sent.id})
         wait_for(lambda: len(events("skipped")) == 5, timeout=20, message="duplicate nudge skipped")
     assert runs(app) == [{"note": "nudge-quiet"}]
-    states = {
-        n.id: (get_nudge(app, n.id)["status"], get_nudge(app, n.id)["skip_reason"])
-        for n in (sent, replied, closed, cancelled, platform)
-    }
+    with app.pool.connection() as conn:
+        states = {
+            n.id: (record.status, record.skip_reason)
+            for n in (sent, replied, closed, cancelled, platform)
+            for record in [get_nudge(conn, n.id)]
+            if record is not None
+        }
     assert states == {
         sent.id: ("sent", None),
         replied.id: ("skipped", "user_replied"),
@@ -156,4 +168,5 @@ def test_a_superseded_nudge_is_skipped_with_its_reason(app, events):
         ("t-cancel", "nudge already cancelled"),
         ("t-quiet", "nudge already sent"),
     }
-    assert not cancel_nudge(app, sent.id)
+    with app.pool.connection() as conn:
+        assert not cancel_nudge(conn, sent.id)

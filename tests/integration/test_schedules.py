@@ -10,15 +10,20 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from conveyor.errors import InvalidSchedule, ScheduleNotFound
+from conveyor.platform.scheduling import schedules
 from conveyor.platform.scheduling.cron import Cron
 from conveyor.platform.scheduling.scheduler import Scheduler, fire_key
-from conveyor.platform.scheduling.schedules import Schedules
 from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import running
 from tests.support.sched_jobs import any_broker_app, make_app, runs  # noqa: F401 (fixture)
 from tests.support.waiting import wait_for
 
 T0 = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
+
+
+def create(app, **kwargs) -> schedules.Schedule:
+    with app.pool.connection() as conn:
+        return schedules.create_schedule(conn, app.job_types, **kwargs)
 
 
 @pytest.fixture
@@ -36,7 +41,7 @@ def apps():
 
 
 def test_bad_cron_zone_policy_job_or_payload_is_refused_at_creation(apps, database_url):
-    schedules = Schedules(apps(database_url))
+    app = apps(database_url)
     good = dict(cron="*/5 * * * *", job="test.record", payload={"note": "n"})
     cases = [
         (dict(good, cron="61 * * * *"), "invalid cron expression '61 * * * *'"),
@@ -51,25 +56,24 @@ def test_bad_cron_zone_policy_job_or_payload_is_refused_at_creation(apps, databa
     ]
     for kwargs, message in cases:
         with pytest.raises(InvalidSchedule, match=message.replace("*", r"\*").replace("(", r"\(").replace(")", r"\)")):
-            schedules.create(**kwargs)
-    assert schedules.list() == []
-    created = schedules.create(**good, timezone="Europe/Berlin", name="every-5", now=T0)
+            create(app, **kwargs)
+    with app.pool.connection() as conn:
+        assert schedules.list_schedules(conn) == []
+    created = create(app, **good, timezone="Europe/Berlin", name="every-5", now=T0)
     assert created.next_fire_at == T0 + timedelta(minutes=5)
     with pytest.raises(InvalidSchedule, match="already exists"):
-        schedules.create(**good, name="every-5")
-    assert schedules.get("every-5").id == created.id
-    with pytest.raises(ScheduleNotFound):
-        schedules.get("sch_missing")
+        create(app, **good, name="every-5")
+    with app.pool.connection() as conn:
+        assert schedules.get_schedule(conn, "every-5").id == created.id
+        with pytest.raises(ScheduleNotFound):
+            schedules.get_schedule(conn, "sch_missing")
 
 
 @pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_two_schedulers_racing_fire_each_occurrence_once(apps, database_url, request, broker):
     redis_url = request.getfixturevalue("redis_url") if broker == "redis" else None
     first, second = apps(database_url, redis_url, broker=broker), apps(database_url, redis_url, broker=broker)
-    schedules = Schedules(first)
-    ids = [
-        schedules.create(cron="* * * * *", job="test.record", payload={"note": f"s{i}"}, now=T0).id for i in range(30)
-    ]
+    ids = [create(first, cron="* * * * *", job="test.record", payload={"note": f"s{i}"}, now=T0).id for i in range(30)]
     minutes = 5
     fired = []
     for minute in range(1, minutes + 1):
@@ -106,14 +110,9 @@ def test_two_schedulers_racing_fire_each_occurrence_once(apps, database_url, req
 
 def test_downtime_catch_up_follows_each_schedules_misfire_policy(apps, database_url, caplog):
     app = apps(database_url)
-    schedules = Schedules(app)
-    once = schedules.create(cron="*/5 * * * *", job="test.record", payload={"note": "once"}, now=T0)
-    skip = schedules.create(
-        cron="*/5 * * * *", job="test.record", payload={"note": "skip"}, now=T0, misfire_policy="skip"
-    )
-    every = schedules.create(
-        cron="*/5 * * * *", job="test.record", payload={"note": "all"}, now=T0, misfire_policy="all"
-    )
+    once = create(app, cron="*/5 * * * *", job="test.record", payload={"note": "once"}, now=T0)
+    skip = create(app, cron="*/5 * * * *", job="test.record", payload={"note": "skip"}, now=T0, misfire_policy="skip")
+    every = create(app, cron="*/5 * * * *", job="test.record", payload={"note": "all"}, now=T0, misfire_policy="all")
     scheduler = Scheduler(app)
 
     # Down from 09:00 to 10:02: twelve occurrences (09:05 ... 10:00) were missed.
@@ -125,8 +124,9 @@ def test_downtime_catch_up_follows_each_schedules_misfire_policy(apps, database_
     assert by[every.id] == [T0 + timedelta(minutes=5 * k) for k in range(1, 13)]
     missed = {e["schedule_id"]: e["missed"] for e in _events(caplog, "schedule_missed")}
     assert missed == {once.id: 11, skip.id: 12}
-    for s in (once, skip, every):
-        assert schedules.get(s.id).next_fire_at == T0 + timedelta(minutes=65)
+    with app.pool.connection() as conn:
+        for s in (once, skip, every):
+            assert schedules.get_schedule(conn, s.id).next_fire_at == T0 + timedelta(minutes=65)
 
     # Back to normal: each schedule fires its next occurrence once, on time.
     fired = scheduler.tick(now=T0 + timedelta(minutes=65, seconds=3))
@@ -136,13 +136,12 @@ def test_downtime_catch_up_follows_each_schedules_misfire_policy(apps, database_
 
 def test_dst_zone_fires_each_wall_time_once_across_both_changes(apps, database_url):
     app = apps(database_url)
-    schedules = Schedules(app)
     start = datetime(2024, 10, 26, 12, 0, tzinfo=UTC)
-    daily = schedules.create(
-        cron="30 2 * * *", timezone="Europe/Berlin", job="test.record", payload={"note": "daily"}, now=start
+    daily = create(
+        app, cron="30 2 * * *", timezone="Europe/Berlin", job="test.record", payload={"note": "daily"}, now=start
     )
-    hourly = schedules.create(
-        cron="0 * * * *", timezone="Europe/Berlin", job="test.record", payload={"note": "hourly"}, now=start
+    hourly = create(
+        app, cron="0 * * * *", timezone="Europe/Berlin", job="test.record", payload={"note": "hourly"}, now=start
     )
     scheduler = Scheduler(app)
     fired = []
@@ -170,33 +169,37 @@ def test_dst_zone_fires_each_wall_time_once_across_both_changes(apps, database_u
 
 def test_schedule_fire_enqueues_the_job_and_skips_paused_or_deleted_schedules(any_broker_app, caplog):
     app = any_broker_app
-    schedules = Schedules(app)
-    live = schedules.create(cron="* * * * *", job="test.record", payload={"note": "live"}, now=T0)
-    paused = schedules.create(cron="* * * * *", job="test.record", payload={"note": "paused"}, now=T0)
-    gone = schedules.create(cron="* * * * *", job="test.record", payload={"note": "gone"}, now=T0)
+    live = create(app, cron="* * * * *", job="test.record", payload={"note": "live"}, now=T0)
+    paused = create(app, cron="* * * * *", job="test.record", payload={"note": "paused"}, now=T0)
+    gone = create(app, cron="* * * * *", job="test.record", payload={"note": "gone"}, now=T0)
     fired = Scheduler(app).tick(now=T0 + timedelta(minutes=1))
     assert len(fired) == 3
-    schedules.pause(paused.id)
-    schedules.delete(gone.id)
+    with app.pool.connection() as conn:
+        schedules.pause_schedule(conn, paused.id)
+        schedules.delete_schedule(conn, gone.id)
+
+    def fires(schedule_id: str) -> list[schedules.FireRecord]:
+        with app.pool.connection() as conn:
+            return schedules.fires(conn, schedule_id)
+
     caplog.set_level(logging.INFO, logger="conveyor.events")
     with running(app, "scheduling", "indexing"):
         wait_for(
             lambda: (
-                runs(app) == [{"note": "live"}]
-                and len(schedules.fires(paused.id)) == 1
-                and len(_events(caplog, "skipped")) == 2
+                runs(app) == [{"note": "live"}] and len(fires(paused.id)) == 1 and len(_events(caplog, "skipped")) == 2
             ),
             timeout=20,
             message="fires handled",
         )
-    (live_fire,) = schedules.fires(live.id)
-    assert live_fire["status"] == "enqueued" and live_fire["fire_time"] == T0 + timedelta(minutes=1)
-    (paused_fire,) = schedules.fires(paused.id)
-    assert (paused_fire["status"], paused_fire["reason"]) == ("skipped", "schedule is paused")
+    (live_fire,) = fires(live.id)
+    assert live_fire.status == "enqueued" and live_fire.fire_time == T0 + timedelta(minutes=1)
+    (paused_fire,) = fires(paused.id)
+    assert (paused_fire.status, paused_fire.reason) == ("skipped", "schedule is paused")
     reasons = sorted(e["reason"] for e in _events(caplog, "skipped"))
     assert reasons == ["schedule is paused", "schedule was deleted"]
     # Resuming does not catch up what was missed while paused.
-    resumed = schedules.resume(paused.id, now=T0 + timedelta(hours=3))
+    with app.pool.connection() as conn:
+        resumed = schedules.resume_schedule(conn, paused.id, now=T0 + timedelta(hours=3))
     assert resumed.enabled and resumed.next_fire_at == T0 + timedelta(hours=3, minutes=1)
 
 

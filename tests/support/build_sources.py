@@ -15,8 +15,8 @@ import pytest
 from cryptography.fernet import Fernet
 
 from conveyor.app import App
+from conveyor.platform.builds import store
 from conveyor.platform.builds.requests import BuildTicket, request_build
-from conveyor.platform.builds.store import BuildStore
 from conveyor.settings import QueueOverride, Settings
 from tests.support.harness import running
 from tests.support.waiting import wait_for
@@ -135,11 +135,43 @@ def workers():
         yield lambda app: stack.enter_context(running(app, "agent"))
 
 
-def finished(store: BuildStore, *build_ids: str, timeout: float = 30):
+class StoreReads:
+    """What the build tests read from the build store, each read on its own connection from the app's pool
+    (so a test can look while workers write)."""
+
+    def __init__(self, app: App) -> None:
+        self.pool = app.pool
+
+    def get(self, build_id: str) -> store.BuildRecord | None:
+        with self.pool.connection() as conn:
+            return store.get_build(conn, build_id)
+
+    def events(self, build_id: str) -> list[tuple[int, str, str | None]]:
+        with self.pool.connection() as conn:
+            return store.build_events(conn, build_id)
+
+    def target(self, kind: str, target_id: str) -> store.Target | None:
+        with self.pool.connection() as conn:
+            return store.get_target(conn, kind, target_id)
+
+    def version(self, kind: str, target_id: str, version: str) -> tuple[str, str] | None:
+        with self.pool.connection() as conn:
+            return store.get_version(conn, kind, target_id, version)
+
+    def versions(self, kind: str, target_id: str) -> list[tuple[str, str]]:
+        with self.pool.connection() as conn:
+            return store.list_versions(conn, kind, target_id)
+
+    def deployment(self, kind: str, target_id: str) -> store.Deployment | None:
+        with self.pool.connection() as conn:
+            return store.get_deployment(conn, kind, target_id)
+
+
+def finished(reads: StoreReads, *build_ids: str, timeout: float = 30):
     """Wait until every build has an outcome; return their records."""
 
     def done():
-        records = [store.get(b) for b in build_ids]
+        records = [reads.get(b) for b in build_ids]
         return records if all(r and r.status in ("succeeded", "failed") for r in records) else None
 
     return wait_for(done, timeout=timeout, message=f"builds {build_ids} finished")

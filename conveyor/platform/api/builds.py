@@ -35,8 +35,8 @@ from conveyor.api.deps import NamePath, conveyor_app
 from conveyor.api.errors import not_found
 from conveyor.errors import EnqueueError, SecretKeyError, UploadRefused, UploadTooLarge
 from conveyor.platform import records
+from conveyor.platform.builds import store
 from conveyor.platform.builds.requests import request_build
-from conveyor.platform.builds.store import BuildStore
 from conveyor.platform.builds.uploads import Uploads, UploadWriter
 
 # A user's key asks for builds of that user's own agents and connectors and reads only that user's
@@ -100,7 +100,8 @@ def _refuse_foreign_target(app, fields: dict[str, Any], user_id: str) -> None:
     for kind, field in (("agent", "agent_id"), ("connector", "connector_id")):
         target_id = fields.get(field)
         if isinstance(target_id, str) and len(target_id) <= 200:
-            target = BuildStore(app.pool).target(kind, target_id)
+            with app.pool.connection() as conn:
+                target = store.get_target(conn, kind, target_id)
             if target is not None and target.owner_id != user_id:
                 raise not_found(kind)
 
@@ -109,13 +110,13 @@ def _refuse_foreign_target(app, fields: dict[str, Any], user_id: str) -> None:
 def get_build(
     build_id: NamePath, app=Depends(conveyor_app), caller: Caller = Depends(require_user_or_admin)
 ) -> dict[str, Any]:
-    store = BuildStore(app.pool)
-    record = store.get(build_id)
-    if record is not None and caller.user_id is not None and record.owner_id != caller.user_id:
-        record = None  # another user's build is as missing as none
-    if record is None:
-        raise not_found("build")
-    events = [{"claim": c, "event": e, "detail": d} for c, e, d in store.events(build_id)]
+    with app.pool.connection() as conn:
+        record = store.get_build(conn, build_id)
+        if record is not None and caller.user_id is not None and record.owner_id != caller.user_id:
+            record = None  # another user's build is as missing as none
+        if record is None:
+            raise not_found("build")
+        events = [{"claim": c, "event": e, "detail": d} for c, e, d in store.build_events(conn, build_id)]
     return {**record.as_dict(), "events": events}
 
 
@@ -123,14 +124,16 @@ def get_build(
 def get_deployment(target_kind: NamePath, target_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
     if target_kind not in ("agent", "connector"):
         raise HTTPException(status.HTTP_404_NOT_FOUND, "target kind is agent or connector")
-    store = BuildStore(app.pool)
-    target = store.target(target_kind, target_id)
-    if target is None:
-        raise not_found(target_kind)
+    with app.pool.connection() as conn:
+        target = store.get_target(conn, target_kind, target_id)
+        if target is None:
+            raise not_found(target_kind)
+        deployment = store.get_deployment(conn, target_kind, target_id)
+        versions = store.list_versions(conn, target_kind, target_id)
     return {
         "target": target.__dict__,
-        "deployment": store.deployment(target_kind, target_id),
-        "versions": [{"version": v, "artifact_sha256": a} for v, a in store.versions(target_kind, target_id)],
+        "deployment": deployment.as_dict() if deployment else None,
+        "versions": [{"version": v, "artifact_sha256": a} for v, a in versions],
     }
 
 

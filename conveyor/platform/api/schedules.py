@@ -6,7 +6,7 @@ Schedules enqueue arbitrary jobs, so every route needs the admin token
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,7 +15,11 @@ from conveyor.api.auth import require_admin
 from conveyor.api.deps import NamePath, conveyor_app
 from conveyor.api.errors import not_found
 from conveyor.errors import InvalidSchedule, ScheduleNotFound
-from conveyor.platform.scheduling.schedules import Schedule, Schedules
+from conveyor.platform.scheduling import schedules
+from conveyor.platform.scheduling.schedules import Schedule
+
+if TYPE_CHECKING:
+    from conveyor.app import App
 
 router = APIRouter(
     prefix="/api/schedules",
@@ -53,50 +57,56 @@ def _errors(exc: Exception) -> HTTPException:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def create_schedule(body: ScheduleIn, app=Depends(conveyor_app)) -> dict[str, Any]:
+def create_schedule(body: ScheduleIn, app: App = Depends(conveyor_app)) -> dict[str, Any]:
     try:
-        return _out(Schedules(app).create(**body.model_dump()))
+        with app.pool.connection() as conn:
+            return _out(schedules.create_schedule(conn, app.job_types, **body.model_dump()))
     except InvalidSchedule as exc:
         raise _errors(exc) from None
 
 
 @router.get("")
 def list_schedules(
-    limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=10**9), app=Depends(conveyor_app)
+    limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=10**9), app: App = Depends(conveyor_app)
 ) -> list[dict[str, Any]]:
-    return [_out(s) for s in Schedules(app).list(limit=limit, offset=offset)]
+    with app.pool.connection() as conn:
+        return [_out(s) for s in schedules.list_schedules(conn, limit=limit, offset=offset)]
 
 
 @router.get("/{schedule_id}")
-def get_schedule(schedule_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
-    schedules = Schedules(app)
-    try:
-        schedule = schedules.get(schedule_id)
-    except ScheduleNotFound as exc:
-        raise _errors(exc) from None
-    return {**_out(schedule), "fires": schedules.fires(schedule.id)[-50:]}
+def get_schedule(schedule_id: NamePath, app: App = Depends(conveyor_app)) -> dict[str, Any]:
+    with app.pool.connection() as conn:
+        try:
+            schedule = schedules.get_schedule(conn, schedule_id)
+        except ScheduleNotFound as exc:
+            raise _errors(exc) from None
+        fires = schedules.fires(conn, schedule.id)[-50:]
+    return {**_out(schedule), "fires": [f.as_dict() for f in fires]}
 
 
 @router.post("/{schedule_id}/pause")
-def pause_schedule(schedule_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
+def pause_schedule(schedule_id: NamePath, app: App = Depends(conveyor_app)) -> dict[str, Any]:
     try:
-        return _out(Schedules(app).pause(schedule_id))
+        with app.pool.connection() as conn:
+            return _out(schedules.pause_schedule(conn, schedule_id))
     except ScheduleNotFound as exc:
         raise _errors(exc) from None
 
 
 @router.post("/{schedule_id}/resume")
-def resume_schedule(schedule_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
+def resume_schedule(schedule_id: NamePath, app: App = Depends(conveyor_app)) -> dict[str, Any]:
     try:
-        return _out(Schedules(app).resume(schedule_id))
+        with app.pool.connection() as conn:
+            return _out(schedules.resume_schedule(conn, schedule_id))
     except (ScheduleNotFound, InvalidSchedule) as exc:
         raise _errors(exc) from None
 
 
 @router.delete("/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_schedule(schedule_id: NamePath, app=Depends(conveyor_app)) -> Response:
+def delete_schedule(schedule_id: NamePath, app: App = Depends(conveyor_app)) -> Response:
     try:
-        Schedules(app).delete(schedule_id)
+        with app.pool.connection() as conn:
+            schedules.delete_schedule(conn, schedule_id)
     except ScheduleNotFound as exc:
         raise _errors(exc) from None
     return Response(status_code=status.HTTP_204_NO_CONTENT)

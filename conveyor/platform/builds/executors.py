@@ -12,7 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from psycopg_pool import ConnectionPool
+
 from conveyor.errors import BuildFailed
+from conveyor.platform.builds import store
 from conveyor.platform.builds.builder import (
     ArchiveSource,
     Builder,
@@ -33,7 +36,7 @@ from conveyor.platform.builds.payloads import (
     Update,
     Upload,
 )
-from conveyor.platform.builds.store import BuildStore, Outcome
+from conveyor.platform.builds.store import Outcome
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class BuildContext:
 
     request: object
     builder: Builder
-    store: BuildStore
+    pool: ConnectionPool
     env: dict[str, str]
     deadline: Deadline
     log: BuildLog
@@ -92,7 +95,8 @@ def update(ctx: BuildContext) -> Outcome:
     elif request.source_dir:
         source = DirectorySource(request.source_dir)
     else:
-        agent = ctx.store.target("agent", request.agent_id)
+        with ctx.pool.connection() as conn:
+            agent = store.get_target(conn, "agent", request.agent_id)
         if agent is None or not agent.repo_url:
             raise BuildFailed(f"agent {request.agent_id} has no repository to rebuild from; give upload_id")
         source = GitSource(agent.repo_url, agent.repo_branch)
@@ -105,16 +109,19 @@ def update(ctx: BuildContext) -> Outcome:
 @executor("rollback")
 def rollback(ctx: BuildContext) -> Outcome:
     request: Rollback = ctx.request
-    found = ctx.store.version("agent", request.agent_id, request.target_version)
+    with ctx.pool.connection() as conn:
+        found = store.get_version(conn, "agent", request.agent_id, request.target_version)
+        known = [v for v, _ in store.list_versions(conn, "agent", request.agent_id)]
+        deployed = store.get_deployment(conn, "agent", request.agent_id)
     if found is None:
-        known = ", ".join(v for v, _ in ctx.store.versions("agent", request.agent_id)) or "none"
-        raise BuildFailed(f"agent {request.agent_id} has no version {request.target_version} (versions: {known})")
+        raise BuildFailed(
+            f"agent {request.agent_id} has no version {request.target_version} (versions: {', '.join(known) or 'none'})"
+        )
     version, artifact = found
     if ctx.builder.artifact(artifact) is None:
         raise BuildFailed(f"the artifact of {request.agent_id} {version} (sha256:{artifact}) is gone")
-    deployed = ctx.store.deployment("agent", request.agent_id)
     ctx.log.write(
-        f"rolling back from {deployed['version'] if deployed else 'nothing'} to {version}"
+        f"rolling back from {deployed.version if deployed else 'nothing'} to {version}"
         + (f": {request.reason}" if request.reason else "")
     )
     return Outcome(artifact, version, new_version=False)

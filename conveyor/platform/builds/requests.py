@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import EnqueueError, InvalidPayload
+from conveyor.platform.builds import store
 from conveyor.platform.builds.payloads import BuildPayload
-from conveyor.platform.builds.store import BuildStore
 from conveyor.secrets import encrypt_env
 from conveyor.tasks.jobqueue import validate_payload
 
@@ -68,16 +68,16 @@ def request_build(
                 for name in named
             ],
         )
-    store = BuildStore(app.pool)
-    if not store.create(request):
-        # Requested before: that request's job and outcome stand.
-        existing = store.get(request.build_id)
-        return BuildTicket(request.build_id, (existing.job_id if existing else None) or "", True)
-    try:
-        ref = app.jobs.enqueue(JOB, payload, key=build_key(request.build_id))
-    except EnqueueError as exc:
-        # Nothing will ever run it: end it now rather than leave its target "building".
-        store.fail(request.build_id, f"not enqueued: {exc}")
-        raise
-    store.set_job(request.build_id, ref.id)
+    with app.pool.connection() as conn:
+        if not store.create_build(conn, request):
+            # Requested before: that request's job and outcome stand.
+            existing = store.get_build(conn, request.build_id)
+            return BuildTicket(request.build_id, (existing.job_id if existing else None) or "", True)
+        try:
+            ref = app.jobs.enqueue(JOB, payload, key=build_key(request.build_id))
+        except EnqueueError as exc:
+            # Nothing will ever run it: end it now rather than leave its target "building".
+            store.fail_build(conn, request.build_id, f"not enqueued: {exc}")
+            raise
+        store.set_build_job(conn, request.build_id, ref.id)
     return BuildTicket(request.build_id, ref.id, ref.deduplicated)

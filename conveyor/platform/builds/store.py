@@ -5,6 +5,10 @@ A build row is the outcome: ``queued`` → ``building`` (claimed, heartbeating)
 claim number it got, so a worker presumed dead that wakes up cannot
 overwrite the outcome of the worker that took its build over; and a unique
 index lets a build record one outcome only.
+
+Plain functions over a connection, returning frozen dataclasses, like
+:mod:`conveyor.platform.records`; the SQL is in ``queries.sql``. The
+functions that write more than one row open their own transaction.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from psycopg.rows import dict_row
+from psycopg import Connection
 
 from conveyor.db import load_queries
 from conveyor.errors import BuildFailed
@@ -63,8 +67,22 @@ class BuildRecord:
 
 
 @dataclass(frozen=True)
+class Deployment:
+    """What a target runs now, and what it ran before (a rollback's way back)."""
+
+    version: str
+    artifact_sha256: str
+    previous_version: str | None
+    build_id: str
+    updated_at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """What an executor produced, for :meth:`BuildStore.succeed` to record.
+    """What an executor produced, for :func:`record_success` to record.
 
     ``version`` None means "the next v<n>"; ``new_version`` is False for a
     rollback, which points at a version that already exists.
@@ -78,207 +96,209 @@ class Outcome:
     repo_branch: str | None = None
 
 
-class BuildStore:
-    """Reads and writes builds through a connection pool (autocommit; transactions where needed)."""
+# -- producer side -------------------------------------------------------------
 
-    def __init__(self, pool) -> None:
-        self.pool = pool
 
-    # -- producer side -------------------------------------------------------
+def create_build(conn: Connection[Any], request: BuildVariant) -> bool:
+    """The build's row and its target, moved to ``building`` when the build deploys.
 
-    def create(self, request: BuildVariant) -> bool:
-        """The build's row and its target, moved to ``building`` when the build deploys.
-
-        Once per build id: False (and nothing changed) when the build exists already.
-        """
-        kind = request.target_kind
-        with self.pool.connection() as conn, conn.transaction():
-            conn.execute(QUERIES[f"{kind}_ensure"], {"id": request.target_id, "owner_id": request.owner_id})
-            created = (
-                conn.execute(
-                    QUERIES["build_insert"],
-                    {
-                        "id": request.build_id,
-                        "kind": request.kind,
-                        "owner_id": request.owner_id,
-                        "agent_id": request.target_id if kind == "agent" else None,
-                        "connector_id": request.target_id if kind == "connector" else None,
-                    },
-                ).fetchone()
-                is not None
-            )
-            if created and request.deploys:
-                conn.execute(
-                    QUERIES[f"{kind}_set_status"],
-                    {
-                        "id": request.target_id,
-                        "status": "building",
-                        "reason": None,
-                        "repo_url": None,
-                        "repo_branch": None,
-                    },
-                )
-            return created
-
-    def set_job(self, build_id: str, job_id: str) -> None:
-        with self.pool.connection() as conn:
-            conn.execute(QUERIES["build_set_job"], {"id": build_id, "job_id": job_id})
-
-    # -- worker side ---------------------------------------------------------
-
-    def claim(self, build_id: str, *, worker: str, job_id: str, stale_after: float) -> int | None:
-        """Claim a queued build, or take over one whose worker stopped heartbeating; None when neither applies."""
-        with self.pool.connection() as conn, conn.transaction():
-            row = conn.execute(QUERIES["build_lock"], {"id": build_id, "stale": stale_after}).fetchone()
-            if row is None:
-                return None
-            status, _, stale = row
-            if not (status == "queued" or (status == "building" and stale)):
-                return None
-            (claim,) = conn.execute(
-                QUERIES["build_claim"], {"id": build_id, "worker": worker, "job_id": job_id}
+    Once per build id: False (and nothing changed) when the build exists already.
+    """
+    kind = request.target_kind
+    with conn.transaction():
+        conn.execute(QUERIES[f"{kind}_ensure"], {"id": request.target_id, "owner_id": request.owner_id})
+        created = (
+            conn.execute(
+                QUERIES["build_insert"],
+                {
+                    "id": request.build_id,
+                    "kind": getattr(request, "kind"),  # each variant's own Literal field, not the base's
+                    "owner_id": request.owner_id,
+                    "agent_id": request.target_id if kind == "agent" else None,
+                    "connector_id": request.target_id if kind == "connector" else None,
+                },
             ).fetchone()
-            event = "claimed" if status == "queued" else "taken_over"
-            conn.execute(QUERIES["build_event"], {"id": build_id, "claim": claim, "event": event, "detail": worker})
-            return claim
+            is not None
+        )
+        if created and request.deploys:
+            _set_target_status(conn, kind, request.target_id, "building")
+        return created
 
-    def heartbeat(self, build_id: str, claim: int, log: str) -> bool:
-        """Mark the build alive and save its log so far; False when this claim no longer owns it."""
-        with self.pool.connection() as conn:
-            return conn.execute(QUERIES["build_heartbeat"], {"id": build_id, "claim": claim, "log": log}).rowcount == 1
 
-    def release(self, build_id: str, claim: int, *, error: str, log: str) -> bool:
-        """Give the build back to ``queued`` after a failed attempt (it may be retried)."""
-        with self.pool.connection() as conn, conn.transaction():
-            row = conn.execute(
-                QUERIES["build_release"], {"id": build_id, "claim": claim, "error": error, "log": log}
-            ).fetchone()
-            if row:
+def set_build_job(conn: Connection[Any], build_id: str, job_id: str) -> None:
+    """Note the job that builds it (the first one enqueued)."""
+    conn.execute(QUERIES["build_set_job"], {"id": build_id, "job_id": job_id})
+
+
+# -- worker side ---------------------------------------------------------------
+
+
+def claim_build(conn: Connection[Any], build_id: str, *, worker: str, job_id: str, stale_after: float) -> int | None:
+    """Claim a queued build, or take over one whose worker stopped heartbeating; None when neither applies."""
+    with conn.transaction():
+        row = conn.execute(QUERIES["build_lock"], {"id": build_id, "stale": stale_after}).fetchone()
+        if row is None:
+            return None
+        status, _, stale = row
+        if not (status == "queued" or (status == "building" and stale)):
+            return None
+        claimed = conn.execute(QUERIES["build_claim"], {"id": build_id, "worker": worker, "job_id": job_id}).fetchone()
+        assert claimed is not None  # the row is locked by this transaction
+        claim: int = claimed[0]
+        event = "claimed" if status == "queued" else "taken_over"
+        _event(conn, build_id, claim, event, worker)
+        return claim
+
+
+def heartbeat(conn: Connection[Any], build_id: str, claim: int, log: str) -> bool:
+    """Mark the build alive and save its log so far; False when this claim no longer owns it."""
+    return conn.execute(QUERIES["build_heartbeat"], {"id": build_id, "claim": claim, "log": log}).rowcount == 1
+
+
+def release_build(conn: Connection[Any], build_id: str, claim: int, *, error: str, log: str) -> bool:
+    """Give the build back to ``queued`` after a failed attempt (it may be retried)."""
+    with conn.transaction():
+        row = conn.execute(
+            QUERIES["build_release"], {"id": build_id, "claim": claim, "error": error, "log": log}
+        ).fetchone()
+        if row:
+            _event(conn, build_id, claim, "released", error)
+        return row is not None
+
+
+def record_success(conn: Connection[Any], request: BuildVariant, claim: int, outcome: Outcome, log: str) -> str | None:
+    """Record a successful build in one transaction: its version, the deployment, the target, the outcome.
+
+    Returns the version, or None when this claim lost the build to another worker.
+    Raises :class:`BuildFailed` when the version exists with different content.
+    """
+    kind, target_id = request.target_kind, request.target_id
+    try:
+        with conn.transaction():
+            # Serialises builds of one target, so two cannot take the same next version.
+            if conn.execute(QUERIES[f"{kind}_lock"], {"id": target_id}).fetchone() is None:
+                raise BuildFailed(f"{kind} {target_id} no longer exists")
+            key = {"kind": kind, "id": target_id}
+            version = outcome.version or _next_version(conn, kind, target_id)
+            if outcome.new_version:
                 conn.execute(
-                    QUERIES["build_event"], {"id": build_id, "claim": claim, "event": "released", "detail": error}
-                )
-            return row is not None
-
-    def succeed(self, request: BuildVariant, claim: int, outcome: Outcome, log: str) -> str | None:
-        """Record a successful build in one transaction: its version, the deployment, the target, the outcome.
-
-        Returns the version, or None when this claim lost the build to another worker.
-        Raises :class:`BuildFailed` when the version exists with different content.
-        """
-        kind, target_id = request.target_kind, request.target_id
-        try:
-            with self.pool.connection() as conn, conn.transaction():
-                # Serialises builds of one target, so two cannot take the same next version.
-                if conn.execute(QUERIES[f"{kind}_lock"], {"id": target_id}).fetchone() is None:
-                    raise BuildFailed(f"{kind} {target_id} no longer exists")
-                key = {"kind": kind, "id": target_id}
-                version = outcome.version or conn.execute(QUERIES["version_next"], key).fetchone()[0]
-                if outcome.new_version:
-                    conn.execute(
-                        QUERIES["version_insert"],
-                        {
-                            **key,
-                            "version": version,
-                            "artifact": outcome.artifact_sha256,
-                            "build_id": request.build_id,
-                            "env_names": list(outcome.env_names),
-                        },
-                    )
-                    stored = conn.execute(QUERIES["version_get"], {**key, "version": version}).fetchone()
-                    if stored[1] != outcome.artifact_sha256:
-                        raise BuildFailed(f"{kind} {target_id} already has a version {version} with other content")
-                if request.deploys:
-                    conn.execute(
-                        QUERIES["deployment_upsert"],
-                        {**key, "version": version, "artifact": outcome.artifact_sha256, "build_id": request.build_id},
-                    )
-                    conn.execute(
-                        QUERIES[f"{kind}_set_status"],
-                        {
-                            "id": target_id,
-                            "status": "active",
-                            "reason": None,
-                            "repo_url": outcome.repo_url,
-                            "repo_branch": outcome.repo_branch,
-                        },
-                    )
-                done = conn.execute(
-                    QUERIES["build_succeed"],
+                    QUERIES["version_insert"],
                     {
-                        "id": request.build_id,
-                        "claim": claim,
+                        **key,
                         "version": version,
                         "artifact": outcome.artifact_sha256,
-                        "log": log,
+                        "build_id": request.build_id,
+                        "env_names": list(outcome.env_names),
                     },
-                ).fetchone()
-                if done is None:
-                    raise _LostClaim()
-                conn.execute(
-                    QUERIES["build_event"],
-                    {"id": request.build_id, "claim": claim, "event": "succeeded", "detail": version},
                 )
-                return version
-        except _LostClaim:
-            return None
-
-    def fail(self, build_id: str, error: str) -> bool:
-        """End a build ``failed`` and its target ``failed``, once; False when it had already ended."""
-        with self.pool.connection() as conn, conn.transaction():
-            row = conn.execute(QUERIES["build_fail"], {"id": build_id, "error": error}).fetchone()
-            if row is None:
-                return False
-            claim, _, agent_id, connector_id = row
-            conn.execute(QUERIES["build_event"], {"id": build_id, "claim": claim, "event": "failed", "detail": error})
-            kind, target_id = ("agent", agent_id) if agent_id else ("connector", connector_id)
-            conn.execute(
-                QUERIES[f"{kind}_set_status"],
+                stored = get_version(conn, kind, target_id, version)
+                if stored is None or stored[1] != outcome.artifact_sha256:
+                    raise BuildFailed(f"{kind} {target_id} already has a version {version} with other content")
+            if request.deploys:
+                conn.execute(
+                    QUERIES["deployment_upsert"],
+                    {**key, "version": version, "artifact": outcome.artifact_sha256, "build_id": request.build_id},
+                )
+                _set_target_status(
+                    conn, kind, target_id, "active", repo_url=outcome.repo_url, repo_branch=outcome.repo_branch
+                )
+            done = conn.execute(
+                QUERIES["build_succeed"],
                 {
-                    "id": target_id,
-                    "status": "failed",
-                    "reason": f"build {build_id} failed: {error}"[:2000],
-                    "repo_url": None,
-                    "repo_branch": None,
+                    "id": request.build_id,
+                    "claim": claim,
+                    "version": version,
+                    "artifact": outcome.artifact_sha256,
+                    "log": log,
                 },
-            )
-            return True
+            ).fetchone()
+            if done is None:
+                raise _LostClaim()
+            _event(conn, request.build_id, claim, "succeeded", version)
+            return version
+    except _LostClaim:
+        return None
 
-    # -- reading -------------------------------------------------------------
 
-    def get(self, build_id: str) -> BuildRecord | None:
-        with self.pool.connection() as conn:
-            row = conn.cursor(row_factory=dict_row).execute(QUERIES["build_get"], {"id": build_id}).fetchone()
-        return BuildRecord(**row) if row else None
+def fail_build(conn: Connection[Any], build_id: str, error: str) -> bool:
+    """End a build ``failed`` and its target ``failed``, once; False when it had already ended."""
+    with conn.transaction():
+        row = conn.execute(QUERIES["build_fail"], {"id": build_id, "error": error}).fetchone()
+        if row is None:
+            return False
+        claim, _, agent_id, connector_id = row
+        _event(conn, build_id, claim, "failed", error)
+        kind, target_id = ("agent", agent_id) if agent_id else ("connector", connector_id)
+        _set_target_status(conn, kind, target_id, "failed", reason=f"build {build_id} failed: {error}"[:2000])
+        return True
 
-    def events(self, build_id: str) -> list[tuple[int, str, str | None]]:
-        """The build's history: (claim, event, detail), oldest first."""
-        with self.pool.connection() as conn:
-            return [tuple(r[:3]) for r in conn.execute(QUERIES["build_events"], {"id": build_id})]
 
-    def target(self, kind: str, target_id: str) -> Target | None:
-        with self.pool.connection() as conn:
-            row = conn.execute(QUERIES[f"{kind}_get"], {"id": target_id}).fetchone()
-        return Target(kind, *row) if row else None
+# -- reading -------------------------------------------------------------------
 
-    def version(self, kind: str, target_id: str, version: str) -> tuple[str, str] | None:
-        """(version, artifact sha256) of one version of a target, or None."""
-        with self.pool.connection() as conn:
-            row = conn.execute(QUERIES["version_get"], {"kind": kind, "id": target_id, "version": version}).fetchone()
-        return (row[0], row[1]) if row else None
 
-    def versions(self, kind: str, target_id: str) -> list[tuple[str, str]]:
-        with self.pool.connection() as conn:
-            return [(r[0], r[1]) for r in conn.execute(QUERIES["version_list"], {"kind": kind, "id": target_id})]
+def get_build(conn: Connection[Any], build_id: str) -> BuildRecord | None:
+    row = conn.execute(QUERIES["build_get"], {"id": build_id}).fetchone()
+    return BuildRecord(*row) if row else None
 
-    def deployment(self, kind: str, target_id: str) -> dict[str, Any] | None:
-        """What the target runs now: version, artifact_sha256, previous_version, build_id, updated_at."""
-        with self.pool.connection() as conn:
-            return (
-                conn.cursor(row_factory=dict_row)
-                .execute(QUERIES["deployment_get"], {"kind": kind, "id": target_id})
-                .fetchone()
-            )
+
+def build_events(conn: Connection[Any], build_id: str) -> list[tuple[int, str, str | None]]:
+    """The build's history: (claim, event, detail), oldest first."""
+    return [(row[0], row[1], row[2]) for row in conn.execute(QUERIES["build_events"], {"id": build_id})]
+
+
+def get_target(conn: Connection[Any], kind: str, target_id: str) -> Target | None:
+    row = conn.execute(QUERIES[f"{kind}_get"], {"id": target_id}).fetchone()
+    return Target(kind, *row) if row else None
+
+
+def get_version(conn: Connection[Any], kind: str, target_id: str, version: str) -> tuple[str, str] | None:
+    """(version, artifact sha256) of one version of a target, or None."""
+    row = conn.execute(QUERIES["version_get"], {"kind": kind, "id": target_id, "version": version}).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def list_versions(conn: Connection[Any], kind: str, target_id: str) -> list[tuple[str, str]]:
+    """(version, artifact sha256) of every version of a target, oldest first."""
+    return [(row[0], row[1]) for row in conn.execute(QUERIES["version_list"], {"kind": kind, "id": target_id})]
+
+
+def get_deployment(conn: Connection[Any], kind: str, target_id: str) -> Deployment | None:
+    """What the target runs now, or None before its first deployment."""
+    row = conn.execute(QUERIES["deployment_get"], {"kind": kind, "id": target_id}).fetchone()
+    return Deployment(*row) if row else None
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _set_target_status(
+    conn: Connection[Any],
+    kind: str,
+    target_id: str,
+    status: str,
+    *,
+    reason: str | None = None,
+    repo_url: str | None = None,
+    repo_branch: str | None = None,
+) -> None:
+    """A target's status (and reason); a ``repo_url`` given replaces the one it is rebuilt from."""
+    conn.execute(
+        QUERIES[f"{kind}_set_status"],
+        {"id": target_id, "status": status, "reason": reason, "repo_url": repo_url, "repo_branch": repo_branch},
+    )
+
+
+def _next_version(conn: Connection[Any], kind: str, target_id: str) -> str:
+    """``v<n>``, one past the highest ``v<n>`` the target has."""
+    row = conn.execute(QUERIES["version_next"], {"kind": kind, "id": target_id}).fetchone()
+    assert row is not None  # an aggregate has one row
+    version: str = row[0]
+    return version
+
+
+def _event(conn: Connection[Any], build_id: str, claim: int, event: str, detail: str | None) -> None:
+    conn.execute(QUERIES["build_event"], {"id": build_id, "claim": claim, "event": event, "detail": detail})
 
 
 class _LostClaim(Exception):
-    """Another worker took this build over; raised inside succeed() to roll its transaction back."""
+    """Another worker took this build over; raised inside record_success() to roll its transaction back."""

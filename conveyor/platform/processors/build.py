@@ -26,14 +26,18 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from typing import Any
+
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
 
 from conveyor.errors import BuildFailed, BuildTimeout, JobError, PermanentError, RetryLater
 from conveyor.logs import log_event
+from conveyor.platform.builds import store
 from conveyor.platform.builds.builder import BuildLog, Deadline
 from conveyor.platform.builds.executors import EXECUTORS, BuildContext
 from conveyor.platform.builds.local import LocalBuilder
 from conveyor.platform.builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINUTE, BuildPayload
-from conveyor.platform.builds.store import BuildStore
 from conveyor.platform.builds.uploads import Uploads
 from conveyor.platform.queues import AGENT
 from conveyor.redaction import Scrubber
@@ -62,12 +66,15 @@ def known_build_kinds(settings) -> None:
 def run_build(payload: BuildPayload, ctx: JobContext) -> None:
     request = payload.root
     settings = ctx.app.settings
-    store = BuildStore(ctx.app.pool)
+    pool = ctx.app.pool
     ids = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
-    claim = store.claim(request.build_id, worker=worker_id(), job_id=ctx.job_id, stale_after=settings.build_stale_after)
-    if claim is None:
-        _finish_unclaimed(store, request.build_id, settings.build_stale_after, ids)
-        return
+    with pool.connection() as conn:
+        claim = store.claim_build(
+            conn, request.build_id, worker=worker_id(), job_id=ctx.job_id, stale_after=settings.build_stale_after
+        )
+        if claim is None:
+            _finish_unclaimed(conn, request.build_id, settings.build_stale_after, ids)
+            return
     env = decrypt_env(settings, request.env, **ids)
     # Every settings secret and every env value, out of the log, the error, the events and the job record.
     log = BuildLog(Scrubber.for_settings(settings, env.values()))
@@ -75,20 +82,22 @@ def run_build(payload: BuildPayload, ctx: JobContext) -> None:
     log.write(f"{request.kind} build {request.build_id}, claim {claim}, time limit {limit:g}s")
     builder = LocalBuilder(settings)
     with (
-        _Heartbeat(store, request.build_id, claim, settings.build_heartbeat_interval, log, ids),
+        _Heartbeat(pool, request.build_id, claim, settings.build_heartbeat_interval, log, ids),
         builder.workspace(request.build_id, claim) as workdir,
     ):
         try:
-            context = BuildContext(request, builder, store, env, Deadline(limit, request.kind), log, workdir)
+            context = BuildContext(request, builder, pool, env, Deadline(limit, request.kind), log, workdir)
             outcome = EXECUTORS[request.kind](context)
-            version = store.succeed(request, claim, outcome, log.text)
+            with pool.connection() as conn:
+                version = store.record_success(conn, request, claim, outcome, log.text)
         except Exception as exc:
             # The error text may quote build output: mask it like the log.
             error = log.mask(
                 str(exc) if isinstance(exc, (BuildFailed, BuildTimeout)) else f"{type(exc).__name__}: {exc}"
             )[:2000]
             log.write(f"error: {error}")
-            store.release(request.build_id, claim, error=error, log=log.text)
+            with pool.connection() as conn:
+                store.release_build(conn, request.build_id, claim, error=error, log=log.text)
             if isinstance(exc, PermanentError):
                 raise BuildFailed(error) from None
             raise JobError(error) from None
@@ -96,7 +105,8 @@ def run_build(payload: BuildPayload, ctx: JobContext) -> None:
         log_event("skipped", **ids, reason="another worker took this build over", build_id=request.build_id)
         return
     # The outcome lives in the table: finish the job from what it says.
-    record = store.get(request.build_id)
+    with pool.connection() as conn:
+        record = store.get_build(conn, request.build_id)
     if record is None or record.status != "succeeded":
         raise JobError(f"build {request.build_id} is {record.status if record else 'gone'} after recording success")
     log_event(
@@ -122,8 +132,8 @@ def _drop_upload(settings, request) -> None:
         Uploads(settings.data_dir).remove(upload_id)
 
 
-def _finish_unclaimed(store: BuildStore, build_id: str, stale_after: float, ids: dict) -> None:
-    record = store.get(build_id)
+def _finish_unclaimed(conn: Connection[Any], build_id: str, stale_after: float, ids: dict[str, Any]) -> None:
+    record = store.get_build(conn, build_id)
     if record is None:
         log_event("skipped", **ids, reason="build no longer exists (its target was deleted)", build_id=build_id)
     elif record.status == "succeeded":
@@ -148,7 +158,9 @@ def build_failed_for_good(payload: BuildPayload | None, error: str, ctx: JobCont
     scrub = Scrubber.for_settings(ctx.app.settings, decrypt_env(ctx.app.settings, request.env, **ids).values())
     error = scrub(error) or ""
     _drop_upload(ctx.app.settings, request)
-    if BuildStore(ctx.app.pool).fail(request.build_id, error):
+    with ctx.app.pool.connection() as conn:
+        failed = store.fail_build(conn, request.build_id, error)
+    if failed:
         log_event(
             "build_failed",
             level="error",
@@ -162,9 +174,11 @@ def build_failed_for_good(payload: BuildPayload | None, error: str, ctx: JobCont
 class _Heartbeat:
     """A thread that keeps ``builds.heartbeat_at`` fresh (and saves the log) while a build runs."""
 
-    def __init__(self, store: BuildStore, build_id: str, claim: int, interval: float, log: BuildLog, ids: dict) -> None:
-        self.store, self.build_id, self.claim, self.interval, self.log, self.ids = (
-            store,
+    def __init__(
+        self, pool: ConnectionPool, build_id: str, claim: int, interval: float, log: BuildLog, ids: dict[str, Any]
+    ) -> None:
+        self.pool, self.build_id, self.claim, self.interval, self.log, self.ids = (
+            pool,
             build_id,
             claim,
             interval,
@@ -185,7 +199,9 @@ class _Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                if not self.store.heartbeat(self.build_id, self.claim, self.log.text):
+                with self.pool.connection() as conn:
+                    alive = store.heartbeat(conn, self.build_id, self.claim, self.log.text)
+                if not alive:
                     log_event(
                         "stalled",
                         level="warning",

@@ -64,7 +64,7 @@ def finalize_run(payload: RunFinalize, ctx: JobContext) -> dict[str, int] | None
             JobRequest("resource.index", index, key=index.idempotency_key()),
         ]
     )
-    maybe_fail(ctx, f"finalize:{run.id}", "after enqueueing the round's jobs")
+    maybe_fail(ctx, payload.idempotency_key(), "after enqueueing the round's jobs")
     with ctx.app.pool.connection() as conn:
         records.mark_finalized(conn, run.id)
     counts = {"enqueued": sum(not r.deduplicated for r in refs), "deduplicated": sum(r.deduplicated for r in refs)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from conveyor.errors import PermanentError
+from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
 from conveyor.platform.payloads import ResourceIndex
@@ -27,13 +27,14 @@ CHUNK_OVERLAP = 20
 
 @job("resource.index", queue=INDEXING, payload=ResourceIndex)
 def index_resource(payload: ResourceIndex, ctx: JobContext) -> None:
-    maybe_fail(ctx, f"index:{payload.resource_id}:{payload.version}", "before indexing")
+    maybe_fail(ctx, payload.idempotency_key(), "before indexing")
     with ctx.app.pool.connection() as conn, conn.transaction():
-        row = conn.execute(records.QUERIES["lock_resource"], {"id": payload.resource_id}).fetchone()
-        if row is None:
-            raise PermanentError(f"no resource {payload.resource_id!r}")
-        title, body, version, indexed_version = row
-        if indexed_version == version:
+        try:
+            resource = records.lock_resource(conn, payload.resource_id)
+        except RecordNotFound as exc:
+            raise PermanentError(str(exc)) from None
+        version = resource.version
+        if resource.indexed_version == version:
             log_event(
                 "index_unchanged",
                 queue=ctx.queue,
@@ -45,17 +46,9 @@ def index_resource(payload: ResourceIndex, ctx: JobContext) -> None:
             )
             return
         # The current version is indexed, even when a newer one arrived after this job was enqueued.
-        chunks = chunk_text(f"{title}\n{body}" if title else body)
-        conn.execute(records.QUERIES["delete_resource_chunks"], {"id": payload.resource_id})
-        with conn.cursor() as cur:
-            cur.executemany(
-                records.QUERIES["insert_resource_chunk"],
-                [
-                    {"id": payload.resource_id, "seq": n, "version": version, "body": chunk}
-                    for n, chunk in enumerate(chunks, 1)
-                ],
-            )
-        conn.execute(records.QUERIES["mark_indexed"], {"id": payload.resource_id, "version": version})
+        chunks = chunk_text(f"{resource.title}\n{resource.body}" if resource.title else resource.body)
+        records.replace_chunks(conn, payload.resource_id, version, chunks)
+        records.mark_indexed(conn, payload.resource_id, version)
     log_event(
         "indexed",
         queue=ctx.queue,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from psycopg import Connection
+
 from conveyor.errors import EnqueueError, InvalidPayload, InvalidSchedule, PermanentError, RetryLater, UnknownJob
 from conveyor.platform.scheduling.schedules import db_now
 from conveyor.tasks.jobqueue import MAX_DELAY_SECONDS, validate_payload
@@ -28,7 +30,7 @@ def checked_follow_up(app: "App", job: str, payload: dict[str, Any], what: str) 
         raise InvalidSchedule(str(exc)) from None
 
 
-def defer_if_early(conn, due_at: datetime, what: str) -> None:
+def defer_if_early(conn: Connection[Any], due_at: datetime, what: str) -> None:
     """RetryLater (no attempt spent) when ``due_at`` is still ahead: delays past the broker's window hop."""
     early = (due_at - db_now(conn, None)).total_seconds()
     if early > EARLY_TOLERANCE:

@@ -20,20 +20,24 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from psycopg.rows import dict_row
+from psycopg import Connection
 from psycopg.types.json import Jsonb
 
+from conveyor.db import load_queries
 from conveyor.errors import InvalidSchedule
 from conveyor.platform.scheduling.followups import checked_follow_up
-from conveyor.platform.scheduling.schedules import QUERIES, db_now
+from conveyor.platform.scheduling.schedules import db_now
 from conveyor.tasks.jobqueue import MAX_DELAY_SECONDS
 
 if TYPE_CHECKING:
     from conveyor.app import App
 
 JOB = "nudge.fire"
+
+QUERIES = load_queries(Path(__file__).with_name("nudges.sql"))
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,36 @@ class Nudge:
     id: str
     job_id: str
     created: bool
+
+
+@dataclass(frozen=True)
+class NudgeRecord:
+    """A ``nudges`` row: ``status`` is scheduled, sent (as ``sent_job_id``), skipped (for ``skip_reason``) or cancelled."""
+
+    id: str
+    task_id: str
+    key: str
+    fire_at: datetime
+    job: str
+    status: str
+    skip_reason: str | None
+    job_id: str | None
+    sent_job_id: str | None
+    created_at: datetime
+    resolved_at: datetime | None
+
+
+@dataclass(frozen=True)
+class LockedNudge:
+    """A nudge held for its firing's transaction, with what its task did since it was set."""
+
+    task_id: str
+    status: str
+    fire_at: datetime
+    job: str
+    payload: dict[str, Any]
+    task_closed: bool
+    user_replied: bool
 
 
 def nudge_key(nudge_id: str) -> str:
@@ -80,7 +114,8 @@ def schedule_nudge(
         created = row is not None
         if not created:
             row = conn.execute(QUERIES["nudge_by_key"], {"key": key}).fetchone()
-    nudge_id = row[0]
+    assert row is not None  # inserted now, or there before under this key (nudges are never deleted)
+    nudge_id: str = row[0]
     delay = min(max(0.0, (at - moment).total_seconds()), MAX_DELAY_SECONDS)
     # Enqueued again when the key existed: the job key makes that a no-op, or repairs a lost enqueue.
     ref = app.jobs.enqueue(JOB, {"nudge_id": nudge_id}, key=nudge_key(nudge_id), delay=delay)
@@ -89,24 +124,37 @@ def schedule_nudge(
     return Nudge(nudge_id, ref.id, created)
 
 
-def cancel_nudge(app: "App", nudge_id: str) -> bool:
+def cancel_nudge(conn: Connection[Any], nudge_id: str) -> bool:
     """Cancel a nudge not yet sent; its delayed job will skip. False when it had already been resolved."""
-    with app.pool.connection() as conn:
-        return conn.execute(QUERIES["nudge_cancel"], {"id": nudge_id}).fetchone() is not None
+    return conn.execute(QUERIES["nudge_cancel"], {"id": nudge_id}).fetchone() is not None
 
 
-def note_user_reply(app: "App", task_id: str, at: datetime | None = None) -> None:
+def note_user_reply(conn: Connection[Any], task_id: str, at: datetime | None = None) -> None:
     """The user wrote in ``task_id`` (at ``at``, default now): nudges set before then will skip."""
-    with app.pool.connection() as conn:
-        conn.execute(QUERIES["activity_reply"], {"task_id": task_id, "at": at})
+    conn.execute(QUERIES["activity_reply"], {"task_id": task_id, "at": at})
 
 
-def note_task_closed(app: "App", task_id: str, at: datetime | None = None) -> None:
+def note_task_closed(conn: Connection[Any], task_id: str, at: datetime | None = None) -> None:
     """``task_id`` was closed: its nudges will skip."""
-    with app.pool.connection() as conn:
-        conn.execute(QUERIES["activity_close"], {"task_id": task_id, "at": at})
+    conn.execute(QUERIES["activity_close"], {"task_id": task_id, "at": at})
 
 
-def get_nudge(app: "App", nudge_id: str) -> dict[str, Any] | None:
-    with app.pool.connection() as conn:
-        return conn.cursor(row_factory=dict_row).execute(QUERIES["nudge_get"], {"id": nudge_id}).fetchone()
+def get_nudge(conn: Connection[Any], nudge_id: str) -> NudgeRecord | None:
+    row = conn.execute(QUERIES["nudge_get"], {"id": nudge_id}).fetchone()
+    return NudgeRecord(*row) if row else None
+
+
+def lock_nudge(conn: Connection[Any], nudge_id: str) -> LockedNudge | None:
+    """The nudge, locked until the transaction ends, and whether its task closed or its user replied since."""
+    row = conn.execute(QUERIES["nudge_lock"], {"id": nudge_id}).fetchone()
+    return LockedNudge(*row) if row else None
+
+
+def mark_skipped(conn: Connection[Any], nudge_id: str, reason: str) -> None:
+    """The nudge will not be sent, for ``reason`` (``user_replied`` or ``task_closed``)."""
+    conn.execute(QUERIES["nudge_skipped"], {"id": nudge_id, "reason": reason})
+
+
+def mark_sent(conn: Connection[Any], nudge_id: str, job_id: str) -> None:
+    """The nudge's job was enqueued as ``job_id``."""
+    conn.execute(QUERIES["nudge_sent"], {"id": nudge_id, "job_id": job_id})

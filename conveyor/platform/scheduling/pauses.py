@@ -20,21 +20,25 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg import Connection
 from psycopg.types.json import Jsonb
 
+from conveyor.db import load_queries
 from conveyor.errors import InvalidSchedule, ScheduleError
 from conveyor.platform.scheduling.followups import checked_follow_up
-from conveyor.platform.scheduling.schedules import QUERIES, db_now
+from conveyor.platform.scheduling.schedules import db_now
 from conveyor.tasks.jobqueue import MAX_DELAY_SECONDS
 
 if TYPE_CHECKING:
     from conveyor.app import App
 
 JOB = "wait_and_resume"
+
+QUERIES = load_queries(Path(__file__).with_name("pauses.sql"))
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,35 @@ class Pause:
     run_id: str
     resume_at: datetime
     job_id: str
+
+
+@dataclass(frozen=True)
+class PauseRecord:
+    """A ``run_pauses`` row: ``status`` is waiting, resumed (as ``resumed_job_id``) or cancelled."""
+
+    id: str
+    run_id: str
+    task_id: str | None
+    status: str
+    reason: str
+    resume_at: datetime
+    resume_job: str
+    job_id: str | None
+    resumed_job_id: str | None
+    created_at: datetime
+    resolved_at: datetime | None
+
+
+@dataclass(frozen=True)
+class LockedPause:
+    """A pause held for its resumption's transaction, with its run's status when the run is the platform's."""
+
+    run_id: str
+    status: str
+    resume_job: str
+    resume_payload: dict[str, Any]
+    resume_at: datetime
+    run_status: str | None
 
 
 def resume_key(pause_id: str) -> str:
@@ -94,12 +127,27 @@ def pause_run(
     return Pause(pause_id, run_id, resume_at, ref.id)
 
 
-def cancel_run(app: "App", run_id: str) -> list[str]:
+def cancel_run(conn: Connection[Any], run_id: str) -> list[str]:
     """Cancel the run's waiting resume (its delayed job will skip); return the cancelled pause ids."""
-    with app.pool.connection() as conn:
-        return [row[0] for row in conn.execute(QUERIES["pause_cancel_run"], {"run_id": run_id})]
+    return [row[0] for row in conn.execute(QUERIES["pause_cancel_run"], {"run_id": run_id})]
 
 
-def get_pause(app: "App", pause_id: str) -> dict[str, Any] | None:
-    with app.pool.connection() as conn:
-        return conn.cursor(row_factory=dict_row).execute(QUERIES["pause_get"], {"id": pause_id}).fetchone()
+def get_pause(conn: Connection[Any], pause_id: str) -> PauseRecord | None:
+    row = conn.execute(QUERIES["pause_get"], {"id": pause_id}).fetchone()
+    return PauseRecord(*row) if row else None
+
+
+def lock_pause(conn: Connection[Any], pause_id: str) -> LockedPause | None:
+    """The pause, locked until the transaction ends (this orders a resumption against :func:`cancel_run`)."""
+    row = conn.execute(QUERIES["pause_lock"], {"id": pause_id}).fetchone()
+    return LockedPause(*row) if row else None
+
+
+def mark_cancelled(conn: Connection[Any], pause_id: str) -> None:
+    """The pause will not resume: its run ended by another path."""
+    conn.execute(QUERIES["pause_cancel"], {"id": pause_id})
+
+
+def mark_resumed(conn: Connection[Any], pause_id: str, job_id: str) -> None:
+    """The pause's resume job ``job_id`` was enqueued."""
+    conn.execute(QUERIES["pause_resumed"], {"id": pause_id, "job_id": job_id})

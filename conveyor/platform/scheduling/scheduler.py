@@ -30,12 +30,16 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from psycopg import Connection
+
+from conveyor.db import load_queries
 from conveyor.errors import InvalidSchedule
 from conveyor.logs import log_event
 from conveyor.platform.scheduling.cron import Cron
-from conveyor.platform.scheduling.schedules import QUERIES, db_now
+from conveyor.platform.scheduling.schedules import db_now, pause_schedule
 from conveyor.tasks.jobqueue import JobRequest
 
 if TYPE_CHECKING:
@@ -51,6 +55,8 @@ MAX_CATCHUP = 100
 MISSED_COUNT_LIMIT = 10_000
 
 JOB = "schedule.fire"
+
+QUERIES = load_queries(Path(__file__).with_name("scheduler.sql"))
 
 
 def fire_key(schedule_id: str, fire_time: datetime) -> str:
@@ -116,14 +122,14 @@ class Scheduler:
         grace = self.app.settings.scheduler_misfire_grace
         with self.app.pool.connection() as conn, conn.transaction():
             moment = db_now(conn, now)
-            rows = conn.execute(QUERIES["schedule_claim_due"], {"now": moment, "limit": BATCH}).fetchall()
+            due = _claim_due(conn, moment)
             plans = []
-            for schedule_id, cron, timezone, policy, next_fire_at in rows:
+            for d in due:
                 try:
-                    plans.append(_plan(schedule_id, Cron.parse(cron, timezone), policy, next_fire_at, moment, grace))
+                    plans.append(_plan(d.id, Cron.parse(d.cron, d.timezone), d.policy, d.next_fire_at, moment, grace))
                 except InvalidSchedule as exc:
                     # The zone database changed under it: stop it rather than fail every pass.
-                    conn.execute(QUERIES["schedule_pause"], {"id": schedule_id})
+                    pause_schedule(conn, d.id)
                     log_event(
                         "error",
                         level="error",
@@ -131,7 +137,7 @@ class Scheduler:
                         job=JOB,
                         job_id=None,
                         attempt=None,
-                        schedule_id=schedule_id,
+                        schedule_id=d.id,
                         error=f"schedule paused: {exc}",
                     )
             requests = [
@@ -140,7 +146,7 @@ class Scheduler:
                 for t in p.fire_times
             ]
             refs = iter(self.app.jobs.enqueue_many(requests))
-            fired = []
+            fired: list[Fire] = []
             for plan in plans:
                 for fire_time in plan.fire_times:
                     ref = next(refs)
@@ -167,15 +173,34 @@ class Scheduler:
                         missed=plan.missed,
                         policy=plan.policy,
                     )
-                conn.execute(
-                    QUERIES["schedule_advance"],
-                    {
-                        "id": plan.schedule_id,
-                        "next_fire_at": plan.next_fire_at,
-                        "last_fire_at": plan.fire_times[-1] if plan.fire_times else None,
-                    },
-                )
-        return fired, len(rows) == BATCH
+                _advance(conn, plan)
+        return fired, len(due) == BATCH
+
+
+@dataclass(frozen=True)
+class _Due:
+    id: str
+    cron: str
+    timezone: str
+    policy: str
+    next_fire_at: datetime
+
+
+def _claim_due(conn: Connection[Any], now: datetime) -> list[_Due]:
+    """Lock up to :data:`BATCH` due schedules for this transaction, skipping those another scheduler holds."""
+    return [_Due(*row) for row in conn.execute(QUERIES["schedule_claim_due"], {"now": now, "limit": BATCH})]
+
+
+def _advance(conn: Connection[Any], plan: _Plan) -> None:
+    """Move a schedule on past what this pass fired."""
+    conn.execute(
+        QUERIES["schedule_advance"],
+        {
+            "id": plan.schedule_id,
+            "next_fire_at": plan.next_fire_at,
+            "last_fire_at": plan.fire_times[-1] if plan.fire_times else None,
+        },
+    )
 
 
 def _plan(schedule_id: str, cron: Cron, policy: str, next_fire_at: datetime, now: datetime, grace: float) -> _Plan:
