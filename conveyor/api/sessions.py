@@ -88,9 +88,10 @@ def throttled(app: "App", client: str) -> bool:
     """True when ``client`` has used up its wrong guesses for the window."""
     settings = app.settings
     with app.pool.connection() as conn:
-        count = conn.execute(
+        row = conn.execute(
             QUERIES["recent_failures"], {"client": client[:200], "window": float(settings.admin_login_window)}
-        ).fetchone()[0]
+        ).fetchone()
+    count = int(row[0]) if row is not None else 0  # a count(*) always has its row
     return count >= settings.admin_login_attempts
 
 
