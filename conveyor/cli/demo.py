@@ -11,6 +11,7 @@ outcome and exits non-zero if any check fails.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -20,8 +21,18 @@ import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from conveyor.cli import env_flag
+
+if TYPE_CHECKING:
+    from rich.console import Console, Group
+
+    from conveyor.app import App
+    from conveyor.cli import Subcommands
+    from conveyor.platform.streams.base import StreamEntry
+    from conveyor.settings import Settings
+    from conveyor.tasks.worker import InlineWorkers
 
 #: What the demo's users ask: realistic prompts, each starting one round.
 PROMPTS = (
@@ -43,7 +54,7 @@ STARTING_CREDITS = Decimal("100")
 DEMO_FAULT_RATE = 0.2
 
 
-def register(sub) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("demo", help="a bounded, self-checking run of the whole platform (embedded by default)")
     env_flag(p, "--runs", env="CONVEYOR_DEMO_RUNS", type=int, help="agent rounds to run")
     env_flag(
@@ -76,7 +87,8 @@ class Check:
 class Progress:
     """What the live view and the checks read; refreshed from the database and the broker."""
 
-    runs: dict[str, tuple] = field(default_factory=dict)
+    #: run id -> its row of demo.sql's ``runs``: (id, status, attempts, assistant_message_id, finalized).
+    runs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     chunks: int = 0
     charges: int = 0
     extractions: int = 0
@@ -85,7 +97,7 @@ class Progress:
     index_chunks: int = 0
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     if args.runs < 1:
         print("conveyor: error: --runs must be at least 1", file=sys.stderr)
         return 2
@@ -120,10 +132,10 @@ def cmd_demo(args) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
-def demo_settings(settings, fault_rate: float | None):
+def demo_settings(settings: Settings, fault_rate: float | None) -> Settings:
     """The demo's settings: the configured ones, on the deterministic local model whatever is configured
     (it must not spend money), with its own fault rate and chunk delay unless those were set."""
-    update: dict = {"provider": "local"}
+    update: dict[str, Any] = {"provider": "local"}
     if fault_rate is not None:
         update["fault_rate"] = fault_rate
     elif "fault_rate" not in settings.model_fields_set:
@@ -133,7 +145,7 @@ def demo_settings(settings, fault_rate: float | None):
     return settings.model_validate({**settings.model_dump(exclude_unset=True, by_alias=False), **update})
 
 
-def worker_env(settings) -> dict[str, str]:
+def worker_env(settings: Settings) -> dict[str, str]:
     """The environment of the demo's `conveyor worker`: this process's, plus what the demo changed in its settings
     (the child reads its settings from its environment; this process's own is never changed)."""
     return {
@@ -146,7 +158,7 @@ def worker_env(settings) -> dict[str, str]:
 
 
 class Demo:
-    def __init__(self, app, args, console) -> None:
+    def __init__(self, app: App, args: argparse.Namespace, console: Console) -> None:
         self.app, self.args, self.console = app, args, console
         self.id = f"demo-{uuid.uuid4().hex[:8]}"
         self.user_id = f"{self.id}-user"
@@ -154,11 +166,11 @@ class Demo:
         self.duplicates_wanted = min(duplicates, args.runs)
         self.duplicated: set[str] = set()
         self.read_upto: dict[str, int] = {}
-        self.stream_entries: dict[str, list] = {}
+        self.stream_entries: dict[str, list[StreamEntry]] = {}
         self.timed_out = False
         self.baseline: dict[str, tuple[int, int]] = {}
-        self.workers = None
-        self.inline = None
+        self.workers: subprocess.Popen[bytes] | None = None
+        self.inline: InlineWorkers | None = None
         self.log_path = Path(tempfile.gettempdir()) / f"conveyor-{self.id}-workers.log"
 
     # -- workers ------------------------------------------------------------------
@@ -288,7 +300,7 @@ class Demo:
 
     # -- the view ---------------------------------------------------------------------
 
-    def view(self, progress: Progress):
+    def view(self, progress: Progress) -> Group:
         from rich.console import Group
         from rich.table import Table
 

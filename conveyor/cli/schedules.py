@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from typing import TYPE_CHECKING
 
 from conveyor.cli import env_flag
 
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.cli import Subcommands
 
-def register(sub) -> None:
+
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("scheduler", help="fire due cron schedules (run as many as you like)")
     env_flag(
         p, "--interval", env="CONVEYOR_SCHEDULER_INTERVAL", type=float, help="seconds between passes over due schedules"
@@ -45,7 +51,7 @@ def register(sub) -> None:
         a.set_defaults(func=cmd_action, action=action)
 
 
-def _app():
+def _app() -> App:
     from conveyor.app import App
     from conveyor.logs import configure_logging
     from conveyor.schema.migrate import migrate
@@ -56,7 +62,7 @@ def _app():
     return app
 
 
-def cmd_scheduler(args) -> int:
+def cmd_scheduler(args: argparse.Namespace) -> int:
     from conveyor.platform.scheduling.scheduler import Scheduler
 
     app = _app()
@@ -88,7 +94,7 @@ def run_scheduler() -> None:
     _run_until_signal(app)
 
 
-def _run_until_signal(app) -> None:
+def _run_until_signal(app: App) -> None:
     import signal
     import threading
 
@@ -103,7 +109,7 @@ def _run_until_signal(app) -> None:
         app.close()
 
 
-def cmd_create(args) -> int:
+def cmd_create(args: argparse.Namespace) -> int:
     from conveyor.errors import InvalidSchedule
     from conveyor.platform.scheduling.schedules import Schedules
 
@@ -125,7 +131,7 @@ def cmd_create(args) -> int:
     return 0
 
 
-def cmd_list(args) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     from conveyor.platform.scheduling.schedules import Schedules
 
     schedules = Schedules(_app()).list(limit=10_000)
@@ -143,7 +149,7 @@ def cmd_list(args) -> int:
     return 0
 
 
-def cmd_action(args) -> int:
+def cmd_action(args: argparse.Namespace) -> int:
     from conveyor.platform.scheduling.schedules import Schedules
 
     schedules = Schedules(_app())
@@ -159,5 +165,5 @@ def cmd_action(args) -> int:
     return 0
 
 
-def _json(data) -> str:
+def _json(data: object) -> str:
     return json.dumps(data, default=str, sort_keys=True)
