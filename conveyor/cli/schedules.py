@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.cli import env_flag
 
@@ -160,7 +160,9 @@ def cmd_action(args: argparse.Namespace) -> int:
     schedule = getattr(schedules, {"show": "get"}.get(args.action, args.action))(args.schedule)
     out = schedule.as_dict()
     if args.action == "show":
-        out["fires"] = schedules.fires(schedule.id)[-20:]
+        # Typed here: inside Schedules, the method ``list`` shadows the builtin in its own annotations.
+        fires: list[dict[str, Any]] = schedules.fires(schedule.id)
+        out["fires"] = fires[-20:]
     print(_json(out))
     return 0
 
