@@ -27,8 +27,6 @@ def inspector(request: Request) -> Inspector:
 
 #: The conveyor App as a route parameter: ``app: ConveyorApp``.
 ConveyorApp = Annotated[App, Depends(conveyor_app)]
-#: The admin read layer as a route parameter: ``inspect: AdminInspector``.
-AdminInspector = Annotated[Inspector, Depends(inspector)]
 
 
 #: A job id, queue or other name in a path: bounded, no control characters, so
