@@ -91,7 +91,8 @@ def throttled(app: "App", client: str) -> bool:
         row = conn.execute(
             QUERIES["recent_failures"], {"client": client[:200], "window": float(settings.admin_login_window)}
         ).fetchone()
-    count = int(row[0]) if row is not None else 0  # a count(*) always has its row
+    assert row is not None  # a count always returns one row
+    count = row[0]
     return count >= settings.admin_login_attempts
 
 
