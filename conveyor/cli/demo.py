@@ -89,7 +89,7 @@ class Check:
 class Progress:
     """What the live view and the checks read; refreshed from the database and the broker."""
 
-    #: run id -> its row of demo.sql's ``runs``: (id, status, attempts, assistant_message_id, finalized).
+    #: Run id -> (id, status, attempts, assistant message id, finalized): demo.sql's ``runs`` row.
     runs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     chunks: int = 0
     charges: int = 0

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from conveyor.cli import Subcommands
 
 
-def register(sub: Subcommands) -> None:
+def register(sub) -> None:
     p = sub.add_parser("ledger", help="the credit ledger")
     lsub = p.add_subparsers(dest="ledger_command", metavar="ACTION", required=True)
     b = lsub.add_parser("balance", help="a user's balance")
@@ -36,7 +31,7 @@ def _conn():
     return connect(app.database_url, autocommit=True)
 
 
-def cmd_balance(args: argparse.Namespace) -> int:
+def cmd_balance(args) -> int:
     from conveyor.ledger import credits
 
     with _conn() as conn:
@@ -44,7 +39,7 @@ def cmd_balance(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_top_up(args: argparse.Namespace) -> int:
+def cmd_top_up(args) -> int:
     from conveyor.errors import LedgerError
     from conveyor.ledger import credits
 
@@ -58,7 +53,7 @@ def cmd_top_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def cmd_verify(args) -> int:
     from conveyor.ledger import credits
 
     with _conn() as conn:

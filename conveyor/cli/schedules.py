@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-from typing import TYPE_CHECKING, Any
 
 from conveyor.cli import env_flag
 
-if TYPE_CHECKING:
-    from conveyor.app import App
-    from conveyor.cli import Subcommands
 
-
-def register(sub: Subcommands) -> None:
+def register(sub) -> None:
     p = sub.add_parser("scheduler", help="fire due cron schedules (run as many as you like)")
     env_flag(
         p, "--interval", env="CONVEYOR_SCHEDULER_INTERVAL", type=float, help="seconds between passes over due schedules"
@@ -51,7 +45,7 @@ def register(sub: Subcommands) -> None:
         a.set_defaults(func=cmd_action, action=action)
 
 
-def _app() -> App:
+def _app():
     from conveyor.app import App
     from conveyor.logs import configure_logging
     from conveyor.schema.migrate import migrate
@@ -62,7 +56,7 @@ def _app() -> App:
     return app
 
 
-def cmd_scheduler(args: argparse.Namespace) -> int:
+def cmd_scheduler(args) -> int:
     from conveyor.platform.scheduling.scheduler import Scheduler
 
     app = _app()
@@ -94,7 +88,7 @@ def run_scheduler() -> None:
     _run_until_signal(app)
 
 
-def _run_until_signal(app: App) -> None:
+def _run_until_signal(app) -> None:
     import signal
     import threading
 
@@ -109,7 +103,7 @@ def _run_until_signal(app: App) -> None:
         app.close()
 
 
-def cmd_create(args: argparse.Namespace) -> int:
+def cmd_create(args) -> int:
     from conveyor.errors import InvalidSchedule
     from conveyor.platform.scheduling.schedules import Schedules
 
@@ -131,7 +125,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def cmd_list(args) -> int:
     from conveyor.platform.scheduling.schedules import Schedules
 
     schedules = Schedules(_app()).list(limit=10_000)
@@ -149,7 +143,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_action(args: argparse.Namespace) -> int:
+def cmd_action(args) -> int:
     from conveyor.platform.scheduling.schedules import Schedules
 
     schedules = Schedules(_app())
@@ -160,12 +154,10 @@ def cmd_action(args: argparse.Namespace) -> int:
     schedule = getattr(schedules, {"show": "get"}.get(args.action, args.action))(args.schedule)
     out = schedule.as_dict()
     if args.action == "show":
-        # Typed here: inside Schedules, the method ``list`` shadows the builtin in its own annotations.
-        fires: list[dict[str, Any]] = schedules.fires(schedule.id)
-        out["fires"] = fires[-20:]
+        out["fires"] = schedules.fires(schedule.id)[-20:]
     print(_json(out))
     return 0
 
 
-def _json(data: object) -> str:
+def _json(data) -> str:
     return json.dumps(data, default=str, sort_keys=True)
