@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -65,7 +66,7 @@ TAGS = [
 ]
 
 
-def field_errors(errors) -> list[dict]:
+def field_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Validation errors as field and problem only: pydantic's ``input`` (and ``ctx``) would echo the request."""
     return [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))[:MAX_MSG_CHARS]} for err in errors]
 

@@ -170,3 +170,9 @@ async def require_user_or_admin(request: Request, _: UserKey, __: AdminToken) ->
     if token is not None and given is not None and same_secret(given, token):
         return Caller(None, admin=True)
     raise _unauthorized()
+
+
+#: A producer route's parameter: the calling user's id (:func:`require_user`).
+UserId = Annotated[str, Depends(require_user)]
+#: A route's parameter that also admits the admin token (:func:`require_user_or_admin`).
+UserOrAdmin = Annotated[Caller, Depends(require_user_or_admin)]

@@ -22,10 +22,11 @@ polling.
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -33,6 +34,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.types import Scope
 
 from conveyor.api import sessions
 from conveyor.api.auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret
@@ -92,14 +94,20 @@ STATIC_PATH = "/admin/static"
 class StaticAssets(StaticFiles):
     """The dashboard's scripts, revalidated on every load (``no-cache``) so an upgrade's pages never run old ones."""
 
-    def file_response(self, *args, **kwargs) -> Response:
-        response = super().file_response(*args, **kwargs)
+    def file_response(
+        self, full_path: str | os.PathLike[str], stat_result: os.stat_result, scope: Scope, status_code: int = 200
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
         response.headers["Cache-Control"] = "no-cache"
         return response
 
 
 def _page(
-    name: str, status: int = 200, request: Request | None = None, headers: dict | None = None, **context
+    name: str,
+    status: int = 200,
+    request: Request | None = None,
+    headers: dict[str, str] | None = None,
+    **context: Any,
 ) -> HTMLResponse:
     """A page; given the ``request``, its sign-out form carries the session's CSRF token."""
     cookie = request.cookies.get(COOKIE) if request is not None else None
@@ -109,7 +117,7 @@ def _page(
     return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store", **(headers or {})})
 
 
-def _live_page(request: Request, name: str, *, follow: bool = True, **context) -> Response:
+def _live_page(request: Request, name: str, *, follow: bool = True, **context: Any) -> Response:
     """The page, or (asked by live.js) its ``live_*`` blocks as JSON; ``follow`` false stops the refreshing."""
     context.update(live=LIVE_SECONDS if follow else None)
     if request.headers.get(LIVE_HEADER) != "1":

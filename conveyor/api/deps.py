@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
-from fastapi import Path, Query, Request
+from fastapi import Depends, Path, Query, Request
 
 from conveyor.api.inspector import Inspector
-
-if TYPE_CHECKING:
-    from conveyor.app import App
+from conveyor.app import App
 
 
-def conveyor_app(request: Request) -> "App":
+def conveyor_app(request: Request) -> App:
     """The conveyor App this API serves (a FastAPI dependency)."""
-    return request.app.state.conveyor
+    app: App = request.app.state.conveyor  # starlette's State holds untyped attributes
+    return app
 
 
 def inspector(request: Request) -> Inspector:
@@ -22,7 +21,12 @@ def inspector(request: Request) -> Inspector:
     state = request.app.state
     if getattr(state, "inspector", None) is None:
         state.inspector = Inspector(state.conveyor)
-    return state.inspector
+    found: Inspector = state.inspector
+    return found
+
+
+#: The conveyor App as a route parameter: ``app: ConveyorApp``.
+ConveyorApp = Annotated[App, Depends(conveyor_app)]
 
 
 #: A job id, queue or other name in a path: bounded, no control characters, so

@@ -17,7 +17,7 @@ from conveyor import errors as e
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    from fastapi import FastAPI, HTTPException
 
 #: Error class -> HTTP status. The most specific class in an error's MRO wins.
 STATUS: dict[type[e.ConveyorError], int] = {
@@ -47,7 +47,7 @@ STATUS: dict[type[e.ConveyorError], int] = {
 def status_for(exc: BaseException) -> int:
     """The HTTP status of ``exc``: its most specific class in :data:`STATUS`, else 500."""
     for cls in type(exc).__mro__:
-        status = STATUS.get(cls)  # type: ignore[call-overload]
+        status = STATUS.get(cls)
         if status is not None:
             return status
     return 500
@@ -71,7 +71,7 @@ def not_found_detail(exc: BaseException | str) -> str:
     return f"no such {kind}"
 
 
-def not_found(what: BaseException | str):
+def not_found(what: BaseException | str) -> HTTPException:
     """The 404 a route raises for a missing (or another user's) thing, given the not-found error
     or the kind's name: the same body either way, and never the id asked for."""
     from fastapi import HTTPException

@@ -23,16 +23,21 @@ from __future__ import annotations
 import json
 import traceback
 import uuid
-from typing import Any, Awaitable, Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.jsonchecks import holds_nul, json_depth_exceeds
 from conveyor.logs import log_event
 from conveyor.redaction import scrub, settings_secrets
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict]]
-Send = Callable[[dict], Awaitable[None]]
+if TYPE_CHECKING:
+    from conveyor.app import App
+
+#: A JSON body as this module builds it.
+Body = dict[str, Any]
 
 #: Headers every response carries.
 SECURITY_HEADERS = {
@@ -55,12 +60,12 @@ DOCS_CSP = (
 DOCS_PATHS = frozenset({"/docs", "/redoc", "/docs/oauth2-redirect"})
 
 
-def problem(loc: list[Any], msg: str) -> dict:
+def problem(loc: list[Any], msg: str) -> Body:
     """The body of a 4xx about one field."""
     return {"detail": [{"loc": loc, "msg": msg}]}
 
 
-def _json_response(status: int, body: dict, extra: list[tuple[bytes, bytes]] = ()) -> tuple[dict, dict]:
+def _json_response(status: int, body: Body, extra: Sequence[tuple[bytes, bytes]] = ()) -> tuple[Message, Message]:
     data = json.dumps(body, separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *extra]
     return (
@@ -69,7 +74,7 @@ def _json_response(status: int, body: dict, extra: list[tuple[bytes, bytes]] = (
     )
 
 
-def check_json(body: bytes, max_depth: int) -> dict | None:
+def check_json(body: bytes, max_depth: int) -> Body | None:
     """The 400 body for a JSON body with NULs or too deep, else None (malformed JSON is the route's to refuse)."""
     lowered = body.lower()
     deep_possible = body.count(b"[") + body.count(b"{") > max_depth
@@ -94,7 +99,7 @@ def check_json(body: bytes, max_depth: int) -> dict | None:
 class Guard:
     """The ASGI middleware described in the module docstring."""
 
-    def __init__(self, app, *, conveyor, body_limits: dict[str, int]) -> None:
+    def __init__(self, app: ASGIApp, *, conveyor: App, body_limits: dict[str, int]) -> None:
         self.app = app
         self.conveyor = conveyor
         #: Paths allowed a body larger than the setting (an upload route sets its own cap here).
@@ -114,7 +119,7 @@ class Guard:
             if name != "content-security-policy"
         ] + [(b"content-security-policy", csp.encode())]
 
-        async def send_secured(message: dict) -> None:
+        async def send_secured(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
@@ -125,7 +130,7 @@ class Guard:
                 }
             await send(message)
 
-        async def answer(status: int, body: dict, extra: list[tuple[bytes, bytes]] = ()) -> None:
+        async def answer(status: int, body: Body, extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
             start, data = _json_response(status, body, extra)
             await send_secured(start)
             await send_secured(data)
@@ -171,8 +176,8 @@ class Guard:
                 error_id=error_id,
                 method=scope.get("method"),
                 route=path[:200],
-                error=scrub(f"{type(exc).__name__}: {exc}", secrets)[:2000],
-                trace=scrub("".join(traceback.format_exception(exc)), secrets)[-8000:],
+                error=(scrub(f"{type(exc).__name__}: {exc}", secrets) or "")[:2000],
+                trace=(scrub("".join(traceback.format_exception(exc)), secrets) or "")[-8000:],
             )
             if not started:
                 await answer(
@@ -180,7 +185,7 @@ class Guard:
                 )
 
     @staticmethod
-    def _check_target(scope: Scope) -> dict | None:
+    def _check_target(scope: Scope) -> Body | None:
         raw_path = scope.get("raw_path") or scope.get("path", "").encode("utf-8", "surrogateescape")
         if b"\x00" in raw_path or b"\x00" in unquote_to_bytes(raw_path) or "\x00" in scope.get("path", ""):
             return problem(["path"], "NUL characters are not allowed")
@@ -213,7 +218,7 @@ class _BodyTooLarge(Exception):
 def _replay(body: bytes, receive: Receive) -> Receive:
     sent = False
 
-    async def replay() -> dict:
+    async def replay() -> Message:
         nonlocal sent
         if not sent:
             sent = True
@@ -226,7 +231,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 def _capped(receive: Receive, limit: int) -> Receive:
     size = 0
 
-    async def capped() -> dict:
+    async def capped() -> Message:
         nonlocal size
         message = await receive()
         if message["type"] == "http.request":

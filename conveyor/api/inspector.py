@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from conveyor.brokers.base import JOB_STATES, JobRecord
+from conveyor.brokers.base import JOB_STATES, ConveyorBroker, JobRecord
 from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
 from conveyor.errors import JobNotFound, JobStateConflict, UnknownQueue
 from conveyor.logs import log_event
@@ -149,7 +149,7 @@ class Inspector:
         self._settings_secrets = settings_secrets(app.settings)
 
     @property
-    def broker(self):
+    def broker(self) -> ConveyorBroker:
         return self.app.broker
 
     # -- reading -----------------------------------------------------------------
@@ -265,11 +265,12 @@ class Inspector:
         late, gone_after = late_after(self.app), recovery_after(self.app)
         views = []
         for w in infos:
-            age = max(0.0, now - w.heartbeat_at) if w.heartbeat_at else None
+            beat = w.heartbeat_at
+            age = max(0.0, now - beat) if beat else None
             gone_at, reason = w.gone_at, w.gone_reason
-            if gone_at is None and gone_after is not None and age is not None and age > gone_after:
+            if gone_at is None and gone_after is not None and beat and age is not None and age > gone_after:
                 # No live worker has swept it yet: its jobs are due for recovery since then.
-                gone_at, reason = w.heartbeat_at + gone_after, "recovered"
+                gone_at, reason = beat + gone_after, "recovered"
             state = "gone" if gone_at else ("late" if age is not None and age > late else "alive")
             views.append(
                 WorkerView(

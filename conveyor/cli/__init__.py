@@ -6,11 +6,16 @@ import argparse
 import importlib
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pydantic import ValidationError
 
 from conveyor.errors import ConveyorError
 from conveyor.settings import Settings, env_help, get_settings
+
+if TYPE_CHECKING:
+    #: What each command module's ``register`` adds its subcommands to.
+    Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 #: Modules with a ``register(subparsers)`` function, in --help order.
 COMMAND_MODULES = (
@@ -33,7 +38,7 @@ class FromSettings:
     name: str
 
 
-def env_flag(parser: argparse.ArgumentParser, *flags: str, env: str, help: str, **kwargs) -> None:
+def env_flag(parser: argparse.ArgumentParser, *flags: str, env: str, help: str, **kwargs: Any) -> None:
     """Add a flag whose default is the setting behind environment variable ``env``; --help names it.
 
     The value comes from the one settings object (``CONVEYOR_WORKER_PROCESSES`` is

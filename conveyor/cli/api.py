@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import TYPE_CHECKING
+
 from conveyor.cli import env_flag
 
+if TYPE_CHECKING:
+    from types import FrameType
 
-def register(sub) -> None:
+    import uvicorn
+
+    from conveyor.cli import Subcommands
+
+
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("api", help="admin API and /admin/queues dashboard, /metrics, OpenAPI (/docs)")
     env_flag(p, "--host", env="CONVEYOR_API_HOST", help="address to listen on")
     env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, help="port to listen on")
     p.set_defaults(func=cmd_api)
 
 
-def cmd_api(args) -> int:
+def cmd_api(args: argparse.Namespace) -> int:
     run_api(args.host, args.port)
     return 0
 
@@ -46,7 +56,7 @@ def run_api(host: str, port: int) -> None:
         app.close()
 
 
-def _serve(config) -> None:
+def _serve(config: uvicorn.Config) -> None:
     """Run uvicorn until SIGTERM/SIGINT; after its graceful shutdown the command exits 0.
 
     uvicorn re-raises the signal once it has shut down, which would make a
@@ -55,7 +65,7 @@ def _serve(config) -> None:
     import uvicorn
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             super().handle_exit(sig, frame)
             self._captured_signals.clear()
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conveyor.cli import Subcommands
 
 #: The checkout's root: ``bench/`` sits beside the ``conveyor`` package, outside the distribution.
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +22,7 @@ def _bench_available() -> bool:
     return True
 
 
-def register(sub) -> None:
+def register(sub: Subcommands) -> None:
     help_text = "benchmarks against bare Dramatiq, Celery and the Postgres queues (writes bench/RESULTS.md)"
     if _bench_available():
         from bench.options import build_parser
@@ -31,7 +36,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def cmd_bench(args) -> int:
+def cmd_bench(args: argparse.Namespace) -> int:
     from conveyor.errors import ConfigurationError
 
     if not _bench_available():

@@ -10,13 +10,18 @@ API_KEY``), never from the command line, where ``ps`` and shell history see them
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+from typing import TYPE_CHECKING
 
 from conveyor.errors import EnqueueError
 
+if TYPE_CHECKING:
+    from conveyor.cli import Subcommands
 
-def register(sub) -> None:
+
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("build", help="request an agent or connector build (host paths under the source roots)")
     p.add_argument("kind", help="upload, update, rollback, standalone_build, github_clone or mcp_upload")
     p.add_argument(
@@ -35,7 +40,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_build)
 
 
-def cmd_build(args) -> int:
+def cmd_build(args: argparse.Namespace) -> int:
     from conveyor.app import App
     from conveyor.platform.builds.requests import request_build
 

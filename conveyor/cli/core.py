@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any, Callable, TextIO, TypedDict
 
 from conveyor.cli import env_flag
 
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.cli import Subcommands
+    from conveyor.settings import Settings
 
-def register(sub) -> None:
+
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("migrate", help="apply schema/migrations once each")
     p.set_defaults(func=cmd_migrate)
 
@@ -57,7 +64,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_up)
 
 
-def _app():
+def _app() -> App:
     from conveyor.app import App
     from conveyor.logs import configure_logging
 
@@ -66,7 +73,7 @@ def _app():
     return app
 
 
-def cmd_migrate(args) -> int:
+def cmd_migrate(args: argparse.Namespace) -> int:
     from conveyor.cli.progress import CommandProgress
     from conveyor.schema.migrate import migrate
 
@@ -108,7 +115,7 @@ def _running(names: list[str], done: int) -> str:
     return f"migrating {names[done]}" if done < len(names) else "migrated"
 
 
-def _selected_queues(app, text: str | None) -> list[str]:
+def _selected_queues(app: App, text: str | None) -> list[str]:
     from conveyor.errors import ConfigurationError
 
     if not text:
@@ -120,7 +127,7 @@ def _selected_queues(app, text: str | None) -> list[str]:
     return queues
 
 
-def cmd_worker(args) -> int:
+def cmd_worker(args: argparse.Namespace) -> int:
     from conveyor.app import run_worker_process
     from conveyor.tasks.worker import Supervisor
 
@@ -144,7 +151,15 @@ def cmd_worker(args) -> int:
     ).run()
 
 
-def _metrics_options(settings) -> dict:
+class MetricsOptions(TypedDict):
+    """The metrics settings a :class:`~conveyor.tasks.worker.Supervisor` takes as keywords."""
+
+    metrics_port: int
+    metrics_host: str
+    metrics_dir: str | None
+
+
+def _metrics_options(settings: Settings) -> MetricsOptions:
     return {
         "metrics_port": settings.metrics_port,
         "metrics_host": settings.metrics_host,
@@ -152,7 +167,7 @@ def _metrics_options(settings) -> dict:
     }
 
 
-def cmd_up(args) -> int:
+def cmd_up(args: argparse.Namespace) -> int:
     from conveyor.app import run_worker_process
     from conveyor.schema.migrate import migrate
     from conveyor.tasks.worker import Supervisor
@@ -190,7 +205,7 @@ def cmd_up(args) -> int:
     from conveyor.cli.api import run_api
     from conveyor.cli.schedules import run_scheduler
 
-    services = (("scheduler", run_scheduler, ()),)
+    services: tuple[tuple[str, Callable[..., None], tuple[Any, ...]], ...] = (("scheduler", run_scheduler, ()),)
     if args.port:
         services += (("api", run_api, (args.host, args.port)),)
     return Supervisor(
@@ -204,7 +219,7 @@ def cmd_up(args) -> int:
     ).run()
 
 
-def cmd_enqueue(args) -> int:
+def cmd_enqueue(args: argparse.Namespace) -> int:
     app = _app()
     if args.batch:
         return _enqueue_batch(app, args.chunk_size)
@@ -220,7 +235,7 @@ class _BadLine(Exception):
     """A line of an ``enqueue --batch`` input that is not a valid job."""
 
 
-def _enqueue_batch(app, chunk_size: int) -> int:
+def _enqueue_batch(app: App, chunk_size: int) -> int:
     """``enqueue --batch``: check every line, then send them ``chunk_size`` at a time.
 
     Nothing is sent if any line is bad. If sending fails part way, the jobs of
@@ -295,7 +310,7 @@ def _enqueue_batch(app, chunk_size: int) -> int:
     return 0
 
 
-def _lines_ahead(stream) -> int | None:
+def _lines_ahead(stream: TextIO) -> int | None:
     """Lines left in ``stream`` if it is a regular file (counted without moving its offset), else None."""
     import os
     import stat
@@ -312,7 +327,7 @@ def _lines_ahead(stream) -> int | None:
         return None
 
 
-def cmd_status(args) -> int:
+def cmd_status(args: argparse.Namespace) -> int:
     app = _app()
     counts = [app.broker.queue_counts(q) for q in app.queues]
     if args.json:

@@ -26,9 +26,12 @@ from typing import TYPE_CHECKING, Any
 from conveyor.cli import env_flag
 
 if TYPE_CHECKING:
+    import psycopg
+    from psycopg.rows import TupleRow
     from rich.console import Console, Group
 
     from conveyor.app import App
+    from conveyor.cli import Subcommands
     from conveyor.platform.streams.base import StreamEntry
     from conveyor.settings import Settings
     from conveyor.tasks.worker import InlineWorkers
@@ -53,7 +56,7 @@ STARTING_CREDITS = Decimal("100")
 DEMO_FAULT_RATE = 0.2
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("demo", help="a bounded, self-checking run of the whole platform (embedded by default)")
     env_flag(p, "--runs", env="CONVEYOR_DEMO_RUNS", type=int, help="agent rounds to run")
     env_flag(
@@ -253,12 +256,10 @@ class Demo:
         progress = Progress()
         with self.app.pool.connection() as conn:
             progress.runs = {row[0]: row for row in conn.execute(queries["runs"], {"user_id": self.user_id})}
-            progress.charges = conn.execute(queries["charges"], {"user_id": self.user_id}).fetchone()[0]
-            progress.extractions, _ = conn.execute(queries["extractions"], {"user_id": self.user_id}).fetchone()
-            progress.memories = conn.execute(queries["memories"], {"user_id": self.user_id}).fetchone()[0]
-            progress.indexed, progress.index_chunks = conn.execute(
-                queries["indexed"], {"user_id": self.user_id}
-            ).fetchone()
+            progress.charges = self._totals(conn, "charges")[0]
+            progress.extractions, _ = self._totals(conn, "extractions")
+            progress.memories = self._totals(conn, "memories")[0]
+            progress.indexed, progress.index_chunks = self._totals(conn, "indexed")
         # Read each stream as a client would: only what is new since the last look.
         buffer = buffer_for(self.app)
         for run_id in self.run_ids:
@@ -277,6 +278,12 @@ class Demo:
                     self.app.jobs.enqueue("run.finalize", {"task_id": task_id, "run_id": run_id})
                 self.duplicated.add(run_id)
         return progress
+
+    def _totals(self, conn: psycopg.Connection[TupleRow], name: str) -> tuple[Any, ...]:
+        """The one row of demo.sql's aggregate query ``name`` over this demo's user."""
+        row = conn.execute(_queries()[name], {"user_id": self.user_id}).fetchone()
+        assert row is not None, "an aggregate query always has its row"
+        return row
 
     def done(self, progress: Progress) -> bool:
         from conveyor.platform.records import TERMINAL
@@ -364,7 +371,7 @@ class Demo:
                 ):
                     whole += 1
             checks.append(Check("streams complete, no chunk twice, reply == stream", whole == n, f"{whole}/{n}"))
-            charges = conn.execute(queries["charges"], {"user_id": self.user_id}).fetchone()[0]
+            charges = self._totals(conn, "charges")[0]
             checks.append(
                 Check(
                     "charges == unique rounds",
@@ -382,8 +389,8 @@ class Demo:
                     f"{len(mismatches)} mismatches; balance {balance} = {STARTING_CREDITS} top-up {spent} charged",
                 )
             )
-            extractions, memories_found = conn.execute(queries["extractions"], {"user_id": self.user_id}).fetchone()
-            memories = conn.execute(queries["memories"], {"user_id": self.user_id}).fetchone()[0]
+            extractions, memories_found = self._totals(conn, "extractions")
+            memories = self._totals(conn, "memories")[0]
             checks.append(
                 Check(
                     "memories written",
@@ -391,7 +398,7 @@ class Demo:
                     f"{extractions} extractions, {memories} memories",
                 )
             )
-            indexed, index_chunks = conn.execute(queries["indexed"], {"user_id": self.user_id}).fetchone()
+            indexed, index_chunks = self._totals(conn, "indexed")
             hits = records.search_resources(conn, "task", user_id=self.user_id, limit=100)
             checks.append(
                 Check(

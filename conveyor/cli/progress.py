@@ -18,7 +18,11 @@ import json
 import logging
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 
 def is_terminal(stream: TextIO) -> bool:
@@ -42,8 +46,8 @@ class CommandProgress:
         self.summary_stream = summary_stream or sys.stderr
         self.interactive = is_terminal(self.bar_stream)
         self.started = time.monotonic()
-        self._progress = None
-        self._handlers: list[tuple[logging.StreamHandler, Any]] = []
+        self._progress: Progress | None = None
+        self._handlers: list[tuple[logging.StreamHandler[Any], TextIO | None]] = []
 
     def __enter__(self) -> CommandProgress:
         if self.interactive:
@@ -58,7 +62,7 @@ class CommandProgress:
                 TimeRemainingColumn,
             )
 
-            self._progress = Progress(
+            progress = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
@@ -70,24 +74,25 @@ class CommandProgress:
                 redirect_stdout=False,
                 redirect_stderr=False,
             )
-            self._progress.start()
-            self._route_logs_above_the_bar()
+            self._progress = progress
+            progress.start()
+            self._route_logs_above_the_bar(progress.console)
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._progress is not None:
             self._progress.stop()
             for handler, stream in self._handlers:
                 handler.setStream(stream)
             self._handlers.clear()
 
-    def add(self, description: str, total: float | None) -> int | None:
+    def add(self, description: str, total: float | None) -> TaskID | None:
         """A new bar (``total=None``: a bar of unknown length). Nothing is drawn off a terminal."""
         if self._progress is None:
             return None
         return self._progress.add_task(description, total=total)
 
-    def advance(self, task: int | None, amount: float = 1, description: str | None = None) -> None:
+    def advance(self, task: TaskID | None, amount: float = 1, description: str | None = None) -> None:
         if self._progress is None or task is None:
             return
         if description is None:
@@ -95,7 +100,7 @@ class CommandProgress:
         else:
             self._progress.update(task, advance=amount, description=description)
 
-    def finish(self, task: int | None, total: float | None = None) -> None:
+    def finish(self, task: TaskID | None, total: float | None = None) -> None:
         """Mark a bar done (a bar of unknown length gets its length now)."""
         if self._progress is None or task is None:
             return
@@ -118,10 +123,10 @@ class CommandProgress:
             line = json.dumps({"command": self.command, "ok": ok, **fields, "seconds": seconds})
             print(line, file=self.summary_stream, flush=True)
 
-    def _route_logs_above_the_bar(self) -> None:
+    def _route_logs_above_the_bar(self, console: Console) -> None:
         from rich.file_proxy import FileProxy
 
-        proxy = FileProxy(self._progress.console, self.bar_stream)
+        proxy = FileProxy(console, self.bar_stream)
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.StreamHandler) and handler.stream is self.bar_stream:
                 self._handlers.append((handler, handler.setStream(proxy)))

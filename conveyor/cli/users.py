@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.cli import Subcommands
 
 
-def register(sub) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("users", help="producer accounts: create")
     users = p.add_subparsers(dest="users_command", metavar="ACTION", required=True)
     q = users.add_parser("create", help="create a user (its id is the user_id its tasks and resources carry)")
@@ -27,7 +33,7 @@ def register(sub) -> None:
     q.set_defaults(func=cmd_keys_revoke)
 
 
-def _app():
+def _app() -> App:
     from conveyor.app import App
     from conveyor.logs import configure_logging
     from conveyor.schema.migrate import migrate
@@ -38,7 +44,7 @@ def _app():
     return app
 
 
-def cmd_users_create(args) -> int:
+def cmd_users_create(args: argparse.Namespace) -> int:
     from conveyor import access
 
     app = _app()
@@ -55,7 +61,7 @@ def cmd_users_create(args) -> int:
     return 0
 
 
-def cmd_keys_create(args) -> int:
+def cmd_keys_create(args: argparse.Namespace) -> int:
     from conveyor import access
 
     app = _app()
@@ -69,7 +75,7 @@ def cmd_keys_create(args) -> int:
     return 0
 
 
-def cmd_keys_list(args) -> int:
+def cmd_keys_list(args: argparse.Namespace) -> int:
     from conveyor import access
 
     app = _app()
@@ -79,20 +85,16 @@ def cmd_keys_list(args) -> int:
     finally:
         app.close()
     for key in keys:
-        row = {
-            "id": key.id,
-            "user": key.user_id,
-            "created_at": key.created_at.isoformat(),
-            "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
-        }
+        revoked_at = key.revoked_at.isoformat() if key.revoked_at else None
+        row = {"id": key.id, "user": key.user_id, "created_at": key.created_at.isoformat(), "revoked_at": revoked_at}
         if args.json:
             print(json.dumps(row))
         else:
-            print(f"{key.id}  {row['created_at']}  {'revoked ' + row['revoked_at'] if key.revoked_at else 'live'}")
+            print(f"{key.id}  {row['created_at']}  {'revoked ' + revoked_at if revoked_at else 'live'}")
     return 0
 
 
-def cmd_keys_revoke(args) -> int:
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from conveyor import access
 
     app = _app()

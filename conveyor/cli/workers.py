@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+
+    from conveyor.cli import Subcommands
 
 
-def register(sub) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("workers", help="worker processes: host, pid, queues, heartbeat, jobs in flight, counts")
     p.add_argument("--json", action="store_true", help="print JSON (one array; times are UNIX seconds)")
     p.add_argument(
@@ -17,7 +24,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_workers)
 
 
-def cmd_workers(args) -> int:
+def cmd_workers(args: argparse.Namespace) -> int:
     from conveyor.api.inspector import Inspector
     from conveyor.cli.core import _app
 
@@ -36,7 +43,7 @@ def cmd_workers(args) -> int:
     from rich.table import Table
 
     table = Table(title=f"workers ({app.settings.broker_name} broker)", title_justify="left")
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("host", "left"),
         ("pid", "right"),
         ("state", "left"),
@@ -48,7 +55,8 @@ def cmd_workers(args) -> int:
         ("done", "right"),
         ("failed", "right"),
         ("version", "left"),
-    ):
+    )
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=name in ("pid", "state", "heartbeat"))
     style = {"alive": "green", "late": "bold yellow", "gone": "dim"}
     for w in workers:

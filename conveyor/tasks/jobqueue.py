@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar
 
 from dramatiq import Message
 from pydantic import BaseModel, ValidationError
@@ -11,7 +11,6 @@ from pydantic import BaseModel, ValidationError
 from conveyor.brokers.base import EnqueueItem, JobRef
 from conveyor.errors import InvalidPayload, PayloadTooLarge, TransactionalEnqueueUnsupported, UnknownJob
 from conveyor.middleware.base import conveyor_middleware
-from conveyor.tasks.payloads import Payload
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -106,7 +105,11 @@ class JobQueue:
         return EnqueueItem(message, request.key, delay_ms)
 
 
-def validate_payload(job: str, model: type[Payload], payload: Any) -> Payload:
+#: A payload model: a :class:`Payload`, or a root model such as agent.build's union of variants.
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_payload(job: str, model: type[M], payload: Any) -> M:
     """The payload as its model, or :class:`InvalidPayload` listing each bad field (never its value)."""
     try:
         if isinstance(payload, model):

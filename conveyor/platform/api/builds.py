@@ -23,21 +23,28 @@ build and read any. The upload route is no exception.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
-from python_multipart.multipart import MultipartParseError, MultipartParser, parse_options_header
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from conveyor.api.auth import Caller, require_admin, require_user_or_admin
-from conveyor.api.deps import NamePath, conveyor_app
+from conveyor.api.auth import UserOrAdmin, require_admin
+from conveyor.api.deps import ConveyorApp, NamePath
 from conveyor.api.errors import not_found
 from conveyor.errors import EnqueueError, SecretKeyError, UploadRefused, UploadTooLarge
 from conveyor.platform import records
 from conveyor.platform.builds import store
 from conveyor.platform.builds.requests import request_build
 from conveyor.platform.builds.uploads import Uploads, UploadWriter
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
+
+    from conveyor.app import App
+    from conveyor.settings import Settings
 
 # A user's key asks for builds of that user's own agents and connectors and reads only that user's
 # builds (owner_id); another user's answer 404 as missing ones. The admin token: any.
@@ -49,7 +56,7 @@ UPLOAD_PATH = "/api/agents/upload-and-deploy"
 FORM_OVERHEAD = 256 * 1024
 
 
-def body_limits(settings) -> dict[str, int]:
+def body_limits(settings: Settings) -> dict[str, int]:
     """The upload route's body cap, larger than other routes': :func:`conveyor.api.app.create_app` asks for it."""
     return {UPLOAD_PATH: settings.upload_max_bytes + FORM_OVERHEAD}
 
@@ -60,9 +67,9 @@ UPLOAD_FIELDS = ("agent_id", "owner_id", "kind", "version", "changelog", "env")
 
 @router.post("/builds", status_code=status.HTTP_202_ACCEPTED)
 def create_build(
+    app: ConveyorApp,
+    caller: UserOrAdmin,
     body: Any = Body(..., description="{kind, ...the variant's fields, env: {NAME: value}}"),
-    app=Depends(conveyor_app),
-    caller: Caller = Depends(require_user_or_admin),
 ) -> dict[str, Any]:
     if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
         raise HTTPException(422, "the body is a JSON object with a 'kind'")
@@ -88,14 +95,14 @@ def create_build(
     }
 
 
-def _own(app, fields: dict[str, Any], user_id: str) -> None:
+def _own(app: App, fields: dict[str, Any], user_id: str) -> None:
     """A user's build is owned by that user (422 naming ``owner_id`` if another is given), for a target of theirs."""
     if fields.setdefault("owner_id", user_id) != user_id:
         raise HTTPException(422, [{"loc": ["body", "owner_id"], "msg": "a build belongs to the key's user"}])
     _refuse_foreign_target(app, fields, user_id)
 
 
-def _refuse_foreign_target(app, fields: dict[str, Any], user_id: str) -> None:
+def _refuse_foreign_target(app: App, fields: dict[str, Any], user_id: str) -> None:
     """404 when the build is for an agent or connector of another user (as if there were none)."""
     for kind, field in (("agent", "agent_id"), ("connector", "connector_id")):
         target_id = fields.get(field)
@@ -107,9 +114,7 @@ def _refuse_foreign_target(app, fields: dict[str, Any], user_id: str) -> None:
 
 
 @router.get("/builds/{build_id}")
-def get_build(
-    build_id: NamePath, app=Depends(conveyor_app), caller: Caller = Depends(require_user_or_admin)
-) -> dict[str, Any]:
+def get_build(build_id: NamePath, app: ConveyorApp, caller: UserOrAdmin) -> dict[str, Any]:
     with app.pool.connection() as conn:
         record = store.get_build(conn, build_id)
         if record is not None and caller.user_id is not None and record.owner_id != caller.user_id:
@@ -121,7 +126,7 @@ def get_build(
 
 
 @router.get("/deployments/{target_kind}/{target_id}", dependencies=[Depends(require_admin)])
-def get_deployment(target_kind: NamePath, target_id: NamePath, app=Depends(conveyor_app)) -> dict[str, Any]:
+def get_deployment(target_kind: NamePath, target_id: NamePath, app: ConveyorApp) -> dict[str, Any]:
     if target_kind not in ("agent", "connector"):
         raise HTTPException(status.HTTP_404_NOT_FOUND, "target kind is agent or connector")
     with app.pool.connection() as conn:
@@ -139,9 +144,7 @@ def get_deployment(target_kind: NamePath, target_id: NamePath, app=Depends(conve
 
 # The caller is checked on the route itself (the router has no dependencies), before any byte is read.
 @router.post(UPLOAD_PATH.removeprefix("/api"), status_code=status.HTTP_202_ACCEPTED)
-async def upload_and_deploy(
-    request: Request, app=Depends(conveyor_app), caller: Caller = Depends(require_user_or_admin)
-) -> dict[str, Any]:
+async def upload_and_deploy(request: Request, app: ConveyorApp, caller: UserOrAdmin) -> dict[str, Any]:
     """multipart/form-data: ``file`` (a zip), ``agent_id``, ``owner_id`` (a user's key: theirs, may be left out);
     optional ``kind`` (upload, or update for an agent that exists), ``version``, ``changelog``, ``env`` (a JSON
     object of strings)."""
@@ -229,7 +232,7 @@ class _StreamedForm:
         self._saw_file = False
         self._done = False
 
-    def callbacks(self) -> dict:
+    def callbacks(self) -> MultipartCallbacks:
         return {
             "on_part_begin": self._begin,
             "on_header_field": self._field,

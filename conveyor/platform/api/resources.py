@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, Field
 
-from conveyor.api.auth import require_user
+from conveyor.api.auth import UserId
+from conveyor.api.deps import ConveyorApp
 from conveyor.api.errors import not_found
 from conveyor.errors import EnqueueError, RecordNotFound
 from conveyor.platform import records
-from conveyor.platform.api.runs import AUTH_RESPONSES, IdPath, conveyor_app
+from conveyor.platform.api.runs import AUTH_RESPONSES, IdPath
 from conveyor.platform.payloads import ResourceIndex
 from conveyor.tasks.payloads import Id
 
@@ -70,10 +71,10 @@ class SearchResults(BaseModel):
 @router.get("/search", response_model=SearchResults, responses=AUTH_RESPONSES)
 def search(
     q: Annotated[str, Query(min_length=1, max_length=500, description='words, "a phrase", -not, or')],
+    app: ConveyorApp,
+    caller: UserId,
     user_id: Annotated[Id | None, Query(description="only ever you: another user finds nothing")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    app=Depends(conveyor_app),
-    caller: str = Depends(require_user),
 ) -> SearchResults:
     """Full-text search over your indexed resources (API key), best match first.
 
@@ -101,8 +102,8 @@ def put_resource(
     resource_id: IdPath,
     body: PutResource,
     response: Response,
-    app=Depends(conveyor_app),
-    user_id: str = Depends(require_user),
+    app: ConveyorApp,
+    user_id: UserId,
 ) -> ResourceAccepted:
     """Store your resource's text (API key) and enqueue its indexing; unchanged text enqueues nothing new."""
     if body.user_id is not None and body.user_id != user_id:
@@ -130,7 +131,7 @@ def put_resource(
     response_model=ResourceState,
     responses={**AUTH_RESPONSES, 404: {"description": "no such resource of yours"}},
 )
-def get_resource(resource_id: IdPath, app=Depends(conveyor_app), user_id: str = Depends(require_user)) -> ResourceState:
+def get_resource(resource_id: IdPath, app: ConveyorApp, user_id: UserId) -> ResourceState:
     """Your resource's current version and whether that version is indexed (its body is not returned)."""
     with app.pool.connection() as conn:
         try:

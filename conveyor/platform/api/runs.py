@@ -12,7 +12,7 @@ with the same body as an id that does not exist. A client-chosen
 ``message_id`` is the user's own (:func:`~conveyor.platform.records.scoped_message_id`).
 
 The routers need the conveyor :class:`~conveyor.app.App` in
-``request.app.state.conveyor`` (see :func:`conveyor_app`).
+``request.app.state.conveyor`` (see :func:`conveyor.api.deps.conveyor_app`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ import asyncio
 import json
 import time
 from datetime import datetime
-from typing import Annotated, Any, AsyncIterator
+from typing import TYPE_CHECKING, Annotated, Any, AsyncIterator
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from conveyor.api.auth import require_user
+from conveyor.api.auth import UserId
+from conveyor.api.deps import ConveyorApp
 from conveyor.api.errors import not_found
 from conveyor.errors import EnqueueError, RecordConflict, RecordNotFound
 from conveyor.platform import records
@@ -36,10 +37,13 @@ from conveyor.platform.rounds import start_round
 from conveyor.platform.streams import buffer_for
 from conveyor.tasks.payloads import Id
 
+if TYPE_CHECKING:
+    from conveyor.app import App
+
 router = APIRouter(prefix="/api", tags=["runs"])
 
 #: Every producer route answers these besides its own.
-AUTH_RESPONSES = {401: {"description": "no valid API key"}}
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {401: {"description": "no valid API key"}}
 
 #: Largest chunk number a client may resume after (``run_chunks.seq`` is an INTEGER).
 MAX_SEQ = 2**31 - 1
@@ -52,11 +56,6 @@ KEEPALIVE_SECONDS = 15.0
 STATUS_CHECK_SECONDS = 2.0
 
 IdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@\-]+$")]
-
-
-def conveyor_app(request: Request):
-    """The conveyor App serving this request (``create_app`` puts it in ``app.state.conveyor``)."""
-    return request.app.state.conveyor
 
 
 class StartRun(BaseModel):
@@ -112,9 +111,7 @@ def stream_url(run_id: str) -> str:
         503: {"description": "the broker is unavailable; nothing was started"},
     },
 )
-def post_run(
-    task_id: IdPath, body: StartRun, response: Response, app=Depends(conveyor_app), user_id: str = Depends(require_user)
-) -> RunAccepted:
+def post_run(task_id: IdPath, body: StartRun, response: Response, app: ConveyorApp, user_id: UserId) -> RunAccepted:
     """Start a round of one of your tasks (API key); the run happens on a worker. Answers 202 with where to follow it."""
     message_id = records.scoped_message_id(user_id, body.message_id) if body.message_id else None
     try:
@@ -141,7 +138,7 @@ def post_run(
     )
 
 
-def _load_run(app, run_id: str, user_id: str) -> records.Run:
+def _load_run(app: App, run_id: str, user_id: str) -> records.Run:
     with app.pool.connection() as conn:
         try:
             return records.get_run_of(conn, run_id, user_id)
@@ -154,7 +151,7 @@ def _load_run(app, run_id: str, user_id: str) -> records.Run:
     response_model=RunStatus,
     responses={**AUTH_RESPONSES, 404: {"description": "no such run of yours"}},
 )
-def get_run(run_id: IdPath, app=Depends(conveyor_app), user_id: str = Depends(require_user)) -> RunStatus:
+def get_run(run_id: IdPath, app: ConveyorApp, user_id: UserId) -> RunStatus:
     """One of your runs (API key) as the database has it: status, attempts, token usage, error."""
     run = _load_run(app, run_id, user_id)
     return RunStatus(
@@ -174,10 +171,10 @@ def get_run(run_id: IdPath, app=Depends(conveyor_app), user_id: str = Depends(re
 async def get_run_stream(
     run_id: IdPath,
     request: Request,
+    app: ConveyorApp,
+    user_id: UserId,
     last_event_id: Annotated[str | None, Header()] = None,
     after: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="resume after this seq")] = None,
-    app=Depends(conveyor_app),
-    user_id: str = Depends(require_user),
 ) -> StreamingResponse:
     """Server-Sent Events of one of your runs (API key): ``event: chunk`` (``{"text"}``) per chunk, then
     ``event: end`` (``{"status"}``).
@@ -199,7 +196,7 @@ async def get_run_stream(
     )
 
 
-async def _events(app, run_id: str, after: int, user_id: str) -> AsyncIterator[str]:
+async def _events(app: App, run_id: str, after: int, user_id: str) -> AsyncIterator[str]:
     buffer = buffer_for(app)
     poll = app.settings.stream_poll_interval
     yield "retry: 1000\n\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from psycopg_pool import ConnectionPool
 
@@ -27,6 +28,7 @@ from conveyor.platform.builds.builder import (
     UploadSource,
 )
 from conveyor.platform.builds.payloads import (
+    BuildVariant,
     GithubClone,
     McpGit,
     McpUpload,
@@ -38,12 +40,15 @@ from conveyor.platform.builds.payloads import (
 )
 from conveyor.platform.builds.store import Outcome
 
+#: The variant a context carries: each executor takes the context of its own kind's request.
+R = TypeVar("R", bound=BuildVariant)
+
 
 @dataclass(frozen=True)
-class BuildContext:
+class BuildContext(Generic[R]):
     """Everything an executor may use. ``env`` holds the decrypted values: pass it on, never log it."""
 
-    request: object
+    request: R
     builder: Builder
     pool: ConnectionPool
     env: dict[str, str]
@@ -52,23 +57,29 @@ class BuildContext:
     workdir: Path
 
 
-Executor = Callable[[BuildContext], Outcome]
+#: What runs one kind; the processor picks it by the request's ``kind``, so the request is that kind's variant.
+Executor = Callable[[BuildContext[Any]], Outcome]
 
 #: kind -> executor.
 EXECUTORS: dict[str, Executor] = {}
 
 
-def executor(kind: str) -> Callable[[Executor], Executor]:
+def executor(kind: str) -> Callable[[Callable[[BuildContext[R]], Outcome]], Callable[[BuildContext[R]], Outcome]]:
     """Register the decorated function as the executor of build kind ``kind``."""
 
-    def register(fn: Executor) -> Executor:
+    def register(fn: Callable[[BuildContext[R]], Outcome]) -> Callable[[BuildContext[R]], Outcome]:
         EXECUTORS[kind] = fn
         return fn
 
     return register
 
 
-def build_source(ctx: BuildContext, source: Source) -> tuple[str, str | None]:
+def _git_version(commit: str | None) -> str | None:
+    """The version a build from git gets when none is given: ``git-<commit[:12]>``."""
+    return f"git-{commit[:12]}" if commit else None
+
+
+def build_source(ctx: BuildContext[Any], source: Source) -> tuple[str, str | None]:
     """Fetch, build and package ``source``: (artifact sha256, git commit or None)."""
     tree = ctx.workdir / "src"
     commit = ctx.builder.fetch(source, tree, ctx.deadline, ctx.log)
@@ -78,16 +89,21 @@ def build_source(ctx: BuildContext, source: Source) -> tuple[str, str | None]:
 
 
 @executor("upload")
-def upload(ctx: BuildContext) -> Outcome:
-    request: Upload = ctx.request
-    source = UploadSource(request.upload_id) if request.upload_id else ArchiveSource(request.archive_path)
+def upload(ctx: BuildContext[Upload]) -> Outcome:
+    request = ctx.request
+    source: Source
+    if request.upload_id:
+        source = UploadSource(request.upload_id)
+    else:
+        assert request.archive_path is not None, "Upload holds exactly one of upload_id and archive_path"
+        source = ArchiveSource(request.archive_path)
     artifact, _ = build_source(ctx, source)
     return Outcome(artifact, request.version, env_names=tuple(sorted(ctx.env)))
 
 
 @executor("update")
-def update(ctx: BuildContext) -> Outcome:
-    request: Update = ctx.request
+def update(ctx: BuildContext[Update]) -> Outcome:
+    request = ctx.request
     if request.upload_id:
         source: Source = UploadSource(request.upload_id)
     elif request.archive_path:
@@ -107,8 +123,8 @@ def update(ctx: BuildContext) -> Outcome:
 
 
 @executor("rollback")
-def rollback(ctx: BuildContext) -> Outcome:
-    request: Rollback = ctx.request
+def rollback(ctx: BuildContext[Rollback]) -> Outcome:
+    request = ctx.request
     with ctx.pool.connection() as conn:
         found = store.get_version(conn, "agent", request.agent_id, request.target_version)
         known = [v for v, _ in store.list_versions(conn, "agent", request.agent_id)]
@@ -128,21 +144,26 @@ def rollback(ctx: BuildContext) -> Outcome:
 
 
 @executor("standalone_build")
-def standalone_build(ctx: BuildContext) -> Outcome:
-    request: StandaloneBuild = ctx.request
-    source: Source = GitSource(request.git_url, request.ref) if request.git_url else DirectorySource(request.source_dir)
+def standalone_build(ctx: BuildContext[StandaloneBuild]) -> Outcome:
+    request = ctx.request
+    source: Source
+    if request.git_url:
+        source = GitSource(request.git_url, request.ref)
+    else:
+        assert request.source_dir is not None, "StandaloneBuild holds exactly one of git_url and source_dir"
+        source = DirectorySource(request.source_dir)
     artifact, commit = build_source(ctx, source)
-    version = request.version_tag or (f"git-{commit[:12]}" if commit else None)
+    version = request.version_tag or _git_version(commit)
     return Outcome(artifact, version, env_names=tuple(sorted(ctx.env)))
 
 
 @executor("github_clone")
-def github_clone(ctx: BuildContext) -> Outcome:
-    request: GithubClone = ctx.request
+def github_clone(ctx: BuildContext[GithubClone]) -> Outcome:
+    request = ctx.request
     artifact, commit = build_source(ctx, GitSource(request.repo_url, request.branch))
     return Outcome(
         artifact,
-        request.version_override or f"git-{commit[:12]}",
+        request.version_override or _git_version(commit),
         env_names=tuple(sorted(ctx.env)),
         repo_url=request.repo_url,
         repo_branch=request.branch,
@@ -150,20 +171,24 @@ def github_clone(ctx: BuildContext) -> Outcome:
 
 
 @executor("mcp_upload")
-def mcp_upload(ctx: BuildContext) -> Outcome:
-    request: McpUpload = ctx.request
+def mcp_upload(ctx: BuildContext[McpUpload]) -> Outcome:
+    request = ctx.request
     src = request.source
-    git = isinstance(src, McpGit)
+    source: Source
+    repo_url = repo_branch = None
     if isinstance(src, McpUploaded):
-        source: Source = UploadSource(src.upload_id)
+        source = UploadSource(src.upload_id)
+    elif isinstance(src, McpGit):
+        source = GitSource(src.url, src.ref)
+        repo_url, repo_branch = src.url, src.ref
     else:
-        source = GitSource(src.url, src.ref) if git else ArchiveSource(src.path)
+        source = ArchiveSource(src.path)
     artifact, commit = build_source(ctx, source)
-    version = request.version or (f"git-{commit[:12]}" if commit else None)
+    version = request.version or _git_version(commit)
     return Outcome(
         artifact,
         version,
         env_names=tuple(sorted(ctx.env)),
-        repo_url=src.url if git else None,
-        repo_branch=src.ref if git else None,
+        repo_url=repo_url,
+        repo_branch=repo_branch,
     )

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import tarfile
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -77,7 +78,7 @@ class LocalBuilder(Builder):
         self._script_ran = False
 
     @contextmanager
-    def workspace(self, build_id: str, claim: int):
+    def workspace(self, build_id: str, claim: int) -> Iterator[Path]:
         self.work.mkdir(parents=True, exist_ok=True)
         build_dir = inside(self.work, safe_name(build_id, "build_id"))
         # An earlier claim's worker died: its tree is of no use to anyone.
@@ -212,7 +213,7 @@ class LocalBuilder(Builder):
         return Artifact(sha256, path, path.stat().st_size) if path.is_file() else None
 
 
-def _walk(tree: Path):
+def _walk(tree: Path) -> Iterator[Path]:
     """Every entry under ``tree`` in a fixed order, without .git."""
     for dirpath, dirnames, filenames in os.walk(tree):
         dirnames[:] = sorted(d for d in dirnames if d != ".git")

@@ -82,7 +82,8 @@ class BuildVariant(BaseModel):
     @property
     def target_id(self) -> str:
         """The id of the agent or connector this build is for."""
-        return getattr(self, "agent_id")
+        target_id: str = getattr(self, "agent_id")  # every variant but McpUpload (which overrides this) has one
+        return target_id
 
     def host_paths(self) -> list[str]:
         """The fields of this request that name a path on the build host (producers over HTTP may not)."""
@@ -236,12 +237,15 @@ class McpUpload(BuildVariant):
         return []
 
 
-#: The variants, in the order of the union. A new variant is added here (and gets an executor).
-VARIANTS: tuple[type[BuildVariant], ...] = (Upload, Update, Rollback, StandaloneBuild, GithubClone, McpUpload)
+#: Any one build request. A new variant is added here (and gets an executor).
+Variant = Union[Upload, Update, Rollback, StandaloneBuild, GithubClone, McpUpload]
+
+#: The variants, in the order of the union (spelled once, above, so mypy sees the union too).
+VARIANTS: tuple[type[BuildVariant], ...] = typing.get_args(Variant)
 
 BUILD_KINDS: dict[str, type[BuildVariant]] = {v.model_fields["kind"].default: v for v in VARIANTS}
 
-BuildRequest = Annotated[Union[VARIANTS], Field(discriminator="kind")]  # type: ignore[valid-type]
+BuildRequest = Annotated[Variant, Field(discriminator="kind")]
 
 #: The job's Dramatiq time limit: the longest variant's, plus time to write the outcome.
 HARD_TIME_LIMIT = max(v.time_limit for v in VARIANTS) + 5 * MINUTE
@@ -263,7 +267,7 @@ class BuildPayload(RootModel[BuildRequest]):
         return cls.model_validate(data)
 
 
-def _known_fields(model: type[BaseModel], data: dict) -> dict:
+def _known_fields(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
     """``data`` without the keys ``model`` (and its nested models) does not declare."""
     out = {}
     for name, value in data.items():
@@ -278,7 +282,7 @@ def _known_fields(model: type[BaseModel], data: dict) -> dict:
     return out
 
 
-def _nested_model(annotation: Any, discriminator: Any, value: dict) -> type[BaseModel] | None:
+def _nested_model(annotation: Any, discriminator: Any, value: dict[str, Any]) -> type[BaseModel] | None:
     candidates = [
         a for a in (typing.get_args(annotation) or (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)
     ]

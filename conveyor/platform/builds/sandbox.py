@@ -30,6 +30,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
+from typing import IO
 
 from conveyor.errors import BuildTimeout, SandboxUnavailable
 from conveyor.platform.builds.builder import BuildLog, Deadline
@@ -44,7 +45,7 @@ PASSED_ENV = ("LANG", "LC_ALL", "TZ")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: Sandbox configurations this process has started once (see :meth:`Sandbox.check`).
-_WORKING: set[tuple] = set()
+_WORKING: set[tuple[bool, bool, str]] = set()
 
 
 class Sandbox:
@@ -60,7 +61,7 @@ class Sandbox:
 
     def hand_over(self, workspace: Path) -> None:
         """Give the workspace to the sandbox user, so the script can write it and nothing else."""
-        if self.uid is None:
+        if self.uid is None or self.gid is None:  # both, or neither (a worker that is not root)
             return
         os.chown(workspace, self.uid, self.gid)
         for dirpath, dirnames, filenames in os.walk(workspace):
@@ -69,8 +70,9 @@ class Sandbox:
 
     def argv(self, workspace: Path, cwd: str, command: list[str]) -> list[str]:
         """The full command line: prlimit, bwrap with its mounts, the user switch, ``command``."""
-        bwrap, prlimit, setpriv = shutil.which("bwrap"), shutil.which("prlimit"), shutil.which("setpriv")
-        if bwrap is None or prlimit is None or (self.as_root and setpriv is None):
+        bwrap, prlimit = shutil.which("bwrap"), shutil.which("prlimit")
+        setpriv = shutil.which("setpriv") if self.as_root else ""  # only root switches to the sandbox user
+        if bwrap is None or prlimit is None or setpriv is None:
             raise SandboxUnavailable(
                 "build scripts run in bubblewrap: install the bubblewrap and util-linux packages on this worker"
             )
@@ -234,13 +236,13 @@ class Sandbox:
 READ_LIMIT = 64 * 1024
 
 
-def _pump(stream, log: BuildLog) -> None:
+def _pump(stream: IO[str], log: BuildLog) -> None:
     while line := stream.readline(READ_LIMIT):
         log.write(line)
     stream.close()
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[str]) -> None:
     """SIGKILL prlimit/bwrap's process group: bwrap's pid 1 dies with it, and with it every process inside."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

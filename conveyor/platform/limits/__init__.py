@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from conveyor.appcache import per_app
+from conveyor.errors import ConfigurationError
 from conveyor.platform.limits.base import Limits, RateLimit, Semaphore, Slot  # noqa: F401  (the interface, importable from the package)
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ def build_limits(app: "App") -> Limits:
     if store == "redis":
         from conveyor.platform.limits.redis import RedisLimits
 
+        if not settings.redis_url:
+            raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
         return RedisLimits(settings.redis_url, namespace=settings.redis_namespace, lease=settings.llm_slot_lease)
     if store == "postgres":
         from conveyor.platform.limits.postgres import PostgresRateLimit, PostgresSemaphore

@@ -17,7 +17,7 @@ class Slot(ABC):
     def __enter__(self) -> "Slot":
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
 

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from conveyor.db import load_queries
 from conveyor.platform.limits.base import RateLimit, Semaphore, Slot
+
+if TYPE_CHECKING:
+    from psycopg.rows import TupleRow
+    from psycopg_pool import ConnectionPool
 
 QUERIES = load_queries(Path(__file__).with_name("postgres.sql"))
 
@@ -27,8 +32,9 @@ def lock_class(name: str) -> int:
 
 
 class _AdvisorySlot(Slot):
-    def __init__(self, pool, conn, key: int, index: int) -> None:
-        self._pool, self._conn, self._key, self._index = pool, conn, key, index
+    def __init__(self, pool: ConnectionPool, conn: psycopg.Connection[TupleRow], key: int, index: int) -> None:
+        self._pool, self._key, self._index = pool, key, index
+        self._conn: psycopg.Connection[TupleRow] | None = conn
 
     def release(self) -> None:
         conn, self._conn = self._conn, None
@@ -45,7 +51,7 @@ class _AdvisorySlot(Slot):
 class PostgresSemaphore(Semaphore):
     """N session-level advisory locks per name."""
 
-    def __init__(self, pool) -> None:
+    def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
 
     def try_acquire(self, name: str, limit: int) -> Slot | None:
@@ -65,12 +71,14 @@ class PostgresSemaphore(Semaphore):
 class PostgresRateLimit(RateLimit):
     """Fixed-window counters in ``rate_windows``; old windows are pruned when a new one opens."""
 
-    def __init__(self, pool) -> None:
+    def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
 
     def hit(self, name: str, limit: int, window: float) -> float:
         with self.pool.connection() as conn:
-            hits, remaining = conn.execute(QUERIES["hit"], {"name": name, "window": window}).fetchone()
+            row = conn.execute(QUERIES["hit"], {"name": name, "window": window}).fetchone()
+            assert row is not None, "an upsert's RETURNING always has its row"
+            hits, remaining = row
             if hits == 1:
                 conn.execute(QUERIES["prune"], {"name": name})
         return 0.0 if hits <= limit else max(0.0, float(remaining))

@@ -64,7 +64,7 @@ class RedisSemaphore(Semaphore):
         self.client, self.namespace, self.lease_ms = client, namespace, int(lease * 1000)
         self._script = client.register_script(_SCRIPT)
 
-    def _call(self, command: str, key: str, *args) -> int:
+    def _call(self, command: str, key: str, *args: str | int) -> int:
         return int(self._script(keys=[key], args=[command, self.lease_ms, *args]))
 
     def try_acquire(self, name: str, limit: int) -> Slot | None:

@@ -14,11 +14,12 @@ from conveyor.platform.providers.base import ChatMessage, Completion, Generation
 
 if TYPE_CHECKING:
     from conveyor.app import App
+    from conveyor.settings import Settings
 
 __all__ = ["ChatMessage", "Completion", "Generation", "Provider", "Usage", "provider_for"]
 
 
-def build_provider(settings) -> Provider:
+def build_provider(settings: Settings) -> Provider:
     """A new provider as ``settings`` configure it."""
     if settings.provider == "openai":
         from conveyor.platform.providers.openai import OpenAIProvider

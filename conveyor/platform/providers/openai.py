@@ -13,13 +13,16 @@ from __future__ import annotations
 import json
 import time
 from email.utils import parsedate_to_datetime
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import httpx
 from pydantic import SecretStr
 
 from conveyor.errors import ProviderError, ProviderRateLimited, ProviderRejected
 from conveyor.platform.providers.base import ChatMessage, Generation, Provider, Usage
+
+if TYPE_CHECKING:
+    from conveyor.settings import Settings
 
 #: A Retry-After beyond this is capped: the job is re-checked at least hourly.
 MAX_RETRY_AFTER = 3600.0
@@ -46,7 +49,7 @@ class OpenAIProvider(Provider):
         )
 
     @classmethod
-    def from_settings(cls, settings) -> "OpenAIProvider":
+    def from_settings(cls, settings: Settings) -> "OpenAIProvider":
         return cls(
             base_url=settings.openai_base_url,
             api_key=settings.openai_api_key,
@@ -70,7 +73,7 @@ class OpenAIProvider(Provider):
         }
         return Generation(self._events(body))
 
-    def _events(self, body: dict) -> Iterator[str | Usage]:
+    def _events(self, body: dict[str, Any]) -> Iterator[str | Usage]:
         try:
             with self._client.stream("POST", "chat/completions", json=body) as response:
                 self._check(response)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from conveyor.appcache import per_app
+from conveyor.errors import ConfigurationError
 from conveyor.platform.streams.base import READ_BATCH, StreamBuffer, StreamEntry  # noqa: F401  (the interface, importable from the package)
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ def build_buffer(app: "App") -> StreamBuffer:
     if store == "redis":
         from conveyor.platform.streams.redis import RedisStreamBuffer
 
+        if not settings.redis_url:
+            raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
         return RedisStreamBuffer(
             settings.redis_url, namespace=settings.redis_namespace, retention=settings.stream_retention
         )

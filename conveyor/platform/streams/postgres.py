@@ -8,9 +8,13 @@ cluster-wide notify lock.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conveyor.db import load_queries
 from conveyor.platform.streams.base import READ_BATCH, StreamBuffer, StreamEntry
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
 
 QUERIES = load_queries(Path(__file__).with_name("postgres.sql"))
 
@@ -18,7 +22,7 @@ QUERIES = load_queries(Path(__file__).with_name("postgres.sql"))
 class PostgresStreamBuffer(StreamBuffer):
     """Chunks as rows keyed by (run_id, seq), on the app's pool."""
 
-    def __init__(self, pool) -> None:
+    def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
 
     def append(self, run_id: str, seq: int, text: str) -> bool:

@@ -9,6 +9,7 @@ expire on their own.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import redis
 
@@ -38,10 +39,20 @@ class RedisStreamBuffer(StreamBuffer):
     def read(self, run_id: str, after: int = 0, limit: int = READ_BATCH) -> list[StreamEntry]:
         rows = self.client.xrange(self._key(run_id), min=f"{after + 1}-0", max="+", count=limit)
         out = []
-        for entry_id, fields in rows:
-            seq = int(entry_id.split(b"-", 1)[0])
-            out.append(StreamEntry(seq, fields[b"k"].decode(), fields[b"d"].decode()))
+        for entry_id, fields in rows or []:
+            # Bytes, or text when REDIS_URL asks for ``decode_responses``: the URL's options win over ours.
+            values = {_text(name): _text(value) for name, value in (fields or {}).items()}
+            seq = int(_text(entry_id).split("-", 1)[0])
+            kind: Literal["chunk", "end"] = "end" if values["k"] == "end" else "chunk"
+            out.append(StreamEntry(seq, kind, values["d"]))
         return out
 
     def close(self) -> None:
         self.client.close()
+
+
+def _text(value: bytes | str | None) -> str:
+    """A Redis reply as text, whether the client decodes replies or not."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return value or ""
