@@ -88,9 +88,11 @@ def throttled(app: "App", client: str) -> bool:
     """True when ``client`` has used up its wrong guesses for the window."""
     settings = app.settings
     with app.pool.connection() as conn:
-        count = conn.execute(
+        row = conn.execute(
             QUERIES["recent_failures"], {"client": client[:200], "window": float(settings.admin_login_window)}
-        ).fetchone()[0]
+        ).fetchone()
+    assert row is not None  # a count always returns one row
+    count = row[0]
     return count >= settings.admin_login_attempts
 
 

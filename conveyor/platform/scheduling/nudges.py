@@ -80,6 +80,8 @@ def schedule_nudge(
         created = row is not None
         if not created:
             row = conn.execute(QUERIES["nudge_by_key"], {"key": key}).fetchone()
+    # None only if the keyed nudge was deleted between the insert's conflict and this read.
+    assert row is not None
     nudge_id = row[0]
     delay = min(max(0.0, (at - moment).total_seconds()), MAX_DELAY_SECONDS)
     # Enqueued again when the key existed: the job key makes that a no-op, or repairs a lost enqueue.
