@@ -15,6 +15,9 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+from psycopg import Connection
 
 from conveyor.db import load_queries
 from conveyor.errors import RecordNotFound
@@ -43,18 +46,18 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_user(conn, user_id: str) -> bool:
+def create_user(conn: Connection[Any], user_id: str) -> bool:
     """Create a user; False when it exists already."""
     if not USER_ID.match(user_id):
         raise ValueError("a user id is 1-128 letters, digits, '_', ':', '@' or '-'")
     return conn.execute(QUERIES["create_user"], {"id": user_id}).fetchone() is not None
 
 
-def user_exists(conn, user_id: str) -> bool:
+def user_exists(conn: Connection[Any], user_id: str) -> bool:
     return conn.execute(QUERIES["get_user"], {"id": user_id}).fetchone() is not None
 
 
-def create_api_key(conn, user_id: str) -> tuple[str, str]:
+def create_api_key(conn: Connection[Any], user_id: str) -> tuple[str, str]:
     """A new key of ``user_id``: (key id, key). The key is not stored, only its digest."""
     if not user_exists(conn, user_id):
         raise RecordNotFound(f"no user {user_id!r}")
@@ -64,19 +67,20 @@ def create_api_key(conn, user_id: str) -> tuple[str, str]:
     return key_id, key
 
 
-def revoke_api_key(conn, key_id: str) -> str:
+def revoke_api_key(conn: Connection[Any], key_id: str) -> str:
     """Revoke a key by its id (again: no change); returns its user. :class:`RecordNotFound` if there is none."""
     row = conn.execute(QUERIES["revoke_api_key"], {"id": key_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no API key {key_id!r}")
-    return row[0]
+    user_id: str = row[0]
+    return user_id
 
 
-def api_keys(conn, user_id: str) -> list[ApiKey]:
+def api_keys(conn: Connection[Any], user_id: str) -> list[ApiKey]:
     return [ApiKey(*row) for row in conn.execute(QUERIES["list_api_keys"], {"user_id": user_id})]
 
 
-def key_user(conn, key: str) -> str | None:
+def key_user(conn: Connection[Any], key: str) -> str | None:
     """The user a live key belongs to, or None (unknown, revoked, malformed or wrong)."""
     prefix, _, rest = key.partition("_")
     key_id, _, secret = rest.partition("_")
@@ -85,5 +89,7 @@ def key_user(conn, key: str) -> str | None:
     row = conn.execute(QUERIES["api_key_digest"], {"id": key_id}).fetchone()
     if row is None:
         return None
+    user_id: str
+    digest: str
     user_id, digest = row
     return user_id if hmac.compare_digest(digest, key_digest(key)) else None

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -68,7 +68,7 @@ def guess_format(url: str) -> Format:
 _BACKTICK_STAND_IN = "\u02cb"
 
 #: Discord: mention nobody, whatever the text says.
-NO_MENTIONS = {"parse": []}
+NO_MENTIONS: dict[str, list[str]] = {"parse": []}
 
 
 def _defuse_mentions(text: str) -> str:
@@ -91,7 +91,7 @@ def discord_text(text: str) -> str:
     return _defuse_mentions(text).replace("<@", "<\u200b@")
 
 
-def render(alert: Alert, fmt: Format) -> dict:
+def render(alert: Alert, fmt: Format) -> dict[str, Any]:
     """The JSON body of ``alert`` in format ``fmt``."""
     error = alert.error if len(alert.error) <= MAX_ERROR_CHARS else alert.error[:MAX_ERROR_CHARS] + "…"
     if fmt != "generic":
@@ -102,7 +102,7 @@ def render(alert: Alert, fmt: Format) -> dict:
     if fmt == "slack":
         error, job_id = slack_text(error), code_block_text(slack_text(alert.job_id))
         summary = slack_text(summary)
-        blocks: list[dict] = [
+        blocks: list[dict[str, Any]] = [
             {"type": "header", "text": {"type": "plain_text", "text": f"Job failed: {alert.job}"[:150]}},
             {
                 "type": "section",

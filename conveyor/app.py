@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 from functools import cached_property
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
+from conveyor.appcache import Closeable
 from conveyor.backends import Backend, backend_for
 from conveyor.logs import log_event
 from conveyor.settings import Settings, get_settings
@@ -15,7 +16,16 @@ from conveyor.tasks.jobqueue import JobQueue
 from conveyor.tasks.queues import queue_specs
 from conveyor.tasks.registry import JobType, check_loaded_settings, load_job_types
 
+if TYPE_CHECKING:
+    from dramatiq import Middleware
+    from psycopg import Connection
+    from psycopg_pool import ConnectionPool
+
+    from conveyor.brokers.base import AnyMessage, ConveyorBroker
+
 logger = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=Closeable)
 
 #: The agent platform's job module, loaded by name like a user's ``CONVEYOR_IMPORTS`` unless
 #: ``CONVEYOR_PLATFORM=false``; the library never imports the platform itself.
@@ -40,10 +50,10 @@ class App:
         self.queues = queue_specs(self.settings, queues)
         self.backend: Backend = backend_for(self.settings)
         self._lock = threading.Lock()
-        self._pool = None
+        self._pool: ConnectionPool[Connection[Any]] | None = None
         # Per-App objects other modules build on first use (a stream buffer, limits, a provider):
         # the App owns them and close() closes them, newest first.
-        self._resources: dict[object, Any] = {}
+        self._resources: dict[object, Closeable] = {}
         self._resources_lock = threading.RLock()
 
     @cached_property
@@ -58,7 +68,7 @@ class App:
         migrate(url)
         return url
 
-    def build_middleware(self) -> list:
+    def build_middleware(self) -> list[Middleware]:
         """The middleware every broker runs, in order (``after_*`` hooks run in reverse)."""
         from dramatiq.middleware import CurrentMessage, TimeLimit
 
@@ -82,7 +92,7 @@ class App:
         ]
 
     @cached_property
-    def broker(self):
+    def broker(self) -> ConveyorBroker:
         """The configured broker, with conveyor's middleware and every job type declared on it.
 
         The composition root: settings -> middleware -> broker -> actors, in this one place.
@@ -92,6 +102,7 @@ class App:
         settings = self.settings
         middleware = self.build_middleware()
         name = self.backend.broker
+        broker: ConveyorBroker
         if name == "redis":
             from conveyor.brokers.redis import RedisBroker
             from conveyor.errors import ConfigurationError
@@ -125,7 +136,7 @@ class App:
         return JobQueue(self)
 
     @property
-    def pool(self):
+    def pool(self) -> ConnectionPool[Connection[Any]]:
         """A psycopg connection pool on the database, opened on first use."""
         with self._lock:
             if self._pool is None:
@@ -138,7 +149,7 @@ class App:
         """How many starts ``job_type`` gets: its own ``max_attempts``, else its queue's."""
         return job_type.attempts(self.queues.get(job_type.queue))
 
-    def final_failure(self, broker: Any, message: Any, error: str) -> None:
+    def final_failure(self, broker: ConveyorBroker, message: AnyMessage, error: str) -> None:
         """Run once when a job has spent its attempts: its job type's hook, then every middleware's ``after_job_dead``."""
         job_type = self.job_types.get(message.actor_name)
         if job_type and job_type.on_final_failure:
@@ -149,12 +160,12 @@ class App:
             except Exception:
                 payload = None
             ctx = JobContext(
-                job_type.name,
-                job_type.queue,
-                message.message_id,
-                message.options.get("attempt", 0),
-                self.max_attempts(job_type),
-                self,
+                job=job_type.name,
+                queue=job_type.queue,
+                job_id=message.message_id,
+                attempt=message.options.get("attempt", 0),
+                max_attempts=self.max_attempts(job_type),
+                app=self,
             )
             try:
                 job_type.on_final_failure(payload, error, ctx)
@@ -176,12 +187,13 @@ class App:
             except Exception:
                 logger.exception("after_job_dead of %r failed", middleware)
 
-    def resource(self, key: object, build: Callable[[], Any]) -> Any:
+    def resource(self, key: object, build: Callable[[], R]) -> R:
         """The App's one object under ``key``, built by ``build()`` on first use and closed by :meth:`close`."""
         with self._resources_lock:
             if key not in self._resources:
                 self._resources[key] = build()
-            return self._resources[key]
+            # The object under a key is always what that key's one builder returns.
+            return cast(R, self._resources[key])
 
     def close(self) -> None:
         """Close every backend the App opened: per-App objects (newest first), the pool, the broker."""

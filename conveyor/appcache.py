@@ -12,10 +12,19 @@ class Closeable(Protocol):
 T = TypeVar("T", bound=Closeable)
 
 
-def per_app(build: Callable[..., T]) -> Callable[..., T]:
+class ResourceOwner(Protocol):
+    """What :func:`per_app` needs of an App: its one object under a key, built on first use."""
+
+    def resource(self, key: object, build: Callable[[], T]) -> T: ...
+
+
+A = TypeVar("A", bound=ResourceOwner)
+
+
+def per_app(build: Callable[[A], T]) -> Callable[[A], T]:
     """Wrap ``build(app)`` so each App gets one object, built on first use; ``App.close()`` closes it."""
 
-    def get(app) -> T:
+    def get(app: A) -> T:
         return app.resource(get, lambda: build(app))
 
     get.__doc__ = build.__doc__

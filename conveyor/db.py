@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -30,7 +31,9 @@ def load_queries(path: Path) -> dict[str, str]:
     return queries
 
 
-def open_pool(url: str, *, min_size: int = 1, max_size: int = 20, name: str = "conveyor") -> ConnectionPool:
+def open_pool(
+    url: str, *, min_size: int = 1, max_size: int = 20, name: str = "conveyor"
+) -> ConnectionPool[psycopg.Connection[Any]]:
     """An autocommit pool; callers open ``conn.transaction()`` where they need one.
 
     No ping on checkout (it would add a round trip to every query): a
@@ -56,7 +59,7 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 20, name: str = "c
     return pool
 
 
-def connect(url: str, **kwargs) -> psycopg.Connection:
+def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
     """One connection, with connection errors translated."""
     try:
         return psycopg.connect(url, **kwargs)

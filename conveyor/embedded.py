@@ -57,11 +57,35 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Protocol
 from urllib.parse import quote
 
 from conveyor.errors import ConfigurationError, ConveyorError, DatabaseUnavailable
 
 _log = logging.getLogger(__name__)
+
+
+class _Postmaster(Protocol):
+    """What this module reads of pgserver's ``PostmasterInfo`` (pgserver ships no types)."""
+
+    pid: int
+    port: int | None
+    socket_dir: Path
+    #: The server's ``psutil.Process`` (psutil ships no types either), None when its pid is gone.
+    process: Any
+
+
+class _Server(Protocol):
+    """What this module uses of a pgserver ``PostgresServer`` handle."""
+
+    #: pgserver's exit hook, which stops the server when the last process leaves.
+    _cleanup: Callable[[], None]
+    #: Ours, set by :func:`_adopt` (absent before).
+    _conveyor_exit: Callable[[], None]
+
+    def get_postmaster_info(self) -> _Postmaster: ...
+
 
 #: The database conveyor uses inside the embedded cluster.
 DATABASE = "conveyor"
@@ -100,7 +124,7 @@ def start_embedded(data_dir: Path) -> str:
         bin_path = _root_install(pgserver, pgdata.parent)
     else:
         pgdata.parent.mkdir(parents=True, exist_ok=True)
-        bin_path = _PGSERVER_BIN
+        bin_path = _own_binaries()
     _forget_dead_handles(pgserver, pgdata)
 
     _use_binaries(pgserver, bin_path)
@@ -141,7 +165,7 @@ def stop_embedded(data_dir: Path) -> None:
     if not _is_running(pgserver.utils.PostmasterInfo.read_from_pgdata(pgdata)):
         return
     user = None
-    bin_path = _PGSERVER_BIN
+    bin_path = _own_binaries()
     if os.geteuid() == 0:
         user = ROOT_RUNS_AS
         bin_path = _root_install(pgserver, pgdata.parent)
@@ -159,7 +183,7 @@ def stop_embedded(data_dir: Path) -> None:
 _PGSERVER_BIN: Path | None = None
 
 
-def _pgserver():
+def _pgserver() -> ModuleType:
     global _PGSERVER_BIN
     # platformdirs warns at import when XDG_RUNTIME_DIR is unset (servers,
     # containers) and falls back to /tmp/runtime-<uid>, which is what we want.
@@ -179,14 +203,20 @@ def _pgserver():
     return pgserver
 
 
-def _use_binaries(pgserver, bin_path: Path) -> None:
+def _own_binaries() -> Path:
+    """pgserver's own bin directory, as :func:`_pgserver` read it before any repointing."""
+    assert _PGSERVER_BIN is not None, "_pgserver() reads it first"
+    return _PGSERVER_BIN
+
+
+def _use_binaries(pgserver: ModuleType, bin_path: Path) -> None:
     """Point pgserver at ``bin_path``: its commands (initdb, pg_ctl) look the
     module global up on every call, its server class imported it by name."""
     pgserver._commands.POSTGRES_BIN_PATH = bin_path
     pgserver.postgres_server.POSTGRES_BIN_PATH = bin_path
 
 
-def _adopt(pgserver, server, pgdata: Path, bin_path: Path) -> None:
+def _adopt(pgserver: ModuleType, server: _Server, pgdata: Path, bin_path: Path) -> None:
     """Run pgserver's exit hook of ``server`` through ours, once per handle.
 
     Ours first drops dead pids, so a child that died without unregistering
@@ -202,7 +232,7 @@ def _adopt(pgserver, server, pgdata: Path, bin_path: Path) -> None:
     server._conveyor_exit = hook
 
 
-def _at_exit(pgserver, server, pgdata: Path, bin_path: Path) -> None:
+def _at_exit(pgserver: ModuleType, server: _Server, pgdata: Path, bin_path: Path) -> None:
     _forget_dead_handles(pgserver, pgdata)
     _use_binaries(pgserver, bin_path)
     server._cleanup()
@@ -215,7 +245,7 @@ def _pgdata(data_dir: Path) -> Path:
 # -- as root: a copy of pgserver's install the server user can reach ----------
 
 
-def _root_install(pgserver, data_dir: Path) -> Path:
+def _root_install(pgserver: ModuleType, data_dir: Path) -> Path:
     """The bin directory of root's copy of pgserver's install under ``data_dir``.
 
     Copied once per pgserver build (the name carries its version and a hash
@@ -225,7 +255,7 @@ def _root_install(pgserver, data_dir: Path) -> Path:
     once no running server uses them. Everything is root's and read-only to
     the server user, so it cannot change the programs it runs.
     """
-    source = _PGSERVER_BIN.parent  # .../site-packages/pgserver/pginstall
+    source = _own_binaries().parent  # .../site-packages/pgserver/pginstall
     key = _build_key(source)
     cache = data_dir / INSTALL_DIR
     target = cache / key
@@ -329,7 +359,7 @@ def _remove_unused_copies(cache: Path, keep: str) -> None:
     old = [p for p in cache.iterdir() if p.name != keep and not p.name.startswith(".") and p.is_dir()]
     if not old:
         return
-    in_use = set()
+    in_use: set[Path] = set()
     for proc in psutil.process_iter(["name", "exe", "status"]):
         exe = proc.info.get("exe")
         # A zombie runs nothing (where nothing reaps orphans, a stopped postmaster lingers as one).
@@ -364,7 +394,7 @@ def _check_root_owned(path: Path) -> None:
         )
 
 
-def _is_running(info) -> bool:
+def _is_running(info: _Postmaster | None) -> bool:
     """Whether a postmaster.pid names a live server (a zombie is not one:
     where nothing reaps orphans, a stopped daemon lingers as one)."""
     import psutil
@@ -372,12 +402,15 @@ def _is_running(info) -> bool:
     if info is None or info.process is None:
         return False
     try:
-        return info.process.status() != psutil.STATUS_ZOMBIE
+        # psutil ships no types: its answers as what it documents.
+        status: str = info.process.status()
+        zombie: str = psutil.STATUS_ZOMBIE
+        return status != zombie
     except psutil.NoSuchProcess:
         return False
 
 
-def _url(info, dbname: str) -> str:
+def _url(info: _Postmaster, dbname: str) -> str:
     """A libpq URL over the server's unix socket (pgserver listens on no port)."""
     host = quote(str(info.socket_dir), safe="")
     port = info.port or 5432  # names the socket file; given so PGPORT cannot interfere
@@ -400,7 +433,7 @@ def _ensure_database(admin_url: str) -> None:
         raise DatabaseUnavailable(f"embedded Postgres not reachable: {exc}") from exc
 
 
-def _forget_dead_handles(pgserver, pgdata: Path) -> None:
+def _forget_dead_handles(pgserver: ModuleType, pgdata: Path) -> None:
     """Drop pids of processes that died without unregistering (see module doc)."""
     import psutil
 

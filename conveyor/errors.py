@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 
 class ConveyorError(Exception):
     """Root of every error conveyor raises on purpose."""
@@ -40,10 +42,17 @@ class UnknownJob(EnqueueError):
         self.job = job
 
 
+class FieldError(TypedDict):
+    """One field's problem, as pydantic reports it: where (``loc``, the path into the payload) and what."""
+
+    loc: tuple[str | int, ...]
+    msg: str
+
+
 class InvalidPayload(EnqueueError):
     """The payload does not match its job's model. ``errors`` lists each field."""
 
-    def __init__(self, job: str, errors: list[dict]) -> None:
+    def __init__(self, job: str, errors: list[FieldError]) -> None:
         fields = "; ".join(
             f"{'.'.join(str(p) for p in err.get('loc', ())) or '<payload>'}: {err.get('msg')}" for err in errors
         )

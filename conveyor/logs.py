@@ -18,24 +18,31 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 from urllib.parse import urlsplit
 
 from conveyor.redaction import scrub
 
 logger = logging.getLogger("conveyor.events")
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+Level = Literal["debug", "info", "warning", "error"]
+
+_LEVELS: dict[Level, int] = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 #: Set by :func:`configure_logging`: the handler event lines are written to directly.
-_direct: logging.StreamHandler | None = None
+_direct: logging.StreamHandler[Any] | None = None
 
 
 def log_event(
     event: str,
     *,
-    level: str = "info",
+    level: Level = "info",
     queue: str | None,
     job: str | None,
     job_id: str | None,
@@ -74,6 +81,14 @@ def log_event(
     # What Logger.log does, minus its stack walk for the caller's file and
     # line, which no conveyor formatter prints: a worker logs twice per job.
     logger.handle(logger.makeRecord(logger.name, lvl, "(unknown file)", 0, "%s", (line,), None))
+
+
+def log_error(error: str, *, level: Level = "warning", queue: str | None = None) -> None:
+    """An ``error`` event of no one job: a connection lost, a flush or a scrape that failed.
+
+    :func:`log_event` with the job's fields empty; ``error`` must hold no secret value.
+    """
+    log_event("error", level=level, queue=queue, job=None, job_id=None, attempt=None, error=error)
 
 
 class _EventLine:

@@ -33,7 +33,7 @@ def redact_payload(payload: Any, model: type | None) -> dict[str, Any]:
         return {}
     if model is None:
         return {name: REDACTED for name in payload}
-    secret = getattr(model, "secret_fields", frozenset())
+    secret: frozenset[str] = getattr(model, "secret_fields", frozenset())
     return {name: REDACTED if name in secret else value for name, value in payload.items()}
 
 
@@ -43,7 +43,7 @@ def payload_secrets(payload: Any, model: type | None) -> list[str]:
         return []
     if model is None:
         return [str(v) for v in payload.values() if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
-    secret = getattr(model, "secret_fields", frozenset())
+    secret: frozenset[str] = getattr(model, "secret_fields", frozenset())
     return [str(payload[name]) for name in secret if payload.get(name) not in (None, "")]
 
 

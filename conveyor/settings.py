@@ -386,6 +386,7 @@ def env_help() -> list[tuple[str, str]]:
     rows = []
     for name, field in Settings.model_fields.items():
         alias = field.validation_alias
-        env = alias.choices[0] if isinstance(alias, AliasChoices) else f"CONVEYOR_{name.upper()}"
+        first = alias.choices[0] if isinstance(alias, AliasChoices) else None
+        env = first if isinstance(first, str) else f"CONVEYOR_{name.upper()}"
         rows.append((env, field.description or ""))
     return rows

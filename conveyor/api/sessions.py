@@ -92,7 +92,7 @@ def throttled(app: "App", client: str) -> bool:
             QUERIES["recent_failures"], {"client": client[:200], "window": float(settings.admin_login_window)}
         ).fetchone()
     assert row is not None  # a count always returns one row
-    count = row[0]
+    count: int = row[0]
     return count >= settings.admin_login_attempts
 
 

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias, TypeGuard
 
-from dramatiq import Message
+from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
 
-from conveyor.errors import describe_error  # noqa: F401  (brokers import it from here)
+from conveyor.errors import describe_error
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+
+__all__ = ["describe_error"]  # brokers import it from here
+
+#: A message as brokers and hooks handle it: the Message itself, or the proxy a consumer handed out.
+AnyMessage: TypeAlias = Message[Any] | MessageProxy
 
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
@@ -34,7 +42,7 @@ class JobRef:
 class EnqueueItem:
     """One message to enqueue, with its optional dedup key and delay (ms)."""
 
-    message: Message
+    message: Message[Any]
     key: str | None = None
     delay_ms: int | None = None
 
@@ -86,10 +94,13 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class ConveyorBroker:
-    """Mixin declaring the operations conveyor needs beyond Dramatiq's.
+class ConveyorBroker(Broker):
+    """Dramatiq's ``Broker`` plus the operations conveyor needs beyond it.
 
-    Every method here is implemented by each broker module.
+    Every method here is implemented by each broker module. Each broker class
+    lists it first (``class RedisBroker(ConveyorBroker, dramatiq's RedisBroker)``),
+    so the method order is as for a mixin; deriving from ``Broker`` lets one type
+    name "a Dramatiq broker that is also a conveyor broker".
     """
 
     #: True when ``enqueue_jobs`` takes ``connection=``: jobs enqueued in the caller's transaction (postgres).
@@ -99,14 +110,14 @@ class ConveyorBroker:
         """Enqueue messages, each atomically with its key: a key held by an existing job returns that job."""
         raise NotImplementedError
 
-    def start_job(self, message: Any) -> int:
+    def start_job(self, message: AnyMessage) -> int:
         """Record that a delivery of ``message`` starts running; return its attempt (1-based).
 
         Returns 0 when the job no longer exists (deleted while waiting): skip it.
         """
         raise NotImplementedError
 
-    def claim_final_failure(self, message: Any) -> bool:
+    def claim_final_failure(self, message: AnyMessage) -> bool:
         """True exactly once per job: whoever gets it runs the job's final-failure hooks."""
         raise NotImplementedError
 
@@ -180,3 +191,20 @@ class ConveyorBroker:
         Returns False, changing nothing, when the job is unknown or active.
         """
         raise NotImplementedError
+
+
+#: Called once when a job has spent its attempts: ``(broker, message, error text)``.
+FinalFailure: TypeAlias = Callable[[ConveyorBroker, AnyMessage, str], None]
+
+
+class TransactionalEnqueue(Protocol):
+    """A broker whose enqueue can join the caller's database transaction (postgres)."""
+
+    def enqueue_jobs(
+        self, items: list[EnqueueItem], *, dedup_ttl: float, connection: Connection[Any] | None = None
+    ) -> list[JobRef]: ...
+
+
+def is_transactional(broker: ConveyorBroker) -> TypeGuard[TransactionalEnqueue]:
+    """True when ``broker.enqueue_jobs`` takes ``connection=`` (its ``transactional_enqueue``)."""
+    return broker.transactional_enqueue

@@ -13,18 +13,28 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import replace
+from typing import Any, Iterable
 
-from dramatiq import Message
+from dramatiq import Consumer, Message, Middleware
+from dramatiq.broker import MessageProxy
 from dramatiq.brokers.stub import StubBroker, _StubConsumer
 from dramatiq.common import q_name
 
-from conveyor.brokers.base import ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts, SafeMessageProxy
+from conveyor.brokers.base import (
+    AnyMessage,
+    ConveyorBroker,
+    EnqueueItem,
+    JobRecord,
+    JobRef,
+    QueueCounts,
+    SafeMessageProxy,
+)
 
 
 class InlineBroker(ConveyorBroker, StubBroker):
     """Dramatiq's in-memory broker plus conveyor's records, keys and pausing."""
 
-    def __init__(self, middleware: list) -> None:
+    def __init__(self, middleware: list[Middleware]) -> None:
         super().__init__(middleware=middleware, fail_fast_default=False)
         self._lock = threading.RLock()
         self.records: dict[str, JobRecord] = {}
@@ -35,11 +45,12 @@ class InlineBroker(ConveyorBroker, StubBroker):
         self._waiting_since: dict[str, float] = {}
         self.paused: set[str] = set()
 
-    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 100):
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 100) -> _Consumer:
         consumer = super().consume(queue_name, prefetch, timeout)
+        assert isinstance(consumer, _StubConsumer)  # what StubBroker.consume returns
         return _Consumer(self, queue_name, consumer)
 
-    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         with self._lock:
             if message.message_id in self._deleted:
                 return message  # a deleted job coming back from its delay: drop it
@@ -64,7 +75,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
             return sent
 
     def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
-        refs = []
+        refs: list[JobRef] = []
         with self._lock:
             now = time.monotonic()
             for item in items:
@@ -81,7 +92,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 refs.append(JobRef(item.message.message_id, False))
         return refs
 
-    def start_job(self, message) -> int:
+    def start_job(self, message: AnyMessage) -> int:
         with self._lock:
             record = self.records.get(message.message_id)
             if record is None:
@@ -92,14 +103,14 @@ class InlineBroker(ConveyorBroker, StubBroker):
             record.started_at = time.time()
             return record.attempts
 
-    def claim_final_failure(self, message) -> bool:
+    def claim_final_failure(self, message: AnyMessage) -> bool:
         with self._lock:
             if message.message_id in self._final:
                 return False
             self._final.add(message.message_id)
             return True
 
-    def finish(self, message, *, failed: bool) -> None:
+    def finish(self, message: MessageProxy, *, failed: bool) -> None:
         """Called by the consumer on ack (``failed=False``) and nack."""
         if message.queue_name.endswith(".DQ"):
             return
@@ -118,7 +129,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
 
     def queue_counts(self, queue: str) -> QueueCounts:
         with self._lock:
-            states = defaultdict(int)
+            states: defaultdict[str, int] = defaultdict(int)
             for record in self.records.values():
                 if record.queue == queue:
                     states[record.state] += 1
@@ -191,7 +202,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 del self._keys[record.key]
             return True
 
-    def _take_dead_letter(self, record: JobRecord) -> Message:
+    def _take_dead_letter(self, record: JobRecord) -> Message[Any]:
         """The failed job's message, out of the dead letters (rebuilt from the record if absent)."""
         letters = self.dead_letters_by_queue[record.queue]
         for i, proxy in enumerate(letters):
@@ -209,7 +220,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
         )
 
 
-class _Consumer:
+class _Consumer(Consumer):
     """Wraps Dramatiq's stub consumer: records outcomes and honours pausing."""
 
     def __init__(self, broker: InlineBroker, queue_name: str, inner: _StubConsumer) -> None:
@@ -217,25 +228,22 @@ class _Consumer:
         self.queue_name = queue_name
         self.inner = inner
 
-    def __iter__(self):
-        return self
-
-    def __next__(self):
+    def __next__(self) -> SafeMessageProxy | None:
         if q_name(self.queue_name) in self.broker.paused:
             time.sleep(self.inner.timeout / 1000)
             return None
         message = next(self.inner)
         return SafeMessageProxy(message._message) if message is not None else None
 
-    def ack(self, message) -> None:
+    def ack(self, message: MessageProxy) -> None:
         self.inner.ack(message)
         self.broker.finish(message, failed=False)
 
-    def nack(self, message) -> None:
+    def nack(self, message: MessageProxy) -> None:
         self.inner.nack(message)
         self.broker.finish(message, failed=True)
 
-    def requeue(self, messages) -> None:
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
         for message in messages:
             self.broker.queues[self.queue_name].put(message._message.encode())
             self.inner.ack(message)

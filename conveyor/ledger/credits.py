@@ -56,7 +56,7 @@ def cost(total_tokens: int, price_per_1k: Decimal) -> Decimal:
 
 
 def consume(
-    conn, *, user_id: str, task_id: str, message_id: str, total_tokens: int, price_per_1k: Decimal
+    conn: Connection[Any], *, user_id: str, task_id: str, message_id: str, total_tokens: int, price_per_1k: Decimal
 ) -> EntryResult:
     """Charge one round. Running it again for the same (task, message) changes nothing."""
     return _apply(
@@ -71,7 +71,7 @@ def consume(
     )
 
 
-def top_up(conn, *, user_id: str, amount: Decimal, reference: str) -> EntryResult:
+def top_up(conn: Connection[Any], *, user_id: str, amount: Decimal, reference: str) -> EntryResult:
     """Add credits; the same ``reference`` twice adds them once."""
     amount = Decimal(amount).quantize(CENT, rounding=ROUND_HALF_UP)
     if amount <= 0:
@@ -88,26 +88,30 @@ def top_up(conn, *, user_id: str, amount: Decimal, reference: str) -> EntryResul
     )
 
 
-def _apply(conn, **params) -> EntryResult:
+def _apply(conn: Connection[Any], **params: Any) -> EntryResult:
     row = conn.execute(QUERIES["apply_entry"], params).fetchone()
     if row is None:
         return EntryResult(False, balance(conn, params["user_id"]))
-    return EntryResult(True, row[0])
+    new_balance: Decimal = row[0]
+    return EntryResult(True, new_balance)
 
 
-def balance(conn, user_id: str) -> Decimal:
+def balance(conn: Connection[Any], user_id: str) -> Decimal:
     """The user's balance; :class:`UnknownAccount` when they have no entries yet."""
     row = conn.execute(QUERIES["balance"], {"user_id": user_id}).fetchone()
     if row is None:
         raise UnknownAccount(f"no credit account for user {user_id!r}")
-    return row[0]
+    value: Decimal = row[0]
+    return value
 
 
-def entries(conn, user_id: str) -> list[tuple]:
-    return conn.execute(QUERIES["entries"], {"user_id": user_id}).fetchall()
+def entries(conn: Connection[Any], user_id: str) -> list[tuple[Any, ...]]:
+    """The user's entries as rows, oldest first."""
+    rows: list[tuple[Any, ...]] = conn.execute(QUERIES["entries"], {"user_id": user_id}).fetchall()
+    return rows
 
 
-def verify(conn) -> list[Mismatch]:
+def verify(conn: Connection[Any]) -> list[Mismatch]:
     """Every account whose balance differs from the sum of its entries (empty when the ledger is sound)."""
     return [Mismatch(*row) for row in conn.execute(QUERIES["verify"]).fetchall()]
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+from dramatiq import Broker
+from dramatiq.broker import MessageProxy
 
 from conveyor.logs import log_event
 from conveyor.middleware.base import ConveyorMiddleware
@@ -11,7 +15,7 @@ from conveyor.middleware.base import ConveyorMiddleware
 class Events(ConveyorMiddleware):
     """One JSON line when a job starts and one when it completes."""
 
-    def before_process_message(self, broker, message) -> None:
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         message.options["started_monotonic"] = time.monotonic()
         log_event(
             "active",
@@ -22,7 +26,9 @@ class Events(ConveyorMiddleware):
             waited_ms=max(0, int(time.time() * 1000) - message.message_timestamp),
         )
 
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+    def after_process_message(
+        self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
+    ) -> None:
         # Popped on every outcome: a retried message must not carry it along.
         started = message.options.pop("started_monotonic", None)
         if exception is None:

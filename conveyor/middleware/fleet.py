@@ -28,14 +28,16 @@ import time
 import traceback
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from dramatiq import Broker, Worker
+from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 
-from conveyor.brokers.base import describe_error
+from conveyor.brokers.base import ConveyorBroker, EnqueueItem, JobRef, describe_error
 from conveyor.brokers.fleet import TRACEBACK_LIMIT, AttemptEvent, WorkerInfo, beat_interval, fleet_store, recovery_after
 from conveyor.errors import RetryLater
-from conveyor.logs import log_event
+from conveyor.logs import log_error
 from conveyor.middleware.base import ConveyorMiddleware
 from conveyor.redaction import payload_secrets, scrub, settings_secrets
 from conveyor.version import __version__
@@ -75,7 +77,7 @@ class Fleet(ConveyorMiddleware):
 
     # -- the process --------------------------------------------------------------
 
-    def after_worker_boot(self, broker, worker) -> None:
+    def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
         queues = sorted(q for q in (worker.consumer_whitelist or broker.get_declared_queues()) if q == q_name(q))
         with self._lock:
             self._workers[id(worker)] = (queues, worker.worker_threads)
@@ -85,7 +87,7 @@ class Fleet(ConveyorMiddleware):
                 self._thread.start()
         self._beat()
 
-    def after_worker_shutdown(self, broker, worker) -> None:
+    def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         with self._lock:
             self._workers.pop(id(worker), None)
             last = not self._workers
@@ -100,7 +102,7 @@ class Fleet(ConveyorMiddleware):
         try:
             fleet_store(self.app).leave(self._info(), "stopped")
         except Exception as exc:
-            _warn(f"worker registry not updated at shutdown: {type(exc).__name__}: {exc}")
+            log_error(f"worker registry not updated at shutdown: {type(exc).__name__}: {exc}")
 
     def _info(self) -> WorkerInfo:
         with self._lock:
@@ -131,7 +133,7 @@ class Fleet(ConveyorMiddleware):
             if gone_after is not None:
                 store.sweep(gone_after)
         except Exception as exc:
-            _warn(f"worker heartbeat not written: {type(exc).__name__}: {exc}")
+            log_error(f"worker heartbeat not written: {type(exc).__name__}: {exc}")
 
     def _run(self) -> None:
         interval = beat_interval(self.app)
@@ -148,7 +150,7 @@ class Fleet(ConveyorMiddleware):
 
     # -- enqueues ------------------------------------------------------------------
 
-    def after_enqueue_jobs(self, broker, items, refs) -> None:
+    def after_enqueue_jobs(self, broker: ConveyorBroker, items: list[EnqueueItem], refs: list[JobRef]) -> None:
         """Add the batch's new jobs to the fleet's enqueue totals (Postgres counts them itself, exactly).
 
         Called by the JobQueue once the jobs are in: they stay enqueued
@@ -166,11 +168,11 @@ class Fleet(ConveyorMiddleware):
         try:
             fleet_store(self.app).count_enqueued(counts)
         except Exception as exc:
-            _warn(f"enqueue totals not counted for {sum(counts.values())} job(s): {type(exc).__name__}: {exc}")
+            log_error(f"enqueue totals not counted for {sum(counts.values())} job(s): {type(exc).__name__}: {exc}")
 
     # -- attempts -----------------------------------------------------------------
 
-    def before_process_message(self, broker, message) -> None:
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         # Unique across workers and deliveries: this process's tag and a count.
         token = f"{self._tag}.{next(self._tokens)}"
         attempt = int(message.options.get("attempt", 0))
@@ -180,7 +182,9 @@ class Fleet(ConveyorMiddleware):
             self._events.append((now, AttemptEvent("start", message.message_id, token, attempt, self.worker_id)))
             self._changed = True
 
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+    def after_process_message(
+        self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
+    ) -> None:
         if exception is None:
             self._end(message, "completed")
             return
@@ -191,10 +195,10 @@ class Fleet(ConveyorMiddleware):
         else:
             self._end(message, "failed", error, self._traceback(exception, secrets))
 
-    def after_skip_message(self, broker, message) -> None:
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self._end(message, "skipped")
 
-    def _end(self, message, outcome: str, error: str | None = None, trace: str | None = None) -> None:
+    def _end(self, message: MessageProxy, outcome: str, error: str | None = None, trace: str | None = None) -> None:
         now = time.monotonic()
         with self._lock:
             running = self._running.pop(id(message), None)
@@ -215,7 +219,7 @@ class Fleet(ConveyorMiddleware):
                 )
             )
 
-    def _secrets_of(self, message) -> list[str]:
+    def _secrets_of(self, message: MessageProxy) -> list[str]:
         """Secret values an error of this message may carry: the settings' and the payload's."""
         if self._secrets is None:
             self._secrets = settings_secrets(self.app.settings)
@@ -243,7 +247,7 @@ class Fleet(ConveyorMiddleware):
                 self._events.extendleft(reversed(taken))
             if time.monotonic() - self._warned_at > 10:  # once in a while, not every flush
                 self._warned_at = time.monotonic()
-                _warn(f"attempt history not written yet ({len(taken)} events): {type(exc).__name__}: {exc}")
+                log_error(f"attempt history not written yet ({len(taken)} events): {type(exc).__name__}: {exc}")
 
 
 def _coalesced(taken: list[tuple[float, AttemptEvent]], now: float) -> list[AttemptEvent]:
@@ -260,7 +264,3 @@ def _coalesced(taken: list[tuple[float, AttemptEvent]], now: float) -> list[Atte
             starts[e.token] = len(out)
         out.append(dataclasses.replace(e, age=age))
     return out
-
-
-def _warn(error: str) -> None:
-    log_event("error", level="warning", queue=None, job=None, job_id=None, attempt=None, error=error)

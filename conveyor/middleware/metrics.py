@@ -25,18 +25,27 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from dramatiq import Broker, Message, Worker
+from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from conveyor.brokers.base import AnyMessage, ConveyorBroker, EnqueueItem, JobRef, QueueCounts
 from conveyor.errors import RetryLater
-from conveyor.logs import log_event
+from conveyor.logs import log_error
 from conveyor.middleware.base import ConveyorMiddleware
 
 if TYPE_CHECKING:
+    from threading import Thread
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.metrics_core import Metric
+
+    from conveyor.app import App
     from conveyor.tasks.context import JobContext
 
 #: Run time buckets (s): credit charges take milliseconds, agent runs up to the 30 min limit.
@@ -128,16 +137,16 @@ class Metrics(ConveyorMiddleware):
 
     # -- enqueue ---------------------------------------------------------------
 
-    def before_enqueue(self, broker, message, delay) -> None:
+    def before_enqueue(self, broker: Broker, message: Message[Any], delay: int) -> None:
         message.options[READY_OPTION] = int(time.time() * 1000) + (delay or 0)
 
-    def after_enqueue(self, broker, message, delay) -> None:
+    def after_enqueue(self, broker: Broker, message: Message[Any], delay: int) -> None:
         # A retry is the one enqueue that carries the attempt it follows and a
         # delay; the delay queue handing the message back has no delay.
         if delay is not None and "attempt" in message.options:
             self.retried.labels(q_name(message.queue_name), message.actor_name).inc()
 
-    def after_enqueue_jobs(self, broker, items, refs) -> None:
+    def after_enqueue_jobs(self, broker: ConveyorBroker, items: list[EnqueueItem], refs: list[JobRef]) -> None:
         """Called by :class:`~conveyor.tasks.jobqueue.JobQueue` with each batch and its results."""
         # Enqueues themselves are the fleet's count, kept by the broker (QueueCollector): only this
         # process's duplicates are counted here.
@@ -147,7 +156,7 @@ class Metrics(ConveyorMiddleware):
 
     # -- running ---------------------------------------------------------------
 
-    def before_process_message(self, broker, message) -> None:
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         queue, job = q_name(message.queue_name), message.actor_name
         now = time.time()
         ready_ms = message.options.get(READY_OPTION) or message.message_timestamp
@@ -156,7 +165,9 @@ class Metrics(ConveyorMiddleware):
         self.in_flight.labels(queue, job).inc()
         self._running[id(message)] = time.monotonic()
 
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+    def after_process_message(
+        self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
+    ) -> None:
         started = self._running.pop(id(message), None)
         if started is None:
             return
@@ -168,16 +179,16 @@ class Metrics(ConveyorMiddleware):
         elif not isinstance(exception, RetryLater):
             self.failed.labels(queue, job).inc()
 
-    def after_skip_message(self, broker, message) -> None:
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         if self._running.pop(id(message), None) is not None:
             self.in_flight.labels(q_name(message.queue_name), message.actor_name).dec()
 
-    def after_job_dead(self, broker, message, error: str) -> None:
+    def after_job_dead(self, broker: ConveyorBroker, message: AnyMessage, error: str) -> None:
         self.dead.labels(q_name(message.queue_name), message.actor_name).inc()
 
     # -- worker threads ----------------------------------------------------------
 
-    def after_worker_boot(self, broker, worker) -> None:
+    def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
         queues = worker.consumer_whitelist or broker.get_declared_queues()
         booted = [(q, worker.worker_threads) for q in sorted(queues) if q == q_name(q)]
         with self._lock:
@@ -185,7 +196,7 @@ class Metrics(ConveyorMiddleware):
         for queue, threads in booted:
             self.concurrency.labels(queue).inc(threads)
 
-    def after_worker_shutdown(self, broker, worker) -> None:
+    def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         with self._lock:
             booted = self._booted.pop(id(worker), [])
         for queue, threads in booted:
@@ -203,7 +214,7 @@ class Metrics(ConveyorMiddleware):
         self.ledger_consumptions.labels(queue, job, "applied" if applied else "duplicate").inc()
 
 
-def find_metrics(broker) -> Metrics | None:
+def find_metrics(broker: Broker) -> Metrics | None:
     """The broker's :class:`Metrics` middleware, if it has one."""
     return next((m for m in broker.middleware if isinstance(m, Metrics)), None)
 
@@ -222,23 +233,15 @@ class QueueCollector(Collector):
     else, so a scrape never fails and the outage shows on the dashboard.
     """
 
-    def __init__(self, app) -> None:
+    def __init__(self, app: App) -> None:
         self.app = app
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("conveyor_broker_up", "1 when the broker answered this scrape, else 0.")
         try:
             counts = [self.app.broker.queue_counts(queue) for queue in self.app.queues]
         except Exception as exc:
-            log_event(
-                "error",
-                level="warning",
-                queue=None,
-                job=None,
-                job_id=None,
-                attempt=None,
-                error=f"metrics scrape could not read the broker: {type(exc).__name__}: {exc}",
-            )
+            log_error(f"metrics scrape could not read the broker: {type(exc).__name__}: {exc}")
             up.add_metric([], 0)
             yield up
             return
@@ -274,7 +277,7 @@ class QueueCollector(Collector):
         yield from (depth, oldest, paused)
         yield from self._totals(counts)
 
-    def _totals(self, counts) -> Iterator[Any]:
+    def _totals(self, counts: list[QueueCounts]) -> Iterator[Metric]:
         """The fleet's totals from the broker's own counters: the same in every process that serves them.
 
         Several API processes scraped report the same numbers: aggregate with
@@ -299,15 +302,7 @@ class QueueCollector(Collector):
         try:
             totals = fleet_store(self.app).enqueued_totals()
         except Exception as exc:
-            log_event(
-                "error",
-                level="warning",
-                queue=None,
-                job=None,
-                job_id=None,
-                attempt=None,
-                error=f"metrics scrape could not read the enqueue totals: {type(exc).__name__}: {exc}",
-            )
+            log_error(f"metrics scrape could not read the enqueue totals: {type(exc).__name__}: {exc}")
             return
         enqueued = CounterMetricFamily(
             "conveyor_jobs_enqueued",
@@ -329,11 +324,11 @@ class RegistryCollector(Collector):
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterable[Metric]:
         return self.registry.collect()
 
 
-def exposition_registry(app) -> CollectorRegistry:
+def exposition_registry(app: App) -> CollectorRegistry:
     """What the API's ``/metrics`` serves: this process's (or every process's) metrics plus queue depth."""
     registry = CollectorRegistry(auto_describe=False)
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -366,8 +361,8 @@ class WorkerMetrics:
             os.remove(stale)
         self._previous_env = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.path)
-        self._server = None
-        self._thread = None
+        self._server: WSGIServer | None = None
+        self._thread: Thread | None = None
 
     def serve(self, host: str, port: int) -> int | None:
         """Serve the summed metrics on ``http://host:port/metrics``; returns the port, None when it is taken."""
@@ -378,17 +373,10 @@ class WorkerMetrics:
         MultiProcessCollector(registry, path=str(self.path))
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+
         except OSError as exc:
             # Another supervisor on this host has the port: run without, say so once.
-            log_event(
-                "error",
-                level="warning",
-                queue=None,
-                job=None,
-                job_id=None,
-                attempt=None,
-                error=f"worker metrics not served on {host}:{port}: {exc}",
-            )
+            log_error(f"worker metrics not served on {host}:{port}: {exc}")
             return None
         return self._server.server_port
 

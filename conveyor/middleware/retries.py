@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from dramatiq import Broker
+from dramatiq.broker import MessageProxy
 from dramatiq.common import compute_backoff
 from dramatiq.middleware import SkipMessage
 from pydantic import ValidationError
 
+from conveyor.brokers.base import AnyMessage, FinalFailure
 from conveyor.errors import PermanentError, RetryLater, describe_error
 from conveyor.logs import log_event
-from conveyor.middleware.base import ConveyorMiddleware
+from conveyor.middleware.base import ConveyorMiddleware, conveyor_broker
 
 #: Errors that can never succeed on a second try.
 PERMANENT = (PermanentError, ValidationError)
@@ -29,7 +32,7 @@ class WorkerLost(Exception):
 class Retries(ConveyorMiddleware):
     """Counts attempts and decides, after each failure, between retry and final failure."""
 
-    def __init__(self, on_final_failure) -> None:
+    def __init__(self, on_final_failure: FinalFailure) -> None:
         #: Called as ``on_final_failure(broker, message, error_text)`` once per job.
         self.on_final_failure = on_final_failure
 
@@ -37,8 +40,8 @@ class Retries(ConveyorMiddleware):
     def actor_options(self) -> set[str]:
         return {"max_attempts", "min_backoff", "max_backoff"}
 
-    def before_process_message(self, broker, message) -> None:
-        attempt = broker.start_job(message)
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        attempt = conveyor_broker(broker).start_job(message)
         if attempt == 0:
             log_event(
                 "skipped",
@@ -56,7 +59,9 @@ class Retries(ConveyorMiddleware):
             self._fail(broker, message, describe_error(error))
             raise SkipMessage(str(error))
 
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+    def after_process_message(
+        self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
+    ) -> None:
         if exception is None:
             return
         attempt = message.options.get("attempt", 1)
@@ -99,10 +104,12 @@ class Retries(ConveyorMiddleware):
         )
         broker.enqueue(message.copy(options={"last_error": error}), delay=delay)
 
-    def _max_attempts(self, broker, message) -> int:
-        return broker.get_actor(message.actor_name).options["max_attempts"]
+    def _max_attempts(self, broker: Broker, message: AnyMessage) -> int:
+        # declare_actors sets every actor's max_attempts (JobType.attempts).
+        attempts: int = broker.get_actor(message.actor_name).options["max_attempts"]
+        return attempts
 
-    def _fail(self, broker, message: Any, error: str) -> None:
+    def _fail(self, broker: Broker, message: MessageProxy, error: str) -> None:
         message.fail()
         message.options["last_error"] = error
         log_event(
@@ -114,5 +121,6 @@ class Retries(ConveyorMiddleware):
             attempt=message.options.get("attempt"),
             error=error,
         )
-        if broker.claim_final_failure(message):
-            self.on_final_failure(broker, message, error)
+        conveyor = conveyor_broker(broker)
+        if conveyor.claim_final_failure(message):
+            self.on_final_failure(conveyor, message, error)

@@ -10,11 +10,13 @@ so a slow or dead receiver never holds up or breaks a worker.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping, Protocol
 
+from dramatiq import Broker, Worker
 from dramatiq.common import q_name
 
 from conveyor.alerts import Alert, WebhookSender, guess_format
+from conveyor.brokers.base import AnyMessage, ConveyorBroker
 from conveyor.middleware.base import ConveyorMiddleware
 from conveyor.redaction import payload_secrets, scrub, settings_secrets
 
@@ -26,10 +28,20 @@ if TYPE_CHECKING:
 SHUTDOWN_FLUSH_SECONDS = 10.0
 
 
+class PayloadModelOf(Protocol):
+    """What the webhook needs of a job type (``conveyor.tasks.registry.JobType``): its payload model,
+    which says which fields are secret."""
+
+    @property
+    def payload(self) -> type: ...
+
+
 class FailureWebhook(ConveyorMiddleware):
     """Posts one alert per dead job (``after_job_dead``, which conveyor calls once per job)."""
 
-    def __init__(self, settings: "Settings", job_types: dict, metrics: "Metrics | None" = None) -> None:
+    def __init__(
+        self, settings: "Settings", job_types: Mapping[str, PayloadModelOf], metrics: "Metrics | None" = None
+    ) -> None:
         self.settings = settings
         self.job_types = job_types
         self.metrics = metrics
@@ -46,12 +58,12 @@ class FailureWebhook(ConveyorMiddleware):
                 on_outcome=self._outcome,
             )
 
-    def after_job_dead(self, broker, message, error: str) -> None:
+    def after_job_dead(self, broker: ConveyorBroker, message: AnyMessage, error: str) -> None:
         if self.sender is None:
             return
         self.sender.submit(self.alert(message, error))
 
-    def alert(self, message, error: str) -> Alert:
+    def alert(self, message: AnyMessage, error: str) -> Alert:
         """The alert for a dead job: metadata only, its error scrubbed of every secret value."""
         job_type = self.job_types.get(message.actor_name)
         payload = message.args[0] if message.args else None
@@ -67,7 +79,7 @@ class FailureWebhook(ConveyorMiddleware):
             link=f"{base}/admin/jobs/{message.message_id}" if base else None,
         )
 
-    def after_worker_shutdown(self, broker, worker) -> None:
+    def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         if self.sender is not None:
             self.sender.flush(SHUTDOWN_FLUSH_SECONDS)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import dramatiq
 from dramatiq.middleware import CurrentMessage
@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from conveyor.errors import MalformedMessage
 from conveyor.tasks.context import JobContext
+from conveyor.tasks.payloads import Payload
 from conveyor.tasks.registry import JobType
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def declare_actors(broker: dramatiq.Broker, app: "App") -> None:
         actor.logger.setLevel(logging.INFO)
 
 
-def load_payload(job_type: JobType, data: Any):
+def load_payload(job_type: JobType, data: Any) -> Payload:
     """The message's payload as its model; a payload that no longer validates is a permanent failure."""
     try:
         return job_type.payload.load(data)
@@ -48,7 +49,7 @@ def load_payload(job_type: JobType, data: Any):
         raise MalformedMessage(f"payload of {job_type.name!r} does not validate: {fields}") from None
 
 
-def _runner(job_type: JobType, app: "App"):
+def _runner(job_type: JobType, app: "App") -> Callable[..., Any]:
     def run(data: Any = None, *args: Any, **kwargs: Any) -> Any:
         message = CurrentMessage.get_current_message()
         if args or kwargs:

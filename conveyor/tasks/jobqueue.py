@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar
 from dramatiq import Message
 from pydantic import BaseModel, ValidationError
 
-from conveyor.brokers.base import EnqueueItem, JobRef
+from conveyor.brokers.base import EnqueueItem, JobRef, is_transactional
 from conveyor.errors import InvalidPayload, PayloadTooLarge, TransactionalEnqueueUnsupported, UnknownJob
 from conveyor.middleware.base import conveyor_middleware
 
 if TYPE_CHECKING:
+    from psycopg import Connection
+
     from conveyor.app import App
 
 #: Dramatiq's delay queues keep a message at most 7 days.
@@ -42,7 +44,13 @@ class JobQueue:
         self.app = app
 
     def enqueue(
-        self, job: str, payload: Any, *, key: str | None = None, delay: float | None = None, connection: Any = None
+        self,
+        job: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        delay: float | None = None,
+        connection: Connection[Any] | None = None,
     ) -> JobRef:
         """Enqueue one job. With ``key``, a second enqueue within ``CONVEYOR_DEDUP_TTL`` returns the first job.
 
@@ -55,11 +63,11 @@ class JobQueue:
         return self.enqueue_many([JobRequest(job, payload, key, delay)], connection=connection)[0]
 
     def enqueue_many(
-        self, requests: Iterable[JobRequest | Mapping[str, Any]], *, connection: Any = None
+        self, requests: Iterable[JobRequest | Mapping[str, Any]], *, connection: Connection[Any] | None = None
     ) -> list[JobRef]:
         """Enqueue a batch in one round trip. Every payload is validated before anything is sent."""
         broker = self.app.broker
-        if connection is not None and not broker.transactional_enqueue:
+        if connection is not None and not is_transactional(broker):
             raise TransactionalEnqueueUnsupported(
                 f"the {self.app.settings.broker_name} broker cannot enqueue inside a database transaction "
                 f"(connection=...); only CONVEYOR_BROKER=postgres keeps jobs in Postgres"
@@ -67,7 +75,7 @@ class JobQueue:
         items = [self.prepare(r if isinstance(r, JobRequest) else JobRequest(**r)) for r in requests]
         if not items:
             return []
-        if connection is not None:
+        if connection is not None and is_transactional(broker):
             refs = broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl, connection=connection)
         else:
             refs = broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
@@ -88,7 +96,7 @@ class JobQueue:
         if request.delay is not None and not (0 <= request.delay <= MAX_DELAY_SECONDS):
             raise InvalidPayload(request.job, [{"loc": ("delay",), "msg": f"must be 0-{MAX_DELAY_SECONDS} seconds"}])
         options = {"key": request.key} if request.key else {}
-        message = Message(
+        message: Message[Any] = Message(
             queue_name=job_type.queue,
             actor_name=job_type.name,
             args=(payload.model_dump(mode="json"),),

@@ -18,8 +18,13 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from conveyor.logs import log_event
+
+if TYPE_CHECKING:
+    from conveyor.brokers.base import ConveyorBroker
+    from conveyor.settings import Settings
 
 #: Exit code of a self-fenced worker process (EX_TEMPFAIL): the supervisor restarts it without counting a crash.
 SELF_FENCE_EXIT = 75
@@ -31,7 +36,7 @@ LOG_GRACE = 0.5
 class Watchdog(threading.Thread):
     """Exits the process once the broker's last successful heartbeat is older than the threshold."""
 
-    def __init__(self, broker, settings, queue: str | None = None) -> None:
+    def __init__(self, broker: ConveyorBroker, settings: Settings, queue: str | None = None) -> None:
         super().__init__(name="conveyor-self-fence", daemon=True)
         self.broker = broker
         self.queue = queue

@@ -15,12 +15,16 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Callable
 
 from dramatiq import Worker
 
-from conveyor.logs import log_event
+from conveyor.logs import log_error, log_event
 from conveyor.tasks.watchdog import SELF_FENCE_EXIT, Watchdog
+
+if TYPE_CHECKING:
+    from conveyor.app import App
 
 #: Idle consumers wake this often (ms) to check for shutdown and delayed jobs.
 WORKER_TIMEOUT_MS = 1000
@@ -35,7 +39,7 @@ SELF_FENCE_RESTART_DELAY = 0.5
 class ProcessWorker:
     """One process's Dramatiq worker for one queue, plus the recovery loop for dead workers."""
 
-    def __init__(self, app, queue: str, threads: int | None = None) -> None:
+    def __init__(self, app: App, queue: str, threads: int | None = None) -> None:
         self.app = app
         self.queue = queue
         self.threads = threads or app.queues[queue].concurrency
@@ -80,15 +84,7 @@ class ProcessWorker:
             try:
                 recovered = self.broker.maintain()
             except Exception as exc:  # the broker may be down for a while: keep trying
-                log_event(
-                    "error",
-                    level="warning",
-                    queue=self.queue,
-                    job=None,
-                    job_id=None,
-                    attempt=None,
-                    error=f"recovery pass failed: {type(exc).__name__}: {exc}",
-                )
+                log_error(f"recovery pass failed: {type(exc).__name__}: {exc}", queue=self.queue)
                 continue
             for queue, ids in recovered.items():
                 for job_id in ids:
@@ -108,9 +104,9 @@ class _Child:
     """One supervised process: a queue's worker, or a service such as the API."""
 
     name: str
-    target: Callable
-    args: tuple = ()
-    process: multiprocessing.Process | None = None
+    target: Callable[..., None]
+    args: tuple[object, ...] = ()
+    process: BaseProcess | None = None
     started: float = 0.0
     failures: int = 0
     restart_at: float = 0.0
@@ -136,7 +132,7 @@ class Supervisor:
         metrics_port: int = 0,
         metrics_host: str = "127.0.0.1",
         metrics_dir: str | None = None,
-        services: tuple[tuple[str, Callable, tuple], ...] = (),
+        services: tuple[tuple[str, Callable[..., None], tuple[object, ...]], ...] = (),
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.children = [_Child(q, worker, (q, threads)) for q in queues for _ in range(processes)]
@@ -171,7 +167,7 @@ class Supervisor:
                 if child.process is not None and not child.process.is_alive():
                     code = child.process.exitcode
                     child.process.join()
-                    self.metrics.process_died(child.process.pid)
+                    self.metrics.process_died(_pid(child.process))
                     child.process = None
                     if code == SELF_FENCE_EXIT:
                         # It lost the server, it did not crash: no crash count, a short pause (the new
@@ -208,7 +204,7 @@ class Supervisor:
         live = [c.process for c in self.children if c.process is not None]
         for process in live:
             if process.is_alive():
-                os.kill(process.pid, signal.SIGTERM)
+                os.kill(_pid(process), signal.SIGTERM)
         deadline = time.monotonic() + self.shutdown_timeout + 10
         for process in live:
             process.join(max(0.0, deadline - time.monotonic()))
@@ -217,14 +213,20 @@ class Supervisor:
             process.kill()
             process.join()
         for process in live:
-            self.metrics.process_died(process.pid)
+            self.metrics.process_died(_pid(process))
         return 1 if stuck else 0
+
+
+def _pid(process: BaseProcess) -> int:
+    """A started process's pid (it is None only before ``start()``, and every child here was started)."""
+    assert process.pid is not None
+    return process.pid
 
 
 class InlineWorkers:
     """The inline broker's workers: one Dramatiq worker per queue inside this process."""
 
-    def __init__(self, app, queues: list[str] | None = None) -> None:
+    def __init__(self, app: App, queues: list[str] | None = None) -> None:
         self.app = app
         self.broker = app.broker
         self.workers = [

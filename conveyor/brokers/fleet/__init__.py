@@ -158,7 +158,9 @@ def fleet_store(app: "App") -> FleetStore:
         name = app.settings.broker_name
         if name == "redis":
             from conveyor.brokers.fleet.redis_store import RedisFleetStore
+            from conveyor.brokers.redis import RedisBroker
 
+            assert isinstance(broker, RedisBroker)  # the App builds it from the same setting
             store = RedisFleetStore(broker.client, broker.namespace)
         elif name == "postgres":
             from conveyor.brokers.fleet.postgres_store import PostgresFleetStore
@@ -166,7 +168,9 @@ def fleet_store(app: "App") -> FleetStore:
             store = PostgresFleetStore(app)
         else:
             from conveyor.brokers.fleet.memory_store import MemoryFleetStore
+            from conveyor.brokers.inline import InlineBroker
 
+            assert isinstance(broker, InlineBroker)  # the App builds it from the same setting
             store = MemoryFleetStore(broker)
         _stores[broker] = store
     return store

@@ -6,15 +6,19 @@ import dataclasses
 import threading
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from conveyor.brokers.fleet import AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+
+if TYPE_CHECKING:
+    from conveyor.brokers.inline import InlineBroker
 
 #: Jobs whose attempts are kept (this process's memory is the limit, not a retention).
 MAX_JOBS = 10000
 
 
 class MemoryFleetStore(FleetStore):
-    def __init__(self, broker) -> None:
+    def __init__(self, broker: InlineBroker) -> None:
         self.broker = broker
         self._lock = threading.Lock()
         self._workers: dict[str, WorkerInfo] = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.brokers.fleet import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
 from conveyor.db import load_queries
@@ -27,17 +27,19 @@ class PostgresFleetStore(FleetStore):
         self.app = app
         self._pruned_at = -PRUNE_INTERVAL
 
-    def _run(self, name: str, params: dict | None = None, fetch: str = "none"):
+    def _execute(self, name: str, params: dict[str, Any] | None = None) -> int:
+        """Run one statement; how many rows it changed."""
         with self.app.pool.connection() as conn:
-            cur = conn.execute(QUERIES[name], params or {})
-            if fetch == "all":
-                return cur.fetchall()
-            if fetch == "one":
-                return cur.fetchone()
-            return cur.rowcount
+            return conn.execute(QUERIES[name], params or {}).rowcount
+
+    def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run one query; its rows."""
+        with self.app.pool.connection() as conn:
+            rows: list[tuple[Any, ...]] = conn.execute(QUERIES[name], params or {}).fetchall()
+            return rows
 
     def beat(self, info: WorkerInfo, *, keep: float) -> None:
-        self._run(
+        self._execute(
             "beat",
             {
                 "id": info.id,
@@ -53,20 +55,20 @@ class PostgresFleetStore(FleetStore):
         )
 
     def leave(self, info: WorkerInfo, reason: str) -> None:
-        self._run("leave", {"id": info.id, "reason": reason, "done": info.done, "failed": info.failed})
+        self._execute("leave", {"id": info.id, "reason": reason, "done": info.done, "failed": info.failed})
 
     def sweep(self, gone_after: float) -> int:
-        marked = self._run("sweep", {"gone_after": gone_after})
+        marked = self._execute("sweep", {"gone_after": gone_after})
         if time.monotonic() - self._pruned_at >= PRUNE_INTERVAL:  # the retention is days: no need to hurry
             self._pruned_at = time.monotonic()
-            self._run("forget", {"after": FORGET_AFTER})
-            self._run("prune_attempts", {"retention": self.app.settings.retention})
+            self._execute("forget", {"after": FORGET_AFTER})
+            self._execute("prune_attempts", {"retention": self.app.settings.retention})
         return marked
 
     def workers(self) -> tuple[float, list[WorkerInfo]]:
-        rows = self._run("workers", fetch="all")
+        rows = self._rows("workers")
         if not rows:
-            return self._run("now", fetch="one")[0], []
+            return self._rows("now")[0][0], []
         out = [
             WorkerInfo(
                 id=r[1],
@@ -106,13 +108,13 @@ class PostgresFleetStore(FleetStore):
                 cur.executemany(QUERIES["attempt_end"], ends)
 
     def attempts(self, job_id: str) -> list[AttemptInfo]:
-        return [AttemptInfo(*row) for row in self._run("attempts", {"job_id": job_id}, fetch="all")]
+        return [AttemptInfo(*row) for row in self._rows("attempts", {"job_id": job_id})]
 
     def count_enqueued(self, counts: dict[tuple[str, str], int]) -> None:
         pass  # the insert trigger counted them, in the enqueue's own transaction
 
     def enqueued_totals(self) -> dict[tuple[str, str], int]:
-        return {(q, j): int(n) for q, j, n in self._run("enqueued_totals", fetch="all")}
+        return {(q, j): int(n) for q, j, n in self._rows("enqueued_totals")}
 
     def find_by_key(self, key: str) -> list[str]:
-        return [row[0] for row in self._run("find_by_key", {"key": key}, fetch="all")]
+        return [row[0] for row in self._rows("find_by_key", {"key": key})]

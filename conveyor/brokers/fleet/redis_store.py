@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import redis
+from redis.client import Pipeline
 
 from conveyor.brokers.fleet import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+from conveyor.brokers.redis.replies import text
 
 _SCRIPT = Path(__file__).with_name("fleet.lua").read_text()
 
@@ -16,12 +21,12 @@ ATTEMPTS_PER_CALL = 200
 
 
 class RedisFleetStore(FleetStore):
-    def __init__(self, client, namespace: str) -> None:
+    def __init__(self, client: redis.Redis, namespace: str) -> None:
         self.client = client
         self.ns = namespace
         self._script = client.register_script(_SCRIPT)
 
-    def _call(self, *args, client=None):
+    def _call(self, *args: str | int, client: Pipeline | None = None) -> Any:
         return self._script(keys=[self.ns], args=list(args), client=client)
 
     def beat(self, info: WorkerInfo, *, keep: float) -> None:
@@ -36,7 +41,7 @@ class RedisFleetStore(FleetStore):
     def workers(self) -> tuple[float, list[WorkerInfo]]:
         seconds, micros = self.client.time()
         now = seconds + micros / 1e6
-        ids = [i.decode() for i in self.client.zrevrange(f"{self.ns}:fleet:workers", 0, -1)]
+        ids = [text(i) for i in self.client.zrevrange(f"{self.ns}:fleet:workers", 0, -1)]
         with self.client.pipeline(transaction=False) as pipe:
             for worker_id in ids:
                 pipe.hgetall(f"{self.ns}:fleet:worker:{worker_id}")
@@ -44,7 +49,7 @@ class RedisFleetStore(FleetStore):
         out = []
         for worker_id, raw in zip(ids, rows):
             if raw:
-                out.append(_worker(worker_id, {k.decode(): v.decode() for k, v in raw.items()}))
+                out.append(_worker(worker_id, {text(k): text(v) for k, v in raw.items()}))
         return now, out
 
     def write_attempts(self, events: list[AttemptEvent], *, keep: float) -> None:
@@ -52,7 +57,7 @@ class RedisFleetStore(FleetStore):
         with self.client.pipeline(transaction=False) as pipe:
             for start in range(0, len(events), ATTEMPTS_PER_CALL):
                 chunk = events[start : start + ATTEMPTS_PER_CALL]
-                args: list = []
+                args: list[str | int] = []
                 for e in chunk:
                     args += [
                         e.kind,
@@ -96,17 +101,17 @@ class RedisFleetStore(FleetStore):
     def enqueued_totals(self) -> dict[tuple[str, str], int]:
         out = {}
         for name, value in self.client.hgetall(f"{self.ns}:fleet:enqueued").items():
-            queue, _, job = name.decode().partition(_SEP)
+            queue, _, job = text(name).partition(_SEP)
             out[(queue, job)] = int(value)
         return out
 
     def find_by_key(self, key: str) -> list[str]:
         # The broker's own dedup entry ($ns:dedup:$key, see redis/jobs.lua): held while the key's TTL runs.
         job_id = self.client.get(f"{self.ns}:dedup:{key}")
-        return [job_id.decode()] if job_id else []
+        return [text(job_id)] if job_id else []
 
 
-def _fields(info: WorkerInfo) -> list:
+def _fields(info: WorkerInfo) -> list[str | int]:
     return [
         "host",
         info.host,
@@ -127,7 +132,7 @@ def _fields(info: WorkerInfo) -> list:
     ]
 
 
-def _seconds(ms) -> float | None:
+def _seconds(ms: int | str | None) -> float | None:
     return int(ms) / 1000 if ms not in (None, "") else None
 
 

@@ -24,18 +24,20 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from dramatiq import Broker, Message
+from dramatiq import Broker, Message, Middleware
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed, QueueJoinTimeout, QueueNotFound
 from dramatiq.middleware import SkipMessage
 
 from conveyor.brokers.base import (
     JOB_STATES,
+    AnyMessage,
     ConveyorBroker,
     EnqueueItem,
+    FinalFailure,
     JobRecord,
     JobRef,
     QueueCounts,
@@ -44,11 +46,14 @@ from conveyor.brokers.base import (
 from conveyor.brokers.postgres.consumer import DELIVERY_OPTIONS, PostgresConsumer
 from conveyor.brokers.postgres.deliveries import Deliveries, Retry
 from conveyor.brokers.postgres.durability import PROVEN, ClaimProofs
-from conveyor.brokers.postgres.jobs import POOL_TIMEOUT, Jobs, unstorable_path
+from conveyor.brokers.postgres.jobs import POOL_TIMEOUT, Jobs, NewJob, unstorable_path
 from conveyor.brokers.postgres.listen import Listener
 from conveyor.brokers.postgres.recovery import Recovery
 from conveyor.errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, InvalidPayload
-from conveyor.logs import log_event
+from conveyor.logs import log_error, log_event
+
+if TYPE_CHECKING:
+    from conveyor.settings import Settings
 
 #: Seconds a job's start waits for Postgres to come back before the job is handed back unstarted.
 START_GRACE = 5.0
@@ -73,9 +78,9 @@ class PostgresBroker(ConveyorBroker, Broker):
         self,
         database_url: str,
         *,
-        middleware: list | None = None,
-        settings: Any = None,
-        on_dead: Callable[[Any, Any, str], None] | None = None,
+        middleware: list[Middleware] | None = None,
+        settings: Settings | None = None,
+        on_dead: FinalFailure | None = None,
     ) -> None:
         super().__init__(middleware=middleware)
         if settings is None:
@@ -142,7 +147,7 @@ class PostgresBroker(ConveyorBroker, Broker):
             raise ConnectionClosed(f"Postgres is unavailable: {self.listener.last_error}")
         return PostgresConsumer(self, queue_name, prefetch, timeout)
 
-    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         """Dramatiq's enqueue: a new job, or (for a message of a current delivery) its retry."""
         if "pg_delivery" in message.options:
             return self._retry(message, delay)
@@ -160,15 +165,9 @@ class PostgresBroker(ConveyorBroker, Broker):
         try:
             self.deliveries.write()
         except ConveyorError as exc:
-            log_event(
-                "error",
-                level="warning",
-                queue=None,
-                job=None,
-                job_id=None,
-                attempt=None,
-                error=f"outcomes of {self.deliveries.unwritten()} job(s) not written, recovery "
-                f"will hand them out again: {exc}",
+            log_error(
+                f"outcomes of {self.deliveries.unwritten()} job(s) not written, recovery "
+                f"will hand them out again: {exc}"
             )
         if listener.ready.is_set() and not self.deliveries.owned():
             # Gone for good: its leftover rows are recovered at the next pass, not after the lease.
@@ -196,7 +195,7 @@ class PostgresBroker(ConveyorBroker, Broker):
     # -- enqueue -----------------------------------------------------------------
 
     def enqueue_jobs(
-        self, items: list[EnqueueItem], *, dedup_ttl: float, connection: psycopg.Connection | None = None
+        self, items: list[EnqueueItem], *, dedup_ttl: float, connection: psycopg.Connection[Any] | None = None
     ) -> list[JobRef]:
         """Insert jobs; with ``connection``, inside the caller's transaction (a savepoint if one is open)."""
         rows = [self._row(item) for item in items]
@@ -206,7 +205,7 @@ class PostgresBroker(ConveyorBroker, Broker):
                 self.emit_after("enqueue", item.message, item.delay_ms)
         return refs
 
-    def _row(self, item: EnqueueItem) -> dict:
+    def _row(self, item: EnqueueItem) -> NewJob:
         message = item.message
         if any(k in message.options for k in DELIVERY_OPTIONS):
             message = _without_delivery(message)
@@ -233,7 +232,7 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     # -- worker side ---------------------------------------------------------------
 
-    def start_job(self, message: Any) -> int:
+    def start_job(self, message: AnyMessage) -> int:
         """Count the attempt; 0 for a deleted job or a superseded delivery.
 
         Runs in Dramatiq's ``before_process_message``, which swallows errors:
@@ -266,7 +265,7 @@ class PostgresBroker(ConveyorBroker, Broker):
                 )
                 raise SkipMessage("the start could not be recorded") from None
 
-    def claim_final_failure(self, message: Any) -> bool:
+    def claim_final_failure(self, message: AnyMessage) -> bool:
         """True once per job, for its current delivery only; the job is failed in the same durable write.
 
         When it cannot be written the job must not end: the delivery is
@@ -344,7 +343,7 @@ class PostgresBroker(ConveyorBroker, Broker):
             return
         self.deliveries.settle(message.message_id, delivery, status, error)
 
-    def _retry(self, message: Message, delay: int | None) -> Message:
+    def _retry(self, message: Message[Any], delay: int | None) -> Message[Any]:
         """The retries middleware re-enqueues a current delivery: its row goes back to pending."""
         delivery = message.options["pg_delivery"]
         # Middleware may stamp the message before it is stored (metrics' ready time).
@@ -455,6 +454,6 @@ class PostgresBroker(ConveyorBroker, Broker):
         return self.jobs.delete(job_id)
 
 
-def _without_delivery(message: Message) -> Message:
+def _without_delivery(message: Message[Any]) -> Message[Any]:
     options = {k: v for k, v in message.options.items() if k not in (*DELIVERY_OPTIONS, ABANDON)}
     return dataclasses.replace(message, options=options)

@@ -27,16 +27,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from dramatiq import Consumer, Message
+from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from conveyor.brokers.base import SafeMessageProxy
 from conveyor.brokers.postgres.durability import PROVEN
 from conveyor.errors import ConveyorError
-from conveyor.logs import log_event
+from conveyor.logs import log_error
 
 if TYPE_CHECKING:
     from conveyor.brokers.postgres.broker import PostgresBroker
@@ -78,15 +79,7 @@ class PostgresConsumer(Consumer):
         try:
             return self._next()
         except ConveyorError as exc:
-            log_event(
-                "error",
-                level="warning",
-                queue=self.queue,
-                job=None,
-                job_id=None,
-                attempt=None,
-                error=f"postgres consumer restarts: {exc}",
-            )
+            log_error(f"postgres consumer restarts: {exc}", queue=self.queue)
             raise ConnectionClosed(exc) from None
 
     def _next(self) -> SafeMessageProxy | None:
@@ -155,7 +148,7 @@ class PostgresConsumer(Consumer):
     def nack(self, message: Any) -> None:
         self._settle(message, "failed", message.options.get("last_error") or "failed")
 
-    def requeue(self, messages) -> None:
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
         for message in messages:
             self._settle(message, "pending", None)
 

@@ -35,7 +35,7 @@ import time
 import psycopg
 
 from conveyor.brokers.postgres.jobs import Jobs
-from conveyor.logs import log_event
+from conveyor.logs import log_error
 
 #: Longest wait between two reconnections of the prover (s).
 RECONNECT_MAX_DELAY = 2.0
@@ -112,15 +112,7 @@ class ClaimProofs(threading.Thread):
                 delay = 0.1
                 self._prove(conn)
             except Exception as exc:  # DatabaseUnavailable mostly; nothing may end the prover for good
-                log_event(
-                    "error",
-                    level="warning",
-                    queue=None,
-                    job=None,
-                    job_id=None,
-                    attempt=None,
-                    error=f"postgres claim prover lost its connection: {type(exc).__name__}: {exc}",
-                )
+                log_error(f"postgres claim prover lost its connection: {type(exc).__name__}: {exc}")
             finally:
                 with self._cond:
                     self.epoch = 0  # what was not proven on that connection never will be

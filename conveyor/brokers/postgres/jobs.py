@@ -40,17 +40,22 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, TypedDict, overload
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from conveyor.brokers.base import JobRef, QueueCounts
+from conveyor.brokers.base import JobRecord, JobRef, QueueCounts
 from conveyor.brokers.postgres.records import LISTS, job_record
 from conveyor.db import load_queries
 from conveyor.errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable, EnqueueOutcomeUnknown
 
 QUERIES = load_queries(Path(__file__).with_name("jobs.sql"))
+
+#: A row as psycopg returns it (the default row factory).
+Row = tuple[Any, ...]
+#: What a statement's caller wants back: its rowcount, its first row, or all its rows.
+Fetch = Literal["none", "one", "all"]
 
 #: The NOTIFY channel; the payload is the queue name. ``LISTEN`` in jobs.sql names it too.
 CHANNEL = "conveyor_jobs"
@@ -67,10 +72,39 @@ KEY_ROUNDS = 5
 #: Slots of conveyor_queue_totals (see the migration).
 TOTAL_SLOTS = 8
 
+
+class NewJob(TypedDict):
+    """One job to insert, as the broker builds it from an enqueue (``PostgresBroker._row``)."""
+
+    id: str
+    queue: str
+    job: str
+    priority: int
+    #: None when the actor has no such option.
+    max_attempts: int | None
+    key: str | None
+    #: The Dramatiq message, encoded.
+    message: str
+    error: str | None
+    #: Seconds until it may run.
+    delay: float
+
+
+class ConnectionOptions(TypedDict):
+    """libpq connection parameters, passed through by psycopg."""
+
+    connect_timeout: int
+    keepalives: int
+    keepalives_idle: int
+    keepalives_interval: int
+    keepalives_count: int
+    tcp_user_timeout: int
+
+
 #: Every connection's options. Keepalives and the TCP user timeout: a connection on a
 #: dead network path fails within ~15 s instead of hanging the consumer (and the jobs
 #: it claimed) for good.
-CONNECTION = {
+CONNECTION: ConnectionOptions = {
     "connect_timeout": 5,
     "keepalives": 1,
     "keepalives_idle": 5,
@@ -128,7 +162,7 @@ def storable_json(value: Any) -> Any:
     return value
 
 
-def unstorable_path(value: Any, path: tuple = ()) -> tuple | None:
+def unstorable_path(value: Any, path: tuple[int | str, ...] = ()) -> tuple[int | str, ...] | None:
     """Where in ``value`` a string Postgres cannot store sits (a NUL, a lone surrogate), or None."""
     if isinstance(value, str):
         return None if storable(value) == value else path
@@ -159,12 +193,12 @@ class Jobs:
         self.database_url = database_url
         self.worker_id = worker_id
         self._lock = threading.Lock()
-        self._pools: dict[bool, ConnectionPool] = {}  # fast -> pool
+        self._pools: dict[bool, ConnectionPool[psycopg.Connection[Any]]] = {}  # fast -> pool
         self._pool_checked = -math.inf
 
     # -- connections -----------------------------------------------------------
 
-    def connect(self) -> psycopg.Connection:
+    def connect(self) -> psycopg.Connection[Any]:
         """A connection of its own (the listener's)."""
         try:
             return psycopg.connect(self.database_url, autocommit=True, **CONNECTION)
@@ -172,7 +206,7 @@ class Jobs:
             raise translate(exc, "connecting") from exc
 
     @contextlib.contextmanager
-    def _conn(self, *, fast: bool = False) -> Iterator[psycopg.Connection]:
+    def _conn(self, *, fast: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A pooled autocommit connection. No ping on checkout: a connection a
         Postgres restart broke fails once, and the pools are then checked.
 
@@ -216,7 +250,24 @@ class Jobs:
         for pool in pools:
             pool.close(timeout=5)
 
-    def _execute(self, name: str, params: dict | None = None, *, fetch: str = "none", fast: bool = False) -> Any:
+    @overload
+    def _execute(
+        self, name: str, params: dict[str, Any] | None = None, *, fetch: Literal["none"] = "none", fast: bool = False
+    ) -> int: ...
+
+    @overload
+    def _execute(
+        self, name: str, params: dict[str, Any] | None = None, *, fetch: Literal["one"], fast: bool = False
+    ) -> Row | None: ...
+
+    @overload
+    def _execute(
+        self, name: str, params: dict[str, Any] | None = None, *, fetch: Literal["all"], fast: bool = False
+    ) -> list[Row]: ...
+
+    def _execute(
+        self, name: str, params: dict[str, Any] | None = None, *, fetch: Fetch = "none", fast: bool = False
+    ) -> int | Row | None | list[Row]:
         try:
             with self._conn(fast=fast) as conn:
                 cur = conn.execute(QUERIES[name], params or {})
@@ -230,7 +281,16 @@ class Jobs:
                 self.trouble()
             raise translate(exc, name.replace("_", " ")) from exc
 
-    def _read(self, name: str, params: dict, fetch: str) -> Any:
+    @overload
+    def _read(self, name: str, params: dict[str, Any], fetch: Literal["none"]) -> int: ...
+
+    @overload
+    def _read(self, name: str, params: dict[str, Any], fetch: Literal["one"]) -> Row | None: ...
+
+    @overload
+    def _read(self, name: str, params: dict[str, Any], fetch: Literal["all"]) -> list[Row]: ...
+
+    def _read(self, name: str, params: dict[str, Any], fetch: Fetch) -> int | Row | None | list[Row]:
         """A statement that is safe to repeat: once more on a fresh connection if the first one was broken."""
         try:
             return self._execute(name, params, fetch=fetch)
@@ -245,7 +305,9 @@ class Jobs:
 
     # -- enqueue -----------------------------------------------------------------
 
-    def enqueue(self, rows: list[dict], dedup_ttl: float, connection: psycopg.Connection | None = None) -> list[JobRef]:
+    def enqueue(
+        self, rows: list[NewJob], dedup_ttl: float, connection: psycopg.Connection[Any] | None = None
+    ) -> list[JobRef]:
         """Insert jobs (rows as the broker builds them); with ``connection``, inside the caller's transaction."""
         if connection is not None:
             try:
@@ -278,7 +340,7 @@ class Jobs:
                     raise _enqueue_error(exc) from exc
                 attempt += 1
 
-    def _insert(self, conn: psycopg.Connection, rows: list[dict], dedup_ttl: float) -> list[JobRef]:
+    def _insert(self, conn: psycopg.Connection[Any], rows: list[NewJob], dedup_ttl: float) -> list[JobRef]:
         refs: list[JobRef | None] = [None] * len(rows)
         todo = list(range(len(rows)))
         for _ in range(KEY_ROUNDS):
@@ -292,7 +354,7 @@ class Jobs:
                     refs[i] = JobRef(rows[i]["id"], False)
                 else:
                     skipped.append(i)
-            keys = sorted({rows[i]["key"] for i in skipped if rows[i]["key"]})
+            keys = sorted({key for i in skipped if (key := rows[i]["key"])})
             holders = {}
             if keys:
                 holders = {
@@ -331,17 +393,19 @@ class Jobs:
         return [(r[0], r[1], r[2], r[3], r[6]) for r in rows]
 
     def next_due(self, queue: str) -> float | None:
-        return self._execute("next_due", {"queue": queue}, fetch="one", fast=True)[0]
+        due: float | None = _single(self._execute("next_due", {"queue": queue}, fetch="one", fast=True), "next_due")[0]
+        return due
 
     def start(self, job_id: str, delivery: int) -> int:
         """Count the attempt of a claimed job; 0 when it was deleted or the delivery is superseded."""
         row = self._execute("start", {"id": job_id, "delivery": delivery}, fetch="one", fast=True)
-        return row[0] if row else 0
+        attempt: int = row[0] if row else 0
+        return attempt
 
     def finish(self, outcomes: dict[tuple[str, int], tuple[str, str | None]]) -> int:
         """Apply outcomes {(id, delivery): (status, error)} of current deliveries in one statement."""
         keys = list(outcomes)
-        return self._execute(
+        row = self._execute(
             "finish",
             {
                 "ids": [k[0] for k in keys],
@@ -352,7 +416,9 @@ class Jobs:
             },
             fetch="one",
             fast=True,
-        )[0]
+        )
+        moved: int = _single(row, "finish")[0]
+        return moved
 
     def retry(self, job_id: str, delivery: int, message: str, delay: float, error: str | None) -> None:
         """The delivery failed and the job runs again after ``delay`` s, with its new message."""
@@ -394,14 +460,14 @@ class Jobs:
     # -- workers, recovery, pruning -------------------------------------------------
 
     @staticmethod
-    def prover_session(conn: psycopg.Connection) -> None:
+    def prover_session(conn: psycopg.Connection[Any]) -> None:
         try:
             conn.execute(QUERIES["prover_session"])
         except STATEMENT_ERRORS as exc:
             raise translate(exc, "prover session") from exc
 
     @staticmethod
-    def prove(conn: psycopg.Connection) -> None:
+    def prove(conn: psycopg.Connection[Any]) -> None:
         """One synchronous commit on the prover's connection: every claim committed before it is on disk."""
         try:
             conn.execute(QUERIES["prove"])
@@ -409,7 +475,7 @@ class Jobs:
             raise translate(exc, "proving claims") from exc
 
     @staticmethod
-    def listen(conn: psycopg.Connection) -> None:
+    def listen(conn: psycopg.Connection[Any]) -> None:
         try:
             conn.execute(QUERIES["listen"])
         except STATEMENT_ERRORS as exc:
@@ -435,7 +501,7 @@ class Jobs:
     def forget_worker(self) -> None:
         self._execute("forget_worker", {"id": self.worker_id})
 
-    def recover(self, lease: float, limit: int) -> list[tuple]:
+    def recover(self, lease: float, limit: int) -> list[Row]:
         """Take back up to ``limit`` rows of workers dead for a lease (server clock); returns the moved rows."""
         return self._execute("recover", {"lease": lease, "limit": limit, "slot": self.slot()}, fetch="all")
 
@@ -454,24 +520,25 @@ class Jobs:
     # -- reads and operator actions ---------------------------------------------------
 
     def counts(self, queue: str) -> QueueCounts:
-        waiting, delayed, active, failed, completed_total, failed_total, paused, oldest = self._read(
-            "counts", {"queue": queue}, "one"
+        waiting, delayed, active, failed, completed_total, failed_total, paused, oldest = _single(
+            self._read("counts", {"queue": queue}, "one"), "counts"
         )
         return QueueCounts(
             queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused, oldest
         )
 
-    def get(self, job_id: str):
+    def get(self, job_id: str) -> JobRecord | None:
         row = self._read("get_job", {"id": job_id}, "one")
         return job_record(row) if row else None
 
-    def list(self, queue: str, state: str, limit: int, offset: int):
+    def list(self, queue: str, state: str, limit: int, offset: int) -> list[JobRecord]:
         name, status = LISTS[state]
         rows = self._read(name, {"queue": queue, "status": status, "limit": limit, "offset": offset}, "all")
         return [job_record(row) for row in rows]
 
     def unfinished(self, queue: str) -> int:
-        return self._read("unfinished", {"queue": queue}, "one")[0]
+        count: int = _single(self._read("unfinished", {"queue": queue}, "one"), "unfinished")[0]
+        return count
 
     def flush(self, queue: str) -> None:
         self._execute("flush", {"queue": queue})
@@ -486,7 +553,8 @@ class Jobs:
     # report "nothing retried" / "not found" for what it just did. The caller sees DatabaseUnavailable.
 
     def retry_failed(self, job_id: str | None, queue: str | None) -> int:
-        retried, _ = self._execute("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL}, fetch="one")
+        row = self._execute("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL}, fetch="one")
+        retried: int = _single(row, "retry_failed")[0]
         return retried
 
     def delete(self, job_id: str) -> bool:
@@ -494,12 +562,18 @@ class Jobs:
         return self._execute("delete_job", {"id": job_id}, fetch="one") is not None
 
 
+def _single(row: Row | None, name: str) -> Row:
+    """The row of a query that always returns exactly one (an aggregate: a count, a min)."""
+    assert row is not None, f"{name} returns one row"
+    return row
+
+
 def _enqueue_error(exc: BaseException) -> Exception:
     cause = translate(exc, "the enqueue")
     return BrokerUnavailable(f"{cause}; nothing was enqueued")
 
 
-def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
+def _enqueue_params(rows: list[NewJob], dedup_ttl: float) -> dict[str, Any]:
     return {
         "ids": [r["id"] for r in rows],
         "queues": [r["queue"] for r in rows],
@@ -515,11 +589,11 @@ def _enqueue_params(rows: list[dict], dedup_ttl: float) -> dict:
     }
 
 
-def _worker_session(conn: psycopg.Connection) -> None:
+def _worker_session(conn: psycopg.Connection[Any]) -> None:
     conn.execute(QUERIES["worker_session"])
 
 
-def _durable_session(conn: psycopg.Connection) -> None:
+def _durable_session(conn: psycopg.Connection[Any]) -> None:
     # Enqueues, synchronous claims, final failures and recovery wait for the
     # flush whatever the server's or the role's default says.
     conn.execute(QUERIES["prover_session"])

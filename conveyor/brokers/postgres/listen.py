@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 import psycopg
 
-from conveyor.logs import log_event
+from conveyor.logs import log_error, log_event
 
 #: Longest wait between two reconnection attempts (s).
 RECONNECT_MAX_DELAY = 2.0
@@ -132,15 +132,7 @@ class Listener(threading.Thread):
                 self._listen(conn)
             except Exception as exc:  # DatabaseUnavailable mostly; nothing may end the heartbeat for good
                 if self.up_since is not None:
-                    log_event(
-                        "error",
-                        level="warning",
-                        queue=None,
-                        job=None,
-                        job_id=None,
-                        attempt=None,
-                        error=f"postgres listener lost its connection: {type(exc).__name__}: {exc}",
-                    )
+                    log_error(f"postgres listener lost its connection: {type(exc).__name__}: {exc}")
                 self.up_since = None
                 self.last_error = f"{type(exc).__name__}: {exc}"
             finally:

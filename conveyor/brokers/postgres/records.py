@@ -5,6 +5,8 @@ Payloads are passed through as stored and never printed.
 
 from __future__ import annotations
 
+from typing import Any
+
 from conveyor.brokers.base import JobRecord
 
 #: state -> (query in jobs.sql, status parameter)
@@ -19,7 +21,7 @@ LISTS = {
 _STATES = {"pending": "waiting", "in_progress": "active", "done": "completed", "failed": "failed"}
 
 
-def job_record(row: tuple) -> JobRecord:
+def job_record(row: tuple[Any, ...]) -> JobRecord:
     """One row of ``get_job`` / ``list_*`` as a record."""
     (
         job_id,

@@ -19,10 +19,10 @@ import dataclasses
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import redis
-from dramatiq import Message
+from dramatiq import Message, Middleware
 from dramatiq.brokers.redis import RedisBroker as DramatiqRedisBroker
 from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
@@ -30,14 +30,18 @@ from dramatiq.middleware import SkipMessage
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from conveyor.brokers.base import JOB_STATES, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts
+from conveyor.brokers.base import JOB_STATES, AnyMessage, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.errors import is_unavailable, translated
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
+from conveyor.brokers.redis.replies import text
 from conveyor.brokers.redis.scripts import JOBS
 from conveyor.errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable
-from conveyor.logs import log_event
+from conveyor.logs import log_error, log_event
+
+if TYPE_CHECKING:
+    from conveyor.settings import Settings
 
 _MS = 1000  # settings are in seconds, the script counts milliseconds
 
@@ -50,9 +54,6 @@ RETRY_BATCH = 500
 
 #: Seconds a job's start (or its final-failure claim) waits for Redis to come back before giving up on it.
 START_GRACE = 5.0
-
-#: Script commands that write this worker's heartbeat (see jobs.lua).
-HEARTBEATS = frozenset({"fetch", "start", "acks", "nack", "retry", "promote", "requeue", "release", "maintain"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,15 +69,18 @@ class _Retry:
 class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     """Dramatiq's RedisBroker plus keyed enqueue, attempts, job records and the delivery fence."""
 
+    #: Built here, with decode_responses off: replies are bytes (see replies.text).
+    client: redis.Redis
+
     def __init__(
         self,
         *,
         url: str,
-        middleware: list,
+        middleware: list[Middleware],
         namespace: str,
         heartbeat_timeout: float,
         retention: float,
-        settings: Any = None,
+        settings: Settings | None = None,
     ) -> None:
         if settings is None:
             from conveyor.settings import Settings
@@ -91,7 +95,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), settings.redis_retries),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         )
-        super().__init__(
+        # Dramatiq's RedisBroker.__init__ is unannotated.
+        super().__init__(  # type: ignore[no-untyped-call]
             middleware=middleware,
             namespace=namespace,
             client=client,
@@ -133,7 +138,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return None if beat is None else time.monotonic() - beat
 
     @property
-    def consumer_class(self):
+    def consumer_class(self) -> type[RedisConsumer]:
         return RedisConsumer
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> RedisConsumer:
@@ -156,15 +161,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         try:
             self.acks.close()
         except Exception as exc:
-            log_event(
-                "error",
-                level="warning",
-                queue=None,
-                job=None,
-                job_id=None,
-                attempt=None,
-                error=f"buffered acks not sent, their jobs will run again: {type(exc).__name__}: {exc}",
-            )
+            log_error(f"buffered acks not sent, their jobs will run again: {type(exc).__name__}: {exc}")
         try:
             self.release_orphans()
             with self._lock:
@@ -173,15 +170,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             if consumed and not left:
                 self._call("leave", "")
         except Exception as exc:
-            log_event(
-                "error",
-                level="warning",
-                queue=None,
-                job=None,
-                job_id=None,
-                attempt=None,
-                error=f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}",
-            )
+            log_error(f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}")
         self.client.close()
         self.client.connection_pool.disconnect()
 
@@ -217,7 +206,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _held_count(self, name: str) -> int:
         return len(self._held.get(name, ()))
 
-    def _settle(self, name: str, pairs) -> None:
+    def _settle(self, name: str, pairs: Iterable[tuple[str | bytes, int | None]]) -> None:
         """(rid, delivery) pairs are no longer held here; a hold of a newer delivery of the same rid stays."""
         with self._lock:
             held = self._held.get(name)
@@ -248,7 +237,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     # -- enqueue -------------------------------------------------------------
 
-    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         """Dramatiq's enqueue: a new job; a running delivery's retry; or a delay queue's promotion."""
         origin = message.options.get("redis_queue")
         if origin is not None and delivery_of(message) is not None:
@@ -260,14 +249,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
         return [ref for _, ref in self._enqueue_many(items, dedup_ttl=dedup_ttl)]
 
-    def _prepare(self, message: Message, delay_ms: int | None) -> Message:
+    def _prepare(self, message: Message[Any], delay_ms: int | None) -> Message[Any]:
         message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
         if delay_ms is not None:
             message = message.copy(queue_name=dq_name(message.queue_name), options={"eta": current_millis() + delay_ms})
         return message
 
-    def _enqueue_many(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[tuple[Message, JobRef]]:
-        prepared = []
+    def _enqueue_many(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[tuple[Message[Any], JobRef]]:
+        prepared: list[tuple[Message[Any], EnqueueItem]] = []
         for item in items:
             message = self._prepare(item.message, item.delay_ms)
             self.emit_before("enqueue", message, item.delay_ms)
@@ -291,15 +280,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 results = pipe.execute()
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {type(exc).__name__}: {exc}") from exc
-        out = []
+        out: list[tuple[Message[Any], JobRef]] = []
         for (message, item), (job_id, duplicate) in zip(prepared, results):
-            ref = JobRef(job_id.decode() if isinstance(job_id, bytes) else job_id, bool(duplicate))
+            ref = JobRef(text(job_id), bool(duplicate))
             if not ref.deduplicated:
                 self.emit_after("enqueue", message, item.delay_ms)
             out.append((message, ref))
         return out
 
-    def _stash_retry(self, message: Message, delay: int | None) -> Message:
+    def _stash_retry(self, message: Message[Any], delay: int | None) -> Message[Any]:
         """The Retries middleware's retry of a running delivery. It is written by that delivery's ack, in the
         same script call (``retry``): never an ack without its retry, never a retry left half-written."""
         rid, delivery = delivery_of(message)  # type: ignore[misc]
@@ -316,7 +305,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self.emit_after("enqueue", new, delay)
         return new
 
-    def _promote(self, message: Message, origin: str) -> Message:
+    def _promote(self, message: Message[Any], origin: str) -> Message[Any]:
         """A held delayed message is due: one script moves it to its queue (see ``promote`` in jobs.lua)."""
         rid, delivery = delivery_of(message)  # type: ignore[misc]
         moved = _fresh(message).copy(queue_name=q_name(origin), options={"redis_message_id": rid})
@@ -337,7 +326,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     # -- worker side ---------------------------------------------------------
 
-    def start_job(self, message: Any) -> int:
+    def start_job(self, message: AnyMessage) -> int:
         held = delivery_of(message)
         if held is None:
             return 0
@@ -375,7 +364,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             return 0
         return attempt
 
-    def claim_final_failure(self, message: Any) -> bool:
+    def claim_final_failure(self, message: AnyMessage) -> bool:
         held = delivery_of(message)
         if held is None:
             return False
@@ -488,14 +477,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if self._config_warnings is not None:
             return dict(self._config_warnings)
         try:
-            config = {}
+            config: dict[str, str] = {}
             for name in ("appendonly", "save", "maxmemory-policy"):
-                config.update(
-                    {
-                        k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
-                        for k, v in self.client.config_get(name).items()
-                    }
-                )
+                config.update({text(k): text(v) for k, v in self.client.config_get(name).items()})
         except redis.ResponseError:  # CONFIG is renamed or forbidden (managed Redis): nothing to say
             self._config_warnings = {}
             return {}
@@ -514,7 +498,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 "out it deletes keys, so enqueued jobs and dedup keys can vanish"
             )
         self._config_warnings = warnings
-        for reason, text in warnings.items():
+        for reason, sentence in warnings.items():
             log_event(
                 "config_warning",
                 level="warning",
@@ -523,7 +507,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 job_id=None,
                 attempt=None,
                 reason=reason,
-                error=text,
+                error=sentence,
             )
         return dict(warnings)
 
@@ -563,9 +547,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         ids = self.client.zrevrange(self.keys.index(queue, state), offset, offset + limit - 1)
         with self.client.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hgetall(self.keys.job(job_id.decode()))
+                pipe.hgetall(self.keys.job(text(job_id)))
             rows = pipe.execute()
-        return [r for r in (record_from_hash(i.decode(), row) for i, row in zip(ids, rows)) if r]
+        return [r for r in (record_from_hash(text(i), row) for i, row in zip(ids, rows)) if r]
 
     @translated
     def pause_queue(self, queue: str) -> None:
@@ -579,13 +563,13 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     def _job_queue(self, job_id: str) -> str | None:
         queue = self.client.hget(self.keys.job(job_id), "queue")
-        return queue.decode() if queue else None
+        return text(queue) if queue else None
 
     @translated
     def retry_job(self, job_id: str) -> bool:
         queue = self._job_queue(job_id)
         # The script re-checks state and queue: the record may change between the two calls.
-        return bool(queue) and bool(self._call("retry_job", queue, job_id))
+        return queue is not None and bool(self._call("retry_job", queue, job_id))
 
     @translated
     def retry_failed(self, queue: str) -> int:
@@ -599,7 +583,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     @translated
     def delete_job(self, job_id: str) -> bool:
         queue = self._job_queue(job_id)
-        return bool(queue) and bool(self._call("delete", queue, job_id, self.retention_ms))
+        return queue is not None and bool(self._call("delete", queue, job_id, self.retention_ms))
 
     # -- Dramatiq's admin helpers (tests) ---------------------------------------
 
@@ -617,7 +601,7 @@ def storable(text: str | None) -> str:
     return (text or "").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _fresh(message: Message) -> Message:
+def _fresh(message: Message[Any]) -> Message[Any]:
     """The message as it is stored: without what belonged to the delivery it came with."""
     options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
     return dataclasses.replace(message, options=options)

@@ -13,17 +13,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import redis
 from dramatiq import Consumer, Message
+from dramatiq.broker import MessageProxy
 from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
-from conveyor.brokers.base import SafeMessageProxy
+from conveyor.brokers.base import AnyMessage, SafeMessageProxy
 from conveyor.brokers.redis.errors import is_unavailable
+from conveyor.brokers.redis.replies import text
 from conveyor.errors import BrokerRejected
-from conveyor.logs import log_event
+from conveyor.logs import log_error, log_event
 
 if TYPE_CHECKING:
     from conveyor.brokers.redis.broker import RedisBroker
@@ -36,8 +38,11 @@ ACK_FLUSH_SECONDS = 0.05
 #: …and at most this many acks wait at once.
 ACK_BATCH = 64
 
+#: Acks as the script takes them: (rid, job id, delivery) after (rid, job id, delivery), flat.
+AckItems = list[str | int]
 
-def delivery_of(message: Any) -> tuple[str, int] | None:
+
+def delivery_of(message: AnyMessage) -> tuple[str, int] | None:
     """(rid, delivery) of a message this broker handed out, else None."""
     options = message.options
     rid, delivery = options.get("redis_message_id"), options.get("redis_delivery")
@@ -60,7 +65,7 @@ class AckBuffer:
     def __init__(self, broker: "RedisBroker") -> None:
         self.broker = broker
         self._lock = threading.Lock()
-        self._pending: dict[str, list] = {}
+        self._pending: dict[str, AckItems] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -80,21 +85,21 @@ class AckBuffer:
         """How many acks of ``queue`` wait here (their jobs are done, though still held until sent)."""
         return len(self._pending.get(queue, ())) // 3
 
-    def take(self, queue: str) -> list:
+    def take(self, queue: str) -> AckItems:
         with self._lock:
             return self._pending.pop(queue, [])
 
-    def restore(self, queue: str, items: list) -> None:
+    def restore(self, queue: str, items: AckItems) -> None:
         """Put back acks whose call failed, so the next one carries them."""
         if items:
             with self._lock:
                 self._pending[queue] = items + self._pending.get(queue, [])
 
-    def sent(self, queue: str, items: list, refused: list) -> None:
+    def sent(self, queue: str, items: AckItems, refused: Iterable[object]) -> None:
         """Acks Redis took: their jobs are no longer held; refused ones were superseded deliveries."""
-        self.broker._settle(queue, list(zip(items[0::3], items[2::3])))
+        self.broker._settle(queue, [(str(rid), int(delivery)) for rid, delivery in zip(items[0::3], items[2::3])])
         for job_id in refused:
-            self.broker._refused("ack", q_name(queue), _text(job_id))
+            self.broker._refused("ack", q_name(queue), text(job_id))
 
     def flush(self, queue: str | None = None) -> None:
         with self._lock:
@@ -117,15 +122,7 @@ class AckBuffer:
             try:
                 self.flush()
             except Exception as exc:  # Redis away for a moment: the acks wait for it
-                log_event(
-                    "error",
-                    level="warning",
-                    queue=None,
-                    job=None,
-                    job_id=None,
-                    attempt=None,
-                    error=f"acks not sent yet: {type(exc).__name__}: {exc}",
-                )
+                log_error(f"acks not sent yet: {type(exc).__name__}: {exc}")
                 time.sleep(1.0)
 
     def close(self) -> None:
@@ -225,14 +222,8 @@ class RedisConsumer(Consumer):
     def _poison(self, rid: str, delivery: int, exc: Exception) -> None:
         self.broker._call("poison", self.queue_name, rid)
         self.broker._settle(self.queue_name, [(rid, delivery)])
-        log_event(
-            "error",
-            level="error",
-            queue=q_name(self.queue_name),
-            job=None,
-            job_id=None,
-            attempt=None,
-            error=f"malformed message {rid} moved to the dead letters: {exc}",
+        log_error(
+            f"malformed message {rid} moved to the dead letters: {exc}", level="error", queue=q_name(self.queue_name)
         )
 
     @property
@@ -243,7 +234,7 @@ class RedisConsumer(Consumer):
 
     # -- outcomes (called from worker threads) -----------------------------------
 
-    def ack(self, message: Any) -> None:
+    def ack(self, message: MessageProxy) -> None:
         held = delivery_of(message)
         if held is None:
             return
@@ -266,7 +257,7 @@ class RedisConsumer(Consumer):
             return
         self.broker.acks.add(self.queue_name, rid, message.message_id, delivery)
 
-    def nack(self, message: Any) -> None:
+    def nack(self, message: MessageProxy) -> None:
         held = delivery_of(message)
         if held is None:
             return
@@ -279,10 +270,10 @@ class RedisConsumer(Consumer):
         error = message.options.get("last_error") or "failed"
         self._guard(lambda: self.broker._write_nack(self.queue_name, rid, message.message_id, delivery, error), message)
 
-    def requeue(self, messages) -> None:
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
         self._hand_back(list(messages))
 
-    def _hand_back(self, messages: list) -> None:
+    def _hand_back(self, messages: list[MessageProxy]) -> None:
         """Raises only ConnectionClosed (Dramatiq retries or logs it); a refused hand-back unholds the
         messages for the release pass, since Dramatiq's callers (ConsumerThread.close) die on anything else."""
         pairs = [held for held in map(delivery_of, messages) if held is not None]
@@ -294,17 +285,15 @@ class RedisConsumer(Consumer):
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None
             self.broker._settle(self.queue_name, pairs)
-            log_event(
-                "error",
+            log_error(
+                f"{len(pairs)} job(s) not handed back, the release pass will: {type(exc).__name__}: {exc}",
                 level="error",
                 queue=q_name(self.queue_name),
-                job=None,
-                job_id=None,
-                attempt=None,
-                error=f"{len(pairs)} job(s) not handed back, the release pass will: {type(exc).__name__}: {exc}",
             )
 
-    def _guard(self, write, message: Any, restore=None) -> None:
+    def _guard(
+        self, write: Callable[[], None], message: MessageProxy | None, restore: Callable[[], None] | None = None
+    ) -> None:
         """Run an outcome's write. Redis away: keep the job held and raise ConnectionClosed (Dramatiq retries).
         Any other error: the job is no longer in flight here, so the next release pass hands it back."""
         try:
@@ -333,9 +322,9 @@ class RedisConsumer(Consumer):
         """Hand back what this consumer fetched and no worker thread holds (see the class docstring)."""
         pending = list(self.cache)
         self.cache.clear()
-        pairs = [delivery_of(m) for m in pending] + list(self.handed.items())
+        fetched = [delivery_of(m) for m in pending] + list(self.handed.items())
         self.handed.clear()
-        pairs = [p for p in pairs if p is not None]
+        pairs = [p for p in fetched if p is not None]
         if not pairs:
             return
         try:
@@ -343,16 +332,7 @@ class RedisConsumer(Consumer):
         except Exception as exc:
             # No longer in flight here either way: the next release pass (or recovery) hands them back.
             self.broker._settle(self.queue_name, pairs)
-            log_event(
-                "error",
-                level="warning",
+            log_error(
+                f"{len(pairs)} fetched job(s) not handed back yet: {type(exc).__name__}: {exc}",
                 queue=q_name(self.queue_name),
-                job=None,
-                job_id=None,
-                attempt=None,
-                error=f"{len(pairs)} fetched job(s) not handed back yet: {type(exc).__name__}: {exc}",
             )
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Callable, ParamSpec, TypeVar
 
 import redis
 
@@ -22,13 +23,17 @@ def is_unavailable(exc: BaseException) -> bool:
     )
 
 
-def translated(method):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def translated(method: Callable[P, R]) -> Callable[P, R]:
     """Reads and operator actions: a redis error becomes conveyor's, ``raise X from exc``."""
 
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return method(self, *args, **kwargs)
+            return method(*args, **kwargs)
         except redis.RedisError as exc:
             if is_unavailable(exc):
                 raise BrokerUnreachable(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc

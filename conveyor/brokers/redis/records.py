@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from typing import Mapping
 
 from conveyor.brokers.base import JobRecord
+from conveyor.brokers.redis.replies import text
 
 _MS = 1000
 
 
-def record_from_hash(job_id: str, raw: dict) -> JobRecord | None:
+def record_from_hash(job_id: str, raw: Mapping[bytes | str, bytes | str]) -> JobRecord | None:
     """The record, or None when the hash is gone or incomplete. Payload secrets stay as stored (encrypted)."""
     if not raw or b"state" not in raw:
         return None
-    row = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+    row = {text(k): v.decode(errors="replace") if isinstance(v, bytes) else v for k, v in raw.items()}
     try:
         message = json.loads(row.get("payload", "{}"))
         payload = (message.get("args") or [{}])[0]
