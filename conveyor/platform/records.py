@@ -233,7 +233,8 @@ def round_of(conn: Connection[Any], *, task_id: str, message_id: str) -> tuple[s
     row = conn.execute(QUERIES["round"], {"task_id": task_id, "message_id": message_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no finished round with assistant message {message_id!r} in task {task_id!r}")
-    return row
+    run_id, user_text, reply = row
+    return str(run_id), str(user_text), str(reply)
 
 
 # -- memories -------------------------------------------------------------------

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar, cast
+
+from pydantic import BaseModel
 
 from conveyor.tasks.payloads import Payload
 from conveyor.tasks.queues import DECLARED, DEFAULT_MAX_ATTEMPTS, OWNERS, Queue, declare_queue
@@ -18,9 +20,15 @@ if TYPE_CHECKING:
     from conveyor.settings import Settings
     from conveyor.tasks.context import JobContext
 
-Processor = Callable[[Payload, "JobContext"], Any]
-FinalFailureHook = Callable[[Payload | None, str, "JobContext"], None]
+Processor = Callable[[Any, "JobContext"], Any]
+FinalFailureHook = Callable[[Any, str, "JobContext"], None]
 SettingsCheck = Callable[["Settings"], None]
+
+#: A job's payload model (a :class:`Payload`, or any pydantic model such as a root union) and what its processor returns.
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R")
+#: A final-failure hook: ``hook(payload or None, error, ctx)``.
+H = TypeVar("H", bound=FinalFailureHook)
 
 
 @dataclass(frozen=True)
@@ -51,10 +59,10 @@ def job(
     name: str,
     *,
     queue: Queue | str,
-    payload: type[Payload],
+    payload: type[P],
     time_limit: float | None = None,
     max_attempts: int | None = None,
-) -> Callable[[Processor], Processor]:
+) -> Callable[[Callable[[P, "JobContext"], R]], Callable[[P, "JobContext"], R]]:
     """Register the decorated function as the processor of job ``name`` on ``queue``.
 
     ``queue`` is a :class:`~conveyor.tasks.queues.Queue` (declared here if it is new) or the
@@ -67,7 +75,7 @@ def job(
     else:
         raise ValueError(f"job {name!r}: queue must be a Queue or a queue name")
 
-    def register(fn: Processor) -> Processor:
+    def register(fn: Callable[[P, "JobContext"], R]) -> Callable[[P, "JobContext"], R]:
         if spec is not None:
             declare_queue(spec, module=fn.__module__)
         previous = JOB_TYPES.get(name)
@@ -75,7 +83,9 @@ def job(
         JOB_TYPES[name] = JobType(
             name,
             queue_name,
-            payload,
+            # A root-model payload (the builds' union) is not a Payload subclass but has its
+            # interface: load() and secret_fields, which is all the library calls.
+            cast(type[Payload], payload),
             fn,
             previous.on_final_failure if previous else None,
             time_limit,
@@ -87,14 +97,14 @@ def job(
     return register
 
 
-def on_final_failure(name: str) -> Callable[[FinalFailureHook], FinalFailureHook]:
+def on_final_failure(name: str) -> Callable[[H], H]:
     """Register the decorated function to run once when job ``name`` has spent its attempts.
 
     It drives the job's target to a terminal state (a build to ``failed``, say).
     The payload is None when the message could not be read at all.
     """
 
-    def register(fn: FinalFailureHook) -> FinalFailureHook:
+    def register(fn: H) -> H:
         JOB_TYPES[name] = replace(JOB_TYPES[name], on_final_failure=fn)
         return fn
 

@@ -15,12 +15,16 @@ buffer holds, so it is always exactly what readers saw.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
+from psycopg import Connection
+
 from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
 from conveyor.platform.payloads import ChatRun, RunFinalize, TaskRun, run_key
 from conveyor.platform.providers import ChatMessage, provider_for
-from conveyor.platform.providers.base import estimate_usage
+from conveyor.platform.providers.base import Role, estimate_usage
 from conveyor.platform.queues import AGENT
 from conveyor.platform.streams import buffer_for
 from conveyor.tasks.context import JobContext
@@ -90,11 +94,15 @@ def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) ->
     _enqueue_finalize(ctx, run)
 
 
-def _context(conn, task: records.Task, run: records.Run, whole_conversation: bool) -> list[ChatMessage]:
+def _context(
+    conn: Connection[Any], task: records.Task, run: records.Run, whole_conversation: bool
+) -> list[ChatMessage]:
     system = f"{TASK_PREAMBLE}\n{task.instructions}".strip() if task.kind == "task" else task.instructions
     messages = [ChatMessage("system", system)] if system else []
     if whole_conversation:
-        messages += [ChatMessage(role, content) for role, content in records.conversation(conn, run.user_message_id)]
+        # The messages table's CHECK admits only the three roles a provider knows.
+        conversation = records.conversation(conn, run.user_message_id)
+        messages += [ChatMessage(cast(Role, role), content) for role, content in conversation]
     else:
         messages.append(ChatMessage("user", records.get_message(conn, run.user_message_id).content))
     return messages

@@ -37,11 +37,12 @@ from conveyor.platform.builds import store
 from conveyor.platform.builds.builder import BuildLog, Deadline
 from conveyor.platform.builds.executors import EXECUTORS, BuildContext
 from conveyor.platform.builds.local import LocalBuilder
-from conveyor.platform.builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINUTE, BuildPayload
+from conveyor.platform.builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINUTE, BuildPayload, BuildVariant
 from conveyor.platform.builds.uploads import Uploads
 from conveyor.platform.queues import AGENT
 from conveyor.redaction import Scrubber
 from conveyor.secrets import decrypt_env
+from conveyor.settings import Settings
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.registry import check_settings, job, on_final_failure
 
@@ -55,7 +56,7 @@ def worker_id() -> str:
 
 
 @check_settings
-def known_build_kinds(settings) -> None:
+def known_build_kinds(settings: Settings) -> None:
     """``CONVEYOR_BUILD_TIME_LIMITS__<KIND>`` names only kinds that exist (a typo would be silently ignored)."""
     unknown = sorted(set(settings.build_time_limits) - set(BUILD_KINDS))
     if unknown:
@@ -67,7 +68,7 @@ def run_build(payload: BuildPayload, ctx: JobContext) -> None:
     request = payload.root
     settings = ctx.app.settings
     pool = ctx.app.pool
-    ids = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
+    ids: dict[str, Any] = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
     with pool.connection() as conn:
         claim = store.claim_build(
             conn, request.build_id, worker=worker_id(), job_id=ctx.job_id, stale_after=settings.build_stale_after
@@ -120,12 +121,12 @@ def run_build(payload: BuildPayload, ctx: JobContext) -> None:
     _drop_upload(settings, request)
 
 
-def _upload_id(request) -> str | None:
+def _upload_id(request: BuildVariant) -> str | None:
     source = getattr(request, "source", None)
     return getattr(request, "upload_id", None) or getattr(source, "upload_id", None)
 
 
-def _drop_upload(settings, request) -> None:
+def _drop_upload(settings: Settings, request: BuildVariant) -> None:
     """An upload serves one build: once that build has ended, its archive goes."""
     upload_id = _upload_id(request)
     if upload_id:
@@ -148,7 +149,7 @@ def _finish_unclaimed(conn: Connection[Any], build_id: str, stale_after: float, 
 @on_final_failure("agent.build")
 def build_failed_for_good(payload: BuildPayload | None, error: str, ctx: JobContext) -> None:
     """End the build ``failed`` and drive its agent or connector to ``failed``, so nothing waits on it."""
-    ids = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
+    ids: dict[str, Any] = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
     if payload is None:
         log_event("error", level="error", **ids, error="unreadable agent.build payload: no build to fail")
         return
@@ -192,7 +193,7 @@ class _Heartbeat:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
 

@@ -69,6 +69,13 @@ def finalize_run(payload: RunFinalize, ctx: JobContext) -> dict[str, int] | None
         records.mark_finalized(conn, run.id)
     counts = {"enqueued": sum(not r.deduplicated for r in refs), "deduplicated": sum(r.deduplicated for r in refs)}
     log_event(
-        "round_finalized", queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt, run_id=run.id, **counts
+        "round_finalized",
+        queue=ctx.queue,
+        job=ctx.job,
+        job_id=ctx.job_id,
+        attempt=ctx.attempt,
+        run_id=run.id,
+        enqueued=counts["enqueued"],
+        deduplicated=counts["deduplicated"],
     )
     return counts

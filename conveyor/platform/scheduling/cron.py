@@ -68,7 +68,7 @@ class Cron:
         """The first occurrence strictly after ``moment``."""
         it = croniter(self.expression, moment.astimezone(self.zone))
         while True:
-            candidate = it.get_next(datetime)
+            candidate: datetime = it.get_next(datetime)
             if not self._is_repeat(candidate):
                 return candidate.astimezone(UTC)
 
@@ -79,7 +79,7 @@ class Cron:
         it = croniter(self.expression, start)
         try:
             while True:
-                candidate = it.get_prev(datetime)
+                candidate: datetime = it.get_prev(datetime)
                 if not self._is_repeat(candidate):
                     return candidate.astimezone(UTC)
         except CroniterBadDateError:
