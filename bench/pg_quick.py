@@ -97,7 +97,7 @@ def measure(
 
 def run_conveyor(url: str, threads: int, jobs: int, samples: int, sync_worker_commits: bool = False) -> dict:
     sys.path.insert(0, str(ROOT))
-    import conveyor.brokers.postgres
+    import conveyor.brokers.postgres.jobs
     from conveyor.app import App
     from conveyor.schema.migrate import migrate
     from conveyor.settings import Settings
@@ -105,7 +105,7 @@ def run_conveyor(url: str, threads: int, jobs: int, samples: int, sync_worker_co
     from conveyor.tasks.registry import job
     from conveyor.tasks.worker import ProcessWorker
 
-    conveyor.brokers.postgres.WORKER_SYNCHRONOUS_COMMIT = sync_worker_commits
+    conveyor.brokers.postgres.jobs.WORKER_SYNCHRONOUS_COMMIT = sync_worker_commits
     probe = Probe()
 
     class Noop(Payload):

@@ -8,7 +8,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from conveyor.brokers.fleet import AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+from conveyor.brokers.fleet.base import AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
 
 if TYPE_CHECKING:
     from conveyor.brokers.inline import InlineBroker

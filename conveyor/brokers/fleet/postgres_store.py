@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conveyor.brokers.fleet import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+from conveyor.brokers.fleet.base import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
 from conveyor.db import load_queries
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
-from conveyor.brokers.fleet import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
+from conveyor.brokers.fleet.base import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
 from conveyor.brokers.redis.replies import text
 
 _SCRIPT = Path(__file__).with_name("fleet.lua").read_text()

@@ -20,13 +20,7 @@ nothing once it is superseded; a job whose start or outcome could not be
 written stays held by its worker and is handed out again, never acked.
 """
 
-#: Whether a worker's claims, starts, outcomes and retries wait for the WAL
-#: flush. They do not: jobs.py says why losing a start, an outcome or a retry
-#: in a crash only makes a job run once more (or count one attempt less), and
-#: claims are proven durable per batch before their jobs start (durability.py).
-WORKER_SYNCHRONOUS_COMMIT = False
+from conveyor.brokers.postgres.broker import PostgresBroker
+from conveyor.brokers.postgres.jobs import CHANNEL, QUERIES, Jobs
 
-from conveyor.brokers.postgres.broker import PostgresBroker  # noqa: E402
-from conveyor.brokers.postgres.jobs import CHANNEL, QUERIES, Jobs  # noqa: E402
-
-__all__ = ["CHANNEL", "QUERIES", "Jobs", "PostgresBroker", "WORKER_SYNCHRONOUS_COMMIT"]
+__all__ = ["CHANNEL", "QUERIES", "Jobs", "PostgresBroker"]

@@ -180,10 +180,15 @@ def unstorable_path(value: Any, path: tuple[int | str, ...] = ()) -> tuple[int |
     return None
 
 
-def _sync_worker_commits() -> bool:
-    from conveyor.brokers.postgres import WORKER_SYNCHRONOUS_COMMIT  # the package's switch (bench/pg_quick.py flips it)
+#: Whether a worker's claims, starts, outcomes and retries wait for the WAL
+#: flush. They do not: the Jobs class says why losing a start, an outcome or a retry
+#: in a crash only makes a job run once more (or count one attempt less), and
+#: claims are proven durable per batch before their jobs start (durability.py).
+WORKER_SYNCHRONOUS_COMMIT = False  # bench/pg_quick.py flips it
 
-    return WORKER_SYNCHRONOUS_COMMIT
+
+def _sync_worker_commits() -> bool:
+    return WORKER_SYNCHRONOUS_COMMIT  # read at each pool's opening, so a flip before it counts
 
 
 class Jobs:
