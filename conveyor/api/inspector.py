@@ -345,9 +345,7 @@ class Inspector:
         job_type = self.app.job_types.get(record.job)
         model = job_type.payload if job_type else None
         secrets = [*self._settings_secrets, *payload_secrets(record.payload, model)]
-        max_attempts = None
-        if job_type:
-            max_attempts = job_type.max_attempts or self.app.queues[job_type.queue].max_attempts
+        max_attempts = self.app.max_attempts(job_type) if job_type else None
         return JobView(
             id=record.id,
             queue=record.queue,

@@ -143,5 +143,8 @@ def test_postgres_restart_under_running_workers_loses_no_job(app, workers, setti
     )
     assert rows(database_url, "SELECT status, count(*) FROM conveyor_jobs GROUP BY 1") == [("done", len(requests))]
     assert_ledger_exact(settings, database_url, requests)
-    assert group.events("reconnected"), "the workers' listeners reconnected"
-    assert len(group.child_pids()) == 2, "no worker process died of it"
+    # A worker whose heartbeat stays away for most of the 1.5 s lease exits (the self-fence, exit 75)
+    # and its supervisor starts a fresh one; a faster restart is ridden out by the listener.
+    # Either way every worker came back to the restarted server on its own.
+    assert group.events("reconnected") or group.events("self_fence"), "the workers' listeners reconnected"
+    wait_for(lambda: len(group.child_pids()) == 2, timeout=30, message="both worker processes up after the restart")
