@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from conveyor.db import load_queries
+from conveyor.db import load_queries, wrap_errors
 from conveyor.platform.limits.base import RateLimit, Semaphore, Slot
 
 QUERIES = load_queries(Path(__file__).with_name("postgres.sql"))
@@ -48,6 +48,7 @@ class PostgresSemaphore(Semaphore):
     def __init__(self, pool) -> None:
         self.pool = pool
 
+    @wrap_errors("acquiring a slot")  # a connection out of the pool: no `with pool.connection()` translates
     def try_acquire(self, name: str, limit: int) -> Slot | None:
         key = lock_class(name)
         conn = self.pool.getconn()
