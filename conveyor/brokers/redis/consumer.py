@@ -21,9 +21,9 @@ from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from conveyor.brokers.base import SafeMessageProxy
-from conveyor.brokers.redis.errors import is_unavailable
 from conveyor.errors import BrokerRejected
 from conveyor.logs import log_event
+from conveyor.redis_client import is_unavailable
 
 if TYPE_CHECKING:
     from conveyor.brokers.redis.broker import RedisBroker
