@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from conveyor.api.auth import require_user
 from conveyor.api.errors import not_found
-from conveyor.errors import EnqueueError, RecordNotFound
+from conveyor.errors import RecordNotFound
 from conveyor.platform import records
 from conveyor.platform.api.runs import AUTH_RESPONSES, IdPath, conveyor_app
 from conveyor.platform.payloads import ResourceIndex
@@ -117,10 +117,7 @@ def put_resource(
         except RecordNotFound as exc:
             raise not_found(exc) from None
     payload = ResourceIndex(resource_id=resource_id, version=version)
-    try:
-        ref = app.jobs.enqueue("resource.index", payload, key=payload.idempotency_key())
-    except EnqueueError as exc:
-        raise HTTPException(503, str(exc)) from None
+    ref = app.jobs.enqueue("resource.index", payload, key=payload.idempotency_key())  # BrokerUnavailable: 503
     response.headers["Location"] = f"/api/resources/{resource_id}"
     return ResourceAccepted(resource_id=resource_id, version=version, job_id=ref.id, deduplicated=ref.deduplicated)
 

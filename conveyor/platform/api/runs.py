@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from conveyor.api.auth import require_user
 from conveyor.api.errors import not_found
-from conveyor.errors import EnqueueError, RecordConflict, RecordNotFound
+from conveyor.errors import RecordNotFound
 from conveyor.platform import records
 from conveyor.platform.rounds import start_round
 from conveyor.platform.streams import buffer_for
@@ -117,16 +117,10 @@ def post_run(
 ) -> RunAccepted:
     """Start a round of one of your tasks (API key); the run happens on a worker. Answers 202 with where to follow it."""
     message_id = records.scoped_message_id(user_id, body.message_id) if body.message_id else None
-    try:
-        with app.pool.connection() as conn:
-            records.get_task_of(conn, task_id, user_id)  # another user's task is as missing as none
-        started = start_round(app, task_id=task_id, content=body.content, message_id=message_id)
-    except RecordNotFound as exc:
-        raise not_found(exc) from None
-    except RecordConflict as exc:
-        raise HTTPException(409, str(exc)) from None
-    except EnqueueError as exc:
-        raise HTTPException(503, str(exc)) from None
+    # Not found, a conflict, the broker away: conveyor.api.errors' table answers (404, 409, 503).
+    with app.pool.connection() as conn:
+        records.get_task_of(conn, task_id, user_id)  # another user's task is as missing as none
+    started = start_round(app, task_id=task_id, content=body.content, message_id=message_id)
     status_url = f"/api/runs/{started.run_id}"
     response.headers["Location"] = status_url
     return RunAccepted(
