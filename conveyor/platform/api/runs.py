@@ -29,8 +29,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from conveyor.api.auth import require_user
-from conveyor.api.errors import not_found
-from conveyor.errors import RecordNotFound
 from conveyor.platform import records
 from conveyor.platform.rounds import start_round
 from conveyor.platform.streams import buffer_for
@@ -137,10 +135,7 @@ def post_run(
 
 def _load_run(app, run_id: str, user_id: str) -> records.Run:
     with app.pool.connection() as conn:
-        try:
-            return records.get_run_of(conn, run_id, user_id)
-        except RecordNotFound as exc:
-            raise not_found(exc) from None
+        return records.get_run_of(conn, run_id, user_id)  # RecordNotFound: 404 "no such run" (api/errors.py)
 
 
 @router.get(
