@@ -32,11 +32,11 @@ MARKER = "marker-7f3a9c-do-not-echo"
 
 
 @pytest.fixture
-def make_app(clean_env: pytest.MonkeyPatch, redis_url: str, database_url: str) -> Iterator[Callable[[], App]]:
+def make_app(clean_env: pytest.MonkeyPatch, redis_url: str, database_url: str) -> Iterator[Callable[..., App]]:
     apps: list[App] = []
 
-    def make() -> App:
-        app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, redis_retries=1))
+    def make(broker: str = "redis") -> App:
+        app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url, redis_retries=1))
         apps.append(app)
         return app
 
@@ -76,6 +76,20 @@ def test_a_store_call_on_a_stopped_postgres_raises_database_unavailable(make_app
             records.get_task(conn, "t1")
     assert isinstance(raised.value, StoreUnavailable)
     assert isinstance(raised.value.__cause__, psycopg.Error)  # the chain keeps psycopg's own error for the log
+
+
+def test_postgres_stores_off_the_pools_with_block_raise_database_unavailable_too(make_app, postgres_down):
+    # One App per call: each pool holds one live connection, which the stop breaks (a second call
+    # would wait out the pool's timeout for a new one, which ends in DatabaseUnavailable as well).
+    for_limits, for_streams = make_app("postgres"), make_app("postgres")
+    semaphore, buffer = limits_for(for_limits).semaphore, buffer_for(for_streams)
+    with for_limits.pool.connection(), for_streams.pool.connection():
+        pass  # both pools open while Postgres runs
+    postgres_down()
+    with pytest.raises(DatabaseUnavailable):
+        semaphore.try_acquire("llm", 2)  # a connection kept out of the pool for the slot's lifetime
+    with pytest.raises(DatabaseUnavailable):
+        buffer.read("run_1")
 
 
 def test_a_refused_statement_is_database_refused_and_an_inline_except_still_sees_psycopg(make_app):
