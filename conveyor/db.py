@@ -8,8 +8,9 @@ psycopg's errors enter conveyor's error tree here and nowhere else
 when Postgres cannot be reached (try again later),
 :class:`~conveyor.errors.DatabaseRefused` when it refused a statement. The
 pool :func:`open_pool` opens translates at the end of every
-``with pool.connection()`` block, so every store on the App's pool is
-covered without a ``try`` of its own, and an ``except
+``with pool.connection()`` block (and a :func:`connect` connection at the end
+of ``with conn:``), so every store on the App's pool is covered without a
+``try`` of its own, and an ``except
 psycopg.errors.UniqueViolation`` inside such a block still sees psycopg's error.
 """
 
@@ -122,7 +123,17 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 20, name: str = "c
     return pool
 
 
+class Connection(psycopg.Connection[Any]):
+    """A connection of its own whose errors are translated when they leave ``with conn:``, as the pool's do."""
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        super().__exit__(kind, exc, tb)
+        if exc is not None and isinstance(exc, STATEMENT_ERRORS):
+            raise translate(exc, "a statement") from exc
+
+
 @wrap_errors("connecting")
-def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
-    """One connection, with connection errors translated."""
-    return psycopg.connect(url, **kwargs)
+def connect(url: str, **kwargs: Any) -> Connection:
+    """One connection (the migrator's, the CLI's), with connection errors translated and those of
+    ``with connect(url) as conn:`` blocks too."""
+    return Connection.connect(url, **kwargs)

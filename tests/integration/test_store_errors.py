@@ -19,6 +19,7 @@ import redis
 
 from conveyor.app import App
 from conveyor.brokers.fleet import fleet_store
+from conveyor.db import connect
 from conveyor.errors import BrokerUnreachable, DatabaseRefused, DatabaseUnavailable, StoreUnavailable
 from conveyor.platform import records
 from conveyor.platform.limits import limits_for
@@ -104,6 +105,19 @@ def test_a_refused_statement_is_database_refused_and_an_inline_except_still_sees
             conn.execute("CREATE TEMP TABLE twice (x text PRIMARY KEY)")
             conn.execute("INSERT INTO twice VALUES (%s), (%s)", [MARKER, MARKER])
     assert MARKER not in str(raised.value)  # psycopg's DETAIL quotes the row: only its first line is kept
+
+
+def test_a_connection_of_its_own_translates_at_the_end_of_its_block(database_url, postgres_down):
+    with pytest.raises(DatabaseRefused):
+        with connect(database_url, autocommit=True) as conn:
+            conn.execute("SELECT 1 / 0")
+    conn = connect(database_url, autocommit=True)
+    postgres_down()
+    with pytest.raises(DatabaseUnavailable):
+        with conn:
+            conn.execute("SELECT 1")
+    with pytest.raises(DatabaseUnavailable):
+        connect(database_url, connect_timeout=2)
 
 
 def test_an_api_route_answers_503_when_postgres_is_down(make_app, postgres_down):
