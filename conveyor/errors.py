@@ -180,6 +180,10 @@ class JobNotFound(AdminError):
     """No job has this id (never existed, deleted, or past its retention)."""
 
 
+class InvalidQuery(AdminError):
+    """A read's filter or page cursor is not one this API knows (an unknown state, a cursor it never gave out)."""
+
+
 class JobStateConflict(AdminError):
     """The job is not in a state that allows this action (retry a job that has not failed, delete a running one)."""
 

@@ -47,6 +47,7 @@ def test_retry_later_is_no_failure_but_a_rate_limited_provider_is_a_provider_err
         (e.JobNotFound("j"), 404),
         (e.JobStateConflict("j"), 409),
         (e.AdminError("a"), 400),
+        (e.InvalidQuery("cursor"), 400),
         (e.RecordNotFound("r"), 404),
         (e.RecordConflict("r"), 409),
         (e.ScheduleNotFound("s"), 404),
