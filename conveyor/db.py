@@ -1,19 +1,32 @@
-"""Postgres access shared by the ledger and the Postgres broker: pools and named queries.
+"""Postgres access shared by every store: pools, named queries, and the one psycopg error translation.
 
 SQL lives in ``.sql`` files beside the module that runs it, as named
 blocks (``-- name: consume``), loaded once at import.
+
+psycopg's errors enter conveyor's error tree here and nowhere else
+(:func:`translate`, :class:`wrap_errors`): :class:`~conveyor.errors.DatabaseUnavailable`
+when Postgres cannot be reached (try again later),
+:class:`~conveyor.errors.DatabaseRefused` when it refused a statement. The
+pool :func:`open_pool` opens translates at the end of every
+``with pool.connection()`` block (and a :func:`connect` connection at the end
+of ``with conn:``), so every store on the App's pool is covered without a
+``try`` of its own, and an ``except
+psycopg.errors.UniqueViolation`` inside such a block still sees psycopg's error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from conveyor.errors import DatabaseUnavailable
+from conveyor.errors import DatabaseRefused, DatabaseUnavailable
 
 _NAME = re.compile(r"^--\s*name:\s*([\w.]+)\s*$", re.MULTILINE)
 
@@ -31,16 +44,67 @@ def load_queries(path: Path) -> dict[str, str]:
     return queries
 
 
-def open_pool(
-    url: str, *, min_size: int = 1, max_size: int = 20, name: str = "conveyor"
-) -> ConnectionPool[psycopg.Connection[Any]]:
-    """An autocommit pool; callers open ``conn.transaction()`` where they need one.
+#: Errors that mean "Postgres is not reachable right now (or timed out, or chose this
+#: transaction as a deadlock victim)": try again later. Every other psycopg error is a refusal.
+UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, PoolClosed)
+
+#: What a statement can raise: psycopg's errors, the pool's, and a parameter psycopg cannot encode
+#: (a lone surrogate). Decoding errors are not here: they come from the caller's own code.
+STATEMENT_ERRORS = (psycopg.Error, PoolTimeout, PoolClosed, UnicodeEncodeError)
+
+
+def translate(exc: BaseException, what: str) -> DatabaseUnavailable | DatabaseRefused:
+    """The conveyor error for a psycopg (or pool) error, saying what was being done.
+
+    Only the first line of the library's message: its DETAIL may quote a
+    row's contents (payloads, which may hold secrets).
+    """
+    text = str(exc).strip()
+    summary = f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    if isinstance(exc, UNAVAILABLE):
+        return DatabaseUnavailable(f"Postgres is unavailable ({what}): {summary}")
+    return DatabaseRefused(f"Postgres refused {what}: {summary}")
+
+
+class wrap_errors(contextlib.ContextDecorator):
+    """``with wrap_errors("reading a run"):`` (or ``@wrap_errors(...)``): psycopg errors leave it translated.
+
+    ``raise translate(exc) from exc``, so the log's chain still has psycopg's
+    own error; conveyor's errors and everything else pass untouched.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> wrap_errors:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is not None and isinstance(exc, STATEMENT_ERRORS):
+            raise translate(exc, self.what) from exc
+
+
+class Pool(ConnectionPool):
+    """psycopg's pool, whose connections' errors are translated when they leave ``with pool.connection()``.
+
+    The pool itself sees psycopg's error first (it discards a broken
+    connection); the caller gets conveyor's.
+    """
+
+    @contextlib.contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        with wrap_errors("a statement"), super().connection(timeout) as conn:
+            yield conn
+
+
+def open_pool(url: str, *, min_size: int = 1, max_size: int = 20, name: str = "conveyor") -> Pool:
+    """An autocommit pool (errors translated: :class:`Pool`); callers open ``conn.transaction()`` where they need one.
 
     No ping on checkout (it would add a round trip to every query): a
     connection broken by a server restart fails once, the job retries, and
     the pool discards it.
     """
-    pool = ConnectionPool(
+    pool = Pool(
         url,
         min_size=min_size,
         max_size=max_size,
@@ -59,9 +123,17 @@ def open_pool(
     return pool
 
 
-def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
-    """One connection, with connection errors translated."""
-    try:
-        return psycopg.connect(url, **kwargs)
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect to Postgres: {exc}") from exc
+class Connection(psycopg.Connection[Any]):
+    """A connection of its own whose errors are translated when they leave ``with conn:``, as the pool's do."""
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        super().__exit__(kind, exc, tb)
+        if exc is not None and isinstance(exc, STATEMENT_ERRORS):
+            raise translate(exc, "a statement") from exc
+
+
+@wrap_errors("connecting")
+def connect(url: str, **kwargs: Any) -> Connection:
+    """One connection (the migrator's, the CLI's), with connection errors translated and those of
+    ``with connect(url) as conn:`` blocks too."""
+    return Connection.connect(url, **kwargs)

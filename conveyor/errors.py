@@ -20,10 +20,18 @@ class ConfigurationError(ConveyorError):
 
 
 class StoreUnavailable(ConveyorError):
-    """A backing store (Redis, Postgres) could not be reached; nothing was done and a retry may succeed.
+    """A backing store (Redis, Postgres) could not be reached or did not answer in time; a retry may succeed.
 
-    The base of :class:`BrokerUnavailable` and :class:`DatabaseUnavailable`, so a caller
-    (the HTTP side: 503) handles "a server is down" once, whichever server it was.
+    The base of every "a server is away" error (:class:`BrokerUnavailable`,
+    :class:`BrokerUnreachable`, :class:`DatabaseUnavailable`), so a caller
+    (the HTTP side: 503) handles it once, whichever server it was.
+    """
+
+
+class StoreRefused(ConveyorError):
+    """A backing store answered with an error a retry cannot fix (a constraint, data it cannot store, a bug).
+
+    The base of every "the server refused" error (:class:`DatabaseRefused`, :class:`BrokerRejected`).
     """
 
 
@@ -181,6 +189,10 @@ class JobNotFound(AdminError):
     """No job has this id (never existed, deleted, or past its retention)."""
 
 
+class InvalidQuery(AdminError):
+    """A read's filter or page cursor is not one this API knows (an unknown state, a cursor it never gave out)."""
+
+
 class JobStateConflict(AdminError):
     """The job is not in a state that allows this action (retry a job that has not failed, delete a running one)."""
 
@@ -220,7 +232,7 @@ class ProviderRateLimited(RetryLater, ProviderError):
     """
 
 
-class DatabaseRefused(ConveyorError):
+class DatabaseRefused(StoreRefused):
     """Postgres refused a statement for a reason a retry cannot fix: data it cannot store, a constraint, a bug."""
 
 
@@ -231,11 +243,11 @@ class BrokerError(ConveyorError):
     """A broker read, operator action or worker call failed (an enqueue raises :class:`BrokerUnavailable`)."""
 
 
-class BrokerUnreachable(BrokerError):
+class BrokerUnreachable(StoreUnavailable, BrokerError):
     """The broker could not be reached or did not answer in time: the call's effect is unknown."""
 
 
-class BrokerRejected(BrokerError):
+class BrokerRejected(StoreRefused, BrokerError):
     """The broker answered with an error (a script error, out of memory, a read-only replica)."""
 
 

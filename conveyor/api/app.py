@@ -98,11 +98,6 @@ def create_app(app: "App") -> FastAPI:
 
     errors.install(api)  # every ConveyorError a route lets through: conveyor.api.errors.STATUS
 
-    @api.exception_handler(NotImplementedError)
-    async def unsupported(request: Request, exc: NotImplementedError) -> JSONResponse:
-        broker = app.settings.broker_name
-        return JSONResponse({"detail": f"the {broker} broker does not support this operation yet"}, status_code=501)
-
     @api.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
         if isinstance(exc, ValidationError):  # its text quotes the input

@@ -41,7 +41,7 @@ from conveyor.api.auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_acc
 from conveyor.api.deps import CursorQuery, NamePath, inspector
 from conveyor.api.inspector import Inspector
 from conveyor.brokers.base import JOB_STATES
-from conveyor.errors import JobNotFound, UnknownQueue
+from conveyor.errors import InvalidQuery, JobNotFound, UnknownQueue
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
 
@@ -246,7 +246,7 @@ def queue(
         page = inspect.jobs(queue, state, limit=PAGE_SIZE, cursor=cursor, job=job)
     except UnknownQueue as exc:
         return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
-    except ValueError:
+    except InvalidQuery:
         return _page(
             "missing.html",
             400,

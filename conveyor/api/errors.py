@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 STATUS: dict[type[e.ConveyorError], int] = {
     # A server behind conveyor is down: nothing was done, try again later.
     e.StoreUnavailable: 503,
+    # The connection broke while the enqueue committed: the server's trouble, retried with a key.
+    e.EnqueueOutcomeUnknown: 503,
     # The deployment cannot do this as configured (no secret key, say): not the client's fault.
     e.ConfigurationError: 503,
     e.TransactionalEnqueueUnsupported: 503,
@@ -38,6 +40,8 @@ STATUS: dict[type[e.ConveyorError], int] = {
     e.PlatformError: 400,
     e.RecordNotFound: 404,
     e.RecordConflict: 409,
+    e.UploadRefused: 422,
+    e.UploadTooLarge: 413,
     e.LedgerError: 409,
     e.UnknownAccount: 404,
     e.ConveyorError: 500,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.brokers.base import JOB_STATES, ConveyorBroker, JobRecord
 from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
-from conveyor.errors import JobNotFound, JobStateConflict, UnknownQueue
+from conveyor.errors import InvalidQuery, JobNotFound, JobStateConflict, UnknownQueue
 from conveyor.logs import log_event
 from conveyor.redaction import payload_secrets, redact_payload, scrub, settings_secrets
 
@@ -200,7 +200,7 @@ class Inspector:
         """
         self._check_queue(queue)
         if state not in JOB_STATES:
-            raise ValueError(f"unknown state {state!r}; states: {', '.join(JOB_STATES)}")
+            raise InvalidQuery(f"state: not a job state; states: {', '.join(JOB_STATES)}")  # the input not echoed
         limit = max(1, min(limit, MAX_PAGE))
         offset = _offset(cursor)
         if job:
@@ -406,5 +406,5 @@ def _offset(cursor: str | None) -> int:
     if not cursor:
         return 0
     if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 10) or int(cursor) > MAX_OFFSET:
-        raise ValueError("cursor: not a cursor this API gave out (pass nextCursor as it came)")
+        raise InvalidQuery("cursor: not a cursor this API gave out (pass nextCursor as it came)")
     return int(cursor)

@@ -12,6 +12,14 @@ def test_every_unavailable_store_is_one_store_unavailable():
     assert issubclass(e.BrokerUnavailable, e.StoreUnavailable)
     assert issubclass(e.DatabaseUnavailable, e.StoreUnavailable)
     assert issubclass(e.BrokerUnavailable, e.EnqueueError)  # nothing was enqueued: still an enqueue error
+    assert issubclass(e.BrokerUnreachable, e.StoreUnavailable)  # a read or operator call: the server is away too
+    assert issubclass(e.BrokerUnreachable, e.BrokerError)
+
+
+def test_every_refusal_is_one_store_refused():
+    assert issubclass(e.DatabaseRefused, e.StoreRefused)
+    assert issubclass(e.BrokerRejected, e.StoreRefused)
+    assert not issubclass(e.StoreRefused, e.StoreUnavailable)
 
 
 def test_retry_later_is_no_failure_but_a_rate_limited_provider_is_a_provider_error():
@@ -25,6 +33,12 @@ def test_retry_later_is_no_failure_but_a_rate_limited_provider_is_a_provider_err
     [
         (e.BrokerUnavailable("down"), 503),
         (e.DatabaseUnavailable("down"), 503),
+        (e.BrokerUnreachable("down"), 503),
+        (e.EnqueueOutcomeUnknown("broke"), 503),
+        (e.DatabaseRefused("no"), 500),
+        (e.BrokerRejected("no"), 500),
+        (e.UploadRefused("bad"), 422),
+        (e.UploadTooLarge("big"), 413),
         (e.UnknownJob("x", []), 422),
         (e.InvalidPayload("x", []), 422),
         (e.PayloadTooLarge("big"), 413),
@@ -33,6 +47,7 @@ def test_retry_later_is_no_failure_but_a_rate_limited_provider_is_a_provider_err
         (e.JobNotFound("j"), 404),
         (e.JobStateConflict("j"), 409),
         (e.AdminError("a"), 400),
+        (e.InvalidQuery("cursor"), 400),
         (e.RecordNotFound("r"), 404),
         (e.RecordConflict("r"), 409),
         (e.ScheduleNotFound("s"), 404),

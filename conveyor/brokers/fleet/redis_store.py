@@ -1,4 +1,8 @@
-"""The worker registry and attempt history in Redis, beside the broker's keys (layout in ``fleet.lua``)."""
+"""The worker registry and attempt history in Redis, beside the broker's keys (layout in ``fleet.lua``).
+
+On the broker's own client (``conveyor.redis_client.client``: the settings' timeouts); every
+method's redis errors leave translated (``wrap_errors``), as the broker's reads do.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from redis.client import Pipeline
 
 from conveyor.brokers.fleet.base import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
 from conveyor.brokers.redis.replies import text
+from conveyor.redis_client import wrap_errors
 
 _SCRIPT = Path(__file__).with_name("fleet.lua").read_text()
 
@@ -29,15 +34,19 @@ class RedisFleetStore(FleetStore):
     def _call(self, *args: str | int, client: Pipeline | None = None) -> Any:
         return self._script(keys=[self.ns], args=list(args), client=client)
 
+    @wrap_errors("a worker's heartbeat")
     def beat(self, info: WorkerInfo, *, keep: float) -> None:
         self._call("beat", info.id, int(keep * 1000), *_fields(info))
 
+    @wrap_errors("a worker's leaving")
     def leave(self, info: WorkerInfo, reason: str) -> None:
         self._call("leave", info.id, reason, "in_flight", "[]", "done", info.done, "failed", info.failed)
 
+    @wrap_errors("the worker sweep")
     def sweep(self, gone_after: float) -> int:
         return int(self._call("sweep", int(gone_after * 1000), int(FORGET_AFTER * 1000)))
 
+    @wrap_errors("reading the workers")
     def workers(self) -> tuple[float, list[WorkerInfo]]:
         seconds, micros = self.client.time()
         now = seconds + micros / 1e6
@@ -52,6 +61,7 @@ class RedisFleetStore(FleetStore):
                 out.append(_worker(worker_id, {text(k): text(v) for k, v in raw.items()}))
         return now, out
 
+    @wrap_errors("writing attempts")
     def write_attempts(self, events: list[AttemptEvent], *, keep: float) -> None:
         # Slices of ATTEMPTS_PER_CALL: each script call blocks Redis while it runs.
         with self.client.pipeline(transaction=False) as pipe:
@@ -74,6 +84,7 @@ class RedisFleetStore(FleetStore):
                 self._call("attempts", int(keep * 1000), len(chunk), *args, client=pipe)
             pipe.execute()
 
+    @wrap_errors("reading attempts")
     def attempts(self, job_id: str) -> list[AttemptInfo]:
         raw = self.client.hgetall(f"{self.ns}:attempts:{job_id}")
         out = []
@@ -92,12 +103,14 @@ class RedisFleetStore(FleetStore):
             )
         return sorted(out, key=lambda a: (a.started_at or a.ended_at or 0, a.attempt))
 
+    @wrap_errors("counting enqueues")
     def count_enqueued(self, counts: dict[tuple[str, str], int]) -> None:
         with self.client.pipeline(transaction=False) as pipe:
             for (queue, job), n in counts.items():
                 pipe.hincrby(f"{self.ns}:fleet:enqueued", f"{queue}{_SEP}{job}", n)
             pipe.execute()
 
+    @wrap_errors("reading enqueue totals")
     def enqueued_totals(self) -> dict[tuple[str, str], int]:
         out = {}
         for name, value in self.client.hgetall(f"{self.ns}:fleet:enqueued").items():
@@ -105,6 +118,7 @@ class RedisFleetStore(FleetStore):
             out[(queue, job)] = int(value)
         return out
 
+    @wrap_errors("finding a job by key")
     def find_by_key(self, key: str) -> list[str]:
         # The broker's own dedup entry ($ns:dedup:$key, see redis/jobs.lua): held while the key's TTL runs.
         job_id = self.client.get(f"{self.ns}:dedup:{key}")

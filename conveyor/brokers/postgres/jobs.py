@@ -1,8 +1,8 @@
 """The one class that talks to Postgres for the broker: :class:`Jobs`.
 
 It owns the named queries (``jobs.sql`` beside it), the connection pools,
-and the translation of every psycopg error into conveyor's error tree,
-where it enters: :class:`~conveyor.errors.DatabaseUnavailable` when
+and the translation of every psycopg error into conveyor's error tree
+(``conveyor.db.translate``), where it enters: :class:`~conveyor.errors.DatabaseUnavailable` when
 Postgres cannot be reached (or lost the connection, or timed out: try
 again later), :class:`~conveyor.errors.DatabaseRefused` when it refused a
 statement (a retry cannot help), :class:`~conveyor.errors.BrokerUnavailable`
@@ -43,11 +43,11 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, TypedDict, overload
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from conveyor.brokers.base import JobRecord, JobRef, QueueCounts
 from conveyor.brokers.postgres.records import LISTS, job_record
-from conveyor.db import load_queries
+from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, load_queries, translate
 from conveyor.errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable, EnqueueOutcomeUnknown
 
 QUERIES = load_queries(Path(__file__).with_name("jobs.sql"))
@@ -112,26 +112,6 @@ CONNECTION: ConnectionOptions = {
     "keepalives_count": 3,
     "tcp_user_timeout": 15000,
 }
-
-#: Errors that mean "Postgres is not reachable right now (or timed out, or chose this
-#: transaction as a deadlock victim)": try again later. Every other psycopg error is a refusal.
-UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, PoolClosed)
-
-
-#: What a statement can raise: psycopg's errors, the pool's, and a parameter psycopg cannot encode.
-STATEMENT_ERRORS = (psycopg.Error, PoolTimeout, PoolClosed, UnicodeError)
-
-
-def translate(exc: BaseException, what: str) -> Exception:
-    """The conveyor error for a psycopg (or pool) error, saying what was being done.
-
-    Only the first line of the library's message: its DETAIL may quote a
-    row's contents (payloads, which may hold secrets).
-    """
-    summary = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
-    if isinstance(exc, UNAVAILABLE):
-        return DatabaseUnavailable(f"Postgres is unavailable ({what}): {summary}")
-    return DatabaseRefused(f"Postgres refused {what}: {summary}")
 
 
 def storable(text: str | None) -> str | None:

@@ -27,18 +27,17 @@ from dramatiq.brokers.redis import RedisBroker as DramatiqRedisBroker
 from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import SkipMessage
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.retry import Retry
 
 from conveyor.brokers.base import JOB_STATES, AnyMessage, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
-from conveyor.brokers.redis.errors import is_unavailable, translated
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
 from conveyor.brokers.redis.replies import text
 from conveyor.brokers.redis.scripts import JOBS
 from conveyor.errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable
 from conveyor.logs import log_error, log_event
+from conveyor.redis_client import client as redis_client
+from conveyor.redis_client import is_unavailable, translated
 
 if TYPE_CHECKING:
     from conveyor.settings import Settings
@@ -87,14 +86,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
             settings = Settings()
         # The pool is built here, from the settings: Dramatiq's from_url(url) would drop every option.
-        client = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=settings.redis_connect_timeout,
-            socket_timeout=settings.redis_socket_timeout,
-            health_check_interval=int(settings.redis_health_check_interval),
-            retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), settings.redis_retries),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        )
+        client = redis_client(url, settings)
         # Dramatiq's RedisBroker.__init__ is unannotated.
         super().__init__(  # type: ignore[no-untyped-call]
             middleware=middleware,

@@ -22,10 +22,10 @@ from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from conveyor.brokers.base import AnyMessage, SafeMessageProxy
-from conveyor.brokers.redis.errors import is_unavailable
 from conveyor.brokers.redis.replies import text
 from conveyor.errors import BrokerRejected
 from conveyor.logs import log_error, log_event
+from conveyor.redis_client import is_unavailable
 
 if TYPE_CHECKING:
     from conveyor.brokers.redis.broker import RedisBroker

@@ -34,7 +34,7 @@ from starlette.requests import ClientDisconnect
 from conveyor.api.auth import UserOrAdmin, require_admin
 from conveyor.api.deps import ConveyorApp, NamePath
 from conveyor.api.errors import not_found
-from conveyor.errors import EnqueueError, SecretKeyError, UploadRefused, UploadTooLarge
+from conveyor.errors import ConveyorError, UploadRefused
 from conveyor.platform import records
 from conveyor.platform.builds import store
 from conveyor.platform.builds.requests import request_build
@@ -81,12 +81,7 @@ def create_build(
         _own(app, fields, caller.user_id)
         if isinstance(build_id, str):  # one user's client-chosen id tells another nothing
             build_id = records.scoped_id("build", caller.user_id, build_id)
-    try:
-        ticket = request_build(app, kind, fields, env=env, build_id=build_id)
-    except SecretKeyError as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
-    except EnqueueError as exc:
-        raise HTTPException(422, str(exc)) from None
+    ticket = request_build(app, kind, fields, env=env, build_id=build_id)  # errors: conveyor.api.errors' table
     return {
         "build_id": ticket.build_id,
         "job_id": ticket.job_id,
@@ -162,10 +157,6 @@ async def upload_and_deploy(request: Request, app: ConveyorApp, caller: UserOrAd
             parser.write(chunk)
         parser.finalize()
         upload_id = await run_in_threadpool(form.finish, ("agent_id",) if caller.user_id else ("agent_id", "owner_id"))
-    except UploadTooLarge as exc:
-        raise HTTPException(413, str(exc)) from None
-    except UploadRefused as exc:
-        raise HTTPException(422, str(exc)) from None
     except (MultipartParseError, ValueError):
         raise HTTPException(422, "the body is not a well-formed multipart/form-data form") from None
     except ClientDisconnect:
@@ -179,15 +170,9 @@ async def upload_and_deploy(request: Request, app: ConveyorApp, caller: UserOrAd
                 fields.pop("owner_id", None)  # left empty in the form: the key's user
             await run_in_threadpool(_own, app, fields, caller.user_id)
         ticket = await run_in_threadpool(request_build, app, kind, fields, env=env)
-    except HTTPException:  # not the caller's to build: nothing will use the upload
+    except (HTTPException, ConveyorError):  # refused (statuses: conveyor.api.errors): nothing will use the upload
         Uploads(app.settings.data_dir).remove(upload_id)
         raise
-    except SecretKeyError as exc:
-        Uploads(app.settings.data_dir).remove(upload_id)
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
-    except (EnqueueError, UploadRefused) as exc:
-        Uploads(app.settings.data_dir).remove(upload_id)
-        raise HTTPException(422, str(exc)) from None
     return {
         "build_id": ticket.build_id,
         "job_id": ticket.job_id,

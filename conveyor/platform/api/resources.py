@@ -20,8 +20,6 @@ from pydantic import BaseModel, Field
 
 from conveyor.api.auth import UserId
 from conveyor.api.deps import ConveyorApp
-from conveyor.api.errors import not_found
-from conveyor.errors import EnqueueError, RecordNotFound
 from conveyor.platform import records
 from conveyor.platform.api.runs import AUTH_RESPONSES, IdPath
 from conveyor.platform.payloads import ResourceIndex
@@ -109,19 +107,13 @@ def put_resource(
     if body.user_id is not None and body.user_id != user_id:
         raise HTTPException(422, [{"loc": ["body", "user_id"], "msg": "a resource belongs to the key's user"}])
     with app.pool.connection() as conn:
-        try:
-            if body.task_id is not None:
-                records.get_task_of(conn, body.task_id, user_id)
-            version = records.upsert_own_resource(
-                conn, id=resource_id, user_id=user_id, task_id=body.task_id, title=body.title, body=body.body
-            )
-        except RecordNotFound as exc:
-            raise not_found(exc) from None
+        if body.task_id is not None:
+            records.get_task_of(conn, body.task_id, user_id)
+        version = records.upsert_own_resource(
+            conn, id=resource_id, user_id=user_id, task_id=body.task_id, title=body.title, body=body.body
+        )
     payload = ResourceIndex(resource_id=resource_id, version=version)
-    try:
-        ref = app.jobs.enqueue("resource.index", payload, key=payload.idempotency_key())
-    except EnqueueError as exc:
-        raise HTTPException(503, str(exc)) from None
+    ref = app.jobs.enqueue("resource.index", payload, key=payload.idempotency_key())  # BrokerUnavailable: 503
     response.headers["Location"] = f"/api/resources/{resource_id}"
     return ResourceAccepted(resource_id=resource_id, version=version, job_id=ref.id, deduplicated=ref.deduplicated)
 
@@ -134,10 +126,7 @@ def put_resource(
 def get_resource(resource_id: IdPath, app: ConveyorApp, user_id: UserId) -> ResourceState:
     """Your resource's current version and whether that version is indexed (its body is not returned)."""
     with app.pool.connection() as conn:
-        try:
-            r = records.get_resource_of(conn, resource_id, user_id)
-        except RecordNotFound as exc:
-            raise not_found(exc) from None
+        r = records.get_resource_of(conn, resource_id, user_id)
     return ResourceState(
         id=r.id,
         user_id=r.user_id,

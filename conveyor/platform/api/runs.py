@@ -30,8 +30,6 @@ from pydantic import BaseModel, Field
 
 from conveyor.api.auth import UserId
 from conveyor.api.deps import ConveyorApp
-from conveyor.api.errors import not_found
-from conveyor.errors import EnqueueError, RecordConflict, RecordNotFound
 from conveyor.platform import records
 from conveyor.platform.rounds import start_round
 from conveyor.platform.streams import buffer_for
@@ -114,16 +112,10 @@ def stream_url(run_id: str) -> str:
 def post_run(task_id: IdPath, body: StartRun, response: Response, app: ConveyorApp, user_id: UserId) -> RunAccepted:
     """Start a round of one of your tasks (API key); the run happens on a worker. Answers 202 with where to follow it."""
     message_id = records.scoped_message_id(user_id, body.message_id) if body.message_id else None
-    try:
-        with app.pool.connection() as conn:
-            records.get_task_of(conn, task_id, user_id)  # another user's task is as missing as none
-        started = start_round(app, task_id=task_id, content=body.content, message_id=message_id)
-    except RecordNotFound as exc:
-        raise not_found(exc) from None
-    except RecordConflict as exc:
-        raise HTTPException(409, str(exc)) from None
-    except EnqueueError as exc:
-        raise HTTPException(503, str(exc)) from None
+    # Not found, a conflict, the broker away: conveyor.api.errors' table answers (404, 409, 503).
+    with app.pool.connection() as conn:
+        records.get_task_of(conn, task_id, user_id)  # another user's task is as missing as none
+    started = start_round(app, task_id=task_id, content=body.content, message_id=message_id)
     status_url = f"/api/runs/{started.run_id}"
     response.headers["Location"] = status_url
     return RunAccepted(
@@ -140,10 +132,7 @@ def post_run(task_id: IdPath, body: StartRun, response: Response, app: ConveyorA
 
 def _load_run(app: App, run_id: str, user_id: str) -> records.Run:
     with app.pool.connection() as conn:
-        try:
-            return records.get_run_of(conn, run_id, user_id)
-        except RecordNotFound as exc:
-            raise not_found(exc) from None
+        return records.get_run_of(conn, run_id, user_id)  # RecordNotFound: 404 "no such run" (api/errors.py)
 
 
 @router.get(

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
+from fastapi import APIRouter, Depends, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import NamePath, conveyor_app
-from conveyor.api.errors import not_found
-from conveyor.errors import InvalidSchedule, ScheduleNotFound
 from conveyor.platform.scheduling import schedules
 from conveyor.platform.scheduling.schedules import Schedule
 
@@ -50,19 +48,10 @@ def _out(schedule: Schedule) -> dict[str, Any]:
     return schedule.as_dict()
 
 
-def _errors(exc: Exception) -> HTTPException:
-    if isinstance(exc, ScheduleNotFound):
-        return not_found("schedule")
-    return HTTPException(422, str(exc))
-
-
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_schedule(body: ScheduleIn, app: App = Depends(conveyor_app)) -> dict[str, Any]:
-    try:
-        with app.pool.connection() as conn:
-            return _out(schedules.create_schedule(conn, app.job_types, **body.model_dump()))
-    except InvalidSchedule as exc:
-        raise _errors(exc) from None
+    with app.pool.connection() as conn:
+        return _out(schedules.create_schedule(conn, app.job_types, **body.model_dump()))
 
 
 @router.get("")
@@ -76,37 +65,25 @@ def list_schedules(
 @router.get("/{schedule_id}")
 def get_schedule(schedule_id: NamePath, app: App = Depends(conveyor_app)) -> dict[str, Any]:
     with app.pool.connection() as conn:
-        try:
-            schedule = schedules.get_schedule(conn, schedule_id)
-        except ScheduleNotFound as exc:
-            raise _errors(exc) from None
+        schedule = schedules.get_schedule(conn, schedule_id)
         fires = schedules.fires(conn, schedule.id)[-50:]
     return {**_out(schedule), "fires": [f.as_dict() for f in fires]}
 
 
 @router.post("/{schedule_id}/pause")
 def pause_schedule(schedule_id: NamePath, app: App = Depends(conveyor_app)) -> dict[str, Any]:
-    try:
-        with app.pool.connection() as conn:
-            return _out(schedules.pause_schedule(conn, schedule_id))
-    except ScheduleNotFound as exc:
-        raise _errors(exc) from None
+    with app.pool.connection() as conn:
+        return _out(schedules.pause_schedule(conn, schedule_id))
 
 
 @router.post("/{schedule_id}/resume")
 def resume_schedule(schedule_id: NamePath, app: App = Depends(conveyor_app)) -> dict[str, Any]:
-    try:
-        with app.pool.connection() as conn:
-            return _out(schedules.resume_schedule(conn, schedule_id))
-    except (ScheduleNotFound, InvalidSchedule) as exc:
-        raise _errors(exc) from None
+    with app.pool.connection() as conn:
+        return _out(schedules.resume_schedule(conn, schedule_id))
 
 
 @router.delete("/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_schedule(schedule_id: NamePath, app: App = Depends(conveyor_app)) -> Response:
-    try:
-        with app.pool.connection() as conn:
-            schedules.delete_schedule(conn, schedule_id)
-    except ScheduleNotFound as exc:
-        raise _errors(exc) from None
+    with app.pool.connection() as conn:
+        schedules.delete_schedule(conn, schedule_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -31,10 +31,13 @@ def build_limits(app: "App") -> Limits:
     store = app.backend.store  # the broker's store (conveyor.backends)
     if store == "redis":
         from conveyor.platform.limits.redis import RedisLimits
+        from conveyor.redis_client import client
 
         if not settings.redis_url:
             raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
-        return RedisLimits(settings.redis_url, namespace=settings.redis_namespace, lease=settings.llm_slot_lease)
+        return RedisLimits(
+            client(settings.redis_url, settings), namespace=settings.redis_namespace, lease=settings.llm_slot_lease
+        )
     if store == "postgres":
         from conveyor.platform.limits.postgres import PostgresRateLimit, PostgresSemaphore
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from conveyor.db import load_queries
+from conveyor.db import load_queries, wrap_errors
 from conveyor.platform.limits.base import RateLimit, Semaphore, Slot
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ class PostgresSemaphore(Semaphore):
     def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
 
+    @wrap_errors("acquiring a slot")  # a connection out of the pool: no `with pool.connection()` translates
     def try_acquire(self, name: str, limit: int) -> Slot | None:
         key = lock_class(name)
         conn = self.pool.getconn()

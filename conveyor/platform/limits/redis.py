@@ -17,6 +17,7 @@ import redis
 
 from conveyor.logs import log_event
 from conveyor.platform.limits.base import Limits, RateLimit, Semaphore, Slot
+from conveyor.redis_client import wrap_errors
 
 _SCRIPT = (Path(__file__).with_name("limits.lua")).read_text()
 
@@ -50,6 +51,7 @@ class _LeasedSlot(Slot):
                 )
                 return
 
+    @wrap_errors("releasing a slot")
     def release(self) -> None:
         if self._stop.is_set():
             return
@@ -67,6 +69,7 @@ class RedisSemaphore(Semaphore):
     def _call(self, command: str, key: str, *args: str | int) -> int:
         return int(self._script(keys=[key], args=[command, self.lease_ms, *args]))
 
+    @wrap_errors("acquiring a slot")
     def try_acquire(self, name: str, limit: int) -> Slot | None:
         key = f"{self.namespace}:slots:{name}"
         holder = uuid.uuid4().hex
@@ -82,16 +85,17 @@ class RedisRateLimit(RateLimit):
         self.client, self.namespace = client, namespace
         self._script = client.register_script(_SCRIPT)
 
+    @wrap_errors("counting a rate limit hit")
     def hit(self, name: str, limit: int, window: float) -> float:
         wait_ms = self._script(keys=[f"{self.namespace}:rate:{name}"], args=["hit", int(window * 1000), limit])
         return int(wait_ms) / 1000
 
 
 class RedisLimits(Limits):
-    """Both limits on one Redis client."""
+    """Both limits on one Redis client (``conveyor.redis_client.client``: the settings' timeouts)."""
 
-    def __init__(self, url: str, *, namespace: str, lease: float) -> None:
-        self.client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+    def __init__(self, client: redis.Redis, *, namespace: str, lease: float) -> None:
+        self.client = client
         super().__init__(RedisSemaphore(self.client, namespace, lease), RedisRateLimit(self.client, namespace))
 
     def close(self) -> None:

@@ -32,11 +32,14 @@ def build_buffer(app: "App") -> StreamBuffer:
     store = app.backend.store
     if store == "redis":
         from conveyor.platform.streams.redis import RedisStreamBuffer
+        from conveyor.redis_client import client
 
         if not settings.redis_url:
             raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
         return RedisStreamBuffer(
-            settings.redis_url, namespace=settings.redis_namespace, retention=settings.stream_retention
+            client(settings.redis_url, settings),
+            namespace=settings.redis_namespace,
+            retention=settings.stream_retention,
         )
     if store == "postgres":
         from conveyor.platform.streams.postgres import PostgresStreamBuffer

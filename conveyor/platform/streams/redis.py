@@ -14,6 +14,7 @@ from typing import Literal
 import redis
 
 from conveyor.platform.streams.base import READ_BATCH, StreamBuffer, StreamEntry
+from conveyor.redis_client import wrap_errors
 
 _SCRIPT = (Path(__file__).with_name("streams.lua")).read_text()
 
@@ -21,8 +22,8 @@ _SCRIPT = (Path(__file__).with_name("streams.lua")).read_text()
 class RedisStreamBuffer(StreamBuffer):
     """Chunks in ``<namespace>:run:<run_id>:stream``."""
 
-    def __init__(self, url: str, *, namespace: str, retention: float) -> None:
-        self.client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+    def __init__(self, client: redis.Redis, *, namespace: str, retention: float) -> None:
+        self.client = client
         self.namespace = namespace
         self.retention_ms = int(retention * 1000)
         self._script = self.client.register_script(_SCRIPT)
@@ -30,12 +31,15 @@ class RedisStreamBuffer(StreamBuffer):
     def _key(self, run_id: str) -> str:
         return f"{self.namespace}:run:{run_id}:stream"
 
+    @wrap_errors("appending to a stream")
     def append(self, run_id: str, seq: int, text: str) -> bool:
         return bool(self._script(keys=[self._key(run_id)], args=["chunk", seq, text, self.retention_ms]))
 
+    @wrap_errors("ending a stream")
     def end(self, run_id: str, status: str) -> None:
         self._script(keys=[self._key(run_id)], args=["end", 0, status, self.retention_ms])
 
+    @wrap_errors("reading a stream")
     def read(self, run_id: str, after: int = 0, limit: int = READ_BATCH) -> list[StreamEntry]:
         rows = self.client.xrange(self._key(run_id), min=f"{after + 1}-0", max="+", count=limit)
         out = []
