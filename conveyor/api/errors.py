@@ -65,7 +65,18 @@ def detail_for(exc: BaseException) -> str:
         return "internal error"
     if isinstance(exc, e.RecordNotFound | e.ScheduleNotFound):
         return not_found_detail(exc)
+    if isinstance(exc, e.StoreUnavailable):
+        # The driver's line names the server's address and port: the log has it, the client need not.
+        return f"{_UNAVAILABLE.get(type(exc), 'a server conveyor needs')} is unavailable; try again later"
     return str(exc)
+
+
+#: The server a client is told is away, by error class.
+_UNAVAILABLE: dict[type[BaseException], str] = {
+    e.DatabaseUnavailable: "the database",
+    e.BrokerUnavailable: "the broker",
+    e.BrokerUnreachable: "the broker",
+}
 
 
 def not_found_detail(exc: BaseException | str) -> str:
@@ -92,4 +103,6 @@ def install(api: "FastAPI") -> None:
     async def conveyor_error(request: Request, exc: e.ConveyorError) -> JSONResponse:
         if status_for(exc) == 500:
             logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        elif isinstance(exc, e.StoreUnavailable):
+            logger.warning("%s %s: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": detail_for(exc)}, status_code=status_for(exc))

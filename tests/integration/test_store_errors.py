@@ -63,6 +63,9 @@ def redis_down(redis_server: RedisServer) -> Iterator[Callable[[], None]]:
 def _assert_plain_503(answer: httpx.Response, *secrets: str) -> None:
     assert answer.status_code == 503, answer.text
     assert "Traceback" not in answer.text and 'File "' not in answer.text
+    # The driver's line (the server's address and port) stays in the log.
+    assert answer.json() == {"detail": answer.json()["detail"]} and "127.0.0.1" not in answer.text
+    assert answer.json()["detail"].endswith("is unavailable; try again later"), answer.text
     for secret in secrets:
         assert secret not in answer.text
 
