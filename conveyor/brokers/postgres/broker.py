@@ -79,14 +79,10 @@ class PostgresBroker(ConveyorBroker, Broker):
         database_url: str,
         *,
         middleware: list[Middleware] | None = None,
-        settings: Settings | None = None,
+        settings: Settings,
         on_dead: FinalFailure | None = None,
     ) -> None:
         super().__init__(middleware=middleware)
-        if settings is None:
-            from conveyor.settings import Settings
-
-            settings = Settings()
         self.database_url = database_url
         self.queues: set[str] = set()
         self.poll_seconds = settings.pg_poll_seconds

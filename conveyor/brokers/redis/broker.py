@@ -79,12 +79,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         namespace: str,
         heartbeat_timeout: float,
         retention: float,
-        settings: Settings | None = None,
+        settings: Settings,
     ) -> None:
-        if settings is None:
-            from conveyor.settings import Settings
-
-            settings = Settings()
         # The pool is built here, from the settings: Dramatiq's from_url(url) would drop every option.
         client = redis_client(url, settings)
         # Dramatiq's RedisBroker.__init__ is unannotated.
