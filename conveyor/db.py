@@ -48,9 +48,9 @@ def load_queries(path: Path) -> dict[str, str]:
 #: transaction as a deadlock victim)": try again later. Every other psycopg error is a refusal.
 UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, PoolClosed)
 
-#: What a statement can raise: psycopg's errors, the pool's, and a parameter psycopg cannot encode
-#: (a lone surrogate). Decoding errors are not here: they come from the caller's own code.
-STATEMENT_ERRORS = (psycopg.Error, PoolTimeout, PoolClosed, UnicodeEncodeError)
+#: What a statement can raise: psycopg's errors, the pool's, and text psycopg cannot encode
+#: (a lone surrogate) or decode (a byte a non-UTF-8 database holds).
+STATEMENT_ERRORS = (psycopg.Error, PoolTimeout, PoolClosed, UnicodeError)
 
 
 def translate(exc: BaseException, what: str) -> DatabaseUnavailable | DatabaseRefused:
@@ -127,7 +127,10 @@ class Connection(psycopg.Connection[Any]):
     """A connection of its own whose errors are translated when they leave ``with conn:``, as the pool's do."""
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        super().__exit__(kind, exc, tb)
+        try:
+            super().__exit__(kind, exc, tb)  # commits or rolls back a non-autocommit block: that may fail too
+        except STATEMENT_ERRORS as failed:
+            raise translate(failed, "the end of a transaction") from failed
         if exc is not None and isinstance(exc, STATEMENT_ERRORS):
             raise translate(exc, "a statement") from exc
 

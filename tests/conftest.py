@@ -43,6 +43,31 @@ for _name in [n for n in os.environ if is_config_var(n)]:
     del os.environ[_name]
 
 registry.load_job_modules()
+#: The registry once every job module is loaded: what it must still be after collection.
+LOADED_REGISTRY = registry.snapshot()
+
+
+#: Fixtures that start a server: a unit test (``tests/unit``) may use none of them.
+SERVER_FIXTURES = frozenset({"redis_server", "pg_server"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The unit layer starts no server: a unit test that needs one (even through another fixture) is refused."""
+    unit = Path(__file__).parent / "unit"
+    for item in items:
+        if Path(str(item.path)).is_relative_to(unit) and SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            raise pytest.UsageError(f"{item.nodeid} is a unit test but needs a server: it belongs in tests/integration")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A test module that registers a job or a queue at import fails the run before any test.
+
+    The per-test guard (``registry_unchanged``) compares around each test, after collection;
+    this catches what a module does while it is collected.
+    """
+    changed = registry.changes(LOADED_REGISTRY, registry.snapshot())
+    if changed:
+        raise pytest.UsageError("a test module changed the global job registry at import: " + "; ".join(changed))
 
 
 def pytest_configure(config: pytest.Config) -> None:

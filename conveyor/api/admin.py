@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import CursorQuery, NamePath, NameQuery, inspector
+from conveyor.api.errors import UNAVAILABLE_RESPONSES
 from conveyor.api.inspector import MAX_PAGE, Inspector
 
 router = APIRouter(
@@ -25,6 +26,7 @@ router = APIRouter(
     responses={
         401: {"description": "no valid admin token"},
         403: {"description": "closed: CONVEYOR_ADMIN_TOKEN is not set"},
+        **UNAVAILABLE_RESPONSES,
     },
 )
 

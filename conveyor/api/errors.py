@@ -10,7 +10,7 @@ FastAPI application.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor import errors as e
 
@@ -48,6 +48,16 @@ STATUS: dict[type[e.ConveyorError], int] = {
 }
 
 
+#: The answer any route may give when a store is away (every route reads or writes one): for a
+#: router's ``responses``, so the OpenAPI document lists it beside the route's own.
+UNAVAILABLE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: {
+        "description": "the database or the broker is unavailable (try again later), or the connection broke "
+        "while an enqueue committed (send it again with the same key)"
+    }
+}
+
+
 def status_for(exc: BaseException) -> int:
     """The HTTP status of ``exc``: its most specific class in :data:`STATUS`, else 500."""
     for cls in type(exc).__mro__:
@@ -65,6 +75,8 @@ def detail_for(exc: BaseException) -> str:
         return "internal error"
     if isinstance(exc, e.RecordNotFound | e.ScheduleNotFound):
         return not_found_detail(exc)
+    if isinstance(exc, e.EnqueueOutcomeUnknown):
+        return "the connection broke while the enqueue committed: the job may exist; send it again with the same key"
     if isinstance(exc, e.StoreUnavailable):
         # The driver's line names the server's address and port: the log has it, the client need not.
         return f"{_UNAVAILABLE.get(type(exc), 'a server conveyor needs')} is unavailable; try again later"
@@ -103,6 +115,6 @@ def install(api: "FastAPI") -> None:
     async def conveyor_error(request: Request, exc: e.ConveyorError) -> JSONResponse:
         if status_for(exc) == 500:
             logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        elif isinstance(exc, e.StoreUnavailable):
+        elif isinstance(exc, e.StoreUnavailable | e.EnqueueOutcomeUnknown):
             logger.warning("%s %s: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": detail_for(exc)}, status_code=status_for(exc))

@@ -62,3 +62,20 @@ def test_status_of_each_error(error, status):
 def test_every_error_class_has_a_status_through_its_parents():
     classes = [c for c in vars(e).values() if isinstance(c, type) and issubclass(c, e.ConveyorError)]
     assert all(any(k in STATUS for k in c.__mro__) for c in classes)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        e.DatabaseUnavailable('Postgres is unavailable: connection to server at "10.1.2.3", port 5432 failed'),
+        e.BrokerUnreachable("Redis is unavailable: Error 111 connecting to 10.1.2.3:6379"),
+        e.BrokerUnavailable("cannot reach Redis at 10.1.2.3:6379"),
+        e.EnqueueOutcomeUnknown('Postgres is unavailable (the enqueue): connection to server at "10.1.2.3" failed'),
+    ],
+)
+def test_a_503_names_what_is_away_never_the_drivers_line_with_its_address(error):
+    from conveyor.api.errors import detail_for
+
+    detail = detail_for(error)
+    assert "10.1.2.3" not in detail and "port" not in detail, detail
+    assert "unavailable" in detail or "same key" in detail

@@ -33,7 +33,7 @@ from starlette.requests import ClientDisconnect
 
 from conveyor.api.auth import UserOrAdmin, require_admin
 from conveyor.api.deps import ConveyorApp, NamePath
-from conveyor.api.errors import not_found
+from conveyor.api.errors import UNAVAILABLE_RESPONSES, not_found
 from conveyor.errors import ConveyorError, UploadRefused
 from conveyor.platform import records
 from conveyor.platform.builds import store
@@ -48,7 +48,11 @@ if TYPE_CHECKING:
 
 # A user's key asks for builds of that user's own agents and connectors and reads only that user's
 # builds (owner_id); another user's answer 404 as missing ones. The admin token: any.
-router = APIRouter(prefix="/api", tags=["builds"], responses={401: {"description": "no valid API key or admin token"}})
+router = APIRouter(
+    prefix="/api",
+    tags=["builds"],
+    responses={401: {"description": "no valid API key or admin token"}, **UNAVAILABLE_RESPONSES},
+)
 
 #: The upload route: its body may be CONVEYOR_UPLOAD_MAX_BYTES + FORM_OVERHEAD, more than other routes'.
 UPLOAD_PATH = "/api/agents/upload-and-deploy"
@@ -65,7 +69,14 @@ def body_limits(settings: Settings) -> dict[str, int]:
 UPLOAD_FIELDS = ("agent_id", "owner_id", "kind", "version", "changelog", "env")
 
 
-@router.post("/builds", status_code=status.HTTP_202_ACCEPTED)
+@router.post(
+    "/builds",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses={
+        413: {"description": "the request (env and fields) is larger than a job's payload may be"},
+        422: {"description": "not a build request: the fields and what is wrong with each"},
+    },
+)
 def create_build(
     app: ConveyorApp,
     caller: UserOrAdmin,
@@ -138,7 +149,14 @@ def get_deployment(target_kind: NamePath, target_id: NamePath, app: ConveyorApp)
 
 
 # The caller is checked on the route itself (the router has no dependencies), before any byte is read.
-@router.post(UPLOAD_PATH.removeprefix("/api"), status_code=status.HTTP_202_ACCEPTED)
+@router.post(
+    UPLOAD_PATH.removeprefix("/api"),
+    status_code=status.HTTP_202_ACCEPTED,
+    responses={
+        413: {"description": "the upload is larger than CONVEYOR_UPLOAD_MAX_BYTES; nothing was kept"},
+        422: {"description": "not a zip, or a form field that is missing or unknown"},
+    },
+)
 async def upload_and_deploy(request: Request, app: ConveyorApp, caller: UserOrAdmin) -> dict[str, Any]:
     """multipart/form-data: ``file`` (a zip), ``agent_id``, ``owner_id`` (a user's key: theirs, may be left out);
     optional ``kind`` (upload, or update for an agent that exists), ``version``, ``changelog``, ``env`` (a JSON

@@ -20,12 +20,13 @@ from pydantic import BaseModel, Field
 
 from conveyor.api.auth import UserId
 from conveyor.api.deps import ConveyorApp
+from conveyor.api.errors import UNAVAILABLE_RESPONSES
 from conveyor.platform import records
 from conveyor.platform.api.runs import AUTH_RESPONSES, IdPath
 from conveyor.platform.payloads import ResourceIndex
 from conveyor.tasks.payloads import Id
 
-router = APIRouter(prefix="/api/resources", tags=["resources"])
+router = APIRouter(prefix="/api/resources", tags=["resources"], responses=UNAVAILABLE_RESPONSES)
 
 
 class PutResource(BaseModel):

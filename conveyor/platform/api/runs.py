@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 
 from conveyor.api.auth import UserId
 from conveyor.api.deps import ConveyorApp
+from conveyor.api.errors import UNAVAILABLE_RESPONSES
 from conveyor.platform import records
 from conveyor.platform.rounds import start_round
 from conveyor.platform.streams import buffer_for
@@ -38,7 +39,7 @@ from conveyor.tasks.payloads import Id
 if TYPE_CHECKING:
     from conveyor.app import App
 
-router = APIRouter(prefix="/api", tags=["runs"])
+router = APIRouter(prefix="/api", tags=["runs"], responses=UNAVAILABLE_RESPONSES)
 
 #: Every producer route answers these besides its own.
 AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {401: {"description": "no valid API key"}}
@@ -106,7 +107,6 @@ def stream_url(run_id: str) -> str:
         **AUTH_RESPONSES,
         404: {"description": "no such task of yours"},
         409: {"description": "you used this message ID for other content"},
-        503: {"description": "the broker is unavailable; nothing was started"},
     },
 )
 def post_run(task_id: IdPath, body: StartRun, response: Response, app: ConveyorApp, user_id: UserId) -> RunAccepted:

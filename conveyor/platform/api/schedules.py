@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import NamePath, conveyor_app
+from conveyor.api.errors import UNAVAILABLE_RESPONSES
 from conveyor.platform.scheduling import schedules
 from conveyor.platform.scheduling.schedules import Schedule
 
@@ -26,6 +27,7 @@ router = APIRouter(
     responses={
         401: {"description": "no valid admin token"},
         403: {"description": "closed: CONVEYOR_ADMIN_TOKEN is not set"},
+        **UNAVAILABLE_RESPONSES,
     },
 )
 

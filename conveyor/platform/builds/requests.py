@@ -73,11 +73,15 @@ def request_build(
             # Requested before: that request's job and outcome stand.
             existing = store.get_build(conn, request.build_id)
             return BuildTicket(request.build_id, (existing.job_id if existing else None) or "", True)
-        try:
-            ref = app.jobs.enqueue(JOB, payload, key=build_key(request.build_id))
-        except EnqueueError as exc:
-            # Nothing will ever run it: end it now rather than leave its target "building".
+    # No database connection is held across the enqueue: a broker that is away would keep it for
+    # the client's whole timeout and retries, and enough such requests would drain the App's pool.
+    try:
+        ref = app.jobs.enqueue(JOB, payload, key=build_key(request.build_id))
+    except EnqueueError as exc:
+        # Nothing will ever run it: end it now rather than leave its target "building".
+        with app.pool.connection() as conn:
             store.fail_build(conn, request.build_id, f"not enqueued: {exc}")
-            raise
+        raise
+    with app.pool.connection() as conn:
         store.set_build_job(conn, request.build_id, ref.id)
     return BuildTicket(request.build_id, ref.id, ref.deduplicated)
