@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor import errors as e
-from conveyor.api.errors import STATUS, status_for
+from conveyor.api.errors import STATUS, detail_for, status_for
 
 
 def test_every_unavailable_store_is_one_store_unavailable():
@@ -62,3 +62,12 @@ def test_status_of_each_error(error, status):
 def test_every_error_class_has_a_status_through_its_parents():
     classes = [c for c in vars(e).values() if isinstance(c, type) and issubclass(c, e.ConveyorError)]
     assert all(any(k in STATUS for k in c.__mro__) for c in classes)
+
+
+def test_an_unknown_job_state_is_an_invalid_query_answered_400_without_the_state():
+    from conveyor.brokers.base import check_state
+
+    check_state("failed")
+    with pytest.raises(e.InvalidQuery) as refused:
+        check_state("zq9mark")
+    assert status_for(refused.value) == 400 and "zq9mark" not in detail_for(refused.value)
