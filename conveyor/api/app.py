@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
 from conveyor.api import errors
 from conveyor.api.guard import Guard
@@ -96,12 +95,9 @@ def create_app(app: "App") -> FastAPI:
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": field_errors(exc.errors())}, status_code=422)
 
-    errors.install(api)  # every ConveyorError a route lets through: conveyor.api.errors.STATUS
-
-    @api.exception_handler(ValueError)
-    async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
-        if isinstance(exc, ValidationError):  # its text quotes the input
-            return JSONResponse({"detail": field_errors(exc.errors())}, status_code=422)
-        return JSONResponse({"detail": str(exc)[:MAX_MSG_CHARS]}, status_code=400)
+    # Every ConveyorError a route lets through: conveyor.api.errors.STATUS. No handler for ValueError:
+    # bad input is refused by the route's models (422) or as a named ConveyorError, so a ValueError
+    # that gets this far is a bug and the Guard answers it 500 with an error id.
+    errors.install(api)
 
     return api

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from conveyor.brokers.base import JOB_STATES, ConveyorBroker, JobRecord
+from conveyor.brokers.base import ConveyorBroker, JobRecord, check_state
 from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
 from conveyor.errors import InvalidQuery, JobNotFound, JobStateConflict, UnknownQueue
 from conveyor.logs import log_event
@@ -199,8 +199,7 @@ class Inspector:
         where the scan stopped.
         """
         self._check_queue(queue)
-        if state not in JOB_STATES:
-            raise InvalidQuery(f"state: not a job state; states: {', '.join(JOB_STATES)}")  # the input not echoed
+        check_state(state)  # InvalidQuery, not echoing the state
         limit = max(1, min(limit, MAX_PAGE))
         offset = _offset(cursor)
         if job:

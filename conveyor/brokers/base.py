@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias, TypeGuard
 from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
 
-from conveyor.errors import describe_error
+from conveyor.errors import InvalidQuery, describe_error
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -28,6 +28,13 @@ AnyMessage: TypeAlias = Message[Any] | MessageProxy
 
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
+
+
+def check_state(state: str) -> None:
+    """InvalidQuery unless ``state`` is one of :data:`JOB_STATES`. The message lists the states and never
+    quotes ``state``: it reaches HTTP clients (the admin API's ``?state=``) through the one error table."""
+    if state not in JOB_STATES:
+        raise InvalidQuery(f"state: not a job state; states: {', '.join(JOB_STATES)}")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from conveyor.brokers.base import (
     JobRef,
     QueueCounts,
     SafeMessageProxy,
+    check_state,
 )
 
 
@@ -157,6 +158,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
             return replace(record) if record else None
 
     def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
+        check_state(state)
         with self._lock:
             rows = [replace(r) for r in self.records.values() if r.queue == queue and r.state == state]
         rows.sort(key=lambda r: r.finished_at or r.started_at or r.enqueued_at or 0, reverse=True)

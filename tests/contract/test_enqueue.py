@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from conveyor.brokers.base import EnqueueItem
+from conveyor.errors import InvalidQuery
 from tests.contract.drive import JOB, LONG_TTL, OTHER_JOB, OTHER_QUEUE, QUEUE, enqueue, message
 
 
@@ -40,3 +43,9 @@ def test_list_jobs_gives_the_waiting_jobs_of_one_queue(broker):
     assert all(r.state == "waiting" and r.queue == QUEUE for r in listed)
     assert len(broker.list_jobs(QUEUE, "waiting", limit=2)) == 2
     assert broker.list_jobs(QUEUE, "completed") == []
+
+
+def test_list_jobs_refuses_an_unknown_state_without_quoting_it(broker):
+    with pytest.raises(InvalidQuery) as refused:
+        broker.list_jobs(QUEUE, "zq9mark")
+    assert "zq9mark" not in str(refused.value) and "waiting" in str(refused.value)

@@ -150,11 +150,16 @@ def test_oversize_non_zip_and_bad_forms_are_refused_and_nothing_is_stored(build_
         assert control == 202  # the control: the same form with a good file is taken
         no_agent = client.post(ROUTE, headers=AUTH, data={"owner_id": "u"}, files={"file": ("a.zip", _tiny_zip())})
         assert no_agent.status_code == 422 and "agent_id" in no_agent.text
-        for env in ("[1, 2]", "[" * 30000 + "]" * 30000, '{"A": 1}'):
+        # The last: a lone surrogate, which json.loads lets through and no UTF-8 encoder takes.
+        for env in ("[1, 2]", "[" * 30000 + "]" * 30000, '{"A": 1}', '{"A": "zq9\\ud800"}'):
             bad_env = client.post(
                 ROUTE, headers=AUTH, data={**fields, "env": env}, files={"file": ("a.zip", _tiny_zip())}
             )
-            assert bad_env.status_code == 422 and "env" in bad_env.text
+            assert bad_env.status_code == 422 and "env" in bad_env.text and "zq9" not in bad_env.text
+        # The same value in POST /api/builds' JSON body.
+        surrogate = b'{"kind": "upload", "owner_id": "u", "agent_id": "ag-bad", "upload_id": "upl_x", "env": {"A": "zq9\\ud800"}}'
+        bad_env = client.post("/api/builds", headers={**AUTH, "content-type": "application/json"}, content=surrogate)
+        assert bad_env.status_code == 422 and "env" in bad_env.text and "zq9" not in bad_env.text
         plain = client.post(ROUTE, headers=AUTH, json=fields)
         assert plain.status_code == 415
         nul = client.post(

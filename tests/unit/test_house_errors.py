@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor import errors as e
-from conveyor.api.errors import STATUS, status_for
+from conveyor.api.errors import STATUS, detail_for, status_for
 
 
 def test_every_unavailable_store_is_one_store_unavailable():
@@ -79,3 +79,12 @@ def test_a_503_names_what_is_away_never_the_drivers_line_with_its_address(error)
     detail = detail_for(error)
     assert "10.1.2.3" not in detail and "port" not in detail, detail
     assert "unavailable" in detail or "same key" in detail
+
+
+def test_an_unknown_job_state_is_an_invalid_query_answered_400_without_the_state():
+    from conveyor.brokers.base import check_state
+
+    check_state("failed")
+    with pytest.raises(e.InvalidQuery) as refused:
+        check_state("zq9mark")
+    assert status_for(refused.value) == 400 and "zq9mark" not in detail_for(refused.value)

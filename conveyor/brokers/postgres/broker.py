@@ -33,7 +33,6 @@ from dramatiq.errors import ConnectionClosed, QueueJoinTimeout, QueueNotFound
 from dramatiq.middleware import SkipMessage
 
 from conveyor.brokers.base import (
-    JOB_STATES,
     AnyMessage,
     ConveyorBroker,
     EnqueueItem,
@@ -41,6 +40,7 @@ from conveyor.brokers.base import (
     JobRecord,
     JobRef,
     QueueCounts,
+    check_state,
     describe_error,
 )
 from conveyor.brokers.postgres.consumer import DELIVERY_OPTIONS, PostgresConsumer
@@ -430,8 +430,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         return self.jobs.get(job_id)
 
     def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
-        if state not in JOB_STATES:
-            raise ValueError(f"unknown state {state!r}; states: {', '.join(JOB_STATES)}")
+        check_state(state)
         return self.jobs.list(queue, state, limit, offset)
 
     def pause_queue(self, queue: str) -> None:

@@ -28,7 +28,7 @@ from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import SkipMessage
 
-from conveyor.brokers.base import JOB_STATES, AnyMessage, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts
+from conveyor.brokers.base import AnyMessage, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts, check_state
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
@@ -530,8 +530,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
-        if state not in JOB_STATES:
-            raise ValueError(f"unknown state {state!r}; states: {', '.join(JOB_STATES)}")
+        check_state(state)
         ids = self.client.zrevrange(self.keys.index(queue, state), offset, offset + limit - 1)
         with self.client.pipeline(transaction=False) as pipe:
             for job_id in ids:

@@ -37,6 +37,15 @@ def build_key(build_id: str) -> str:
     return f"build:{build_id}"
 
 
+def _utf8(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8 (a str from JSON may hold a lone surrogate, which does not)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def request_build(
     app: "App",
     kind: str,
@@ -56,6 +65,10 @@ def request_build(
     build host (the worker still takes them only under ``CONVEYOR_BUILD_SOURCE_ROOTS``): for
     operators' own code and CLI, never for requests from HTTP, which upload instead.
     """
+    if env and not all(_utf8(value) for value in env.values()):
+        # A JSON body may carry a lone surrogate ("\\ud800"), which no UTF-8 encoder (nor Fernet) takes.
+        # Neither the value nor its name is quoted: both are the request's.
+        raise InvalidPayload(JOB, [{"loc": ("env",), "msg": "every value must be UTF-8 text"}])
     data = {**fields, "kind": kind, "build_id": build_id or new_build_id(), "env": encrypt_env(app.settings, env or {})}
     payload = validate_payload(JOB, BuildPayload, data)
     request = payload.root
