@@ -182,7 +182,11 @@ class AdminError(ConveyorError):
 
 
 class UnknownQueue(AdminError):
-    """No queue has this name."""
+    """No queue has this name. ``known`` lists the queues there are (the HTTP answer names those, not the one asked for)."""
+
+    def __init__(self, message: str, known: str = "") -> None:
+        super().__init__(message)
+        self.known = known
 
 
 class JobNotFound(AdminError):

@@ -73,8 +73,10 @@ def detail_for(exc: BaseException) -> str:
     quotes the id asked for, and an answer never echoes input."""
     if status_for(exc) == 500:
         return "internal error"
-    if isinstance(exc, e.RecordNotFound | e.ScheduleNotFound):
+    if isinstance(exc, e.RecordNotFound | e.ScheduleNotFound | e.JobNotFound):
         return not_found_detail(exc)
+    if isinstance(exc, e.UnknownQueue):
+        return f"no such queue; queues: {exc.known}" if exc.known else "no such queue"
     if isinstance(exc, e.EnqueueOutcomeUnknown):
         return "the connection broke while the enqueue committed: the job may exist; send it again with the same key"
     if isinstance(exc, e.StoreUnavailable):

@@ -338,7 +338,8 @@ class Inspector:
 
     def _check_queue(self, name: str) -> None:
         if name not in self.app.queues:
-            raise UnknownQueue(f"no queue {name!r}; queues: {', '.join(self.app.queues)}")
+            known = ", ".join(self.app.queues)
+            raise UnknownQueue(f"no queue {name!r}; queues: {known}", known)
 
     def _view(self, record: JobRecord) -> JobView:
         job_type = self.app.job_types.get(record.job)

@@ -88,3 +88,11 @@ def test_an_unknown_job_state_is_an_invalid_query_answered_400_without_the_state
     with pytest.raises(e.InvalidQuery) as refused:
         check_state("zq9mark")
     assert status_for(refused.value) == 400 and "zq9mark" not in detail_for(refused.value)
+
+
+def test_an_admin_not_found_names_the_kind_never_the_id_asked_for():
+    from conveyor.api.errors import detail_for
+
+    assert detail_for(e.JobNotFound("no job 'job-asked-for'")) == "no such job"
+    detail = detail_for(e.UnknownQueue("no queue 'asked-for'; queues: agent, critical", "agent, critical"))
+    assert detail == "no such queue; queues: agent, critical"
