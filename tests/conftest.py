@@ -233,5 +233,7 @@ def workers(settings, tmp_path):
         return worker
 
     yield start
+    for worker in started:  # all drain together: each takes a process shutdown
+        worker.send_stop()
     for worker in started:
         worker.terminate()

@@ -134,6 +134,7 @@ class WorkerProcess:
         **extra_env: str,
     ) -> None:
         self.log = log
+        self._stop_sent = False
         self._log_file = open(log, "wb") if log else subprocess.DEVNULL
         self.proc = start_worker(settings, queues, processes, stderr=self._log_file, prefix=prefix, **extra_env)
 
@@ -160,9 +161,14 @@ class WorkerProcess:
                 pass
         return alive
 
-    def terminate(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
+    def send_stop(self) -> None:
+        """SIGTERM without waiting: several workers drain at once, then `terminate()` waits for each."""
+        if self.proc.poll() is None and not self._stop_sent:
             self.proc.send_signal(signal.SIGTERM)
+            self._stop_sent = True
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.send_stop()
         try:
             return self.proc.wait(timeout)
         finally:
