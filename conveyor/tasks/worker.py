@@ -22,9 +22,6 @@ from dramatiq import Worker
 from conveyor.logs import log_event
 from conveyor.tasks.watchdog import SELF_FENCE_EXIT, Watchdog
 
-#: Idle consumers wake this often (ms) to check for shutdown and delayed jobs.
-WORKER_TIMEOUT_MS = 1000
-
 #: A child that dies sooner than this after starting is restarted with a growing delay.
 RESTART_BACKOFF_MAX = 30.0
 
@@ -40,7 +37,9 @@ class ProcessWorker:
         self.queue = queue
         self.threads = threads or app.queues[queue].concurrency
         self.broker = app.broker
-        self.worker = Worker(self.broker, queues={queue}, worker_threads=self.threads, worker_timeout=WORKER_TIMEOUT_MS)
+        # How often idle consumers and worker threads wake to check for a stop (CONVEYOR_WORKER_IDLE_TIMEOUT).
+        idle_ms = int(app.settings.worker_idle_timeout * 1000)
+        self.worker = Worker(self.broker, queues={queue}, worker_threads=self.threads, worker_timeout=idle_ms)
         self._stop = threading.Event()
         self._maintainer = threading.Thread(target=self._maintain_loop, name="conveyor-maintain", daemon=True)
         self._watchdog = Watchdog(self.broker, app.settings, queue)
