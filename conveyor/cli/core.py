@@ -140,6 +140,7 @@ def cmd_worker(args) -> int:
         args.threads,
         app.settings.shutdown_timeout,
         worker=run_worker_process,
+        restart_backoff=app.settings.worker_restart_backoff,
         **_metrics_options(app.settings),
     ).run()
 
@@ -199,6 +200,7 @@ def cmd_up(args) -> int:
         None,
         app.settings.shutdown_timeout,
         worker=run_worker_process,
+        restart_backoff=app.settings.worker_restart_backoff,
         services=services,
         **_metrics_options(app.settings),
     ).run()

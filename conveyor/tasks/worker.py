@@ -136,11 +136,13 @@ class Supervisor:
         metrics_host: str = "127.0.0.1",
         metrics_dir: str | None = None,
         services: tuple[tuple[str, Callable, tuple], ...] = (),
+        restart_backoff: float = 0.25,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.children = [_Child(q, worker, (q, threads)) for q in queues for _ in range(processes)]
         self.children += [_Child(name, target, args) for name, target, args in services]
         self.shutdown_timeout = shutdown_timeout
+        self.restart_backoff = restart_backoff
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
         self.metrics_dir = metrics_dir
@@ -180,7 +182,9 @@ class Supervisor:
                         # A child that lived long was fine before it died: restart at once.
                         child.failures = 0 if now - child.started > 60 else child.failures + 1
                         delay = (
-                            0.0 if child.failures == 0 else min(RESTART_BACKOFF_MAX, 0.25 * 2 ** (child.failures - 1))
+                            0.0
+                            if child.failures == 0
+                            else min(RESTART_BACKOFF_MAX, self.restart_backoff * 2 ** (child.failures - 1))
                         )
                     child.restart_at = now + delay
                     log_event(
