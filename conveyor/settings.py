@@ -88,6 +88,20 @@ class Settings(BaseSettings):
         5, gt=0, description="Seconds between a worker's recovery passes for dead workers' jobs."
     )
     shutdown_timeout: float = Field(600, ge=0, description="Seconds a stopping worker waits for in-flight jobs.")
+    worker_idle_timeout: float = Field(
+        1,
+        ge=0.01,
+        le=10,
+        description="Seconds an idle worker thread or consumer waits for work before it looks again for a "
+        "stop: an idle worker process takes up to about twice this to stop.",
+    )
+    worker_restart_backoff: float = Field(
+        0.25,
+        ge=0,
+        le=30,
+        description="Seconds before a worker process that died young (within a minute) is restarted; "
+        "doubles with each such death, up to 30 s.",
+    )
     retention: float = Field(7 * 24 * 3600, gt=0, description="Seconds finished job records are kept.")
     max_payload_bytes: int = Field(256 * 1024, gt=0, description="Largest encoded payload accepted at enqueue.")
     pg_poll_seconds: float = Field(5, gt=0, description="Postgres broker: poll interval in case a wake-up was lost.")

@@ -26,6 +26,7 @@ import pytest
 
 from tests.support import registry
 from tests.support.servers import PostgresServer, RedisServer
+from tests.support.waiting import wait_for
 
 #: The migrated database every test database is copied from.
 TEMPLATE_DB = "conveyor_template"
@@ -102,9 +103,20 @@ def redis_url(redis_server: RedisServer) -> str:
         # after a kill still starts without it, so tests of the server itself see a crash forget.
         if client.config_get("appendonly").get("appendonly") != "yes":
             client.config_set("appendonly", "yes")
+            # Turning it on starts writing the initial AOF in the background, and until that is
+            # done Redis refuses a SIGTERM ("Writing initial AOF, can't exit"): a test that stops
+            # the server would wait out the stop timeout and kill it. It takes milliseconds here.
+            wait_for(
+                lambda: _initial_aof_written(client), timeout=30, message="Redis to write its initial append-only file"
+            )
     finally:
         client.close()
     return redis_server.url
+
+
+def _initial_aof_written(client) -> bool:
+    info = client.info("persistence")
+    return not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
 
 
 # -- PostgreSQL ---------------------------------------------------------------
@@ -246,5 +258,7 @@ def workers(settings, tmp_path):
         return worker
 
     yield start
+    for worker in started:  # all drain together: each takes a process shutdown
+        worker.send_stop()
     for worker in started:
         worker.terminate()

@@ -147,6 +147,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         args.threads,
         app.settings.shutdown_timeout,
         worker=run_worker_process,
+        restart_backoff=app.settings.worker_restart_backoff,
         **_metrics_options(app.settings),
     ).run()
 
@@ -214,6 +215,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         None,
         app.settings.shutdown_timeout,
         worker=run_worker_process,
+        restart_backoff=app.settings.worker_restart_backoff,
         services=services,
         **_metrics_options(app.settings),
     ).run()

@@ -26,9 +26,6 @@ from conveyor.tasks.watchdog import SELF_FENCE_EXIT, Watchdog
 if TYPE_CHECKING:
     from conveyor.app import App
 
-#: Idle consumers wake this often (ms) to check for shutdown and delayed jobs.
-WORKER_TIMEOUT_MS = 1000
-
 #: A child that dies sooner than this after starting is restarted with a growing delay.
 RESTART_BACKOFF_MAX = 30.0
 
@@ -44,7 +41,9 @@ class ProcessWorker:
         self.queue = queue
         self.threads = threads or app.queues[queue].concurrency
         self.broker = app.broker
-        self.worker = Worker(self.broker, queues={queue}, worker_threads=self.threads, worker_timeout=WORKER_TIMEOUT_MS)
+        # How often idle consumers and worker threads wake to check for a stop (CONVEYOR_WORKER_IDLE_TIMEOUT).
+        idle_ms = int(app.settings.worker_idle_timeout * 1000)
+        self.worker = Worker(self.broker, queues={queue}, worker_threads=self.threads, worker_timeout=idle_ms)
         self._stop = threading.Event()
         self._maintainer = threading.Thread(target=self._maintain_loop, name="conveyor-maintain", daemon=True)
         self._watchdog = Watchdog(self.broker, app.settings, queue)
@@ -133,11 +132,13 @@ class Supervisor:
         metrics_host: str = "127.0.0.1",
         metrics_dir: str | None = None,
         services: tuple[tuple[str, Callable[..., None], tuple[object, ...]], ...] = (),
+        restart_backoff: float = 0.25,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.children = [_Child(q, worker, (q, threads)) for q in queues for _ in range(processes)]
         self.children += [_Child(name, target, args) for name, target, args in services]
         self.shutdown_timeout = shutdown_timeout
+        self.restart_backoff = restart_backoff
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
         self.metrics_dir = metrics_dir
@@ -177,7 +178,9 @@ class Supervisor:
                         # A child that lived long was fine before it died: restart at once.
                         child.failures = 0 if now - child.started > 60 else child.failures + 1
                         delay = (
-                            0.0 if child.failures == 0 else min(RESTART_BACKOFF_MAX, 0.25 * 2 ** (child.failures - 1))
+                            0.0
+                            if child.failures == 0
+                            else min(RESTART_BACKOFF_MAX, self.restart_backoff * 2 ** (child.failures - 1))
                         )
                     child.restart_at = now + delay
                     log_event(

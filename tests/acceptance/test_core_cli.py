@@ -60,11 +60,10 @@ def test_migrate_worker_enqueue_moves_the_balance_once(settings, tmp_path):
     assert again == {"id": first["id"], "deduplicated": True}
     worker = WorkerProcess(settings, "critical", log=tmp_path / "worker.log")
     try:
-        wait_for(
-            lambda: conveyor(settings, "ledger", "balance", "alice").stdout.strip() == "9.995000",
-            timeout=60,
-            message="the charge to be applied",
-        )
+        # Wait on the worker's own log, not by polling the CLI: each `conveyor` run is a second of
+        # interpreter start-up, competing with the worker's for the CPU. Then the CLI must show it.
+        wait_for(lambda: worker.events("completed"), timeout=60, message="the charge to be applied")
+        assert conveyor(settings, "ledger", "balance", "alice").stdout.strip() == "9.995000"
 
         def critical_status():
             status = json.loads(conveyor(settings, "status", "--json").stdout)

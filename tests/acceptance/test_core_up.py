@@ -27,6 +27,7 @@ def test_up_then_enqueue_in_another_shell_moves_the_balance_once(clean_env, embe
         PYTHONPATH=str(ROOT),
         CONVEYOR_DATA_DIR=str(embedded_data_dir),
         CONVEYOR_SHUTDOWN_TIMEOUT="20",
+        CONVEYOR_WORKER_IDLE_TIMEOUT="0.1",  # six idle worker groups stop at the end
         CONVEYOR_API_PORT=str(port),
         CONVEYOR_ADMIN_TOKEN="up-token-core-4b8f1",
         CONVEYOR_METRICS_PORT="0",
@@ -59,11 +60,14 @@ def test_up_then_enqueue_in_another_shell_moves_the_balance_once(clean_env, embe
         for _ in range(2):
             result = conveyor("enqueue", "credit.consume", "--payload", payload, "--key", "credit:t1:m1")
             assert result.returncode == 0, result.stderr
+        # Wait on the log, not by polling the CLI (a second of interpreter start-up per look,
+        # competing with the stack's); then the CLI must show the charge.
         wait_for(
-            lambda: conveyor("ledger", "balance", "newcomer").stdout.strip() == "-0.010000",
+            lambda: '"event":"completed"' in log.read_text(errors="replace"),
             timeout=60,
             message="the charge to be applied by the embedded stack",
         )
+        assert conveyor("ledger", "balance", "newcomer").stdout.strip() == "-0.010000"
         assert conveyor("ledger", "verify").returncode == 0
 
         def charged_once():

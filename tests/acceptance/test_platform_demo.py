@@ -8,8 +8,16 @@ import time
 
 import pytest
 
+from tests.support.harness import FAST, FAST_QUEUES
+
 
 def _demo(clean_env, *args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess, float]:
+    # The injected faults retry after each queue's backoff: 5 s and more on llm, 2 s on agent by
+    # default, most of the demo's time. Shortened through settings; the retries still happen.
+    for queue, override in FAST_QUEUES.items():
+        for name, value in override.items():
+            clean_env.setenv(f"CONVEYOR_QUEUES__{queue.upper()}__{name.upper()}", str(value))
+    clean_env.setenv("CONVEYOR_WORKER_IDLE_TIMEOUT", str(FAST["worker_idle_timeout"]))  # a quicker stop at the end
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "conveyor", "demo", *args], capture_output=True, text=True, timeout=timeout

@@ -78,6 +78,8 @@ def test_llm_jobs_never_exceed_the_global_cap_across_three_worker_processes(clea
 
         wait_for(extracted, timeout=90, message="every extraction")
     finally:
+        for proc in procs:  # all drain at once, then each is waited for
+            proc.terminate()
         errors = [stop_process(p) for p in procs]
 
     with app.pool.connection() as conn:
@@ -100,6 +102,7 @@ def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_en
         heartbeat_timeout=2,
         maintenance_interval=0.3,
         pg_recovery_seconds=0.3,
+        pg_lease_seconds=2,  # Postgres's counterpart of heartbeat_timeout (the default 15 s lease)
     )
     app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url, stream_poll_interval=0.02))
     make_task(app, "t1", user_id="frank")

@@ -197,6 +197,7 @@ def test_conveyor_up_runs_the_scheduler_with_the_workers(database_url, redis_url
         "CONVEYOR_SCHEDULER_INTERVAL": "0.1",
         "CONVEYOR_METRICS_PORT": "0",
         "CONVEYOR_SHUTDOWN_TIMEOUT": "10",
+        "CONVEYOR_WORKER_IDLE_TIMEOUT": "0.1",  # six idle worker groups stop at the end
     }.items():
         clean_env.setenv(name, value)
     app = make_app(database_url, redis_url)

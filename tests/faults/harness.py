@@ -98,8 +98,7 @@ class Supervisor(WorkerProcess):
     def terminate(self, timeout: float = 60) -> int | None:
         """SIGTERM (drain), then SIGKILL of the whole group if it did not exit in time; returns its exit code."""
         try:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
+            self.send_stop()
             try:
                 return self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -165,6 +164,8 @@ class Cluster:
 
     def close(self) -> None:
         try:
+            for supervisor in self.supervisors:  # all drain at once
+                supervisor.send_stop()
             for supervisor in self.supervisors:
                 supervisor.terminate(timeout=30)
         finally:

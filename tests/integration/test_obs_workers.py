@@ -166,6 +166,9 @@ def pg_env(clean_env, database_url):
         CONVEYOR_PG_RECOVERY_SECONDS="0.5",
         CONVEYOR_MAINTENANCE_INTERVAL="0.5",
         CONVEYOR_PG_POLL_SECONDS="0.5",
+        # The job sleeps 60 s so that it is still running after the kill; the stop at the end must
+        # not wait for it (the default 600 s outlasts the 30 s the test gives the stop, then SIGKILL).
+        CONVEYOR_SHUTDOWN_TIMEOUT="2",
     )
 
 

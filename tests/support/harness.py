@@ -24,10 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Fast retries and recovery for tests: settings, never longer sleeps.
 FAST_QUEUES = {q: {"min_backoff": 0.05, "max_backoff": 0.2} for q in QUEUES}
 
+#: Milliseconds before Dramatiq restarts a consumer after a connection error (default 3000).
+CONSUMER_RESTART_DELAY_MS = 200
+
 FAST = {
     "heartbeat_timeout": 2,
     "maintenance_interval": 0.2,
     "shutdown_timeout": 20,
+    "worker_idle_timeout": 0.1,
+    "worker_restart_backoff": 0.05,
     "pg_poll_seconds": 0.5,
     "pg_recovery_seconds": 0.5,
     "pg_lease_seconds": 2,
@@ -76,12 +81,17 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
     }
     env.update(
         PYTHONPATH=str(ROOT),
+        # Dramatiq's own knob (ms, read at import): a consumer that lost its broker connection
+        # starts again after it. Its 3 s default was most of a server restart's cost in tests.
+        dramatiq_restart_delay=str(CONSUMER_RESTART_DELAY_MS),
         CONVEYOR_BROKER=settings.broker_name,
         DATABASE_URL=settings.database_url or "",
         CONVEYOR_IMPORTS=settings.imports,
         CONVEYOR_HEARTBEAT_TIMEOUT=str(settings.heartbeat_timeout),
         CONVEYOR_MAINTENANCE_INTERVAL=str(settings.maintenance_interval),
         CONVEYOR_SHUTDOWN_TIMEOUT=str(settings.shutdown_timeout),
+        CONVEYOR_WORKER_IDLE_TIMEOUT=str(settings.worker_idle_timeout),
+        CONVEYOR_WORKER_RESTART_BACKOFF=str(settings.worker_restart_backoff),
         CONVEYOR_PG_POLL_SECONDS=str(settings.pg_poll_seconds),
         CONVEYOR_PG_RECOVERY_SECONDS=str(settings.pg_recovery_seconds),
         CONVEYOR_PG_LEASE_SECONDS=str(settings.pg_lease_seconds),
@@ -134,6 +144,7 @@ class WorkerProcess:
         **extra_env: str,
     ) -> None:
         self.log = log
+        self._stop_sent = False
         self._log_file = open(log, "wb") if log else subprocess.DEVNULL
         self.proc = start_worker(settings, queues, processes, stderr=self._log_file, prefix=prefix, **extra_env)
 
@@ -160,9 +171,14 @@ class WorkerProcess:
                 pass
         return alive
 
-    def terminate(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
+    def send_stop(self) -> None:
+        """SIGTERM without waiting: several workers drain at once, then `terminate()` waits for each."""
+        if self.proc.poll() is None and not self._stop_sent:
             self.proc.send_signal(signal.SIGTERM)
+            self._stop_sent = True
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.send_stop()
         try:
             return self.proc.wait(timeout)
         finally:
