@@ -164,16 +164,18 @@ def test_a_redis_slot_whose_holder_stopped_renewing_expires_after_its_lease(redi
 
 def test_a_redis_stream_reads_back_when_redis_url_asks_for_decoded_replies(redis_url):
     """REDIS_URL's own options (``?decode_responses=true``) win over the client's: replies come as text."""
-    from conveyor.platform.streams.redis import RedisStreamBuffer
-
     separator = "&" if "?" in redis_url else "?"
-    buffer = RedisStreamBuffer(f"{redis_url}{separator}decode_responses=true", namespace="conveyor", retention=60)
+    app = App(Settings(broker="redis", redis_url=f"{redis_url}{separator}decode_responses=true"))
+    buffer = build_buffer(app)
     try:
+        buffer.client.set("probe", "x")
+        assert buffer.client.get("probe") == "x"  # the URL's option reached the client: replies are text
         buffer.append("r1", 1, "Hello ")
         buffer.end("r1", "completed")
         assert [(e.seq, e.kind, e.data) for e in buffer.read("r1")] == [(1, "chunk", "Hello "), (2, "end", "completed")]
     finally:
         buffer.close()
+        app.close()
 
 
 @pytest.mark.parametrize("build", [build_buffer, build_limits], ids=["streams", "limits"])
