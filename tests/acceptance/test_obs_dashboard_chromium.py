@@ -178,6 +178,21 @@ def _sign_in(browser, base: str, path: str) -> None:
     )
 
 
+def _worker_running(browser, link: str) -> str | None:
+    """The ``data-worker`` of the Workers row that links ``link``, or None (also while the live
+    refresh swaps the rows out from under the read)."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+
+    try:
+        for row in browser.find_elements(By.CSS_SELECTOR, "tr[data-worker]"):
+            if row.find_elements(By.CSS_SELECTOR, link):
+                return str(row.get_attribute("data-worker"))
+    except WebDriverException:
+        pass
+    return None
+
+
 def _text(browser, css: str) -> str:
     from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
@@ -294,16 +309,9 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             )
             slow = app.jobs.enqueue("obs.work", {"n": 99, "sleep": 8})
             link = f'a[href="/admin/jobs/{slow.id}"]'
-            row = wait_for(
-                lambda: [
-                    e
-                    for e in browser.find_elements(By.CSS_SELECTOR, "tr[data-worker]")
-                    if e.find_elements(By.CSS_SELECTOR, link)
-                ],
-                timeout=20,
-                message="the running job linked from its worker",
-            )[0]
-            first = row.get_attribute("data-worker")
+            first = wait_for(
+                lambda: _worker_running(browser, link), timeout=20, message="the running job linked from its worker"
+            )
             pid = int(_worker_states(browser)[first][1])
             os.kill(pid, signal.SIGKILL)
             wait_for(
