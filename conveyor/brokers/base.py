@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias, TypeGuard
 
 from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
+from dramatiq.common import q_name
 
 from conveyor.errors import InvalidQuery, describe_error
+from conveyor.logs import Level, log_event
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -25,6 +27,26 @@ __all__ = ["describe_error"]  # brokers import it from here
 
 #: A message as brokers and hooks handle it: the Message itself, or the proxy a consumer handed out.
 AnyMessage: TypeAlias = Message[Any] | MessageProxy
+
+
+def log_delivery_error(
+    message: AnyMessage, error: str, *, level: Level = "warning", attempt: int | None = None, queue: str | None = None
+) -> None:
+    """An ``error`` event about one delivered message: its queue (canonical name), job and id.
+
+    ``queue`` when the message's own names a delay queue the caller has already resolved;
+    ``error`` must hold no secret value.
+    """
+    log_event(
+        "error",
+        level=level,
+        queue=q_name(queue or message.queue_name),
+        job=message.actor_name,
+        job_id=message.message_id,
+        attempt=attempt,
+        error=error,
+    )
+
 
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")

@@ -42,6 +42,7 @@ from conveyor.brokers.base import (
     QueueCounts,
     check_state,
     describe_error,
+    log_delivery_error,
 )
 from conveyor.brokers.postgres.consumer import DELIVERY_OPTIONS, PostgresConsumer
 from conveyor.brokers.postgres.deliveries import Deliveries, Retry
@@ -250,14 +251,9 @@ class PostgresBroker(ConveyorBroker, Broker):
                     continue
                 # Without a counted attempt the job must not run: hand it back.
                 message.options["pg_release"] = True
-                log_event(
-                    "error",
-                    level="warning",
-                    queue=q_name(message.queue_name),
-                    job=message.actor_name,
-                    job_id=message.message_id,
-                    attempt=None,
-                    error=f"could not record the start, job handed back: {type(exc).__name__}: {exc}",
+                log_delivery_error(
+                    message,
+                    f"could not record the start, job handed back: {type(exc).__name__}: {exc}",
                 )
                 raise SkipMessage("the start could not be recorded") from None
 
@@ -291,14 +287,10 @@ class PostgresBroker(ConveyorBroker, Broker):
         """Write nothing more for this delivery: the row stays held and the orphan pass hands it out again."""
         message.options[ABANDON] = True
         self.deliveries.abandon(message.message_id, message.options["pg_delivery"])
-        log_event(
-            "error",
-            level="warning",
-            queue=q_name(message.queue_name),
-            job=message.actor_name,
-            job_id=message.message_id,
+        log_delivery_error(
+            message,
+            f"delivery {message.options['pg_delivery']} abandoned, the job runs again after the lease: {why}",
             attempt=message.options.get("attempt"),
-            error=f"delivery {message.options['pg_delivery']} abandoned, the job runs again after the lease: {why}",
         )
 
     def heartbeat_age(self) -> float | None:
@@ -327,14 +319,9 @@ class PostgresBroker(ConveyorBroker, Broker):
             # A hand-back of a claim a crash may have undone could land on someone else's claim:
             # write nothing; the row (if it is still ours) comes back through the orphan pass.
             self.deliveries.drop(message.message_id, delivery)
-            log_event(
-                "error",
-                level="warning",
-                queue=q_name(message.queue_name),
-                job=message.actor_name,
-                job_id=message.message_id,
-                attempt=None,
-                error=f"delivery {delivery} not handed back: its claim was never proven durable",
+            log_delivery_error(
+                message,
+                f"delivery {delivery} not handed back: its claim was never proven durable",
             )
             return
         self.deliveries.settle(message.message_id, delivery, status, error)
@@ -357,14 +344,11 @@ class PostgresBroker(ConveyorBroker, Broker):
             self.deliveries.abandon(message.message_id, delivery)
         except DatabaseRefused as exc:
             # Refused even as sanitised text: run it again now rather than lose it (the ack that follows is void).
-            log_event(
-                "error",
+            log_delivery_error(
+                message,
+                f"the retry could not be stored, the job is handed back instead: {exc}",
                 level="error",
-                queue=q_name(message.queue_name),
-                job=message.actor_name,
-                job_id=message.message_id,
                 attempt=message.options.get("attempt"),
-                error=f"the retry could not be stored, the job is handed back instead: {exc}",
             )
             self.deliveries.settle(message.message_id, delivery, "pending")
         except Exception:

@@ -28,7 +28,16 @@ from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import SkipMessage
 
-from conveyor.brokers.base import AnyMessage, ConveyorBroker, EnqueueItem, JobRecord, JobRef, QueueCounts, check_state
+from conveyor.brokers.base import (
+    AnyMessage,
+    ConveyorBroker,
+    EnqueueItem,
+    JobRecord,
+    JobRef,
+    QueueCounts,
+    check_state,
+    log_delivery_error,
+)
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
@@ -334,14 +343,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 # without a counted, fenced start it must not run: hand it back.
                 if not is_unavailable(exc) or time.monotonic() >= deadline:
                     message.options["redis_release"] = True
-                    log_event(
-                        "error",
-                        level="warning",
-                        queue=q_name(queue),
-                        job=message.actor_name,
-                        job_id=message.message_id,
-                        attempt=None,
-                        error=f"could not record the start, job handed back: {type(exc).__name__}",
+                    log_delivery_error(
+                        message,
+                        f"could not record the start, job handed back: {type(exc).__name__}",
+                        queue=queue,
                     )
                     raise SkipMessage("Redis is unavailable") from None
                 time.sleep(0.2)
@@ -367,14 +372,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     # Not failed for good yet: its nack hands it back, and the next delivery claims again
                     # (the Retries hook that called this swallows what it raises).
                     message.options["redis_unsettled"] = True
-                    log_event(
-                        "error",
-                        level="warning",
-                        queue=q_name(message.queue_name),
-                        job=message.actor_name,
-                        job_id=message.message_id,
+                    log_delivery_error(
+                        message,
+                        f"could not claim the final failure, job handed back: {type(exc).__name__}",
                         attempt=message.options.get("attempt"),
-                        error=f"could not claim the final failure, job handed back: {type(exc).__name__}",
                     )
                     if is_unavailable(exc):
                         raise BrokerUnreachable(f"could not claim the final failure: {type(exc).__name__}") from exc
