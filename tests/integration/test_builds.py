@@ -253,3 +253,19 @@ def test_a_running_build_heartbeats_and_a_duplicate_delivery_neither_builds_twic
     assert done.status == "succeeded" and done.claim == 1
     assert [e for _, e, _ in store.events(ticket.build_id)] == ["claimed", "succeeded"]
     assert any(e["reason"] == "build already succeeded" for e in _events(caplog, "skipped"))
+
+
+def test_a_request_whose_process_died_before_its_enqueue_is_enqueued_when_it_is_sent_again(build_app, workdir):
+    from conveyor.platform.builds import store
+    from conveyor.platform.builds.payloads import BuildPayload
+    from conveyor.platform.builds.requests import request_build
+
+    app = build_app()
+    fields = {"agent_id": "ag-orphan", "owner_id": "u1", "upload_id": "upl_" + "a" * 32}
+    payload = BuildPayload.load({**fields, "kind": "upload", "build_id": "b-orphan", "env": {}})
+    with app.pool.connection() as conn:
+        assert store.create_build(conn, payload.root)  # the row, and then the process died
+    ticket = request_build(app, "upload", fields, build_id="b-orphan")
+    assert ticket.job_id, "the second request enqueued the job the first never did"
+    again = request_build(app, "upload", fields, build_id="b-orphan")
+    assert (again.job_id, again.deduplicated) == (ticket.job_id, True)

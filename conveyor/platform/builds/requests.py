@@ -83,9 +83,12 @@ def request_build(
         )
     with app.pool.connection() as conn:
         if not store.create_build(conn, request):
-            # Requested before: that request's job and outcome stand.
             existing = store.get_build(conn, request.build_id)
-            return BuildTicket(request.build_id, (existing.job_id if existing else None) or "", True)
+            # Requested before: that request's job and outcome stand, unless the process that made
+            # the row died before its enqueue was recorded; then enqueue now (the job key makes a
+            # job that did reach the broker a no-op).
+            if existing is None or existing.job_id or existing.status != "queued":
+                return BuildTicket(request.build_id, (existing.job_id if existing else None) or "", True)
     # No database connection is held across the enqueue: a broker that is away would keep it for
     # the client's whole timeout and retries, and enough such requests would drain the App's pool.
     try:
