@@ -396,11 +396,24 @@ def get_settings() -> Settings:
 
 
 def env_help() -> list[tuple[str, str]]:
-    """(variable, description) pairs for ``--help``."""
+    """(variable, description) pairs for ``--help``, each description ending with its default when it has one."""
     rows = []
     for name, field in Settings.model_fields.items():
         alias = field.validation_alias
         first = alias.choices[0] if isinstance(alias, AliasChoices) else None
         env = first if isinstance(first, str) else f"CONVEYOR_{name.upper()}"
-        rows.append((env, field.description or ""))
+        text = field.description or ""
+        default = field.get_default(call_default_factory=True)
+        if default not in (None, "", {}, []) and not isinstance(default, SecretStr):
+            text += f" [default: {_plain(default)}]"
+        rows.append((env, text))
     return rows
+
+
+def _plain(value: object) -> str:
+    """A default as one would write it in the environment: ``true``, ``5``, ``0.25``, a path."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from conveyor.api import errors
+from conveyor.api import docs, errors
 from conveyor.api.guard import Guard
 
 if TYPE_CHECKING:
@@ -75,7 +75,15 @@ def create_app(app: "App") -> FastAPI:
     from conveyor.api.dashboard import STATIC_DIR, STATIC_PATH, StaticAssets
     from conveyor.version import __version__
 
-    api = FastAPI(title="conveyor", version=__version__, description=DESCRIPTION, openapi_tags=TAGS)
+    # The docs page is our own (conveyor.api.docs): Swagger UI from the package, under the one CSP.
+    api = FastAPI(
+        title="conveyor",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        docs_url=None,
+        redoc_url=None,
+    )
     api.state.conveyor = app
     #: Paths whose body may be larger than CONVEYOR_API_MAX_BODY_BYTES: {path: bytes}. A router's module
     #: asks for its own with ``body_limits(settings) -> dict[str, int]``, so this module names none of them.
@@ -89,6 +97,7 @@ def create_app(app: "App") -> FastAPI:
             api.state.body_limits.update(limits(app.settings))
     # The dashboard's scripts (and any other static file there): same origin, so CSP script-src 'self' allows them.
     api.mount(STATIC_PATH, StaticAssets(directory=STATIC_DIR), name="admin-static")
+    docs.install(api)
     api.add_middleware(Guard, conveyor=app, body_limits=api.state.body_limits)
 
     @api.exception_handler(RequestValidationError)

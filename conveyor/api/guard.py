@@ -49,16 +49,6 @@ SECURITY_HEADERS = {
     "referrer-policy": "no-referrer",
 }
 
-#: The interactive API docs load Swagger UI / ReDoc from their CDN with an inline
-#: bootstrap script; they show no data, only the schema, and get this policy instead.
-DOCS_CSP = (
-    "default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
-    "font-src https://fonts.gstatic.com; img-src 'self' data: https://fastapi.tiangolo.com "
-    "https://cdn.redoc.ly; worker-src blob:; frame-ancestors 'none'"
-)
-DOCS_PATHS = frozenset({"/docs", "/redoc", "/docs/oauth2-redirect"})
-
 
 def problem(loc: list[Any], msg: str) -> Body:
     """The body of a 4xx about one field."""
@@ -112,12 +102,7 @@ class Guard:
         settings = self.conveyor.settings
         started = False
         path = scope.get("path", "")
-        csp = DOCS_CSP if path in DOCS_PATHS else SECURITY_HEADERS["content-security-policy"]
-        secure = [
-            (name.encode(), value.encode())
-            for name, value in SECURITY_HEADERS.items()
-            if name != "content-security-policy"
-        ] + [(b"content-security-policy", csp.encode())]
+        secure = [(name.encode(), value.encode()) for name, value in SECURITY_HEADERS.items()]
 
         async def send_secured(message: Message) -> None:
             nonlocal started

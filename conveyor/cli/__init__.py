@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from conveyor.errors import ConveyorError
 from conveyor.settings import Settings, env_help, get_settings
+from conveyor.version import __version__
 
 if TYPE_CHECKING:
     #: What each command module's ``register`` adds its subcommands to.
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"conveyor {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)
