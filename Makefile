@@ -7,7 +7,8 @@ PYTEST_ARGS ?=
 
 .PHONY: venv test demo bench soak lint
 
-# The venv is (re)installed only when pyproject.toml is newer than the stamp.
+# The venv is (re)installed only when pyproject.toml is newer than the stamp. `make demo` needs
+# conveyor alone; the test tools (pytest, selenium, linters) come with `make test` or `make venv`.
 venv: $(VENV)/.installed
 
 $(BIN)/python:
@@ -17,6 +18,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $@
 
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e .
+	touch $@
+
 $(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed
 	$(BIN)/python -m pip install -e '.[bench]'
 	touch $@
@@ -24,7 +29,7 @@ $(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-demo: venv
+demo: $(VENV)/.installed-base
 	$(BIN)/conveyor demo
 
 bench: $(VENV)/.installed-bench
