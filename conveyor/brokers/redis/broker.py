@@ -117,6 +117,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self._retries: dict[tuple[str, int], _Retry] = {}  # (job id, delivery) -> its retry, written at its ack
         self._consumed: set[str] = set()
         self._config_warnings: dict[str, str] | None = None
+        #: A queue's consumer and its delay queue's start at once: one of them reads the config and logs.
+        self._config_lock = threading.Lock()
         #: monotonic time a script call that heartbeats (see HEARTBEATS) was sent, of the last that succeeded.
         self._beat_at: float | None = None
 
@@ -463,6 +465,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return list(self.config_warning_reasons().values())
 
     def config_warning_reasons(self) -> dict[str, str]:
+        with self._config_lock:
+            return self._read_config_warnings()
+
+    def _read_config_warnings(self) -> dict[str, str]:
         if self._config_warnings is not None:
             return dict(self._config_warnings)
         try:
