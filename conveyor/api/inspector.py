@@ -129,6 +129,17 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class Where:
+    """Which jobs a bulk action touches: one queue and state, optionally one job type and a minimum age."""
+
+    queue: str
+    state: str
+    job: str | None = None
+    #: Only jobs that entered their state (finished, or were enqueued) at least this many seconds ago.
+    older_than: float | None = None
+
+
+@dataclass(frozen=True)
 class JobPage:
     """One page of a queue's jobs in one state, newest first. ``next_cursor`` is None on the last page."""
 
@@ -293,6 +304,32 @@ class Inspector:
         order = {"alive": 0, "late": 0, "gone": 1}
         views.sort(key=lambda v: (order[v.state], -(v.gone_at or 0), v.host, v.pid))
         return views
+
+    def select(self, where: Where) -> list[JobView]:
+        """Every job ``where`` matches, newest first: what a bulk action would touch, counted before it acts.
+
+        A snapshot: the action then goes job by job and the broker re-checks each one's state, so a job
+        that moved on meanwhile is skipped, never acted on in its new state.
+        """
+        self._check_queue(where.queue)
+        check_state(where.state)
+        cutoff = time.time() - where.older_than if where.older_than is not None else None
+        found: list[JobView] = []
+        seen: set[str] = set()  # a job that moved while we paged may show up twice
+        offset = 0
+        while True:
+            records = self.broker.list_jobs(where.queue, where.state, limit=MAX_PAGE, offset=offset)
+            for record in records:
+                if record.id in seen or (where.job and record.job != where.job):
+                    continue
+                entered = record.finished_at or record.enqueued_at
+                if cutoff is not None and (entered is None or entered > cutoff):
+                    continue
+                seen.add(record.id)
+                found.append(self._view(record))
+            if len(records) < MAX_PAGE:
+                return found
+            offset += len(records)
 
     # -- acting ------------------------------------------------------------------
 

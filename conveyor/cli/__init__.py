@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "conveyor.cli.schedules",
     "conveyor.cli.bench",
     "conveyor.cli.workers",
+    "conveyor.cli.jobs",
     "conveyor.cli.users",
 )
 
