@@ -160,10 +160,15 @@ def test_a_user_sees_and_changes_only_their_own_records(app):
         a, b = client.get(f"/api/builds/{build_id}", headers=bob), client.get("/api/builds/b-none", headers=bob)
         assert a.status_code == b.status_code == 404
         assert client.get(f"/api/builds/{build_id}", headers=ADMIN).status_code == 200
-        foreign = client.post(
+        # Agent ids are each user's own: bob's "agent-alice" is another agent, and no answer tells him hers exists.
+        his = client.post(
             "/api/builds", headers=bob, json={"kind": "rollback", "agent_id": "agent-alice", "target_version": "v1"}
         )
-        assert foreign.status_code == 404 and foreign.json()["detail"] == "no such agent"
+        assert his.status_code == 202, his.text
+        with app.pool.connection() as conn:
+            owners = dict(conn.execute("SELECT owner_id, agent_id FROM builds WHERE agent_id IS NOT NULL").fetchall())
+            agents = dict(conn.execute("SELECT id, owner_id FROM agents").fetchall())
+        assert owners["alice"] != owners["bob"] and agents == {owners["alice"]: "alice", owners["bob"]: "bob"}
         assert (
             client.post(
                 "/api/builds",
