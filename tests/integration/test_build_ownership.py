@@ -78,25 +78,43 @@ def test_two_users_racing_on_a_new_agent_id_never_build_on_each_others_agent(app
     assert set(answers) <= {202, 404}, answers
 
 
-def test_the_store_checks_the_owner_in_the_builds_own_transaction(app):
+#: Every build request's kind, with fields that pass validation (no worker runs them), by target table.
+UPLOAD = "upl_" + "0" * 32
+KINDS = {
+    "upload": ("agent", {"upload_id": UPLOAD}),
+    "update": ("agent", {"upload_id": UPLOAD}),
+    "rollback": ("agent", {"target_version": "v1"}),
+    "standalone_build": ("agent", {"git_url": "https://example.com/a.git"}),
+    "github_clone": ("agent", {"repo_url": "https://example.com/a.git"}),
+    "mcp_upload": ("connector", {"source": {"type": "upload", "upload_id": UPLOAD}}),
+}
+
+
+def cross_owner_builds_of(app: App, table: str) -> list[tuple[str, str, str]]:
+    column = "agent_id" if table == "agent" else "connector_id"
+    with app.pool.connection() as conn:
+        rows = conn.execute(
+            f"SELECT b.id, b.owner_id, t.owner_id FROM builds b JOIN {table}s t ON t.id = b.{column}"
+            " WHERE t.owner_id <> b.owner_id"
+        ).fetchall()
+    return [tuple(row) for row in rows]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_store_checks_the_owner_in_the_builds_own_transaction(app, kind):
     """The same race on ``request_build`` (the CLI's and the admin token's way in, which name raw ids)."""
+    table, fields = KINDS[kind]
     outcomes: Counter[str] = Counter()
     for n in range(ROUNDS):
-        agent = f"raw-{n}"
+        target = {f"{table}_id": f"raw-{kind}-{n}", **fields}
         results = race(
             *(
-                (
-                    lambda owner=owner: request_build(
-                        app, "rollback", {"agent_id": agent, "owner_id": owner, "target_version": "v1"}
-                    )
-                )
+                (lambda owner=owner: request_build(app, kind, {**target, "owner_id": owner}))
                 for owner in ("alice", "bob")
             )
         )
-        assert all(r is not None and (isinstance(r, RecordNotFound) or hasattr(r, "build_id")) for r in results), (
-            results
-        )
-        # One of the two got the agent, the other was told it does not exist.
+        assert all(isinstance(r, RecordNotFound) or hasattr(r, "build_id") for r in results), results
+        # One of the two got the target, the other was told it does not exist.
         outcomes["".join(sorted("won" if hasattr(r, "build_id") else "404" for r in results))] += 1
-    assert cross_owner_builds(app) == []
+    assert cross_owner_builds_of(app, table) == []
     assert outcomes == {"404won": ROUNDS}, outcomes

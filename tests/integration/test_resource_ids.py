@@ -35,8 +35,12 @@ def test_two_users_use_one_resource_id_and_no_answer_tells_one_of_the_others(app
                 assert taken.json() == free.json() == {"detail": "no such resource"}
             else:
                 assert taken.json()["deduplicated"] is free.json()["deduplicated"] is False
-        for who in (alice, bob):
-            wait_for(lambda who=who: client.get("/api/resources/plan", headers=who).json()["indexed"], timeout=30)
+        for who, rid in ((alice, "plan"), (bob, "plan"), (bob, "free")):
+            wait_for(
+                lambda who=who, rid=rid: client.get(f"/api/resources/{rid}", headers=who).json()["indexed"],
+                timeout=30,
+                message="indexed",
+            )
         # Each finds their own text under the one id, and only their own.
         mine = client.get("/api/resources/search", params={"q": "plans"}, headers=alice).json()["results"]
         his = client.get("/api/resources/search", params={"q": "plans"}, headers=bob).json()["results"]
