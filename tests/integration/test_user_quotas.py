@@ -190,3 +190,31 @@ def test_an_open_stream_waits_on_a_wake_up_not_a_poll(broker, redis_url, databas
                 response.close()
     finally:
         app.close()
+
+
+def test_a_run_quota_check_waits_for_another_request_of_that_user_taking_the_last_place(app):
+    """The count and the run's row are one transaction under a per-user lock: a second request that counts
+    while the first has counted but not yet written waits for it, then finds no room."""
+    make_task(app, "t-gus", user_id="gus")
+    gus = user_key(app, "gus")
+    with serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+        for _ in range(2):
+            assert post_run(client, "t-gus", gus).status_code == 202
+        answer: list[httpx.Response] = []
+        with app.pool.connection() as conn, conn.transaction():
+            quotas.check_new_run(conn, "gus", quotas.RunQuota.of(app.settings))  # the last place: counted ...
+            second = threading.Thread(target=lambda: answer.append(post_run(client, "t-gus", gus)))
+            second.start()
+            second.join(1.0)  # ... and the other request, meanwhile, waits (it would have its 202 by now)
+            assert answer == []
+            records.add_message(conn, id="gus-m", task_id="t-gus", role="user", content="q")
+            records.create_run(
+                conn,
+                id="gus-run",
+                task_id="t-gus",
+                job="chat.run",
+                user_message_id="gus-m",
+                assistant_message_id="gus-a",
+            )
+        second.join(30)
+        assert_quota_answer(answer[0], "CONVEYOR_USER_MAX_ACTIVE_RUNS")
