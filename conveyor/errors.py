@@ -220,6 +220,13 @@ class RecordConflict(PlatformError):
     """The record exists with other content, or is in a state that forbids the change."""
 
 
+class QuotaExceeded(PlatformError):
+    """A user is at one of their limits (active runs, open streams, stream data kept): try again later.
+
+    The message names the limit and its setting, never the request's values.
+    """
+
+
 class ProviderError(JobError):
     """The model provider failed in a way a retry may fix (5xx, dropped connection, timeout)."""
 

@@ -234,8 +234,22 @@ class Settings(BaseSettings):
     stream_retention: float = Field(
         24 * 3600, gt=0, description="Seconds a run's streamed chunks are kept in Redis after the last one."
     )
-    stream_poll_interval: float = Field(
-        0.1, gt=0, le=5, description="Seconds between an SSE reader's looks for new chunks."
+    # -- per-user quotas of the producer API (429 past each) ------------------------
+    user_max_active_runs: int = Field(
+        10, ge=1, description="Runs a user may have queued or running at once; one more answers 429."
+    )
+    user_max_streams: int = Field(20, ge=1, description="SSE streams a user may hold open at once (429 past it).")
+    user_max_stream_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="Bytes of streamed text of a user's runs kept (those ended within CONVEYOR_STREAM_RETENTION); "
+        "at or past it, a new run answers 429.",
+    )
+    user_stream_lease: float = Field(
+        60,
+        gt=0,
+        description="Seconds an open stream's place in CONVEYOR_USER_MAX_STREAMS outlives an API process that "
+        "died holding it (renewed every third of it while the stream is open).",
     )
     fault_rate: float = Field(
         0, ge=0, le=1, description="Share of first attempts of platform jobs that fail on purpose (demo/chaos)."

@@ -83,7 +83,7 @@ def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, wo
     second_commit = commit_change(repo, "agent.py", "print('v2')\n")
     reclone = build(app, "update", {"owner_id": "u1", "agent_id": "agent-1", "changelog": "v2 logic"})
     from_dir = build(
-        app, "update", {"owner_id": "u2", "agent_id": "agent-2", "source_dir": str(plain), "new_version": "2.0"}
+        app, "update", {"owner_id": "u1", "agent_id": "agent-2", "source_dir": str(plain), "new_version": "2.0"}
     )
     standalone = build(
         app, "standalone_build", {"owner_id": "u1", "agent_id": "agent-1", "git_url": f"file://{repo}", "ref": "main"}

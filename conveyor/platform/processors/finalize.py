@@ -56,7 +56,7 @@ def finalize_run(payload: RunFinalize, ctx: JobContext) -> dict[str, int] | None
         user_id=task.user_id, task_id=task.id, message_id=reply.id, total_tokens=run.total_tokens or 0
     )
     memory = MemoryExtraction(user_id=task.user_id, task_id=task.id, message_id=reply.id)
-    index = ResourceIndex(resource_id=resource_id, version=version)
+    index = ResourceIndex(resource_id=resource_id, version=version, user_id=task.user_id)
     refs = ctx.app.jobs.enqueue_many(
         [
             JobRequest("credit.consume", charge, key=charge.idempotency_key()),
