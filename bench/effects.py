@@ -15,8 +15,14 @@ effect row in its own transaction (the smallest job with an effect):
 
 Variants take turns for ``--rounds`` rounds, each on a fresh database; the
 median per variant is printed, one JSON line each, with its cost per job
-against ``plain`` (ms and per cent). The machine's other load moves these
-figures by a few per cent: compare within one run.
+against ``plain`` (ms and per cent). ``--work-ms`` gives each job that much
+waiting (a provider call, say) before its effect: the same tools against a
+job that does something. The machine's other load moves these figures:
+compare within one run.
+
+Then the tools alone (``"variant": "micro:…"``), on one connection, per
+call, against the same effect's transaction: the once-guard's insert, the
+completion's update (on rows held ``in_progress``), the fence's read.
 """
 
 from __future__ import annotations
@@ -57,18 +63,29 @@ class Tick(Payload):
     n: int
 
 
+#: Milliseconds each job waits before its effect (--work-ms).
+WORK_MS = 0.0
+
+
 def _effect(conn, ctx: JobContext) -> None:
     conn.execute(INSERT, (ctx.job_id, ctx.delivery))
 
 
+def _work() -> None:
+    if WORK_MS:
+        time.sleep(WORK_MS / 1000)
+
+
 @job("bench.effect.plain", queue=BENCH, payload=Tick)
 def plain(payload: Tick, ctx: JobContext) -> None:
+    _work()
     with ctx.app.pool.connection() as conn, conn.transaction():
         _effect(conn, ctx)
 
 
 @job("bench.effect.once", queue=BENCH, payload=Tick)
 def once(payload: Tick, ctx: JobContext) -> None:
+    _work()
     with ctx.app.pool.connection() as conn, conn.transaction():
         if ctx.once(conn, "effect"):
             _effect(conn, ctx)
@@ -76,12 +93,14 @@ def once(payload: Tick, ctx: JobContext) -> None:
 
 @job("bench.effect.transactional", queue=BENCH, payload=Tick)
 def transactional(payload: Tick, ctx: JobContext) -> None:
+    _work()
     with ctx.transaction() as conn:
         _effect(conn, ctx)
 
 
 @job("bench.effect.check_fence", queue=BENCH, payload=Tick)
 def check_fence(payload: Tick, ctx: JobContext) -> None:
+    _work()
     ctx.check_fence()
     with ctx.app.pool.connection() as conn, conn.transaction():
         _effect(conn, ctx)
@@ -114,12 +133,70 @@ def drain(url: str, variant: str, jobs: int, threads: int) -> float:
         app.close()
 
 
+def micro(url: str, calls: int) -> dict[str, float]:
+    """Milliseconds per call of each tool alone, on one connection, against the effect's own transaction."""
+    from psycopg import connect
+
+    from conveyor.brokers.postgres.jobs import Jobs
+    from conveyor.tasks import steps
+
+    migrate(url)
+    jobs = Jobs(url, "bench")
+    with connect(url, autocommit=True) as conn:
+        conn.execute(EFFECTS)
+        conn.execute(
+            "INSERT INTO conveyor_jobs (id, queue, job, status, delivery, worker_id, message, picked_at) "
+            "SELECT 'j' || i, 'q', 'bench', 'in_progress', 1, 'w', '{}'::jsonb, now() "
+            "FROM generate_series(1, %s) AS i",
+            (calls,),
+        )
+
+        def plain_tx(job_id: str) -> None:
+            with conn.transaction():
+                conn.execute(INSERT, (job_id, 1))
+
+        def once_tx(job_id: str) -> None:
+            with conn.transaction():
+                if steps.record(conn, job_id, "effect", 1):
+                    conn.execute(INSERT, (job_id, 1))
+
+        def complete_tx(job_id: str) -> None:
+            with conn.transaction():
+                conn.execute(INSERT, (job_id, 1))
+                jobs.complete_in(conn, job_id, 1)
+
+        def fence(job_id: str) -> None:
+            jobs.is_current(job_id, 1)
+
+        # Interleaved, call by call, and compared by medians: a commit's fsync varies far more
+        # than what the tools add, and the machine's load drifts.
+        bodies = {"plain": plain_tx, "once": once_tx, "transactional": complete_tx, "check_fence": fence}
+        times: dict[str, list[float]] = {name: [] for name in bodies}
+        for i in range(1, calls + 1):
+            for name, body in bodies.items():
+                started = time.perf_counter()
+                body(f"j{i}")
+                times[name].append((time.perf_counter() - started) * 1000)
+        base = statistics.median(times["plain"])
+        figures = {
+            "once": statistics.median(times["once"]) - base,
+            "transactional": statistics.median(times["transactional"]) - base,
+            "check_fence": statistics.median(times["check_fence"]),
+        }
+    jobs.close()
+    return {"effect_transaction": base, **figures}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work-ms", type=float, default=0.0)
+    parser.add_argument("--micro-calls", type=int, default=2000)
     args = parser.parse_args()
+    global WORK_MS
+    WORK_MS = args.work_ms
 
     from tests.support.servers import PostgresServer
 
@@ -131,6 +208,9 @@ def main() -> int:
                 pg.create_database(db)
                 seconds[variant].append(drain(pg.url(db), variant, args.jobs, args.threads))
                 pg.drop_database(db)
+        db = f"bench_micro_{uuid.uuid4().hex[:6]}"
+        pg.create_database(db)
+        figures = micro(pg.url(db), args.micro_calls)
     base = statistics.median(seconds["plain"]) / args.jobs
     for variant in VARIANTS:
         per_job = statistics.median(seconds[variant]) / args.jobs
@@ -140,6 +220,7 @@ def main() -> int:
                     "variant": variant,
                     "jobs": args.jobs,
                     "threads": args.threads,
+                    "work_ms": args.work_ms,
                     "jobs_per_s": round(1 / per_job),
                     "ms_per_job": round(per_job * 1000, 3),
                     "cost_ms_per_job": round((per_job - base) * 1000, 3),
@@ -149,6 +230,8 @@ def main() -> int:
             ),
             flush=True,
         )
+    for name, ms in figures.items():
+        print(json.dumps({"variant": f"micro:{name}", "calls": args.micro_calls, "ms_per_call": round(ms, 3)}))
     return 0
 
 
