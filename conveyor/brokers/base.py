@@ -277,11 +277,6 @@ class TransactionalCompletion(Protocol):
         ...
 
 
-def completes_in_transaction(broker: ConveyorBroker) -> TypeGuard[TransactionalCompletion]:
-    """True when the broker has ``complete_in`` (its ``transactional_completion``)."""
-    return broker.transactional_completion
-
-
 def is_transactional(broker: ConveyorBroker) -> TypeGuard[TransactionalEnqueue]:
     """True when ``broker.enqueue_jobs`` takes ``connection=`` (its ``transactional_enqueue``)."""
     return broker.transactional_enqueue
