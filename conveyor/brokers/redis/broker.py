@@ -43,7 +43,8 @@ from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
 from conveyor.brokers.redis.replies import text
 from conveyor.brokers.redis.scripts import JOBS
-from conveyor.errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable
+from conveyor.brokers.redis.sending import MaybeSent, SendFailed, call_once
+from conveyor.errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable, EnqueueOutcomeUnknown
 from conveyor.logs import log_error, log_event
 from conveyor.redis_client import client as redis_client
 from conveyor.redis_client import is_unavailable, translated
@@ -110,6 +111,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self.wait_cap = max(0.1, settings.redis_socket_timeout / 2)
         self.keys = Keys(namespace)
         self._jobs = self.client.register_script(JOBS)
+        #: Script calls an enqueue may make: a lost reply's call is repeated (exactly: see _send_enqueue).
+        self.enqueue_attempts = 1 + settings.redis_retries
         self.acks = AckBuffer(self)
         self._lock = threading.Lock()
         self._fetch_locks: dict[str, threading.Lock] = {}
@@ -253,37 +256,71 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return message
 
     def _enqueue_many(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[tuple[Message[Any], JobRef]]:
+        """The whole batch in one script call: all of it is enqueued or none, and the error says which."""
         prepared: list[tuple[Message[Any], EnqueueItem]] = []
+        args: list[Any] = ["enqueue", "", self.broker_id, int(dedup_ttl * _MS), len(items)]
         for item in items:
             message = self._prepare(item.message, item.delay_ms)
             self.emit_before("enqueue", message, item.delay_ms)
             prepared.append((message, item))
-        try:
-            with self.client.pipeline(transaction=False) as pipe:
-                for message, item in prepared:
-                    self._call(
-                        "enqueue",
-                        message.queue_name,
-                        message.options["redis_message_id"],
-                        message.message_id,
-                        message.encode(),
-                        message.actor_name,
-                        item.key or "",
-                        int(dedup_ttl * _MS),
-                        "" if item.delay_ms is None else int(item.delay_ms),
-                        storable(message.options.get("last_error", "")),
-                        client=pipe,
-                    )
-                results = pipe.execute()
-        except redis.RedisError as exc:
-            raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {type(exc).__name__}: {exc}") from exc
+            args += [
+                message.queue_name,
+                message.options["redis_message_id"],
+                message.message_id,
+                message.encode(),
+                message.actor_name,
+                item.key or "",
+                "" if item.delay_ms is None else int(item.delay_ms),
+                storable(message.options.get("last_error", "")),
+            ]
+        results = self._send_enqueue(args, len(items))
         out: list[tuple[Message[Any], JobRef]] = []
-        for (message, item), (job_id, duplicate) in zip(prepared, results):
-            ref = JobRef(text(job_id), bool(duplicate))
+        for i, (message, item) in enumerate(prepared):
+            ref = JobRef(text(results[2 * i]), bool(int(results[2 * i + 1])))
             if not ref.deduplicated:
                 self.emit_after("enqueue", message, item.delay_ms)
             out.append((message, ref))
         return out
+
+    def _send_enqueue(self, args: list[Any], count: int) -> Any:
+        """The enqueue's script call, repeated (up to ``redis_retries`` times) only where that is exact.
+
+        A call that may have reached Redis is repeated as it was: the script
+        finds each job it already wrote by its rid, so a repeat that gets a
+        reply reports the batch exactly, whichever call applied it. A call
+        that cannot have been sent raises BrokerUnavailable; one that may
+        have been applied and was never answered, EnqueueOutcomeUnknown.
+        """
+        maybe: SendFailed | None = None
+        last: SendFailed
+        for attempt in range(self.enqueue_attempts):
+            if attempt:
+                time.sleep(min(2.0, 0.1 * 2 ** (attempt - 1)))
+            try:
+                return call_once(self.client, self._jobs, [self.namespace], args)
+            except SendFailed as exc:
+                last = exc
+                if isinstance(exc, MaybeSent):
+                    maybe = exc
+            except redis.RedisError as exc:
+                # An answer. Refused before any write (OOM, BUSY, LOADING, READONLY: the script writes
+                # nothing before its first write is allowed) is nothing enqueued by this call; anything
+                # else stopped the script part-way, and what it wrote before stays.
+                if maybe is None and (is_unavailable(exc) or isinstance(exc, _REFUSED_BEFORE_WRITING)):
+                    raise BrokerUnavailable(
+                        f"Redis refused the enqueue, nothing was enqueued: {_summary(exc)}"
+                    ) from exc
+                raise EnqueueOutcomeUnknown(
+                    f"Redis answered the enqueue of {count} job(s) with an error ({_summary(exc)}) after "
+                    f"{'an unanswered call' if maybe else 'it had started'}: they may have been enqueued; "
+                    f"enqueue them again only with a key"
+                ) from exc
+        if maybe is not None:
+            raise EnqueueOutcomeUnknown(
+                f"Redis did not answer the enqueue of {count} job(s) ({maybe}): the request reached it or may "
+                f"have, so they may have been enqueued; enqueue them again only with a key"
+            ) from maybe.cause
+        raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {last}") from last.cause
 
     def _stash_retry(self, message: Message[Any], delay: int | None) -> Message[Any]:
         """The Retries middleware's retry of a running delivery. It is written by that delivery's ack, in the
@@ -587,6 +624,17 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 def storable(text: str | None) -> str:
     """Any error text as valid UTF-8 (a lone surrogate would make the script call fail); NUL is fine in Redis."""
     return (text or "").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+#: Error replies of a script refused at its first write, before it changed anything (redis-py names them
+#: by class: OOM, READONLY; a LOADING reply is a BusyLoadingError, which is_unavailable counts already).
+_REFUSED_BEFORE_WRITING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+
+
+def _summary(exc: BaseException) -> str:
+    """redis-py's error, first line only (a pipeline's or a script's text names the whole command)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def _fresh(message: Message[Any]) -> Message[Any]:

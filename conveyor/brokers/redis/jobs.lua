@@ -237,34 +237,32 @@ local function ack_buffered(first)
     return refused
 end
 
--- enqueue(rid, id, data, job, key, dedup_ttl_ms, delay_ms, error)
--- Returns {id, deduplicated}. With a key, the key is taken and the
--- message pushed in one step; a key whose job record is gone is free again.
-if command == "enqueue" then
-    local rid, id, data, job, key = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-    local dedup_ttl, delay, err = ARGV[9], ARGV[10], ARGV[11]
+-- One job of an enqueue: returns its id and 1 when a live job held its key
+-- (nothing written), else 0. With a key, the key is taken and the message
+-- pushed in one step; a key whose job record is gone is free again.
+local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err)
     -- A deleted job's message may still come back: drop it. A call repeated
     -- after a lost reply (same rid) must not push the message twice.
-    if redis.call("exists", ns .. ":deleted:" .. id) == 1 or redis.call("hexists", queue.msgs, rid) == 1
+    if redis.call("exists", ns .. ":deleted:" .. id) == 1 or redis.call("hexists", q.msgs, rid) == 1
             or redis.call("hget", job_key(id), "rid") == rid then
-        return {id, 0}
+        return id, 0
     end
     if key ~= "" then
         local dedup_key = ns .. ":dedup:" .. key
         local holder = redis.call("get", dedup_key)
         if holder and redis.call("exists", job_key(holder)) == 1 then
-            return {holder, 1}
+            return holder, 1
         end
         redis.call("set", dedup_key, id, "PX", dedup_ttl)
     end
-    redis.call("hset", queue.msgs, rid, data)
-    redis.call("rpush", queue.list, rid)
-    wake(queue)
+    redis.call("hset", q.msgs, rid, data)
+    redis.call("rpush", q.list, rid)
+    wake(q)
     local record = job_key(id)
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
     redis.call("hsetnx", record, "delivery", 0)
-    redis.call("hset", record, "queue", queue.canonical, "job", job, "rid", rid, "payload", data)
+    redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "payload", data)
     if key ~= "" then
         redis.call("hset", record, "key", key)
     end
@@ -272,13 +270,32 @@ if command == "enqueue" then
         redis.call("hset", record, "error", err)
     end
     redis.call("persist", record)
-    if queue.delay then
+    if q.delay then
         -- Due on the server's clock; each worker holding it waits out what is left on its own.
-        set_state(queue, id, "delayed", {"eta", now + (tonumber(delay) or 0)})
+        set_state(q, id, "delayed", {"eta", now + (tonumber(delay) or 0)})
     else
-        set_state(queue, id, "waiting")
+        set_state(q, id, "waiting")
     end
-    return {id, 0}
+    return id, 0
+end
+
+-- enqueue(dedup_ttl_ms, n, then n times: queue, rid, id, data, job, key,
+-- delay_ms, error) -> {id, deduplicated, ...}, one pair per job in order.
+-- A whole batch is one script call, so it is all or nothing: Redis runs a
+-- script alone, and refuses one over maxmemory (OOM) at its first write,
+-- never after it (a script that has written runs to its end). Repeated
+-- after a lost reply, every job is found by its rid and nothing doubles.
+if command == "enqueue" then
+    local dedup_ttl, count = ARGV[4], tonumber(ARGV[5])
+    local out = {}
+    for i = 0, count - 1 do
+        local b = 6 + 8 * i
+        local id, duplicate = enqueue_one(Q(ARGV[b]), ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
+                                          ARGV[b + 5], dedup_ttl, ARGV[b + 6], ARGV[b + 7])
+        out[#out + 1] = id
+        out[#out + 1] = duplicate
+    end
+    return out
 
 -- fetch(count) -> {rid, data, delivery, note, wait_ms, ...}; nothing from a paused
 -- queue. Each message handed out is a new delivery; a job fetched from
