@@ -584,3 +584,30 @@ def test_a_batch_enqueue_at_maxmemory_is_all_or_nothing(make_app, client):
         assert 0 in outcomes, "the memory limit was never reached: the test proved nothing"
     finally:
         client.config_set("maxmemory", 0)
+
+
+# -- a message the worker cannot decode -----------------------------------------------
+
+
+def test_a_truncated_message_fails_its_job_with_a_clear_error_and_its_hook_runs(make_app, client, database_url):
+    app = make_app()
+    ns = app.settings.redis_namespace
+    bad = app.jobs.enqueue(JOB, {"token": "truncated"})
+    rid = client.hget(f"{ns}:job:{bad.id}", "rid")
+    data = client.hget(f"{ns}:{QUEUE}.msgs", rid)
+    end_of_id = data.index(b'"message_id":"') + len(b'"message_id":"') + len(bad.id) + 1
+    client.hset(f"{ns}:{QUEUE}.msgs", rid, data[: end_of_id + 12])  # the id is readable, the body is cut
+    with running(app, QUEUE):
+        good = app.jobs.enqueue(JOB, {"token": "after-truncated"})
+        wait_for(lambda: app.broker.get_job(good.id).state == "completed", message="the good job")
+        record = wait_for(
+            lambda: (r := app.broker.get_job(bad.id)) and r.state == "failed" and r, message="the truncated job to fail"
+        )
+        wait_for(lambda: probe_dead(database_url), message="the final-failure hook")
+    assert record.error.startswith("MalformedMessage: the stored message cannot be decoded")
+    assert [(d["job_id"], d["token"]) for d in probe_dead(database_url)] == [(bad.id, None)]
+    counts = app.broker.queue_counts(QUEUE)
+    assert (counts.active, counts.failed, counts.completed_total, counts.failed_total) == (0, 1, 1, 1)
+    assert client.zscore(f"{ns}:{QUEUE}.XQ", rid) is not None, "the message is kept in the dead letters"
+    assert not _acks_members(client, ns)
+    assert len(probe_runs(database_url, "truncated")) == 0

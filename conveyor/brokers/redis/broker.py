@@ -32,11 +32,13 @@ from conveyor.brokers.base import (
     AnyMessage,
     ConveyorBroker,
     EnqueueItem,
+    FinalFailure,
     JobRecord,
     JobRef,
     QueueCounts,
     check_state,
     log_delivery_error,
+    malformed_error,
 )
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
@@ -90,6 +92,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         heartbeat_timeout: float,
         retention: float,
         settings: Settings,
+        on_dead: FinalFailure | None = None,
     ) -> None:
         # The pool is built here, from the settings: Dramatiq's from_url(url) would drop every option.
         client = redis_client(url, settings)
@@ -110,6 +113,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         #: An idle consumer's BLPOP never outlasts half the socket timeout (or it would read as a timeout).
         self.wait_cap = max(0.1, settings.redis_socket_timeout / 2)
         self.keys = Keys(namespace)
+        #: Runs the final-failure hook of a job the broker itself fails (an undecodable message), as on Postgres.
+        self._on_dead = on_dead
         self._jobs = self.client.register_script(JOBS)
         #: Script calls an enqueue may make: a lost reply's call is repeated (exactly: see _send_enqueue).
         self.enqueue_attempts = 1 + settings.redis_retries
@@ -421,6 +426,37 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if claimed == -1:
             self._refused("final-failure claim", q_name(message.queue_name), message.message_id)
         return claimed == 1
+
+    def fail_malformed(self, name: str, rid: str, delivery: int, exc: Exception) -> None:
+        """A fetched message that cannot be decoded goes to the dead letters; its job, if its id could be
+        read, fails with it (counted once) and its final-failure hook runs with no payload, as on Postgres."""
+        error = malformed_error(exc)
+        claimed, job_id, job = self._call("poison", name, rid, delivery, self.retention_ms, storable(error))
+        self._settle(name, [(rid, delivery)])
+        queue = q_name(name)
+        if not job_id:
+            log_error(f"malformed message {rid} moved to the dead letters: {error}", level="error", queue=queue)
+            return
+        job_id, job = text(job_id), text(job)
+        log_event("failed", level="error", queue=queue, job=job or None, job_id=job_id, attempt=None, error=error)
+        if int(claimed) != 1 or self._on_dead is None:
+            return
+        # The hook gets no payload: the message is the one thing that could not be read.
+        message: Message[Any] = Message(
+            queue_name=queue, actor_name=job, args=(), kwargs={}, options={"attempt": 0}, message_id=job_id
+        )
+        try:
+            self._on_dead(self, message, error)
+        except Exception as hook_error:
+            log_event(
+                "error",
+                level="error",
+                queue=queue,
+                job=job or None,
+                job_id=job_id,
+                attempt=0,
+                error=f"final-failure handling raised {type(hook_error).__name__}: {hook_error}",
+            )
 
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
         done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)

@@ -494,17 +494,44 @@ elseif command == "claim_final" then
     -- The same claim repeated after a lost reply is still this delivery's.
     return redis.call("hget", job_key(id), "final_failure") == delivery and 1 or 0
 
--- poison(rid): a message that cannot even be decoded goes to the dead
--- letters alone; the consumer carries on with the rest.
+-- poison(rid, delivery, retention_ms, error) -> {claimed, id, job}: a
+-- message the worker cannot decode goes to the dead letters alone; the
+-- consumer carries on with the rest. When its job id could be read (the
+-- fetch then handed it out as a delivery) and that delivery is current,
+-- its job fails in the same step, as on Postgres (fail_malformed): state
+-- failed with the error, counted once, and claimed = 1 when this call took
+-- the final-failure claim (again when the same call is repeated), so the
+-- worker runs the job's hook. job is the record's job name ("" if none).
 elseif command == "poison" then
-    local rid = ARGV[4]
-    redis.call("srem", acks_key(worker, queue), rid)
+    local rid, delivery, retention, err = ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7]
+    local held = redis.call("srem", acks_key(worker, queue), rid)
     local data = redis.call("hget", queue.msgs, rid)
     if data then
         dead_letter(queue, rid, data)
     end
-    redis.call("hincrby", queue.totals, "failed", 1)
-    return 1
+    local id = nil
+    if delivery ~= "0" then
+        id = message_id(data or redis.call("hget", queue.xmsgs, rid) or "")
+    end
+    if not id or fence(id, rid, delivery) ~= 1 then
+        if data and held == 1 then
+            redis.call("hincrby", queue.totals, "failed", 1)
+        end
+        return {0, id or "", ""}
+    end
+    local record = job_key(id)
+    if redis.call("hget", record, "state") ~= "failed" then
+        set_state(queue, id, "failed", {"finished_at", now, "error", err})
+        redis.call("hdel", record, "worker")
+        redis.call("pexpire", record, retention)
+        redis.call("hincrby", queue.totals, "failed", 1)
+    end
+    local claimed = 0
+    if redis.call("hsetnx", record, "final_failure", delivery) == 1
+            or redis.call("hget", record, "final_failure") == delivery then
+        claimed = 1
+    end
+    return {claimed, id, redis.call("hget", record, "job") or ""}
 
 -- requeue(rid, delivery, ...) -> ids handed back: messages this worker
 -- holds and will not run (prefetched, or its start could not be written).
