@@ -519,8 +519,10 @@ def proxy(redis_at):
 
 
 def _waiting(client: redis.Redis, ns: str = "conveyor") -> int:
-    """Jobs waiting in QUEUE, read straight from Redis (not through the proxy)."""
-    return client.zcard(f"{ns}:idx:{QUEUE}:waiting")
+    """Jobs waiting in QUEUE, read straight from Redis (not through the proxy); as many messages wait."""
+    jobs, messages = client.zcard(f"{ns}:idx:{QUEUE}:waiting"), client.llen(f"{ns}:{QUEUE}")
+    assert messages == jobs, f"{messages} messages wait for {jobs} jobs: a job was pushed twice"
+    return jobs
 
 
 def test_an_enqueue_whose_reply_is_lost_is_reported_as_unknown_not_as_nothing_enqueued(make_app, proxy, client):
