@@ -554,6 +554,27 @@ def test_an_enqueue_whose_first_reply_is_lost_is_repeated_and_counted_once(make_
     assert _waiting(client) == 6, "the repeat of an applied batch enqueued it again"
 
 
+def test_an_enqueue_repeated_after_its_job_ran_and_was_retried_does_not_run_it_again(make_app, client):
+    """The repeat of an applied enqueue may land seconds later (after a socket timeout): by then the job may
+    have run, failed and been retried as a new message. The repeat must still find it, not push it again."""
+    app = make_app()
+    ns = app.settings.redis_namespace
+    ref = app.jobs.enqueue(JOB, {"token": "repeat-after-retry"})
+    rid, data = (v.decode() for v in client.hmget(f"{ns}:job:{ref.id}", "rid", "payload"))
+    consumer = app.broker.consume(QUEUE, prefetch=1, timeout=100)
+    delivered = _next_message(consumer)
+    assert app.broker.start_job(delivered) == 1
+    app.broker.enqueue(delivered.copy(options={"last_error": "failed once"}))  # the retry, written by the ack
+    consumer.ack(delivered)
+    retried = client.hget(f"{ns}:job:{ref.id}", "rid").decode()
+    assert retried != rid
+    # The first enqueue's script call again, exactly as it was sent (its reply was lost).
+    reply = app.broker._call("enqueue", "", 60_000, 1, QUEUE, rid, ref.id, data, JOB, "", "", "")
+    assert [x.decode() if isinstance(x, bytes) else x for x in reply] == [ref.id, 0]
+    assert client.lrange(f"{ns}:{QUEUE}", 0, -1) == [retried.encode()], "the repeat pushed the job again"
+    assert client.hget(f"{ns}:job:{ref.id}", "rid").decode() == retried, "the repeat superseded the retry"
+
+
 def test_a_refused_connection_reports_nothing_enqueued(make_app, proxy, client):
     app = make_app(redis_url=proxy.url(), redis_socket_timeout=0.5, redis_connect_timeout=0.5, redis_retries=1)
     proxy.close()  # nothing listens on the proxy's port: no request can reach Redis

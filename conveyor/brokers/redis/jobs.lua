@@ -13,7 +13,7 @@
 -- conveyor adds job records (one per job id, surviving retries):
 --   $ns:job:$id           hash: queue job state rid delivery attempts key
 --                         payload enqueued_at started_at finished_at error
---                         eta worker final_failure updated_at
+--                         eta worker final_failure updated_at enqueued_rid
 --   $ns:idx:$queue:$state zset of job ids by when they entered the state
 --   $ns:totals:$queue     hash completed / failed, never reset
 --   $ns:dedup:$key        job id that holds the key, with a TTL
@@ -242,9 +242,12 @@ end
 -- pushed in one step; a key whose job record is gone is free again.
 local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err)
     -- A deleted job's message may still come back: drop it. A call repeated
-    -- after a lost reply (same rid) must not push the message twice.
-    if redis.call("exists", ns .. ":deleted:" .. id) == 1 or redis.call("hexists", q.msgs, rid) == 1
-            or redis.call("hget", job_key(id), "rid") == rid then
+    -- after a lost reply (same rid) must not push the message twice, even
+    -- if the job ran and was retried as a new message meanwhile (its record
+    -- keeps the rid it was enqueued with).
+    local seen = redis.call("hmget", job_key(id), "rid", "enqueued_rid")
+    if seen[1] == rid or seen[2] == rid or redis.call("hexists", q.msgs, rid) == 1
+            or redis.call("exists", ns .. ":deleted:" .. id) == 1 then
         return id, 0
     end
     if key ~= "" then
@@ -262,7 +265,7 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err)
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
     redis.call("hsetnx", record, "delivery", 0)
-    redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "payload", data)
+    redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "enqueued_rid", rid, "payload", data)
     if key ~= "" then
         redis.call("hset", record, "key", key)
     end
