@@ -315,10 +315,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     raise BrokerUnavailable(
                         f"Redis refused the enqueue, nothing was enqueued: {_summary(exc)}"
                     ) from exc
+                why = "an earlier call was never answered" if maybe else "the script may have stopped part-way"
                 raise EnqueueOutcomeUnknown(
-                    f"Redis answered the enqueue of {count} job(s) with an error ({_summary(exc)}) after "
-                    f"{'an unanswered call' if maybe else 'it had started'}: they may have been enqueued; "
-                    f"enqueue them again only with a key"
+                    f"Redis answered the enqueue of {count} job(s) with an error ({_summary(exc)}) and {why}: "
+                    f"they may have been enqueued; enqueue them again only with a key"
                 ) from exc
         if maybe is not None:
             raise EnqueueOutcomeUnknown(
