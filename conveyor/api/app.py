@@ -45,8 +45,10 @@ DESCRIPTION = """conveyor's HTTP API. Who may call what:
   when no admin token is configured. No user key opens them.
 - **`/metrics`**: open, as Prometheus scrapes it; it holds counts and names only.
 
-Bad input answers 4xx with `{"detail": [{"loc", "msg"}]}`, naming the field, never echoing its value;
-a body over `CONVEYOR_API_MAX_BODY_BYTES` answers 413 (an upload: over `CONVEYOR_UPLOAD_MAX_BYTES`).
+Bad input answers 4xx with `{"detail": [{"loc", "msg"}]}`, naming the field, never echoing its value.
+A request with a body must carry a live credential (a user's key or the admin token), checked before
+the body is read (401). A body over `CONVEYOR_API_MAX_JSON_BYTES` answers 413 (a resource's text: over
+`CONVEYOR_API_MAX_BODY_BYTES`; an upload's multipart form: over `CONVEYOR_UPLOAD_MAX_BYTES`).
 """
 
 
@@ -80,6 +82,9 @@ def create_app(app: "App") -> FastAPI:
     #: Paths whose body may be larger than CONVEYOR_API_MAX_BODY_BYTES: {path: bytes}. A router's module
     #: asks for its own with ``body_limits(settings) -> dict[str, int]``, so this module names none of them.
     api.state.body_limits = {}
+    #: Path prefixes of routes whose JSON body may be a long text (up to CONVEYOR_API_MAX_BODY_BYTES, not
+    #: CONVEYOR_API_MAX_JSON_BYTES): a router's module lists them as ``LONG_TEXT_PREFIXES``.
+    long_text_prefixes: list[str] = []
     for spec in ROUTERS:
         module_name, _, attribute = spec.partition(":")
         module = importlib.import_module(module_name)
@@ -87,9 +92,12 @@ def create_app(app: "App") -> FastAPI:
         limits = getattr(module, "body_limits", None)
         if limits is not None:
             api.state.body_limits.update(limits(app.settings))
+        long_text_prefixes.extend(getattr(module, "LONG_TEXT_PREFIXES", ()))
     # The dashboard's scripts (and any other static file there): same origin, so CSP script-src 'self' allows them.
     api.mount(STATIC_PATH, StaticAssets(directory=STATIC_DIR), name="admin-static")
-    api.add_middleware(Guard, conveyor=app, body_limits=api.state.body_limits)
+    api.add_middleware(
+        Guard, conveyor=app, body_limits=api.state.body_limits, long_text_prefixes=tuple(long_text_prefixes)
+    )
 
     @api.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -2,12 +2,23 @@
 
 :class:`Guard` is pure ASGI, outermost of conveyor's middleware:
 
-- a request body larger than ``CONVEYOR_API_MAX_BODY_BYTES`` answers 413,
-  whether it declares its length or streams it (a multipart upload is
-  counted as it streams and never buffered here);
+- a request that carries a body must carry credentials first: a live user
+  key, the admin token or a live dashboard session, checked before one byte
+  of the body is read (401 otherwise); only the dashboard's sign-in and
+  sign-out forms take a body from anyone (:data:`ANONYMOUS_BODY_PATHS`).
+  So no anonymous request makes the API hold more than a small body;
+- a body is capped by what it is and where it goes, whether it declares its
+  length or streams it (413 above): a multipart body on the upload route at
+  the upload's cap (counted as it streams, never buffered here); a JSON body
+  on a route that takes a long text (a resource's) at
+  ``CONVEYOR_API_MAX_BODY_BYTES``; every other body at
+  ``CONVEYOR_API_MAX_JSON_BYTES``;
 - a NUL character in the path, the query or a JSON body answers 400
-  (Postgres refuses NUL in text, which used to surface as a 500), and a
-  JSON body nested deeper than ``CONVEYOR_API_MAX_JSON_DEPTH`` answers 400;
+  (Postgres refuses NUL in text, which used to surface as a 500), as does a
+  JSON body nested deeper than ``CONVEYOR_API_MAX_JSON_DEPTH`` or holding
+  more than ``CONVEYOR_API_MAX_JSON_ITEMS`` values: judged on the bytes by
+  :func:`conveyor.jsonchecks.scan_json_bytes`, never parsed here, off the
+  event loop when the body is not small;
 - every response carries the security headers (:data:`SECURITY_HEADERS`,
   a Content Security Policy that allows only this origin's scripts);
 - an exception no route handled is logged with a fresh error id (its text
@@ -27,9 +38,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
+import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.jsonchecks import holds_nul, json_depth_exceeds
+from conveyor.api.auth import authenticated
+from conveyor.jsonchecks import scan_json_bytes
 from conveyor.logs import log_event
 from conveyor.redaction import scrub, settings_secrets
 
@@ -59,6 +72,12 @@ DOCS_CSP = (
 )
 DOCS_PATHS = frozenset({"/docs", "/redoc", "/docs/oauth2-redirect"})
 
+#: The only routes that read a body from a caller with no credentials: the dashboard's sign-in form (which
+#: is how credentials are got) and its sign-out form (an expired session must still be able to leave).
+ANONYMOUS_BODY_PATHS = frozenset({"/admin/login", "/admin/logout"})
+BODY_NEEDS_CREDENTIALS = "a request with a body needs a valid API key or admin token (Authorization: Bearer ...)"
+WWW_AUTHENTICATE = (b"www-authenticate", b"Bearer")
+
 
 def problem(loc: list[Any], msg: str) -> Body:
     """The body of a 4xx about one field."""
@@ -74,36 +93,46 @@ def _json_response(status: int, body: Body, extra: Sequence[tuple[bytes, bytes]]
     )
 
 
-def check_json(body: bytes, max_depth: int) -> Body | None:
-    """The 400 body for a JSON body with NULs or too deep, else None (malformed JSON is the route's to refuse)."""
-    lowered = body.lower()
-    deep_possible = body.count(b"[") + body.count(b"{") > max_depth
-    nul_possible = b"\\u0000" in lowered or b"\x00" in body
-    if not (deep_possible or nul_possible):
-        return None  # the common case: nothing to parse here
-    try:
-        value = json.loads(body)
-    except RecursionError:
-        return problem(["body"], f"nested deeper than {max_depth} levels")
-    except ValueError:
-        if b"\x00" in body:
-            return problem(["body"], "NUL characters are not allowed")
-        return None
-    if deep_possible and json_depth_exceeds(value, max_depth):
-        return problem(["body"], f"nested deeper than {max_depth} levels")
-    if nul_possible and holds_nul(value):
-        return problem(["body"], "NUL characters are not allowed")
-    return None
+def check_json(body: bytes, max_depth: int, max_items: int) -> Body | None:
+    """The 400 body for a JSON body with NULs, too deep or too many values, else None (malformed JSON is the
+    route's to refuse)."""
+    problem_text = scan_json_bytes(body, max_depth, max_items)
+    return None if problem_text is None else problem(["body"], problem_text)
+
+
+#: Bodies up to this size are scanned in the event loop (well under a millisecond); larger ones in a thread.
+INLINE_SCAN_BYTES = 64 * 1024
+
+#: Media types whose body is a form, not JSON; every other body (none named included: FastAPI parses
+#: that as JSON) is checked as JSON.
+FORM_TYPES = (b"multipart/form-data", b"application/x-www-form-urlencoded")
 
 
 class Guard:
     """The ASGI middleware described in the module docstring."""
 
-    def __init__(self, app: ASGIApp, *, conveyor: App, body_limits: dict[str, int]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        conveyor: App,
+        body_limits: dict[str, int],
+        long_text_prefixes: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
         self.conveyor = conveyor
-        #: Paths allowed a body larger than the setting (an upload route sets its own cap here).
+        #: Upload routes: {path: cap of a multipart body}; any other body there has the JSON cap.
         self.body_limits = body_limits
+        #: Path prefixes of routes whose JSON body may be a long text (CONVEYOR_API_MAX_BODY_BYTES).
+        self.long_text_prefixes = long_text_prefixes
+
+    def _limit(self, path: str, content_type: bytes) -> int:
+        settings = self.conveyor.settings
+        if content_type == b"multipart/form-data" and path in self.body_limits:
+            return self.body_limits[path]
+        if content_type not in FORM_TYPES and path.startswith(self.long_text_prefixes):
+            return max(settings.api_max_body_bytes, settings.api_max_json_bytes)
+        return settings.api_max_json_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -139,19 +168,27 @@ class Guard:
         if refusal is not None:
             await answer(400, refusal)
             return
-        limit = self.body_limits.get(path, settings.api_max_body_bytes)
         headers = dict(scope.get("headers") or [])
+        content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        limit = self._limit(path, content_type)
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await answer(413, problem(["body"], f"larger than {limit} bytes"))
             return
-        content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        if content_type == b"application/json" or content_type.endswith(b"+json"):
+        has_body = (declared is not None and declared != b"0") or b"transfer-encoding" in headers
+        if has_body and path not in ANONYMOUS_BODY_PATHS and not await authenticated(scope, self.conveyor):
+            await answer(401, problem(["header", "authorization"], BODY_NEEDS_CREDENTIALS), [WWW_AUTHENTICATE])
+            return
+        if has_body and content_type not in FORM_TYPES:
             body, too_large = await self._read(receive, limit)
             if too_large:
                 await answer(413, problem(["body"], f"larger than {limit} bytes"))
                 return
-            refusal = check_json(body, settings.api_max_json_depth)
+            max_depth, max_items = settings.api_max_json_depth, settings.api_max_json_items
+            if len(body) <= INLINE_SCAN_BYTES:
+                refusal = check_json(body, max_depth, max_items)
+            else:
+                refusal = await anyio.to_thread.run_sync(check_json, body, max_depth, max_items)
             if refusal is not None:
                 await answer(400, refusal)
                 return
