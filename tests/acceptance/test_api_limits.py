@@ -160,3 +160,26 @@ def test_a_100_mib_json_body_costs_the_api_little_and_stalls_no_one(clean_env, t
         expected = {"anonymous, declared": "413", "anonymous, chunked": "401", "a user's key, chunked": "413"}
         assert all(statuses[what] in (status, "reset") for what, status in expected.items()), statuses
 
+
+def _sign_in(client: httpx.Client, token: str, claimed: str) -> int:
+    form = {"token": token, "next": "/admin/queues"}
+    return client.post("/admin/login", data=form, headers={"X-Forwarded-For": claimed}).status_code
+
+
+def test_sign_in_believes_forwarded_for_only_from_trusted_proxies_and_never_refuses_the_right_token(
+    clean_env, tmp_path, database_url, redis_url
+):
+    # No proxy trusted (the default): a claimed address is ignored, every guess counts against the peer.
+    with conveyor_api(clean_env, tmp_path, database_url, redis_url) as (base, _):
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert [_sign_in(client, "wrong-guess-000", f"10.0.0.{n}") for n in range(1, 6)] == [401] * 5
+            assert _sign_in(client, "wrong-guess-000", "10.9.9.9") == 429  # a fresh claim is no way around
+            assert _sign_in(client, TOKEN, "10.0.0.1") == 303  # the right token is never locked out
+            assert _sign_in(client, TOKEN, "127.0.0.1") == 303
+    # The proxy on loopback trusted: its forwarded address is the client; one client's guesses are its own.
+    with conveyor_api(clean_env, tmp_path, database_url, redis_url, CONVEYOR_TRUSTED_PROXIES="127.0.0.1") as (base, _):
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert [_sign_in(client, "wrong-guess-000", "10.1.0.1") for _ in range(5)] == [401] * 5
+            assert _sign_in(client, "wrong-guess-000", "10.1.0.1") == 429
+            assert _sign_in(client, "wrong-guess-000", "10.1.0.2") == 401
+            assert _sign_in(client, TOKEN, "10.1.0.1") == 303
