@@ -12,8 +12,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import psutil
@@ -22,9 +20,8 @@ import pytest
 from conveyor import access
 from conveyor.app import App
 from conveyor.settings import Settings
-from tests.support.obs_support import TOKEN, CliProcess, cli_env
-from tests.support.servers import free_port
-from tests.support.waiting import wait_for
+from tests.support.api_process import conveyor_api
+from tests.support.obs_support import TOKEN
 
 MiB = 1024 * 1024
 #: The flood: a JSON array of 100 MiB of empty objects (json.loads makes ~35 million dicts of it).
@@ -34,38 +31,6 @@ MAX_GROWTH = 200 * MiB
 #: Longest wait of a GET /metrics sent while the flood arrives (before: 5 s); generous for 2 shared cores.
 MAX_METRICS_SECONDS = 3.0
 UPLOAD_PATH = "/api/agents/upload-and-deploy"
-
-
-@contextmanager
-def conveyor_api(clean_env, tmp_path, database_url: str, redis_url: str, **variables: str) -> Iterator[tuple]:
-    """``conveyor api`` on a free port; yields (base URL, psutil.Process)."""
-    port = free_port()
-    env = cli_env(
-        clean_env,
-        DATABASE_URL=database_url,
-        REDIS_URL=redis_url,
-        CONVEYOR_BROKER="redis",
-        CONVEYOR_ADMIN_TOKEN=TOKEN,
-        CONVEYOR_API_HOST="127.0.0.1",
-        CONVEYOR_API_PORT=str(port),
-        CONVEYOR_DATA_DIR=str(tmp_path / "data"),
-        **variables,
-    )
-    process = CliProcess(["api"], env, tmp_path / "api.log")
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{base}/metrics", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(up, timeout=60, message="conveyor api to answer")
-        yield base, psutil.Process(process.process.pid)
-    finally:
-        code = process.stop()
-        assert code == 0, process.output()[-3000:]
 
 
 def _flood(port: int, headers: dict[str, str], chunked: bool) -> bytes:
