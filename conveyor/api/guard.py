@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
@@ -42,6 +42,8 @@ import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.api.auth import authenticated
+from conveyor.api.errors import detail_for, status_for
+from conveyor.errors import ConveyorError
 from conveyor.jsonchecks import scan_json_bytes
 from conveyor.logs import log_event
 from conveyor.redaction import scrub, settings_secrets
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
 
 #: A JSON body as this module builds it.
 Body = dict[str, Any]
+#: How the Guard answers a request itself: status, body, extra headers.
+Answer = Callable[[int, Body, Sequence[tuple[bytes, bytes]]], Awaitable[None]]
 
 #: Headers every response carries.
 SECURITY_HEADERS = {
@@ -176,14 +180,18 @@ class Guard:
             await answer(413, problem(["body"], f"larger than {limit} bytes"))
             return
         has_body = (declared is not None and declared != b"0") or b"transfer-encoding" in headers
-        if has_body and path not in ANONYMOUS_BODY_PATHS and not await authenticated(scope, self.conveyor):
-            await answer(401, problem(["header", "authorization"], BODY_NEEDS_CREDENTIALS), [WWW_AUTHENTICATE])
-            return
-        if has_body and content_type not in FORM_TYPES:
+
+        async def admitted() -> Receive | None:
+            """The body's receive once it may reach the route, else None (refused: answered here)."""
+            if has_body and path not in ANONYMOUS_BODY_PATHS and not await authenticated(scope, self.conveyor):
+                await answer(401, problem(["header", "authorization"], BODY_NEEDS_CREDENTIALS), [WWW_AUTHENTICATE])
+                return None
+            if not has_body or content_type in FORM_TYPES:
+                return _capped(receive, limit)
             body, too_large = await self._read(receive, limit)
             if too_large:
                 await answer(413, problem(["body"], f"larger than {limit} bytes"))
-                return
+                return None
             max_depth, max_items = settings.api_max_json_depth, settings.api_max_json_items
             if len(body) <= INLINE_SCAN_BYTES:
                 refusal = check_json(body, max_depth, max_items)
@@ -191,35 +199,45 @@ class Guard:
                 refusal = await anyio.to_thread.run_sync(check_json, body, max_depth, max_items)
             if refusal is not None:
                 await answer(400, refusal)
-                return
-            receive = _replay(body, receive)
-        else:
-            receive = _capped(receive, limit)
+                return None
+            return _replay(body, receive)
+
         try:
-            await self.app(scope, receive, send_secured)
+            body_receive = await admitted()  # the credential check may find the database away: 503 below
+            if body_receive is not None:
+                await self.app(scope, body_receive, send_secured)
         except _BodyTooLarge:
             if not started:
                 await answer(413, problem(["body"], f"larger than {limit} bytes"))
+        except ConveyorError as exc:
+            if status_for(exc) == 500:
+                await self._fail(exc, scope, answer, started)
+            elif not started:
+                await answer(status_for(exc), {"detail": detail_for(exc)})
         except Exception as exc:
-            error_id = uuid.uuid4().hex[:16]
-            secrets = settings_secrets(settings)
-            log_event(
-                "api_error",
-                level="error",
-                queue=None,
-                job=None,
-                job_id=None,
-                attempt=None,
-                error_id=error_id,
-                method=scope.get("method"),
-                route=path[:200],
-                error=(scrub(f"{type(exc).__name__}: {exc}", secrets) or "")[:2000],
-                trace=(scrub("".join(traceback.format_exception(exc)), secrets) or "")[-8000:],
+            await self._fail(exc, scope, answer, started)
+
+    async def _fail(self, exc: BaseException, scope: Scope, answer: Answer, started: bool) -> None:
+        """Log an error no route handled under a fresh id; the client gets the id only (500)."""
+        error_id = uuid.uuid4().hex[:16]
+        secrets = settings_secrets(self.conveyor.settings)
+        log_event(
+            "api_error",
+            level="error",
+            queue=None,
+            job=None,
+            job_id=None,
+            attempt=None,
+            error_id=error_id,
+            method=scope.get("method"),
+            route=scope.get("path", "")[:200],
+            error=(scrub(f"{type(exc).__name__}: {exc}", secrets) or "")[:2000],
+            trace=(scrub("".join(traceback.format_exception(exc)), secrets) or "")[-8000:],
+        )
+        if not started:
+            await answer(
+                500, {"detail": "internal error; the server's log has it under this error_id", "error_id": error_id}, ()
             )
-            if not started:
-                await answer(
-                    500, {"detail": "internal error; the server's log has it under this error_id", "error_id": error_id}
-                )
 
     @staticmethod
     def _check_target(scope: Scope) -> Body | None:
