@@ -114,8 +114,8 @@ def create_app(app: "App") -> FastAPI:
 
     api = FastAPI(title="conveyor", version=__version__, description=DESCRIPTION, openapi_tags=TAGS)
     api.state.conveyor = app
-    #: Paths whose body may be larger than CONVEYOR_API_MAX_BODY_BYTES: {path: bytes}. A router's module
-    #: asks for its own with ``body_limits(settings) -> dict[str, int]``, so this module names none of them.
+    #: Upload routes: {path: cap of their multipart body}, far above CONVEYOR_API_MAX_JSON_BYTES. A router's
+    #: module asks for its own with ``body_limits(settings) -> dict[str, int]``, so this module names none.
     api.state.body_limits = {}
     #: Path prefixes of routes whose JSON body may be a long text (up to CONVEYOR_API_MAX_BODY_BYTES, not
     #: CONVEYOR_API_MAX_JSON_BYTES): a router's module lists them as ``LONG_TEXT_PREFIXES``.
