@@ -8,6 +8,7 @@ Service URLs keep the names every platform already uses (``REDIS_URL``,
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from decimal import Decimal
 from functools import lru_cache
@@ -299,11 +300,30 @@ class Settings(BaseSettings):
         5, ge=1, description="Wrong admin tokens a client may try per window before sign-in answers 429."
     )
     admin_login_window: float = Field(60, gt=0, description="Seconds of the dashboard sign-in throttle's window.")
+    api_max_json_bytes: int = Field(
+        1024 * 1024,
+        gt=0,
+        description="Largest request body of a route that takes no long text (every JSON body but a "
+        "resource's, and every form); a larger one answers 413. At least CONVEYOR_MAX_PAYLOAD_BYTES.",
+    )
     api_max_body_bytes: int = Field(
-        8 * 1024 * 1024, gt=0, description="Largest request body the API reads; a larger one answers 413."
+        8 * 1024 * 1024,
+        gt=0,
+        description="Largest body of a route that takes a long text (PUT /api/resources/{id}); 413 above.",
+    )
+    api_max_json_items: int = Field(
+        100_000,
+        ge=100,
+        description="Values (objects, arrays, items) a JSON request body may hold, which bounds the memory "
+        "its parse takes; more answer 400.",
     )
     api_max_json_depth: int = Field(
         32, ge=2, le=1000, description="Deepest nesting of a JSON request body (or enqueue --batch line)."
+    )
+    trusted_proxies: str = Field(
+        "",
+        description="Comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto the API believes; empty: none, the peer's address is the client's.",
     )
 
     @field_validator("admin_token")
@@ -320,6 +340,28 @@ class Settings(BaseSettings):
                 "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
             )
         return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, value: str) -> str:
+        for entry in (part.strip() for part in value.split(",")):
+            if entry:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        "CONVEYOR_TRUSTED_PROXIES: each entry is an IP address or network (10.0.0.0/8)"
+                    ) from None
+        return ",".join(part.strip() for part in value.split(",") if part.strip())
+
+    @model_validator(mode="after")
+    def _payload_fits_a_request(self) -> "Settings":
+        if self.api_max_json_bytes < self.max_payload_bytes:
+            raise ValueError(
+                "api_max_json_bytes: a request body may hold a whole payload, so it must be at least "
+                f"CONVEYOR_MAX_PAYLOAD_BYTES ({self.max_payload_bytes})"
+            )
+        return self
 
     # Which queues and build kinds exist is known to the modules that declare them, not here
     # (settings imports nothing from conveyor): the App checks the names once it loaded them

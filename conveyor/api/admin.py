@@ -138,7 +138,12 @@ def queue_metrics(inspect: Inspector = Depends(inspector)) -> dict[str, QueueMet
     return {q.name: QueueMetrics.model_validate(q) for q in inspect.queues()}
 
 
-@router.get("/jobs", response_model=JobList, summary="Jobs of a queue in a state, newest first")
+@router.get(
+    "/jobs",
+    response_model=JobList,
+    summary="Jobs of a queue in a state, newest first",
+    responses={404: {"description": "no such queue (the answer lists the queues)"}},
+)
 def list_jobs(
     queue: NameQuery,
     state: State,

@@ -28,6 +28,9 @@ from conveyor.platform.payloads import ResourceIndex
 from conveyor.tasks.payloads import Id
 
 router = APIRouter(prefix="/api/resources", tags=["resources"], responses=UNAVAILABLE_RESPONSES)
+#: A resource's text (up to 5,000,000 characters) may be a longer JSON body than other routes take:
+#: up to CONVEYOR_API_MAX_BODY_BYTES (conveyor.api.app reads this).
+LONG_TEXT_PREFIXES = ("/api/resources/",)
 
 
 class PutResource(BaseModel):
