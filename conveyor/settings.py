@@ -193,10 +193,26 @@ class Settings(BaseSettings):
     )
     build_cpu_seconds: int = Field(600, gt=0, description="CPU seconds each build-script process may use.")
     build_memory_bytes: int = Field(
-        2 * 1024**3, gt=0, description="Address space each build-script process may map, bytes."
+        2 * 1024**3,
+        gt=0,
+        description="Memory one build may use, bytes: all its processes, its workspace and its /tmp together "
+        "(its memory cgroup); also the address space each of its processes may map.",
     )
     build_max_processes: int = Field(
-        256, gt=0, description="Processes the sandbox user may run at once (build scripts share it)."
+        256, gt=0, description="Processes one build may run at once, its whole tree (its pids cgroup)."
+    )
+    build_cpus: float = Field(1.0, gt=0, description="CPU cores one build may use at once (its cpu cgroup's quota).")
+    build_workspace_bytes: int = Field(
+        1024**3,
+        gt=0,
+        description="Size of a build's workspace (a tmpfs in its sandbox, counted in its memory): past it the "
+        "script gets ENOSPC.",
+    )
+    build_isolation: Literal["cgroup", "rlimits-only"] = Field(
+        "cgroup",
+        description="cgroup: one cgroup per build (memory, processes, CPU), builds refused where the worker "
+        "cannot make one; rlimits-only: per-process limits only, processes counted per sandbox user "
+        "(builds on one worker can starve each other).",
     )
     build_max_file_bytes: int = Field(1024**3, gt=0, description="Largest file a build script may write, bytes.")
     build_tmp_bytes: int = Field(256 * 1024**2, gt=0, description="Size of a build script's private /tmp, bytes.")
