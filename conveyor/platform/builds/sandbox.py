@@ -81,6 +81,7 @@ TAR_OVERHEAD = 2048
 #: The host side, run with the fixed environment: join the build's cgroups, (as root) mount the workspace
 #: tmpfs in this mount namespace of its own, then exec prlimit -> bwrap.
 LAUNCHER = """set -eu
+unset PWD OLDPWD
 mount_opts=$1; count=$2; shift 2
 while [ "$count" -gt 0 ]; do echo $$ > "$1"; shift; count=$((count - 1)); done
 if [ "$mount_opts" != - ]; then "$1" -t tmpfs -o "$mount_opts" conveyor-build /run; fi
@@ -357,15 +358,13 @@ class Sandbox:
             _kill(proc)
             raise
         finally:
-            usage = cgroup.usage() if cgroup is not None else None
             if cgroup is not None:
+                usage = cgroup.usage()
                 cgroup.remove()
+                if tree is not None:
+                    log.write(_usage_line(usage, self.limits))
             for thread in threads:
                 thread.join(timeout=5)
-        if usage is not None and tree is not None:
-            log.write(_usage_line(usage, self.limits))
-            if usage.oom_kills:
-                log.write("the build went past its memory limit (CONVEYOR_BUILD_MEMORY_BYTES): the kernel killed it")
         if out.state == IN_FAILED:
             raise BuildFailed(
                 f"the source does not fit in the build's workspace ({self.settings.build_workspace_bytes} bytes, "
@@ -377,12 +376,18 @@ class Sandbox:
 
 
 def _usage_line(usage: Usage, limits: Limits) -> str:
-    memory = f"{usage.peak_memory_bytes}" if usage.peak_memory_bytes is not None else "?"
-    procs = f"{usage.peak_processes}" if usage.peak_processes is not None else "?"
-    return (
-        f"sandbox: peak memory {memory} of {limits.memory_bytes} bytes, peak processes {procs} of "
-        f"{limits.max_processes}"
+    """What the build used against its caps, for its log (the kernel's own counts, from its cgroup)."""
+
+    def known(value: int | None) -> str:
+        return "?" if value is None else str(value)
+
+    line = (
+        f"sandbox: peak memory {known(usage.peak_memory_bytes)} of {limits.memory_bytes} bytes, "
+        f"peak processes {known(usage.peak_processes)} of {limits.max_processes}"
     )
+    if usage.oom_kills:
+        line += f"; {usage.oom_kills} process(es) killed at the memory limit (CONVEYOR_BUILD_MEMORY_BYTES)"
+    return line
 
 
 class _Result:
