@@ -208,6 +208,18 @@ def test_a_build_variable_reaches_no_host_side_process_even_a_loader_variable_pa
     tree = make_tree(workdir / "direct" / "src", {"a.py": "x\n"}, "echo ran\n")
     with pytest.raises(BuildFailed, match="LD_PRELOAD"):
         sandbox.run(tree, ["sh", ".conveyor-build"], {"LD_PRELOAD": str(library)}, Deadline(60, "t"), BuildLog(), "x")
+    # A NUL in a value would split bwrap's NUL-separated options: refused by name at the request and here.
+    injected = {"INNOCENT": "x\0--bind\0/\0/tmp/build/host"}
+    with pytest.raises(InvalidPayload, match="INNOCENT") as refused:
+        build(
+            app,
+            "upload",
+            {"owner_id": "u1", "agent_id": "ag-nul", "archive_path": str(workdir / "s.zip")},
+            env=injected,
+        )
+    assert "--bind" not in str(refused.value)
+    with pytest.raises(BuildFailed, match="INNOCENT"):
+        sandbox.run(tree, ["sh", ".conveyor-build"], injected, Deadline(60, "t"), BuildLog(), "x")
     # And past that check as well: the variable is set inside the sandbox only, where the library may run
     # (its constructor cannot write to the host); no host-side launcher loads it.
     log = BuildLog()

@@ -275,6 +275,10 @@ class Sandbox:
             raise BuildFailed(
                 f"{', '.join(refused)}: variables that steer the dynamic loader or the C library are not accepted"
             )
+        # bwrap's options are NUL-separated: a NUL in a value would add options of the tenant's choosing.
+        with_nul = sorted(name for name, value in build_env.items() if "\0" in name or "\0" in value)
+        if with_nul:
+            raise BuildFailed(f"the values of {', '.join(with_nul)} hold a NUL byte, which no environment can carry")
         self.check()
         result = tree.parent / ".result.tar"
         try:
