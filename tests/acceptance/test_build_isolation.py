@@ -113,6 +113,16 @@ def _launcher_environs() -> list[set[str]]:
     return found
 
 
+def _cpu_quota(path: Path) -> float | None:
+    """The cores a cgroup may use (v2 cpu.max, v1 cfs quota over period); None for a directory without them."""
+    if (path / "cpu.max").exists():
+        quota, period = (path / "cpu.max").read_text().split()
+        return int(quota) / int(period)
+    if (path / "cpu.cfs_quota_us").exists():
+        return int((path / "cpu.cfs_quota_us").read_text()) / int((path / "cpu.cfs_period_us").read_text())
+    return None
+
+
 def _usage(log: str) -> tuple[int, int, int, int]:
     """(peak memory, memory cap, peak processes, process cap) from the build log's sandbox line."""
     found = re.search(r"sandbox: peak memory (\d+) of (\d+) bytes, peak processes (\d+) of (\d+)", log)
@@ -228,6 +238,7 @@ def test_a_build_variable_reaches_no_host_side_process_even_a_loader_variable_pa
     assert not escaped.exists(), f"a host-side process ran the tenant's library: pids {escaped.read_text().split()}"
 
 
+@pytest.mark.slow
 def test_a_hostile_build_s_memory_across_four_processes_stays_under_its_cap(build_app, workers, workdir):  # noqa: F811
     """Four processes of 150 MiB each under a 300 MiB build: today each was under its own address-space limit and
     the build held ~640 MiB; now the kernel counts them together and kills past the cap."""
@@ -261,13 +272,14 @@ def test_a_hostile_build_s_memory_across_four_processes_stays_under_its_cap(buil
     assert limit == cap and used <= cap and "killed at the memory limit" in record.log
 
 
+@pytest.mark.slow
 def test_a_fork_bomb_is_capped_per_build_and_another_tenant_s_build_still_runs(build_app, workers, workdir):  # noqa: F811
     """Today every build ran as nobody under one RLIMIT_NPROC: a bomb took every slot and another tenant's
     ordinary build failed with 'Cannot fork'. Now each build counts its own tree (its pids cgroup)."""
     limit = 40
     app = build_app(
         build_max_processes=limit,
-        build_time_limits={"upload": 20},
+        build_time_limits={"upload": 12},
         queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=1)},
     )
     store = StoreReads(app)
@@ -301,6 +313,8 @@ def test_a_fork_bomb_is_capped_per_build_and_another_tenant_s_build_still_runs(b
     watcher.start()
     # (bwrap's own processes take 3 of the build's slots and carry no MARK)
     wait_for(lambda: len(sandboxed("bomb")) >= limit - 6, timeout=30, message="the bomb to take its slots")
+    quotas = {_cpu_quota(path) for path in _leftover_cgroups()} - {None}
+    assert quotas == {1.0}  # CONVEYOR_BUILD_CPUS: one core
     ordinary = make_tree(
         workdir / "ordinary",
         {"a.py": "x\n"},
@@ -319,13 +333,14 @@ def test_a_fork_bomb_is_capped_per_build_and_another_tenant_s_build_still_runs(b
     _, _, counted, cap = _usage(bombed.log)
     print(f"\nprocesses: fork bomb under a cap of {limit}: peak {counted} (cgroup), {peak[0]} (sampled)")
     assert artifact_files(app, done.artifact_sha256)["ok.txt"] == "ok\n"
-    assert bombed.status == "failed" and "exceeded its time limit of 20s" in bombed.error
+    assert bombed.status == "failed" and "exceeded its time limit of 12s" in bombed.error
     assert cap == limit and counted <= limit and peak[0] <= limit
     # Killed at its time limit, its whole tree and its cgroup are gone.
     wait_for(lambda: sandboxed("bomb") == [], timeout=10, message="the bomb's processes to be gone")
     assert _leftover_cgroups() == []
 
 
+@pytest.mark.slow
 def test_a_build_that_fills_its_workspace_gets_enospc_and_the_host_disk_holds_no_more(
     build_app,
     workers,
