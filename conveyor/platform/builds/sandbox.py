@@ -92,14 +92,18 @@ exec "$@"
 #: Inside the sandbox, as the sandbox user: take the source in from stdin, say so on stdout, run the command
 #: with stdout to the log, then write the tree out on stdout. The script can reach none of this but its own
 #: result (which the host checks like any archive).
-DRIVER = """tar=$1; in_ok=$2; in_failed=$3; shift 3
+DRIVER = f"""tar=$1; in_ok=$2; in_failed=$3; shift 3
 umask 022
-mkdir -p /tmp/build/home /tmp/build/src && cd /tmp/build/src || exit 125
+mkdir -p {SANDBOX_ROOT}/home {SANDBOX_TREE} && cd {SANDBOX_TREE} || exit 125
 if TAR_OPTIONS= "$tar" -x --no-same-owner -f - >&2; then echo "$in_ok"; else echo "$in_failed"; exit 125; fi
 exec </dev/null
 "$@" >&2
 code=$?
-cd /tmp/build/src && TAR_OPTIONS= "$tar" -c -f - . || echo "conveyor: could not read the built tree" >&2
+chmod -R u+rX {SANDBOX_TREE} 2>/dev/null  # the tree is the sandbox user's own: what it locked still goes out
+if ! (cd {SANDBOX_TREE} && TAR_OPTIONS= "$tar" -c -f - .); then
+    echo "conveyor: the built tree could not be read whole" >&2
+    [ "$code" -ne 0 ] || code=124
+fi
 exit $code
 """
 
