@@ -219,10 +219,20 @@ class Settings(BaseSettings):
     build_network: bool = Field(
         False, description="Give build scripts the host's network; off: a network namespace with loopback only."
     )
-    build_sandbox_uid: int = Field(
-        65534, ge=1, description="User a build script runs as when the worker is root (nobody)."
+    build_sandbox_uids: str = Field(
+        "2100000000-2100065535",
+        pattern=r"^$|^[1-9][0-9]{0,9}-[1-9][0-9]{0,9}$",
+        description="FIRST-LAST: under a root worker each running build gets its own uid (and gid) from this "
+        "range, so what the kernel counts per user is its own; empty: every build runs as "
+        "CONVEYOR_BUILD_SANDBOX_UID.",
     )
-    build_sandbox_gid: int = Field(65534, ge=1, description="Group a build script runs as when the worker is root.")
+    build_sandbox_uid: int = Field(
+        65534,
+        ge=1,
+        description="User every build script runs as under a root worker when CONVEYOR_BUILD_SANDBOX_UIDS is empty "
+        "(nobody).",
+    )
+    build_sandbox_gid: int = Field(65534, ge=1, description="Its group.")
     # -- agent platform ---------------------------------------------------------
     provider: ProviderName = Field(
         "local", description="Model provider: local (deterministic, no network) | openai (OpenAI-compatible HTTP)."
@@ -336,6 +346,15 @@ class Settings(BaseSettings):
             raise ValueError(f"build time limits must be positive: {bad}")
         return value
 
+    @field_validator("build_sandbox_uids")
+    @classmethod
+    def _uid_range(cls, value: str) -> str:
+        if value:
+            first, last = (int(n) for n in value.split("-"))
+            if not 1 <= first <= last < 2**31 - 1:
+                raise ValueError("give FIRST-LAST with 1 <= FIRST <= LAST < 2147483647")
+        return value
+
     @model_validator(mode="after")
     def _self_fence_before_recovery(self) -> "Settings":
         """The self-fence must fire after a missed heartbeat or two, and well before recovery can act.
@@ -393,6 +412,14 @@ class Settings(BaseSettings):
     @property
     def import_modules(self) -> list[str]:
         return [m.strip() for m in self.imports.split(",") if m.strip()]
+
+    @property
+    def sandbox_uid_range(self) -> tuple[int, int] | None:
+        """(first, last) of CONVEYOR_BUILD_SANDBOX_UIDS, or None when every build runs as one user."""
+        if not self.build_sandbox_uids:
+            return None
+        first, last = (int(n) for n in self.build_sandbox_uids.split("-"))
+        return first, last
 
     @property
     def source_roots(self) -> list[Path]:

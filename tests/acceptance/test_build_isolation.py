@@ -442,3 +442,54 @@ def test_a_worker_that_cannot_make_a_cgroup_says_so_and_refuses_builds_unless_to
     log = BuildLog()
     assert Sandbox(weaker).run(tree, ["sh", ".conveyor-build"], {}, Deadline(60, "t"), log, "x") == 0
     assert (tree / "made.txt").read_text() == "made\n" and "sandbox: peak" not in log.text
+
+
+@pytest.mark.slow
+def test_each_build_runs_as_its_own_user_so_one_that_takes_a_per_user_kernel_count_leaves_the_others_theirs(
+    build_app,
+    workers,
+    workdir,  # noqa: F811
+):
+    """Every build ran as nobody: what the kernel counts per user (here inotify instances, 128 by default) was
+    shared, and one tenant that took it all made another's file watcher fail. Now each build has a uid of its own."""
+    app = build_app()
+    store = StoreReads(app)
+    workers(app)
+    grab = (
+        "import ctypes, os, time\n"
+        "libc = ctypes.CDLL(None)\n"
+        "held = []\n"
+        "while len(held) < 100000 and (fd := libc.inotify_init()) >= 0:\n"
+        "    held.append(fd)\n"
+        "open('held.txt', 'w').write(str(len(held)))\n"
+        "open('../started', 'w').close()\n"
+        "while not os.path.exists('../open'):\n"
+        "    time.sleep(0.05)\n"
+    )
+    taker = make_tree(workdir / "taker", {"grab.py": grab}, "id -u > uid.txt; python3 grab.py\n")
+    taking = build(
+        app,
+        "upload",
+        {"owner_id": "tenant-a", "agent_id": "ag-take", "archive_path": str(make_zip(taker, workdir / "t.zip"))},
+        env={"MARK": "taker"},
+    )
+    wait_for(lambda: gate_started("taker"), timeout=60, message="the first build to take every inotify instance")
+    watcher = make_tree(
+        workdir / "watcher",
+        {"watch.py": "import ctypes\nassert ctypes.CDLL(None).inotify_init() >= 0, 'no inotify instance left'\n"},
+        "id -u > uid.txt; python3 watch.py\n",
+    )
+    watching = build(
+        app,
+        "upload",
+        {"owner_id": "tenant-b", "agent_id": "ag-watch", "archive_path": str(make_zip(watcher, workdir / "w.zip"))},
+    )
+    (watched,) = finished(store, watching.build_id, timeout=60)
+    open_gate("taker")
+    (took,) = finished(store, taking.build_id, timeout=60)
+    assert watched.status == "succeeded", watched.log[-1000:]  # as one shared user: 'no inotify instance left'
+    assert took.status == "succeeded", took.log[-1000:]
+    taken = artifact_files(app, took.artifact_sha256)
+    limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    assert int(taken["held.txt"]) == limit  # it did take all its user had
+    assert taken["uid.txt"] != artifact_files(app, watched.artifact_sha256)["uid.txt"]

@@ -32,10 +32,11 @@ runs in ``bwrap`` (Debian's ``bubblewrap``) with:
   whole process tree, made before and removed after every build. Where the
   worker cannot make one, builds are refused unless
   ``CONVEYOR_BUILD_ISOLATION=rlimits-only``;
-- **an unprivileged user**: under a root worker the script runs as
-  ``CONVEYOR_BUILD_SANDBOX_UID`` (nobody) with no capabilities and
-  ``no_new_privs``; a worker that is not root runs bwrap in a user namespace as
-  its own (unprivileged) user;
+- **an unprivileged user of its own**: under a root worker each build runs as a
+  uid from ``CONVEYOR_BUILD_SANDBOX_UIDS`` that no other running build holds
+  (:mod:`conveyor.platform.builds.uids`; empty: ``CONVEYOR_BUILD_SANDBOX_UID``,
+  nobody) with no capabilities and ``no_new_privs``; a worker that is not root
+  runs bwrap in a user namespace as its own (unprivileged) user;
 - **per-process limits** (``prlimit``): CPU seconds, address space, file size,
   no core files (and, ``rlimits-only``, processes of the sandbox user); plus the
   variant's wall-clock limit, past which the whole sandbox is killed.
@@ -57,6 +58,7 @@ from conveyor.logs import log_event
 from conveyor.platform.builds.builder import BuildLog, Deadline
 from conveyor.platform.builds.cgroups import BuildCgroup, Hierarchy, Limits, Usage, detect
 from conveyor.platform.builds.envnames import unsafe_names
+from conveyor.platform.builds.uids import claim_uid
 from conveyor.platform.builds.unpack import Caps, unpack
 from conveyor.settings import Settings
 
@@ -123,6 +125,8 @@ class Sandbox:
         #: The user the script runs as, when the worker is root (None: the worker's own, in a user namespace).
         self.uid = settings.build_sandbox_uid if self.as_root else None
         self.gid = settings.build_sandbox_gid if self.as_root else None
+        #: Under a root worker, each build's own uid comes from here (:mod:`conveyor.platform.builds.uids`).
+        self.uid_range = settings.sandbox_uid_range if self.as_root else None
         self.data_dir = Path(settings.data_dir).expanduser().resolve()
         self.limits = Limits(settings.build_memory_bytes, settings.build_max_processes, settings.build_cpus)
         self.hierarchy: Hierarchy | None = None
@@ -145,7 +149,13 @@ class Sandbox:
         return {name: path for name, path in found.items() if path is not None}
 
     def host_argv(
-        self, tools: dict[str, str], args_fd: int, cgroup: BuildCgroup | None, command: list[str]
+        self,
+        tools: dict[str, str],
+        args_fd: int,
+        cgroup: BuildCgroup | None,
+        command: list[str],
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> list[str]:
         """The host-side command line: [unshare] -> sh (join the cgroup, mount) -> prlimit -> bwrap --args FD ->
         [setpriv] -> the driver -> ``command``. It holds no value of the build's."""
@@ -155,7 +165,7 @@ class Sandbox:
             argv += [tools["unshare"], "--mount", "--propagation", "private", "--"]
             mount = (
                 f"size={s.build_workspace_bytes},nr_inodes={s.build_max_source_files + SPARE_INODES},"
-                f"mode=0700,uid={self.uid},gid={self.gid}"
+                f"mode=0700,uid={uid},gid={gid}"
             )
         else:
             mount = "-"
@@ -174,8 +184,8 @@ class Sandbox:
             # bwrap keeps only what setpriv needs to become nobody; setpriv drops it and sets no_new_privs.
             argv += [
                 tools["setpriv"],
-                f"--reuid={self.uid}",
-                f"--regid={self.gid}",
+                f"--reuid={uid}",
+                f"--regid={gid}",
                 "--clear-groups",
                 "--inh-caps=-all",
                 "--bounding-set=-all",
@@ -185,7 +195,7 @@ class Sandbox:
         markers = [IN_OK.decode().strip(), IN_FAILED.decode().strip()]
         return [*argv, tools["sh"], "-c", DRIVER, "conveyor-sandbox", tools["tar"], *markers, *command]
 
-    def bwrap_options(self, build_env: dict[str, str]) -> list[str]:
+    def bwrap_options(self, build_env: dict[str, str], user_files: tuple[int, int] | None = None) -> list[str]:
         """bwrap's options, read from a memfd: the namespaces, the mounts, and the sandbox's whole environment."""
         s = self.settings
         opts = ["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
@@ -195,6 +205,10 @@ class Sandbox:
         if not self.as_root:
             opts += ["--unshare-user", "--disable-userns"]
         opts += ["--hostname", "conveyor-build", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+        if user_files is not None:
+            # The build's own uid has a name (tools that look themselves up find one): the host's files, one line more.
+            opts += ["--perms", "0644", "--ro-bind-data", str(user_files[0]), "/etc/passwd"]
+            opts += ["--perms", "0644", "--ro-bind-data", str(user_files[1]), "/etc/group"]
         opts += ["--remount-ro", "/dev", "--tmpfs", "/run"]
         if not self.data_dir.is_relative_to("/tmp") and self.data_dir.is_dir():
             # Other builds' sources, uploads and artifacts live here.
@@ -316,21 +330,56 @@ class Sandbox:
     ) -> tuple[int, bool]:
         """Start the sandbox on ``tree`` (None: an empty one), wait for it; (exit status, whether the source got in).
 
-        What comes back is written to ``result`` (None: dropped)."""
+        What comes back is written to ``result`` (None: dropped). Under a root worker with a uid range, the
+        build runs as a uid of its own, held until its last process is gone."""
         tools = self._tools()
-        cgroup = BuildCgroup(self.hierarchy, self.limits) if self.hierarchy is not None else None
-        args_fd = os.memfd_create("conveyor-bwrap-args", 0)
+        claim = claim_uid(*self.uid_range) if self.uid_range is not None else None
         try:
-            with os.fdopen(os.dup(args_fd), "wb") as fh:
-                fh.write(b"".join(opt.encode() + b"\0" for opt in self.bwrap_options(build_env)))
-            os.lseek(args_fd, 0, os.SEEK_SET)
+            uid, gid = (claim.uid, claim.uid) if claim is not None else (self.uid, self.gid)
+            return self._run_as(
+                uid, gid, claim is not None, tools, tree, command, build_env, deadline, log, what, result
+            )
+        finally:
+            if claim is not None:
+                claim.release()
+
+    def _run_as(
+        self,
+        uid: int | None,
+        gid: int | None,
+        named: bool,
+        tools: dict[str, str],
+        tree: Path | None,
+        command: list[str],
+        build_env: dict[str, str],
+        deadline: Deadline,
+        log: BuildLog,
+        what: str,
+        result: Path | None,
+    ) -> tuple[int, bool]:
+        cgroup = BuildCgroup(self.hierarchy, self.limits) if self.hierarchy is not None else None
+        fds: list[int] = []
+        try:
+            user_files = None
+            if named:
+                user_files = (
+                    _memfd(
+                        "conveyor-passwd",
+                        _user_line("/etc/passwd", f"conveyor-build:x:{uid}:{gid}::{SANDBOX_ROOT}/home:/bin/sh"),
+                    ),
+                    _memfd("conveyor-group", _user_line("/etc/group", f"conveyor-build:x:{gid}:")),
+                )
+                fds += user_files
+            options = self.bwrap_options(build_env, user_files)
+            args_fd = _memfd("conveyor-bwrap-args", b"".join(opt.encode() + b"\0" for opt in options))
+            fds.append(args_fd)
             proc = subprocess.Popen(
-                self.host_argv(tools, args_fd, cgroup, command),
+                self.host_argv(tools, args_fd, cgroup, command, uid, gid),
                 env=self.host_env(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(args_fd,),
+                pass_fds=tuple(fds),
                 start_new_session=True,
             )
         except BaseException:
@@ -338,7 +387,8 @@ class Sandbox:
                 cgroup.remove()
             raise
         finally:
-            os.close(args_fd)
+            for fd in fds:
+                os.close(fd)
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         cap = self.settings.build_workspace_bytes + TAR_OVERHEAD * (self.settings.build_max_source_files + SPARE_INODES)
         out = _Result(proc.stdout, result, cap)
@@ -381,6 +431,32 @@ class Sandbox:
         if code == 0 and out.overflow:
             raise BuildFailed(f"the built tree is larger than the workspace allows ({cap} bytes as a tar stream)")
         return code, out.state == IN_OK
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding ``data``, at offset 0: for bwrap to read (never on a disk, never in argv)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _user_line(path: str, line: str) -> bytes:
+    """The host's ``path`` (passwd or group) with ``line`` added."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read()
+    except OSError:
+        text = b""
+    if text and not text.endswith(b"\n"):
+        text += b"\n"
+    return text + line.encode() + b"\n"
 
 
 def _usage_line(usage: Usage, limits: Limits) -> str:
