@@ -194,20 +194,46 @@ class Settings(BaseSettings):
     )
     build_cpu_seconds: int = Field(600, gt=0, description="CPU seconds each build-script process may use.")
     build_memory_bytes: int = Field(
-        2 * 1024**3, gt=0, description="Address space each build-script process may map, bytes."
+        2 * 1024**3,
+        gt=0,
+        description="Memory one build may use, bytes: all its processes, its workspace and its /tmp together "
+        "(its memory cgroup); also the address space each of its processes may map.",
     )
     build_max_processes: int = Field(
-        256, gt=0, description="Processes the sandbox user may run at once (build scripts share it)."
+        256, gt=0, description="Processes one build may run at once, its whole tree (its pids cgroup)."
+    )
+    build_cpus: float = Field(1.0, gt=0, description="CPU cores one build may use at once (its cpu cgroup's quota).")
+    build_workspace_bytes: int = Field(
+        1024**3,
+        gt=0,
+        description="Size of a build's workspace (a tmpfs in its sandbox, counted in its memory): past it the "
+        "script gets ENOSPC.",
+    )
+    build_isolation: Literal["cgroup", "rlimits-only"] = Field(
+        "cgroup",
+        description="cgroup: one cgroup per build (memory, processes, CPU), builds refused where the worker "
+        "cannot make one; rlimits-only: per-process limits only, processes counted per sandbox user "
+        "(builds on one worker can starve each other).",
     )
     build_max_file_bytes: int = Field(1024**3, gt=0, description="Largest file a build script may write, bytes.")
     build_tmp_bytes: int = Field(256 * 1024**2, gt=0, description="Size of a build script's private /tmp, bytes.")
     build_network: bool = Field(
         False, description="Give build scripts the host's network; off: a network namespace with loopback only."
     )
-    build_sandbox_uid: int = Field(
-        65534, ge=1, description="User a build script runs as when the worker is root (nobody)."
+    build_sandbox_uids: str = Field(
+        "2100000000-2100065535",
+        pattern=r"^$|^[1-9][0-9]{0,9}-[1-9][0-9]{0,9}$",
+        description="FIRST-LAST: under a root worker each running build gets its own uid (and gid) from this "
+        "range, so what the kernel counts per user is its own; empty: every build runs as "
+        "CONVEYOR_BUILD_SANDBOX_UID.",
     )
-    build_sandbox_gid: int = Field(65534, ge=1, description="Group a build script runs as when the worker is root.")
+    build_sandbox_uid: int = Field(
+        65534,
+        ge=1,
+        description="User every build script runs as under a root worker when CONVEYOR_BUILD_SANDBOX_UIDS is empty "
+        "(nobody).",
+    )
+    build_sandbox_gid: int = Field(65534, ge=1, description="Its group.")
     # -- agent platform ---------------------------------------------------------
     provider: ProviderName = Field(
         "local", description="Model provider: local (deterministic, no network) | openai (OpenAI-compatible HTTP)."
@@ -380,6 +406,15 @@ class Settings(BaseSettings):
             raise ValueError(f"build time limits must be positive: {bad}")
         return value
 
+    @field_validator("build_sandbox_uids")
+    @classmethod
+    def _uid_range(cls, value: str) -> str:
+        if value:
+            first, last = (int(n) for n in value.split("-"))
+            if not 1 <= first <= last < 2**31 - 1:
+                raise ValueError("give FIRST-LAST with 1 <= FIRST <= LAST < 2147483647")
+        return value
+
     @model_validator(mode="after")
     def _self_fence_before_recovery(self) -> "Settings":
         """The self-fence must fire after a missed heartbeat or two, and well before recovery can act.
@@ -437,6 +472,14 @@ class Settings(BaseSettings):
     @property
     def import_modules(self) -> list[str]:
         return [m.strip() for m in self.imports.split(",") if m.strip()]
+
+    @property
+    def sandbox_uid_range(self) -> tuple[int, int] | None:
+        """(first, last) of CONVEYOR_BUILD_SANDBOX_UIDS, or None when every build runs as one user."""
+        if not self.build_sandbox_uids:
+            return None
+        first, last = (int(n) for n in self.build_sandbox_uids.split("-"))
+        return first, last
 
     @property
     def source_roots(self) -> list[Path]:

@@ -35,6 +35,7 @@ from conveyor.errors import BuildFailed, BuildTimeout, JobError, PermanentError,
 from conveyor.logs import log_event
 from conveyor.platform.builds import store
 from conveyor.platform.builds.builder import BuildLog, Deadline
+from conveyor.platform.builds.cgroups import detect
 from conveyor.platform.builds.executors import EXECUTORS, BuildContext
 from conveyor.platform.builds.local import LocalBuilder
 from conveyor.platform.builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINUTE, BuildPayload, BuildVariant
@@ -61,6 +62,25 @@ def known_build_kinds(settings: Settings) -> None:
     unknown = sorted(set(settings.build_time_limits) - set(BUILD_KINDS))
     if unknown:
         raise ValueError(f"CONVEYOR_BUILD_TIME_LIMITS: unknown build kind(s) {unknown}; known: {sorted(BUILD_KINDS)}")
+
+
+@check_settings
+def build_isolation(settings: Settings) -> None:
+    """Say at start how builds will be isolated on this host: never silently weaker than asked."""
+    ids: dict[str, Any] = dict(queue=None, job=None, job_id=None, attempt=None)
+    if settings.build_isolation == "rlimits-only":
+        log_event("build_isolation_weak", level="warning", **ids, mode="rlimits-only")
+        return
+    hierarchy, why_not = detect()
+    if hierarchy is None:
+        # Not a settings error (the API and the scheduler run no builds): this host's workers refuse them.
+        log_event(
+            "build_isolation_unavailable",
+            level="error",
+            **ids,
+            reason=why_not,
+            effect="builds are refused; CONVEYOR_BUILD_ISOLATION=rlimits-only runs them with per-process limits only",
+        )
 
 
 @job("agent.build", queue=AGENT, payload=BuildPayload, time_limit=HARD_TIME_LIMIT)
