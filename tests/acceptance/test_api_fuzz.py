@@ -69,7 +69,7 @@ def test_schemathesis_finds_no_5xx_no_schema_violation_and_no_slow_answer(clean_
         make_task(app, "t1", user_id="fuzzer")
         user = user_key(app, "fuzzer")
         with app.pool.connection() as conn:
-            records.upsert_own_resource(conn, id="doc1", user_id="fuzzer", task_id=None, title="t", body="text")
+            records.upsert_resource(conn, id="doc1", user_id="fuzzer", task_id=None, title="t", body="text")
     finally:
         app.close()
     admin = {"Authorization": f"Bearer {TOKEN}"}
