@@ -44,7 +44,7 @@ class App:
         self.settings = settings or get_settings()
         modules = [*([PLATFORM_JOBS] if self.settings.platform else []), *self.settings.import_modules]
         exclude = () if self.settings.platform else PLATFORM_PACKAGES
-        job_types, queues = load_job_types(modules, exclude=exclude)
+        job_types, queues = load_job_types(modules, exclude=exclude, paths=self.settings.import_paths)
         check_loaded_settings(self.settings, exclude)
         self.job_types: dict[str, JobType] = job_types
         self.queues = queue_specs(self.settings, queues)
@@ -217,9 +217,12 @@ def run_worker_process(queue: str, threads: int | None = None) -> None:
     then drain and exit. Here, not in tasks/worker.py: the process's App is built by the composition root."""
     import signal
 
+    from conveyor.importing import add_paths
     from conveyor.logs import configure_logging
+    from conveyor.settings import get_settings
     from conveyor.tasks.worker import ProcessWorker
 
+    add_paths(get_settings().import_paths)  # the parent's --path, passed down as CONVEYOR_PATH
     app = App()
     configure_logging(app.settings.log_level)
     stop = threading.Event()

@@ -19,6 +19,10 @@ class ConfigurationError(ConveyorError):
     """The settings or the environment cannot work as given."""
 
 
+class JobModuleNotFound(ConfigurationError):
+    """A module named in ``CONVEYOR_IMPORTS`` could not be imported from the paths searched (``--path``)."""
+
+
 class StoreUnavailable(ConveyorError):
     """A backing store (Redis, Postgres) could not be reached or did not answer in time; a retry may succeed.
 

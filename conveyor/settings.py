@@ -132,6 +132,11 @@ class Settings(BaseSettings):
         None, description="Fernet key(s) for payload secrets, comma-separated: the first encrypts, all decrypt."
     )
     imports: str = Field("", description="Comma-separated modules that register more job types.")
+    path: str = Field(
+        "",
+        description="Directories searched first for CONVEYOR_IMPORTS, separated by os.pathsep "
+        "(`conveyor worker --path DIR`); empty: the working directory.",
+    )
     platform: bool = Field(
         True, description="Load the agent platform's job types and queues; false: only CONVEYOR_IMPORTS' jobs."
     )
@@ -377,6 +382,13 @@ class Settings(BaseSettings):
     @property
     def import_modules(self) -> list[str]:
         return [m.strip() for m in self.imports.split(",") if m.strip()]
+
+    @property
+    def import_paths(self) -> list[str]:
+        """CONVEYOR_PATH's directories, absolute; the working directory when it names none."""
+        import os
+
+        return [os.path.abspath(p) for p in self.path.split(os.pathsep) if p.strip()] or [os.getcwd()]
 
     @property
     def source_roots(self) -> list[Path]:

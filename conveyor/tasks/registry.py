@@ -7,12 +7,12 @@ when a job type is added. The agent platform's modules do it the same way.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar, cast
 
 from pydantic import BaseModel
 
+from conveyor.importing import import_job_module
 from conveyor.tasks.payloads import Payload
 from conveyor.tasks.queues import DECLARED, DEFAULT_MAX_ATTEMPTS, OWNERS, Queue, declare_queue
 
@@ -122,7 +122,7 @@ def _owned_by(module: str, packages: Iterable[str]) -> bool:
 
 
 def load_job_types(
-    modules: Iterable[str] = (), *, exclude: Iterable[str] = ()
+    modules: Iterable[str] = (), *, exclude: Iterable[str] = (), paths: Iterable[str] = ()
 ) -> tuple[dict[str, JobType], dict[str, Queue]]:
     """Import the job ``modules``; return the job types and queues registered, less those ``exclude``'s packages own.
 
@@ -132,7 +132,7 @@ def load_job_types(
     from conveyor.errors import ConfigurationError
 
     for module in modules:
-        importlib.import_module(module)
+        import_job_module(module, paths)
     exclude = tuple(exclude)
     job_types = {n: t for n, t in JOB_TYPES.items() if not _owned_by(t.module, exclude)}
     used = {t.queue for t in job_types.values()}
