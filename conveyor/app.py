@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import threading
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, cast
 
 from conveyor.appcache import Closeable
 from conveyor.backends import Backend, backend_for
+from conveyor.blueprints import DEFAULT, Jobs, JobType, blueprints_in, compose
+from conveyor.errors import ConfigurationError
+from conveyor.importing import import_job_module
 from conveyor.logs import log_event
 from conveyor.settings import Settings, get_settings
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.jobqueue import JobQueue
 from conveyor.tasks.queues import queue_specs
-from conveyor.tasks.registry import JobType, check_loaded_settings, load_job_types
 
 if TYPE_CHECKING:
     from dramatiq import Middleware
@@ -30,24 +32,37 @@ R = TypeVar("R", bound=Closeable)
 #: The agent platform's job module, loaded by name like a user's ``CONVEYOR_IMPORTS`` unless
 #: ``CONVEYOR_PLATFORM=false``; the library never imports the platform itself.
 PLATFORM_JOBS = "conveyor.platform.jobs"
-#: The packages whose job types and queues are the platform's (left out when it is switched off).
-PLATFORM_PACKAGES = ("conveyor.platform",)
 
 
 class App:
     """Everything a producer or a worker process needs, created lazily.
 
-    Use one per process: ``App()`` reads the environment; tests pass their own :class:`Settings`.
+    ``jobs``: the blueprints (:class:`~conveyor.blueprints.Jobs`) whose job types and queues this
+    App runs; left out, they come from the environment: the agent platform's (unless
+    ``CONVEYOR_PLATFORM=false``), every blueprint a ``CONVEYOR_IMPORTS`` module holds, and the
+    module-level ``@job``'s. ``middleware``: Dramatiq middleware of the user's, run after conveyor's.
+    ``App()`` reads the settings from the environment; tests pass their own :class:`Settings`.
     """
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        jobs: Sequence[Jobs] | None = None,
+        middleware: Sequence[Middleware] = (),
+    ) -> None:
         self.settings = settings or get_settings()
-        modules = [*([PLATFORM_JOBS] if self.settings.platform else []), *self.settings.import_modules]
-        exclude = () if self.settings.platform else PLATFORM_PACKAGES
-        job_types, queues = load_job_types(modules, exclude=exclude, paths=self.settings.import_paths)
-        check_loaded_settings(self.settings, exclude)
+        self.blueprints: list[Jobs] = list(jobs) if jobs is not None else self._blueprints_from_settings()
+        job_types, queues, checks = compose(self.blueprints)
+        for check in checks:
+            try:
+                check(self.settings)
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
         self.job_types: dict[str, JobType] = job_types
         self.queues = queue_specs(self.settings, queues)
+        self.user_middleware = list(middleware)
+        for blueprint in self.blueprints:
+            blueprint.app = self  # the App its handles enqueue on: the last one built with it
         self.backend: Backend = backend_for(self.settings)
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Connection[Any]] | None = None
@@ -55,6 +70,14 @@ class App:
         # the App owns them and close() closes them, newest first.
         self._resources: dict[object, Closeable] = {}
         self._resources_lock = threading.RLock()
+
+    def _blueprints_from_settings(self) -> list[Jobs]:
+        """The platform's blueprint (by name), those CONVEYOR_IMPORTS' modules hold, then the default one."""
+        modules = [*([PLATFORM_JOBS] if self.settings.platform else []), *self.settings.import_modules]
+        found: list[Jobs] = []
+        for name in modules:
+            found += vars(import_job_module(name, self.settings.import_paths)).values()
+        return blueprints_in([*found, DEFAULT])
 
     @cached_property
     def database_url(self) -> str:
@@ -87,8 +110,9 @@ class App:
             # After Retries: a message Retries skips never reaches Metrics' before_process_message.
             metrics,
             FailureWebhook(self.settings, self.job_types, metrics),
-            # Last: its before_process_message sees the attempt Retries counted.
+            # Last of conveyor's: its before_process_message sees the attempt Retries counted.
             Fleet(self),
+            *self.user_middleware,
         ]
 
     @cached_property
@@ -105,7 +129,6 @@ class App:
         broker: ConveyorBroker
         if name == "redis":
             from conveyor.brokers.redis import RedisBroker
-            from conveyor.errors import ConfigurationError
 
             if not settings.redis_url:
                 raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")

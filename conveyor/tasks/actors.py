@@ -9,10 +9,10 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 from pydantic import ValidationError
 
+from conveyor.blueprints import JobType
 from conveyor.errors import MalformedMessage
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.payloads import Payload
-from conveyor.tasks.registry import JobType
 
 if TYPE_CHECKING:
     from conveyor.app import App

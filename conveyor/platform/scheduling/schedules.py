@@ -30,7 +30,7 @@ from conveyor.platform.scheduling.cron import Cron
 from conveyor.tasks.jobqueue import validate_payload
 
 if TYPE_CHECKING:
-    from conveyor.tasks.registry import JobType
+    from conveyor.blueprints import JobType
 
 QUERIES = load_queries(Path(__file__).with_name("schedules.sql"))
 
