@@ -175,6 +175,21 @@ class App:
     def final_failure(self, broker: ConveyorBroker, message: AnyMessage, error: str) -> None:
         """Run once when a job has spent its attempts: its job type's hook, then every middleware's ``after_job_dead``."""
         job_type = self.job_types.get(message.actor_name)
+        if job_type and job_type.store_result:
+            from conveyor.results import mark_failed
+
+            try:
+                mark_failed(self, job_type, message.message_id)
+            except Exception as exc:  # only a wake-up: a reader learns the failure from the broker at its timeout
+                log_event(
+                    "error",
+                    level="warning",
+                    queue=message.queue_name,
+                    job=message.actor_name,
+                    job_id=message.message_id,
+                    attempt=message.options.get("attempt"),
+                    error=f"result readers not woken: {type(exc).__name__}",
+                )
         if job_type and job_type.on_final_failure:
             from conveyor.tasks.actors import load_payload
 

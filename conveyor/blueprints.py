@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from psycopg import Connection
 
     from conveyor.app import App
+    from conveyor.brokers.base import JobRef
+    from conveyor.inspector import JobView
     from conveyor.settings import Settings
     from conveyor.tasks.context import JobContext
     from conveyor.tasks.payloads import Payload
@@ -224,15 +226,36 @@ class JobHandle(Generic[P, R]):
         ref = app.jobs.enqueue(self.name, payload, key=key, delay=delay, connection=connection)
         return Enqueued(ref.id, ref.deduplicated, self.name, app)
 
+    def get(self, job_id: str) -> JobView:
+        """The job's state, attempts, errors and times."""
+        return self.blueprint.bound_app(self.name).jobs.get(job_id)
+
+    def result(self, job: str | Enqueued[R] | JobRef, timeout: float = 30.0) -> R:
+        """The job's stored return value (``store_result=True``), waiting up to ``timeout`` seconds.
+
+        Raises :class:`~conveyor.errors.JobFailed` if the job failed for good,
+        :class:`~conveyor.errors.ResultTimeout` if it has not finished in time.
+        """
+        job_id = job if isinstance(job, str) else job.id
+        return cast(R, self.blueprint.bound_app(self.name).jobs.result(job_id, timeout=timeout))
+
 
 @dataclass(frozen=True)
 class Enqueued(Generic[R]):
-    """A job a handle enqueued: its id, and whether it was a duplicate of an earlier keyed one."""
+    """A job a handle enqueued: its id, whether it was a duplicate of an earlier keyed one, and its result."""
 
     id: str
     deduplicated: bool
     job: str
     app: App = field(repr=False, compare=False)
+
+    def get(self) -> JobView:
+        """The job's state, attempts, errors and times."""
+        return self.app.jobs.get(self.id)
+
+    def result(self, timeout: float = 30.0) -> R:
+        """The job's stored return value once it succeeded (see :meth:`JobHandle.result`)."""
+        return cast(R, self.app.jobs.result(self.id, timeout=timeout))
 
 
 #: The blueprint of the module-level :func:`~conveyor.job`, for the simplest case: an App built from

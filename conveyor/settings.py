@@ -81,6 +81,9 @@ class Settings(BaseSettings):
         description="Where the embedded Postgres, build artifacts and build work trees live.",
     )
     dedup_ttl: float = Field(24 * 3600, gt=0, description="Seconds a job key makes a second enqueue a no-op.")
+    result_ttl: float = Field(
+        24 * 3600, gt=0, description="Seconds a job's stored result (store_result=True) is kept for readers."
+    )
     heartbeat_timeout: float = Field(
         60, gt=0, description="Seconds without a heartbeat before a worker's jobs are recovered."
     )
