@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, cast
 
 from conveyor.appcache import Closeable
 from conveyor.backends import Backend, backend_for
-from conveyor.blueprints import DEFAULT, Jobs, JobType, blueprints_in, compose
-from conveyor.errors import ConfigurationError
+from conveyor.blueprints import DEFAULT, Jobs, JobType, Schedule, blueprints_in, compose
+from conveyor.errors import ConfigurationError, InvalidPayload
 from conveyor.importing import import_job_module
 from conveyor.logs import log_event
 from conveyor.settings import Settings, get_settings
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.jobqueue import JobQueue
+from conveyor.tasks.jobqueue import JobQueue, validate_payload
 from conveyor.tasks.queues import queue_specs
 
 if TYPE_CHECKING:
@@ -52,14 +52,21 @@ class App:
     ) -> None:
         self.settings = settings or get_settings()
         self.blueprints: list[Jobs] = list(jobs) if jobs is not None else self._blueprints_from_settings()
-        job_types, queues, checks = compose(self.blueprints)
-        for check in checks:
+        composed = compose(self.blueprints)
+        for check in composed.settings_checks:
             try:
                 check(self.settings)
             except ValueError as exc:
                 raise ConfigurationError(str(exc)) from None
-        self.job_types: dict[str, JobType] = job_types
-        self.queues = queue_specs(self.settings, queues)
+        self.job_types: dict[str, JobType] = composed.job_types
+        self.queues = queue_specs(self.settings, composed.queues)
+        #: Cron schedules declared in code (``jobs.schedule(...)``), fired by ``conveyor scheduler``.
+        self.schedules: dict[str, Schedule] = composed.schedules
+        for spec in self.schedules.values():
+            try:
+                validate_payload(spec.job, self.job_types[spec.job].payload, spec.payload)
+            except InvalidPayload as exc:
+                raise ConfigurationError(f"schedule {spec.name!r}: {exc}") from None
         self.user_middleware = list(middleware)
         for blueprint in self.blueprints:
             blueprint.app = self  # the App its handles enqueue on: the last one built with it

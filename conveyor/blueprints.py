@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, cas
 
 from pydantic import BaseModel
 
-from conveyor.errors import ConfigurationError
+from conveyor.errors import ConfigurationError, ConveyorError
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -102,6 +102,21 @@ class JobType:
         return self.max_attempts or (queue.max_attempts if queue else DEFAULT_MAX_ATTEMPTS)
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """A cron schedule declared in code (:meth:`Jobs.schedule`): ``job`` with ``payload`` at each occurrence.
+
+    ``name`` keys its fires (``cron:<name>:<fire time>``), so it must stay the same across
+    deploys for an occurrence to fire once; it defaults to ``<job>@<cron>@<tz>``.
+    """
+
+    name: str
+    cron: str
+    job: str
+    payload: dict[str, Any]
+    tz: str = "UTC"
+
+
 @dataclass
 class Jobs:
     """A blueprint: job types, the queues they use and their final-failure hooks; no globals.
@@ -113,6 +128,7 @@ class Jobs:
     job_types: dict[str, JobType] = field(default_factory=dict)
     queues: dict[str, Queue] = field(default_factory=dict)
     settings_checks: list[SettingsCheck] = field(default_factory=list)
+    schedules: list[Schedule] = field(default_factory=list)
     app: App | None = field(default=None, repr=False, compare=False)
 
     def queue(self, queue: Queue | str, **fields: Any) -> Queue:
@@ -181,6 +197,33 @@ class Jobs:
             return fn
 
         return register
+
+    def schedule(
+        self,
+        cron: str,
+        job: str | JobHandle[Any, Any],
+        payload: BaseModel | dict[str, Any] | None = None,
+        *,
+        tz: str = "UTC",
+        name: str | None = None,
+    ) -> Schedule:
+        """Enqueue ``job`` with ``payload`` at each occurrence of ``cron`` in zone ``tz``.
+
+        ``conveyor scheduler`` fires it (any number of them: each occurrence is enqueued once,
+        keyed); the job may come from any blueprint of the App, which checks the payload when
+        it is built. A bad cron expression or zone fails here.
+        """
+        from conveyor.scheduling.cron import Cron
+
+        try:
+            Cron.parse(cron, tz)
+        except ConveyorError as exc:
+            raise ValueError(str(exc)) from None
+        job_name = job if isinstance(job, str) else job.name
+        data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload or {})
+        spec = Schedule(name or f"{job_name}@{cron}@{tz}", cron, job_name, data, tz)
+        self.schedules.append(spec)
+        return spec
 
     def check_settings(self, fn: SettingsCheck) -> SettingsCheck:
         """Register ``fn(settings)``: it raises ``ValueError`` when the settings this blueprint reads cannot work."""
@@ -272,15 +315,27 @@ def blueprints_in(namespace: Iterable[object]) -> list[Jobs]:
     return out
 
 
-def compose(blueprints: Iterable[Jobs]) -> tuple[dict[str, JobType], dict[str, Queue], list[SettingsCheck]]:
-    """The job types, queues and settings checks of ``blueprints`` together.
+@dataclass(frozen=True)
+class Composed:
+    """What an App's blueprints bring together."""
 
-    A job name two blueprints both define, or a queue name they declare differently, is a
-    :class:`~conveyor.errors.ConfigurationError`; so is a job on a queue none declares.
+    job_types: dict[str, JobType]
+    queues: dict[str, Queue]
+    settings_checks: list[SettingsCheck]
+    schedules: dict[str, Schedule]
+
+
+def compose(blueprints: Iterable[Jobs]) -> Composed:
+    """The job types, queues, settings checks and schedules of ``blueprints`` together.
+
+    A job name two blueprints both define, a queue name they declare differently, or a schedule
+    name used twice is a :class:`~conveyor.errors.ConfigurationError`; so is a job on a queue
+    none declares, and a schedule of a job none defines.
     """
     job_types: dict[str, JobType] = {}
     queues: dict[str, Queue] = {}
     checks: list[SettingsCheck] = []
+    schedules: dict[str, Schedule] = {}
     for blueprint in blueprints:
         for queue in blueprint.queues.values():
             if queues.setdefault(queue.name, queue) != queue:
@@ -289,10 +344,16 @@ def compose(blueprints: Iterable[Jobs]) -> tuple[dict[str, JobType], dict[str, Q
             if job_types.setdefault(name, job_type) is not job_type:
                 raise ConfigurationError(f"job {name!r} is defined by two blueprints")
         checks.extend(c for c in blueprint.settings_checks if c not in checks)
+        for spec in blueprint.schedules:
+            if schedules.setdefault(spec.name, spec) is not spec:
+                raise ConfigurationError(f"schedule {spec.name!r} is declared twice: give one another name=")
     undeclared = sorted(f"{t.name} (queue {t.queue!r})" for t in job_types.values() if t.queue not in queues)
     if undeclared:
         raise ConfigurationError(
             f"job(s) on a queue no blueprint declares: {', '.join(undeclared)}; "
             f"declare it with jobs.job(..., queue=Queue(name))"
         )
-    return job_types, queues, checks
+    unknown = sorted(f"{s.name} (job {s.job!r})" for s in schedules.values() if s.job not in job_types)
+    if unknown:
+        raise ConfigurationError(f"schedule(s) of a job no blueprint defines: {', '.join(unknown)}")
+    return Composed(job_types, queues, checks, schedules)

@@ -192,15 +192,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         import signal
         import threading
 
+        from conveyor.cli.schedules import firers, run_firers
         from conveyor.tasks.worker import InlineWorkers
 
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        from conveyor.platform.scheduling.scheduler import Scheduler
-
         workers = InlineWorkers(app).start()
-        scheduler = threading.Thread(target=Scheduler(app).run, args=(stop,), name="conveyor-scheduler")
+        scheduler = threading.Thread(target=run_firers, args=(firers(app), stop), name="conveyor-schedulers")
         scheduler.start()
         stop.wait()
         scheduler.join()

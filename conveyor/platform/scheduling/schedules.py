@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 
 from conveyor.db import load_queries
 from conveyor.errors import EnqueueError, InvalidSchedule, ScheduleNotFound, UnknownJob
-from conveyor.platform.scheduling.cron import Cron
+from conveyor.scheduling.cron import Cron
 from conveyor.tasks.jobqueue import validate_payload
 
 if TYPE_CHECKING:
