@@ -94,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             # Before the settings are first read: the App, this process's and every child's, sees them.
             os.environ["CONVEYOR_PATH"] = os.pathsep.join(os.path.abspath(p) for p in args.path)
         settings = get_settings()
-        add_paths(settings.import_paths)
-        os.environ["CONVEYOR_PATH"] = os.pathsep.join(settings.import_paths)
+        add_paths(settings.import_paths)  # spawned children inherit sys.path (and CONVEYOR_PATH) from here
         resolve_settings_flags(args, settings)
         return int(args.func(args) or 0)
     except ConveyorError as exc:
