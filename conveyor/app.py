@@ -40,7 +40,8 @@ class App:
     ``jobs``: the blueprints (:class:`~conveyor.blueprints.Jobs`) whose job types and queues this
     App runs; left out, they come from the environment: the agent platform's (unless
     ``CONVEYOR_PLATFORM=false``), every blueprint a ``CONVEYOR_IMPORTS`` module holds, and the
-    module-level ``@job``'s. ``middleware``: Dramatiq middleware of the user's, run after conveyor's.
+    module-level ``@job``'s. ``middleware``: Dramatiq middleware of the user's, run after conveyor's
+    (a blueprint can bring its own, which a ``conveyor worker`` gets too: ``jobs.add_middleware``).
     ``App()`` reads the settings from the environment; tests pass their own :class:`Settings`.
     """
 
@@ -67,7 +68,8 @@ class App:
                 validate_payload(spec.job, self.job_types[spec.job].payload, spec.payload)
             except InvalidPayload as exc:
                 raise ConfigurationError(f"schedule {spec.name!r}: {exc}") from None
-        self.user_middleware = list(middleware)
+        # The caller's, then each blueprint's (built for this App), after conveyor's own.
+        self.user_middleware = [*middleware, *(make() for b in self.blueprints for make in b.middleware)]
         for blueprint in self.blueprints:
             blueprint.app = self  # the App its handles enqueue on: the last one built with it
         self.backend: Backend = backend_for(self.settings)

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from conveyor.errors import ConfigurationError, ConveyorError
 
 if TYPE_CHECKING:
+    from dramatiq import Middleware
     from psycopg import Connection
 
     from conveyor.app import App
@@ -129,6 +130,9 @@ class Jobs:
     queues: dict[str, Queue] = field(default_factory=dict)
     settings_checks: list[SettingsCheck] = field(default_factory=list)
     schedules: list[Schedule] = field(default_factory=list)
+    #: Factories of Dramatiq middleware every App with this blueprint adds (a worker started by
+    #: ``conveyor worker`` too): called once per App, so no instance is shared between brokers.
+    middleware: list[Callable[[], Middleware]] = field(default_factory=list)
     app: App | None = field(default=None, repr=False, compare=False)
 
     def queue(self, queue: Queue | str, **fields: Any) -> Queue:
@@ -224,6 +228,10 @@ class Jobs:
         spec = Schedule(name or f"{job_name}@{cron}@{tz}", cron, job_name, data, tz)
         self.schedules.append(spec)
         return spec
+
+    def add_middleware(self, factory: Callable[[], Middleware]) -> None:
+        """Have every App built with this blueprint run ``factory()`` (a Middleware class, say) after conveyor's."""
+        self.middleware.append(factory)
 
     def check_settings(self, fn: SettingsCheck) -> SettingsCheck:
         """Register ``fn(settings)``: it raises ``ValueError`` when the settings this blueprint reads cannot work."""

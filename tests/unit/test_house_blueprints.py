@@ -127,3 +127,22 @@ def test_the_platform_is_a_blueprint_an_app_includes_by_choice():
     alone = App(inline(), jobs=[blueprint("math.add", "math", [])])
     assert "credit.consume" not in alone.job_types and "agent" not in alone.queues
     alone.close()
+
+
+def test_a_blueprints_middleware_is_built_for_each_app_that_includes_it():
+    jobs = blueprint("math.add", "math", [])
+    jobs.add_middleware(Counts)
+    one, two = App(inline(), jobs=[jobs]), App(inline(), jobs=[jobs])
+    try:
+        first, second = one.broker.middleware[-1], two.broker.middleware[-1]
+        assert isinstance(first, Counts) and isinstance(second, Counts) and first is not second
+        workers = InlineWorkers(one).start()
+        try:
+            one.jobs.enqueue("math.add", {"a": 1, "b": 2})
+            workers.join()
+        finally:
+            workers.stop()
+        assert first.done == ["math.add"] and second.done == []
+    finally:
+        one.close()
+        two.close()
