@@ -99,9 +99,13 @@ class CronFirer:
                 "an occurrence's key must outlive the time it may still be fired"
             )
         self.crons = {name: Cron.parse(s.cron, s.tz) for name, s in app.schedules.items()}
+        # Occurrences this firer has seen into the broker (enqueued, or found there): a later pass
+        # in the grace window need not send them again. Lost with the process, which is harmless.
+        self._sent: set[tuple[str, datetime]] = set()
 
     def tick(self, now: datetime | None = None) -> list[Fired]:
-        """Enqueue every occurrence due in the grace window before ``now`` (default: the server's clock)."""
+        """Enqueue every occurrence due in the grace window before ``now`` (default: the server's clock)
+        that this firer has not sent yet; return what it enqueued (or found a duplicate of)."""
         if not self.crons:
             return []
         moment = now or server_now(self.app)
@@ -110,7 +114,9 @@ class CronFirer:
             (name, fire_time)
             for name, cron in self.crons.items()
             for fire_time in cron.between(since, moment, MAX_PER_PASS)
+            if (name, fire_time) not in self._sent
         ]
+        self._sent = {(name, t) for name, t in self._sent if t >= since}
         schedules = self.app.schedules
         # Plain mappings (JobQueue takes them as JobRequests): this package sits below tasks/.
         requests = [
@@ -120,6 +126,7 @@ class CronFirer:
         refs = self.app.jobs.enqueue_many(requests)
         fired = []
         for (name, fire_time), ref in zip(due, refs):
+            self._sent.add((name, fire_time))
             fired.append(Fired(name, fire_time, ref.id, ref.deduplicated))
             if not ref.deduplicated:
                 spec = schedules[name]

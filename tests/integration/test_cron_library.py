@@ -48,6 +48,7 @@ def test_an_occurrence_fires_once_however_many_schedulers_pass(app):
     ]
     again = second.tick(at + timedelta(seconds=5))
     assert [(f.job_id, f.deduplicated) for f in again] == [(fired[0].job_id, True)]
+    assert first.tick(at + timedelta(seconds=10)) == []  # sent already: not sent again in its window
     with running(app, "cron"):
         assert ping.result(fired[0].job_id, timeout=60) == "five"
     assert seen == [(fired[0].job_id, "five")]
