@@ -118,9 +118,11 @@ class Schedule:
     tz: str = "UTC"
 
 
-@dataclass
+@dataclass(eq=False)
 class Jobs:
-    """A blueprint: job types, the queues they use and their final-failure hooks; no globals.
+    """A blueprint: job types, the queues they use, final-failure hooks, schedules, middleware; no globals.
+
+    Compared by identity: two blueprints with the same contents are still two.
 
     ``app`` is the last :class:`~conveyor.app.App` built with this blueprint: the one a
     handle's :meth:`JobHandle.enqueue` and :meth:`JobHandle.result` go through.

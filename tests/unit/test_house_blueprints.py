@@ -12,6 +12,7 @@ from conveyor import App, JobContext, JobHandle, Jobs, Payload, Queue
 from conveyor.errors import ConfigurationError, InvalidPayload
 from conveyor.settings import Settings
 from conveyor.tasks.worker import InlineWorkers
+from tests.support.waiting import wait_for
 
 
 class Add(Payload):
@@ -62,7 +63,8 @@ def test_a_handle_enqueues_on_its_app_checked_against_the_payload_and_is_still_t
             h.enqueue({"a": "not a number", "b": 1})
         ref = h.enqueue(Add(a=20, b=22), key="k1")
         assert h.enqueue({"a": 1, "b": 1}, key="k1").id == ref.id  # the key makes the second a no-op
-        workers.join()
+        # Worker.join returns before a consumer has fetched a message: wait on the outcome.
+        wait_for(lambda: app.broker.get_job(ref.id).state == "completed", message="the job to complete")
         assert seen == [5, 42]
     finally:
         workers.stop()
@@ -109,11 +111,10 @@ def test_a_users_dramatiq_middleware_runs_after_conveyors():
     workers = InlineWorkers(app).start()
     try:
         app.jobs.enqueue("math.add", {"a": 1, "b": 2})
-        workers.join()
+        wait_for(lambda: counts.done == ["math.add"], message="the user's middleware to see the job")
     finally:
         workers.stop()
         app.close()
-    assert counts.done == ["math.add"]
 
 
 def test_the_platform_is_a_blueprint_an_app_includes_by_choice():
@@ -139,10 +140,10 @@ def test_a_blueprints_middleware_is_built_for_each_app_that_includes_it():
         workers = InlineWorkers(one).start()
         try:
             one.jobs.enqueue("math.add", {"a": 1, "b": 2})
-            workers.join()
+            wait_for(lambda: first.done == ["math.add"], message="the first App's middleware to see the job")
         finally:
             workers.stop()
-        assert first.done == ["math.add"] and second.done == []
+        assert second.done == []
     finally:
         one.close()
         two.close()
