@@ -277,6 +277,15 @@ def run_worker_process(queue: str, threads: int | None = None) -> None:
         signal.signal(sig, lambda *_: stop.set())
     worker = ProcessWorker(app, queue, threads)
     worker.start()
+    cron = None
+    if app.schedules and app.settings.worker_schedules:
+        from conveyor.scheduling.firing import CronFirer
+
+        # Any number of workers may fire: an occurrence's keyed enqueue makes it once.
+        cron = threading.Thread(target=CronFirer(app).run, args=(stop,), name="conveyor-cron", daemon=True)
+        cron.start()
     stop.wait()
+    if cron is not None:
+        cron.join(timeout=app.settings.shutdown_timeout)
     worker.stop()
     app.close()

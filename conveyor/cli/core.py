@@ -140,6 +140,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from conveyor.errors import ConfigurationError
 
         raise ConfigurationError("the inline broker lives inside one process: use `conveyor up` or a real broker")
+    if app.schedules and app.settings.worker_schedules:
+        from conveyor.scheduling.firing import CronFirer
+
+        CronFirer(app)  # a schedule setting that cannot work stops here, not in every child
     if app.backend.queue_in_postgres:
         from conveyor.schema.migrate import migrate
 

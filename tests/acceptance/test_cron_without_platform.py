@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,27 @@ def test_a_users_cron_job_fires_once_and_runs_with_the_platform_off(
         _, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err.decode(errors="replace")[-2000:]
     assert {p.read_text() for p in tmp_path.glob("ran-*")} == {"every minute"}
+
+
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
+def test_workers_fire_the_schedules_themselves_once_each(broker, clean_env, redis_url, database_url, tmp_path):
+    (tmp_path / "userjobs.py").write_text(textwrap.dedent(USER_JOBS))
+    settings = make_settings(broker, redis_url, database_url, queues={})
+    env = env_for(settings, CONVEYOR_PLATFORM="false", CONVEYOR_IMPORTS="userjobs")
+    del env["PYTHONPATH"]
+    env["CONVEYOR_SCHEDULER_MISFIRE_GRACE"] = "70"  # a pass always finds one or two occurrences
+    env["CONVEYOR_SCHEDULER_INTERVAL"] = "0.2"
+    # No scheduler: three worker processes fire, each occurrence once.
+    worker = subprocess.Popen(
+        [CONVEYOR, "worker", "--processes", "3"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        wait_for(lambda: list(tmp_path.glob("ran-*")), timeout=60, message="a worker-fired occurrence to run")
+        time.sleep(1.5)  # several more passes of every process: none may enqueue the same occurrence again
+    finally:
+        worker.terminate()
+        _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err.decode(errors="replace")[-2000:]
+    fired = [json.loads(line) for line in err.decode().splitlines() if '"schedule_fired"' in line]
+    assert fired and len({f["fire_time"] for f in fired}) == len(fired), "an occurrence enqueued twice"
+    assert 1 <= len(list(tmp_path.glob("ran-*"))) <= len(fired)  # one not yet run at the stop stays queued
