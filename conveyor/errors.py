@@ -19,6 +19,30 @@ class ConfigurationError(ConveyorError):
     """The settings or the environment cannot work as given."""
 
 
+class JobModuleNotFound(ConfigurationError):
+    """A module named in ``CONVEYOR_IMPORTS`` could not be imported from the paths searched (``--path``)."""
+
+
+class ResultError(ConveyorError):
+    """A job's stored result could not be had (``handle.result()``, ``app.jobs.result()``)."""
+
+
+class JobFailed(ResultError):
+    """The job failed for good; ``error`` is its last error, scrubbed of secret values."""
+
+    def __init__(self, job: str, job_id: str, error: str) -> None:
+        super().__init__(f"job {job!r} ({job_id}) failed for good: {error}")
+        self.job, self.job_id, self.error = job, job_id, error
+
+
+class ResultTimeout(ResultError):
+    """The job had no result within the wait; it may still finish (wait again with the same id)."""
+
+
+class ResultNotStored(ResultError):
+    """The job's type does not keep results: register it with ``store_result=True``."""
+
+
 class StoreUnavailable(ConveyorError):
     """A backing store (Redis, Postgres) could not be reached or did not answer in time; a retry may succeed.
 

@@ -82,6 +82,9 @@ class Settings(BaseSettings):
         description="Where the embedded Postgres, build artifacts and build work trees live.",
     )
     dedup_ttl: float = Field(24 * 3600, gt=0, description="Seconds a job key makes a second enqueue a no-op.")
+    result_ttl: float = Field(
+        24 * 3600, gt=0, description="Seconds a job's stored result (store_result=True) is kept for readers."
+    )
     heartbeat_timeout: float = Field(
         60, gt=0, description="Seconds without a heartbeat before a worker's jobs are recovered."
     )
@@ -133,6 +136,11 @@ class Settings(BaseSettings):
         None, description="Fernet key(s) for payload secrets, comma-separated: the first encrypts, all decrypt."
     )
     imports: str = Field("", description="Comma-separated modules that register more job types.")
+    path: str = Field(
+        "",
+        description="Directories searched first for CONVEYOR_IMPORTS, separated by os.pathsep "
+        "(`conveyor worker --path DIR`); empty: the working directory.",
+    )
     platform: bool = Field(
         True, description="Load the agent platform's job types and queues; false: only CONVEYOR_IMPORTS' jobs."
     )
@@ -165,6 +173,11 @@ class Settings(BaseSettings):
     )
     # -- schedules and builds ---------------------------------------------------
     scheduler_interval: float = Field(5, gt=0, description="Seconds between the scheduler's passes over due schedules.")
+    worker_schedules: bool = Field(
+        True,
+        description="Worker processes fire the App's code schedules (jobs.schedule) too, each occurrence "
+        "once whatever else fires it; false: only `conveyor scheduler` does.",
+    )
     scheduler_misfire_grace: float = Field(
         60, ge=0, description="Seconds late a cron fire may be and still count as on time (misfire policy 'skip')."
     )
@@ -480,6 +493,12 @@ class Settings(BaseSettings):
             return None
         first, last = (int(n) for n in self.build_sandbox_uids.split("-"))
         return first, last
+
+    def import_paths(self) -> list[str]:
+        """CONVEYOR_PATH's directories, absolute; the working directory when it names none."""
+        import os
+
+        return [os.path.abspath(p) for p in self.path.split(os.pathsep) if p.strip()] or [os.getcwd()]
 
     @property
     def source_roots(self) -> list[Path]:

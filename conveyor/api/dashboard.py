@@ -39,9 +39,9 @@ from starlette.types import Scope
 from conveyor.api import sessions
 from conveyor.api.auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret
 from conveyor.api.deps import CursorQuery, NamePath, inspector
-from conveyor.api.inspector import Inspector
 from conveyor.brokers.base import JOB_STATES
 from conveyor.errors import InvalidQuery, JobNotFound, UnknownQueue
+from conveyor.inspector import Inspector
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from conveyor.errors import InvalidQuery
 
 if TYPE_CHECKING:
-    from conveyor.api.inspector import Inspector, JobView, Where
     from conveyor.cli import Subcommands
+    from conveyor.inspector import Inspector, JobView, Where
 
 #: The filter's keys, and what each becomes.
 WHERE_KEYS = ("queue", "state", "job", "older-than")
@@ -84,7 +84,7 @@ def _bulk_flags(parser: argparse.ArgumentParser) -> None:
 
 def parse_where(text: str, *, state: str | None = None) -> Where:
     """``queue=critical,state=failed,...`` as a :class:`Where`; InvalidQuery names a bad key, never a value."""
-    from conveyor.api.inspector import Where
+    from conveyor.inspector import Where
 
     fields: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -110,8 +110,8 @@ def parse_where(text: str, *, state: str | None = None) -> Where:
 
 
 def _inspector() -> Inspector:
-    from conveyor.api.inspector import Inspector
     from conveyor.cli.core import _app
+    from conveyor.inspector import Inspector
 
     return Inspector(_app())
 
@@ -211,7 +211,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def cmd_queue_purge(args: argparse.Namespace) -> int:
-    from conveyor.api.inspector import Where
+    from conveyor.inspector import Where
 
     inspect = _inspector()
     try:

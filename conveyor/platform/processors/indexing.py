@@ -13,11 +13,11 @@ import re
 from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.payloads import ResourceIndex
 from conveyor.platform.queues import INDEXING
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.faults import maybe_fail
-from conveyor.tasks.registry import job
 
 #: Words per chunk, and words shared with the previous chunk so a phrase cut
 #: at a boundary is still found whole in one of the two.
@@ -25,7 +25,7 @@ CHUNK_WORDS = 120
 CHUNK_OVERLAP = 20
 
 
-@job("resource.index", queue=INDEXING, payload=ResourceIndex)
+@jobs.job("resource.index", queue=INDEXING, payload=ResourceIndex)
 def index_resource(payload: ResourceIndex, ctx: JobContext) -> None:
     maybe_fail(ctx, payload.idempotency_key(), "before indexing")
     with ctx.app.pool.connection() as conn, conn.transaction():

@@ -1,10 +1,11 @@
-"""The read layer of the admin API and dashboard: plain dataclasses, no HTTP.
+"""The read layer: jobs, queues and workers as plain dataclasses, no HTTP.
 
 It asks the broker (any :class:`~conveyor.brokers.base.ConveyorBroker`)
 and returns what people may see: payload secrets redacted, errors
-scrubbed of secret values. The routes in ``admin.py`` and ``dashboard.py``
-only render what it returns; operator actions go through it too, so the
-HTTP side never touches the broker.
+scrubbed of secret values. The admin API and dashboard routes
+(``api/admin.py``, ``api/dashboard.py``) only render what it returns, and
+the library's ``app.jobs.get(job_id)`` returns its :class:`JobView`;
+operator actions go through it too, so the HTTP side never touches the broker.
 """
 
 from __future__ import annotations
