@@ -494,6 +494,7 @@ class Settings(BaseSettings):
         first, last = (int(n) for n in self.build_sandbox_uids.split("-"))
         return first, last
 
+    @property
     def import_paths(self) -> list[str]:
         """CONVEYOR_PATH's directories, absolute; the working directory when it names none."""
         import os
