@@ -68,6 +68,19 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL", "CONVEYOR_DATABASE_URL"),
         description="Postgres for the ledger and the postgres broker.",
     )
+    database_pooled: bool = Field(
+        False,
+        description="DATABASE_URL goes through a transaction-mode pooler (PgBouncer): no prepared "
+        "statements, no session settings (every commit then follows the server's synchronous_commit, "
+        "which must be on), and no LISTEN on it (see listen_database_url).",
+    )
+    listen_database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("LISTEN_DATABASE_URL", "CONVEYOR_LISTEN_DATABASE_URL"),
+        description="A direct connection to Postgres (not through a transaction-mode pooler) for LISTEN: "
+        "wake-ups of the postgres broker's workers and of stream readers. Unset with database_pooled: "
+        "workers poll every pg_poll_seconds instead.",
+    )
     job_failure_webhook_url: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("JOB_FAILURE_WEBHOOK_URL", "CONVEYOR_JOB_FAILURE_WEBHOOK_URL"),

@@ -58,7 +58,7 @@ def build_buffer(app: "App") -> StreamBuffer:
     if store == "postgres":
         from conveyor.platform.streams.postgres import PostgresStreamBuffer
 
-        return PostgresStreamBuffer(app.pool)
+        return PostgresStreamBuffer(app.pool, listen_url=settings.listen_database_url)
     from conveyor.platform.streams.memory import MemoryStreamBuffer
 
     return MemoryStreamBuffer()

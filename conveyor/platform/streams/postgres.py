@@ -34,8 +34,10 @@ LISTEN_TICK = 1.0
 class PostgresStreamBuffer(StreamBuffer):
     """Chunks as rows keyed by (run_id, seq), on the app's pool; one LISTEN connection for its readers."""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: ConnectionPool, listen_url: str | None = None) -> None:
         self.pool = pool
+        #: A direct URL for LISTEN when the pool goes through a transaction-mode pooler (PgBouncer).
+        self.listen_url = listen_url
         self._wakeups = Wakeups()
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
@@ -70,7 +72,7 @@ class PostgresStreamBuffer(StreamBuffer):
         """LISTEN until closed; reconnect after a lost connection (and wake every reader: news may be lost)."""
         while not self._stop.is_set():
             try:
-                conninfo = self.pool.conninfo
+                conninfo = self.listen_url or self.pool.conninfo
                 with psycopg.connect(conninfo if isinstance(conninfo, str) else conninfo(), autocommit=True) as conn:
                     conn.execute(QUERIES["listen"])
                     self._wakeups.wake_all()
