@@ -277,6 +277,17 @@ class Settings(BaseSettings):
         10, gt=0, description="Redis broker: seconds a command may wait for its reply before it counts as failed."
     )
     redis_connect_timeout: float = Field(5, gt=0, description="Redis broker: seconds to open a connection.")
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        description="Redis broker: after each enqueue and each claim (the write that hands out a delivery "
+        "number), WAIT until this many replicas have it; 0: no WAIT (a failover may lose writes the primary "
+        "acknowledged but had not replicated yet). An enqueue not acknowledged in time is reported as of "
+        "unknown outcome; a claim is not started and goes back to its queue.",
+    )
+    redis_wait_timeout: float = Field(
+        1.0, gt=0, description="Redis broker: seconds a WAIT (redis_wait_replicas) may take."
+    )
     redis_health_check_interval: float = Field(
         15,
         ge=0,
