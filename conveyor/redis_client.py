@@ -88,6 +88,8 @@ def client(url: str, settings: Settings) -> redis.Redis:
     connections find the new primary through the sentinels (a connection to a
     demoted primary is dropped at its first READONLY reply, and the call retried).
     """
+    if url.startswith("redis+cluster://"):
+        raise ConfigurationError("REDIS_URL: Redis Cluster (redis+cluster://) is not supported yet; see docs/hosts.md")
     if url.startswith(SENTINEL_SCHEME):
         found = parse_sentinel_url(url)
         sentinel = redis.Sentinel(  # type: ignore[no-untyped-call]
