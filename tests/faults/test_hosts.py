@@ -137,6 +137,8 @@ def test_three_hosts_share_the_load_and_survive_one_cut_off(world, broker, names
         victim_ns.heal()
     healed_at = time.time()
     producer.wait()
+    # Its self-fenced processes are restarted by its supervisor (with a backoff while it was cut off).
+    victim.wait_ready()
 
     # Wave 2, once it is back: it must take its share again.
     wave2 = mixed(45, "h2", seed=11)
@@ -153,6 +155,14 @@ def test_three_hosts_share_the_load_and_survive_one_cut_off(world, broker, names
         later = [r for r in runs if r.job_id == job_id and r.host != victim.name and r.started_at.timestamp() > cut_at]
         if later:
             takeovers[job_id] = min(r.started_at.timestamp() for r in later) - cut_at
+    rejoined = min(
+        (
+            r.started_at.timestamp() - healed_at
+            for r in runs
+            if r.host == victim.name and r.started_at.timestamp() > healed_at
+        ),
+        default=None,
+    )
     fenced = victim.events("self_fence")
     summary = (
         f"\n{broker}: ok runs per host before/through the cut {dict(before)}, after it {dict(after)}; "
@@ -160,7 +170,8 @@ def test_three_hosts_share_the_load_and_survive_one_cut_off(world, broker, names
         f"worst cut->rerun start {max(takeovers.values(), default=0):.2f}s "
         f"(lease {LEASE:g}s + recovery {RECOVERY:g}s); {len(fenced)} self-fence(s) on {victim.name}; "
         f"checker: jobs={row.jobs} lost={row.lost} doubled={row.doubled} overlapping={row.overlapping} "
-        f"recovery after heal {row.recovery}s"
+        f"recovery after heal {row.recovery}s; {victim.name}'s first run after the heal "
+        f"{'never' if rejoined is None else f'{rejoined:.2f}s'} after it"
     )
     print(summary)
 
