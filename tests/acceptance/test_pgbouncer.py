@@ -22,17 +22,9 @@ from tests.support.harness import make_settings, probe_runs
 from tests.support.waiting import wait_for
 
 
-@pytest.fixture(scope="module")
-def bouncer(pg_server):
-    from tests.support.servers import PgBouncerServer
-
-    with PgBouncerServer(pg_server) as server:
-        yield server
-
-
 @pytest.fixture(params=["listen", "poll"])
-def settings(request, clean_env, database_url, bouncer):
-    through = bouncer.url(database_url.rsplit("/", 1)[1])
+def settings(request, clean_env, database_url, pgbouncer):
+    through = pgbouncer.url(database_url.rsplit("/", 1)[1])
     return make_settings(
         "postgres",
         None,

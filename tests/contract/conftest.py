@@ -159,15 +159,6 @@ def store_message(broker_name: str) -> Callable[[Any, str, bytes], None]:
     return STORE[broker_name]
 
 
-@pytest.fixture(scope="session")
-def pgbouncer(pg_server: Any) -> Iterator[Any]:
-    """A private PgBouncer (transaction pooling) in front of the session's Postgres."""
-    from tests.support.servers import PgBouncerServer
-
-    with PgBouncerServer(pg_server) as server:
-        yield server
-
-
 @pytest.fixture(params=[*ALL_BROKERS, PGBOUNCER])
 def broker_name(request: pytest.FixtureRequest) -> str:
     name = request.param

@@ -51,7 +51,7 @@ def build_buffer(app: "App") -> StreamBuffer:
     if store == "postgres":
         from conveyor.platform.streams.postgres import PostgresStreamBuffer
 
-        return PostgresStreamBuffer(app.pool, listen_url=settings.listen_database_url)
+        return PostgresStreamBuffer(app.pool, listen_url=settings.listen_database_url, pooled=settings.database_pooled)
     from conveyor.platform.streams.memory import MemoryStreamBuffer
 
     return MemoryStreamBuffer()
