@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo bench soak lint
+.PHONY: venv test demo bench soak soak-hosts lint
 
 # The venv is (re)installed only when pyproject.toml is newer than the stamp. `make demo` needs
 # conveyor alone; the test tools (pytest, selenium, linters) come with `make test` or `make venv`.
@@ -41,6 +41,11 @@ SOAK_SECONDS ?= 3600
 SOAK_REPORT ?=
 soak: venv
 	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(SOAK_REPORT) $(BIN)/python -m tests.faults.soak
+
+# The same, for the three-host partition test alone (tests/faults/test_hosts.py, docs/hosts.md).
+soak-hosts: venv
+	SOAK_TESTS=tests/faults/test_hosts.py SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(SOAK_REPORT) \
+		$(BIN)/python -m tests.faults.soak
 
 # The house rules (issue 12): layer contracts, lint, format, types. CI runs it too.
 lint: venv

@@ -175,7 +175,7 @@ class App:
             if self._pool is None:
                 from conveyor.db import open_pool
 
-                self._pool = open_pool(self.database_url)
+                self._pool = open_pool(self.database_url, pooled=self.settings.database_pooled)
             return self._pool
 
     @property

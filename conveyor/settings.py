@@ -68,6 +68,19 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL", "CONVEYOR_DATABASE_URL"),
         description="Postgres for the ledger and the postgres broker.",
     )
+    database_pooled: bool = Field(
+        False,
+        description="DATABASE_URL goes through a transaction-mode pooler (PgBouncer): no prepared "
+        "statements, no session settings (every commit then follows the server's synchronous_commit, "
+        "which must be on), and no LISTEN on it (see listen_database_url).",
+    )
+    listen_database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("LISTEN_DATABASE_URL", "CONVEYOR_LISTEN_DATABASE_URL"),
+        description="A direct connection to Postgres (not through a transaction-mode pooler) for LISTEN: "
+        "wake-ups of the postgres broker's workers and of stream readers. Unset with database_pooled: "
+        "workers poll every pg_poll_seconds instead.",
+    )
     job_failure_webhook_url: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("JOB_FAILURE_WEBHOOK_URL", "CONVEYOR_JOB_FAILURE_WEBHOOK_URL"),
@@ -303,6 +316,17 @@ class Settings(BaseSettings):
         10, gt=0, description="Redis broker: seconds a command may wait for its reply before it counts as failed."
     )
     redis_connect_timeout: float = Field(5, gt=0, description="Redis broker: seconds to open a connection.")
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        description="Redis broker: after each enqueue and each claim (the write that hands out a delivery "
+        "number), WAIT until this many replicas have it; 0: no WAIT (a failover may lose writes the primary "
+        "acknowledged but had not replicated yet). An enqueue not acknowledged in time is reported as of "
+        "unknown outcome; a claim is not started and goes back to its queue.",
+    )
+    redis_wait_timeout: float = Field(
+        1.0, gt=0, description="Redis broker: seconds a WAIT (redis_wait_replicas) may take."
+    )
     redis_health_check_interval: float = Field(
         15,
         ge=0,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.servers import PostgresServer, RedisServer
+from tests.support.servers import PgBouncerServer, PostgresServer, RedisServer
 from tests.support.waiting import wait_for
 
 #: The migrated database every test database is copied from.
@@ -132,6 +132,13 @@ def pg_template(pg_server: PostgresServer) -> str:
     # A copy fails while anyone is connected to its source.
     pg_server.terminate_connections(TEMPLATE_DB)
     return TEMPLATE_DB
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server: PostgresServer) -> Iterator[PgBouncerServer]:
+    """A private PgBouncer (transaction pooling) in front of the session's Postgres: ``pgbouncer.url(dbname)``."""
+    with PgBouncerServer(pg_server) as server:
+        yield server
 
 
 @pytest.fixture

@@ -116,6 +116,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         #: Runs the final-failure hook of a job the broker itself fails (an undecodable message), as on Postgres.
         self._on_dead = on_dead
         self._jobs = self.client.register_script(JOBS)
+        #: (replicas, timeout ms) each enqueue and claim WAITs for; None: no WAIT (redis_wait_replicas = 0).
+        self.replicas = (
+            (settings.redis_wait_replicas, int(settings.redis_wait_timeout * _MS))
+            if settings.redis_wait_replicas
+            else None
+        )
         #: Script calls an enqueue may make: a lost reply's call is repeated (exactly: see _send_enqueue).
         self.enqueue_attempts = 1 + settings.redis_retries
         self.acks = AckBuffer(self)
@@ -190,7 +196,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
         """Fetch up to ``room`` messages; each is held from the same critical section the release pass uses."""
         with self._fetch_lock(name):
-            rows = self._call("fetch", name, room)
+            rows = self._call("fetch", name, room) if self.replicas is None else self._fetch_replicated(name, room)
             out = []
             with self._lock:
                 held = self._held.setdefault(name, {})
@@ -209,6 +215,24 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                         )
                     )
         return out
+
+    def _fetch_replicated(self, name: str, room: int) -> Any:
+        """The claim, then WAIT on the same connection: a claim replicas lack is not started.
+
+        Its rows are not recorded as held, so this worker's orphan pass hands
+        them back (under a new delivery number), and the error restarts the consumer.
+        """
+        assert self.replicas is not None
+        sent = time.monotonic()
+        with self.client.pipeline(transaction=False) as pipe:
+            self._jobs(keys=[self.namespace], args=["fetch", name, self.broker_id, room], client=pipe)
+            pipe.execute_command("WAIT", *self.replicas)  # type: ignore[no-untyped-call]
+            rows, acked = pipe.execute()
+        with self._lock:
+            self._beat_at = sent if self._beat_at is None else max(self._beat_at, sent)
+        if int(acked) < self.replicas[0]:
+            raise redis.TimeoutError(f"WAIT: {acked} of {self.replicas[0]} replica(s) had the claim in time")
+        return rows
 
     def _held_count(self, name: str) -> int:
         return len(self._held.get(name, ()))
@@ -304,7 +328,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             if attempt:
                 time.sleep(min(2.0, 0.1 * 2 ** (attempt - 1)))
             try:
-                return call_once(self.client, self._jobs, [self.namespace], args)
+                return call_once(self.client, self._jobs, [self.namespace], args, replicas=self.replicas)
             except SendFailed as exc:
                 last = exc
                 if isinstance(exc, MaybeSent):

@@ -35,10 +35,8 @@ def build_buffer(app: "App") -> StreamBuffer:
     settings = app.settings
     store = app.backend.store
     if store == "redis":
-        import redis.asyncio
-
         from conveyor.platform.streams.redis import RedisStreamBuffer
-        from conveyor.redis_client import client
+        from conveyor.redis_client import async_reader, client
 
         if not settings.redis_url:
             raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
@@ -47,18 +45,13 @@ def build_buffer(app: "App") -> StreamBuffer:
             client(url, settings),
             namespace=settings.redis_namespace,
             retention=settings.stream_retention,
-            reader=lambda: redis.asyncio.Redis.from_url(
-                url,
-                single_connection_client=True,
-                socket_connect_timeout=settings.redis_connect_timeout,
-                socket_timeout=settings.redis_socket_timeout,
-            ),
+            reader=lambda: async_reader(url, settings),
             socket_timeout=settings.redis_socket_timeout,
         )
     if store == "postgres":
         from conveyor.platform.streams.postgres import PostgresStreamBuffer
 
-        return PostgresStreamBuffer(app.pool)
+        return PostgresStreamBuffer(app.pool, listen_url=settings.listen_database_url, pooled=settings.database_pooled)
     from conveyor.platform.streams.memory import MemoryStreamBuffer
 
     return MemoryStreamBuffer()

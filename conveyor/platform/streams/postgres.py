@@ -34,8 +34,13 @@ LISTEN_TICK = 1.0
 class PostgresStreamBuffer(StreamBuffer):
     """Chunks as rows keyed by (run_id, seq), on the app's pool; one LISTEN connection for its readers."""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: ConnectionPool, listen_url: str | None = None, *, pooled: bool = False) -> None:
         self.pool = pool
+        #: A direct URL for LISTEN when the pool goes through a transaction-mode pooler (PgBouncer).
+        self.listen_url = listen_url
+        #: False behind a transaction-mode pooler without a direct URL: no LISTEN (its notifications would
+        #: reach whichever client holds that server connection); readers then read again at their timeout.
+        self.listens = bool(listen_url) or not pooled
         self._wakeups = Wakeups()
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
@@ -62,7 +67,7 @@ class PostgresStreamBuffer(StreamBuffer):
 
     def _ensure_listener(self) -> None:
         with self._start:
-            if self._listener is None and not self._stop.is_set():
+            if self._listener is None and not self._stop.is_set() and self.listens:
                 self._listener = threading.Thread(target=self._listen, name="conveyor-stream-listen", daemon=True)
                 self._listener.start()
 
@@ -70,7 +75,7 @@ class PostgresStreamBuffer(StreamBuffer):
         """LISTEN until closed; reconnect after a lost connection (and wake every reader: news may be lost)."""
         while not self._stop.is_set():
             try:
-                conninfo = self.pool.conninfo
+                conninfo = self.listen_url or self.pool.conninfo
                 with psycopg.connect(conninfo if isinstance(conninfo, str) else conninfo(), autocommit=True) as conn:
                     conn.execute(QUERIES["listen"])
                     self._wakeups.wake_all()
