@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conveyor.errors import EnqueueError
+from conveyor.errors import EnqueueError, EnqueueOutcomeUnknown
 from conveyor.platform import quotas, records
 from conveyor.platform.payloads import run_key
 from conveyor.platform.quotas import RunQuota
@@ -75,6 +75,10 @@ def start_round(
         try:
             # Keyed: a retried POST of a run still queued enqueues nothing new.
             ref = app.jobs.enqueue(run.job, {"task_id": task_id, "run_id": run_id}, key=run_key(run_id))
+        except EnqueueOutcomeUnknown:
+            # The job may exist: failing the run would fail a round that runs. It stays queued, as after a
+            # process that died before its enqueue; the client's retry (same message id) enqueues it keyed.
+            raise
         except EnqueueError as exc:
             # Nothing will run it: end it now rather than leave it queued forever.
             records.fail_run(conn, run_id, f"could not be enqueued: {exc}")

@@ -634,3 +634,25 @@ def test_a_truncated_message_fails_its_job_with_a_clear_error_and_its_hook_runs(
     assert client.zscore(f"{ns}:{QUEUE}.XQ", rid) is not None, "the message is kept in the dead letters"
     assert not _acks_members(client, ns)
     assert len(probe_runs(database_url, "truncated")) == 0
+
+
+def test_a_round_whose_enqueue_reply_is_lost_stays_queued_and_its_retry_runs_it_once(make_app, proxy, client):
+    """The platform must not fail a round whose job may exist: it stays queued, and the client's retry (the
+    same message id) finds the run and enqueues its job keyed, so the job that did land is not doubled."""
+    from conveyor.platform import records
+    from conveyor.platform.rounds import start_round
+    from tests.support.platform_support import make_task
+
+    app = make_app(redis_url=proxy.url(), redis_socket_timeout=0.5, redis_connect_timeout=0.5, redis_retries=1)
+    make_task(app, "t-lost")
+    app.jobs.enqueue(JOB, {"token": "warm-up"})  # a pooled connection opened while replies flow
+    proxy.drop_replies = True
+    with pytest.raises(EnqueueOutcomeUnknown):
+        start_round(app, task_id="t-lost", content="hello", message_id="m-lost")
+    proxy.drop_replies = False
+    again = start_round(app, task_id="t-lost", content="hello", message_id="m-lost")
+    assert not again.created and again.job_id
+    with app.pool.connection() as conn:
+        assert records.get_run(conn, again.run_id).status == "queued"
+    runs = [k for k in client.keys("conveyor:job:*") if client.hget(k, "job") in (b"chat.run", "chat.run")]
+    assert len(runs) == 1, "the retried round enqueued a second run job"

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from conveyor.errors import EnqueueError, InvalidPayload
+from conveyor.errors import EnqueueError, EnqueueOutcomeUnknown, InvalidPayload
 from conveyor.platform.builds import store
 from conveyor.platform.builds.payloads import BuildPayload
 from conveyor.secrets import encrypt_env
@@ -97,6 +97,10 @@ def request_build(
     # the client's whole timeout and retries, and enough such requests would drain the App's pool.
     try:
         ref = app.jobs.enqueue(JOB, payload, key=build_key(request.build_id))
+    except EnqueueOutcomeUnknown:
+        # The job may exist: the build stays queued with no job recorded, which a repeat of this request
+        # enqueues (keyed, so a job that did land is not doubled), as after a process that died here.
+        raise
     except EnqueueError as exc:
         # Nothing will ever run it: end it now rather than leave its target "building".
         with app.pool.connection() as conn:
