@@ -22,13 +22,44 @@ the worker's App includes every blueprint a CONVEYOR_IMPORTS module holds. The m
 ``@job`` and ``on_final_failure`` register on a default blueprint, for the simplest case.
 """
 
-from conveyor.app import App
-from conveyor.blueprints import Enqueued, JobHandle, Jobs, Queue
-from conveyor.errors import PermanentError, RetryLater
-from conveyor.tasks.context import JobContext
-from conveyor.tasks.payloads import Payload
-from conveyor.tasks.registry import job, on_final_failure
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from conveyor.version import __version__
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.blueprints import Enqueued, JobHandle, Jobs, Queue
+    from conveyor.errors import PermanentError, RetryLater
+    from conveyor.tasks.context import JobContext
+    from conveyor.tasks.payloads import Payload
+    from conveyor.tasks.registry import job, on_final_failure
+
+#: Where each public name lives. Imported on first use (PEP 562), so ``conveyor --help`` and
+#: other commands that never build an App don't pay for Dramatiq, the brokers and the middleware.
+_PUBLIC = {
+    "App": "conveyor.app",
+    "Enqueued": "conveyor.blueprints",
+    "JobHandle": "conveyor.blueprints",
+    "Jobs": "conveyor.blueprints",
+    "Queue": "conveyor.blueprints",
+    "PermanentError": "conveyor.errors",
+    "RetryLater": "conveyor.errors",
+    "JobContext": "conveyor.tasks.context",
+    "Payload": "conveyor.tasks.payloads",
+    "job": "conveyor.tasks.registry",
+    "on_final_failure": "conveyor.tasks.registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "App",
