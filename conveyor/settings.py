@@ -137,6 +137,15 @@ class Settings(BaseSettings):
         True, description="Load the agent platform's job types and queues; false: only CONVEYOR_IMPORTS' jobs."
     )
     log_level: str = Field("INFO", description="Log level of conveyor's JSON logs.")
+    otel: bool | None = Field(
+        None,
+        description="OpenTelemetry traces (needs the otel extra); unset: on when OTEL_EXPORTER_OTLP_ENDPOINT is set.",
+    )
+    otel_endpoint: str | None = Field(
+        None,
+        validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        description="Where traces go (OTLP over HTTP, e.g. http://collector:4318); the SDK reads every other OTEL_*.",
+    )
     redis_namespace: str = Field("conveyor", description="Prefix of every Redis key.")
     public_url: str | None = Field(
         None, description="Base URL of `conveyor api` as users reach it; failure alerts link to the dashboard."
@@ -433,6 +442,11 @@ class Settings(BaseSettings):
         if self.broker:
             return self.broker
         return "redis" if self.redis_url else "postgres"
+
+    @property
+    def tracing(self) -> bool:
+        """OpenTelemetry on: CONVEYOR_OTEL, else whether an OTLP endpoint is configured."""
+        return self.otel if self.otel is not None else bool(self.otel_endpoint)
 
     @property
     def import_modules(self) -> list[str]:

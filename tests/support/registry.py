@@ -27,6 +27,7 @@ JOB_MODULES = (
     "tests.support.jobs",
     "tests.support.obs_jobs",
     "tests.support.sched_jobs",
+    "tests.support.trace_jobs",
     "tests.faults.jobs",
     "bench.conveyor_jobs",
 )

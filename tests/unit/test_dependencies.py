@@ -20,6 +20,9 @@ IMPORT_NAMES = {
     "pydantic-settings": "pydantic_settings",
     "dramatiq-postgres": "dramatiq_postgres",
     "swagger-ui-bundle-v2": "swagger_ui_bundle",
+    "opentelemetry-api": "opentelemetry",
+    "opentelemetry-sdk": "opentelemetry.sdk",
+    "opentelemetry-exporter-otlp-proto-http": "opentelemetry.exporter.otlp.proto.http",
 }
 
 #: Used without an import statement, and what for.

@@ -1,0 +1,30 @@
+"""Job types for the tracing tests (CONVEYOR_IMPORTS=tests.support.trace_jobs): a parent that enqueues
+two children, one that fails its first attempt (a retry) and one that always fails (a final failure)."""
+
+from __future__ import annotations
+
+from conveyor.errors import JobError
+from conveyor.tasks.context import JobContext
+from conveyor.tasks.payloads import Payload
+from conveyor.tasks.registry import job
+
+
+class TraceWork(Payload):
+    n: int = 0
+
+
+@job("trace.parent", queue="indexing", payload=TraceWork)
+def parent(payload: TraceWork, ctx: JobContext) -> None:
+    ctx.app.jobs.enqueue("trace.child", {"n": payload.n})
+    ctx.app.jobs.enqueue("trace.doomed", {"n": payload.n})
+
+
+@job("trace.child", queue="indexing", payload=TraceWork, max_attempts=3)
+def child(payload: TraceWork, ctx: JobContext) -> None:
+    if ctx.attempt == 1:
+        raise JobError("trace.child fails its first attempt on purpose")
+
+
+@job("trace.doomed", queue="indexing", payload=TraceWork, max_attempts=2)
+def doomed(payload: TraceWork, ctx: JobContext) -> None:
+    raise JobError("trace.doomed always fails")
