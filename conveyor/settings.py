@@ -290,6 +290,9 @@ class Settings(BaseSettings):
     worker_queues: str | None = Field(
         None, description="`conveyor worker --queues`: comma-separated queues (default: all)."
     )
+    worker_health_port: int = Field(
+        0, ge=0, le=65535, description="`conveyor worker --health-port`: serve /livez and /healthz there; 0: none."
+    )
     worker_processes: int = Field(1, description="`conveyor worker/up/demo --processes`: processes per queue.")
     worker_threads: int | None = Field(
         None, description="`conveyor worker --threads`: threads per process (default: the queue's concurrency)."

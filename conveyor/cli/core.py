@@ -29,6 +29,13 @@ def register(sub: Subcommands) -> None:
         type=int,
         help="threads per process (default: the queue's concurrency)",
     )
+    env_flag(
+        p,
+        "--health-port",
+        env="CONVEYOR_WORKER_HEALTH_PORT",
+        type=int,
+        help="serve /livez and /healthz (worker processes running, broker reachable) on this port; 0: none",
+    )
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("enqueue", help="enqueue a job, or JSON lines from stdin with --batch")
@@ -129,6 +136,7 @@ def _selected_queues(app: App, text: str | None) -> list[str]:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from conveyor.app import run_worker_process
+    from conveyor.tasks.health import broker_check
     from conveyor.tasks.worker import Supervisor
 
     app = _app()
@@ -148,6 +156,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         app.settings.shutdown_timeout,
         worker=run_worker_process,
         restart_backoff=app.settings.worker_restart_backoff,
+        health_port=args.health_port,
+        broker_check=broker_check(app),
         **_metrics_options(app.settings),
     ).run()
 
