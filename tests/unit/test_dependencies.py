@@ -31,7 +31,7 @@ NOT_IMPORTED = {
     "pytest-timeout": "pytest plugin: the `timeout` setting of [tool.pytest.ini_options]",
     "ruff": "a command: `make lint` checks lint and format with it ([tool.ruff])",
     "mypy": "a command: `make lint` checks types with it ([tool.mypy])",
-    "check-jsonschema": "a command: tests/unit/test_deploy_compose.py checks compose/ against the compose schema",
+    "check-jsonschema": "a command: tests/acceptance/test_deploy_compose.py checks compose/ against the compose schema",
     "import-linter": "a command: `make lint` runs its `lint-imports` on the layer contracts ([tool.importlinter])",
 }
 
