@@ -3,7 +3,8 @@
 A client span calls the API (traceparent header) -> the route enqueues trace.parent -> a real worker runs it
 -> it enqueues trace.child (fails once, retried, completes) and trace.doomed (fails for good). Every span is in
 the client's trace, each under the span that caused it, on the Redis and the Postgres broker. Spans go to the
-SDK's in-memory exporter, set as the process's tracer provider (conveyor keeps a provider it finds).
+SDK's in-memory exporter, set as the process's tracer provider (conveyor keeps a provider it finds). And the
+platform's own chain: a chat run POSTed over HTTP, its finalize and its charge (credit.consume), one trace.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 from conveyor import logs
 from conveyor.api.app import create_app
 from conveyor.app import App
+from conveyor.settings import Settings
 from tests.support.obs_support import broker_app, running
+from tests.support.platform_support import make_task, serve, user_key
+from tests.support.platform_support import workers as platform_workers
 from tests.support.waiting import wait_for
 
 EXPORTER = InMemorySpanExporter()
@@ -152,3 +156,42 @@ def test_off_by_default_and_no_sdk_import(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CONVEYOR_DATA_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("broker", ["redis", "postgres"])
+def test_a_chat_round_its_finalize_and_its_charge_are_one_trace(broker, request, database_url):
+    """The platform's chain: POST a run -> chat.run -> run.finalize -> credit.consume, in the caller's trace."""
+    EXPORTER.clear()
+    app = App(
+        Settings(
+            broker=broker,
+            redis_url=request.getfixturevalue("redis_url") if broker == "redis" else None,
+            database_url=database_url,
+            local_chunk_delay=0,
+            otel=True,
+        )
+    )
+    try:
+        make_task(app, "t1", user_id="alice")
+        tracer = trace.get_tracer("the-client")
+        with platform_workers(app), serve(app) as base, tracer.start_as_current_span("client call") as client:
+            headers = {**user_key(app, "alice")}
+            propagate.inject(headers)
+            response = httpx.post(f"{base}/api/tasks/t1/runs", json={"content": "hello"}, headers=headers, timeout=30)
+            assert response.status_code == 202, response.text
+            wait_for(lambda: spans_named("run credit.consume"), timeout=60, message="the round's charge to run")
+    finally:
+        app.close()
+    spans = EXPORTER.get_finished_spans()
+    trace_id = client.get_span_context().trace_id
+    chain = {name: spans_named(name) for name in ("run chat.run", "run run.finalize", "run credit.consume")}
+    assert all(len(found) == 1 for found in chain.values()), {k: len(v) for k, v in chain.items()}
+    (server,) = [s for s in spans if s.kind == SpanKind.SERVER and s.name.startswith("POST")]
+    assert parent_of(server) == client.get_span_context().span_id
+    run_chat, run_finalize, run_charge = (found[0] for found in chain.values())
+    for span in (server, run_chat, run_finalize, run_charge):
+        assert span.context.trace_id == trace_id, span.name
+    assert server.context.span_id in ancestors(run_chat, spans)
+    assert run_chat.context.span_id in ancestors(run_finalize, spans)
+    assert run_finalize.context.span_id in ancestors(run_charge, spans)
+    assert run_charge.attributes["conveyor.queue"] == "critical" and run_charge.attributes["conveyor.attempt"] == 1
