@@ -34,12 +34,17 @@ EXPORTER = InMemorySpanExporter()
 
 @pytest.fixture(scope="module", autouse=True)
 def provider():
+    sdk = None
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         sdk = TracerProvider()
         sdk.add_span_processor(SimpleSpanProcessor(EXPORTER))
         trace.set_tracer_provider(sdk)
     yield
-    logs.trace_fields = None  # as a process without tracing has it
+    # A process's provider cannot be unset: later tests' spans (FastAPI traces every request once one is set)
+    # go nowhere, and log lines carry no ids, as in a process without tracing.
+    if sdk is not None:
+        sdk.shutdown()
+    logs.trace_fields = None
 
 
 @pytest.fixture
