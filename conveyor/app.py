@@ -80,7 +80,7 @@ class App:
 
         metrics = Metrics()
         # First, when OpenTelemetry is on: a run's span encloses every other hook (conveyor.middleware.tracing).
-        tracing: list[Middleware] = [_tracing_middleware()] if self.settings.tracing else []
+        tracing: list[Middleware] = [_tracing_middleware(self)] if self.settings.tracing else []
         return [
             *tracing,
             Retries(on_final_failure=self.final_failure),
@@ -221,10 +221,10 @@ class App:
             self.broker.close()
 
 
-def _tracing_middleware() -> Middleware:
+def _tracing_middleware(app: App) -> Middleware:
     from conveyor.middleware.tracing import Tracing
 
-    return Tracing()
+    return Tracing(app.settings, app.job_types)
 
 
 def run_worker_process(queue: str, threads: int | None = None) -> None:

@@ -4,7 +4,8 @@ On only with ``CONVEYOR_OTEL=true`` or an ``OTEL_EXPORTER_OTLP_ENDPOINT`` (the A
 then, and only then is this module, or the SDK, imported). The context travels in the message as W3C
 trace-context options (``traceparent``, ``tracestate``), so a job's attempts, its retries and the jobs it
 enqueues stay in the trace of whatever enqueued it: an HTTP request (the API's ``TraceRequests``), another
-job, a schedule. Spans carry names and ids, never a payload; an error's text is what the logs say of it.
+job, a schedule. Spans carry names and ids, never a payload; an error's text is scrubbed of every secret
+value (the settings' and the payload's secret fields), as the dashboard's and the webhook's are.
 
 The SDK is configured from the standard ``OTEL_*`` variables (service name, resource attributes, sampler,
 exporter endpoint and headers); spans are exported over OTLP/HTTP in batches. A process that has set its
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
@@ -29,6 +30,11 @@ from conveyor import logs
 from conveyor.brokers.base import AnyMessage, ConveyorBroker
 from conveyor.errors import ConfigurationError, describe_error
 from conveyor.middleware.base import ConveyorMiddleware
+from conveyor.middleware.webhook import PayloadModelOf
+from conveyor.redaction import payload_secrets, scrub, settings_secrets
+
+if TYPE_CHECKING:
+    from conveyor.settings import Settings
 
 #: The message options that carry a job's trace context (W3C trace context, whatever OTEL_PROPAGATORS says:
 #: a message outlives the process that wrote it, so its format is fixed).
@@ -106,9 +112,18 @@ class Tracing(ConveyorMiddleware):
     """Spans for enqueues, runs, retries and final failures; first in the App's list, so a run's span
     encloses every other middleware's hooks (the attempt Retries counts, its retry and its final failure)."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings, job_types: Mapping[str, PayloadModelOf]) -> None:
         setup_tracing()
+        self.settings = settings
+        self.job_types = job_types
         self._local = threading.local()
+
+    def _error(self, message: AnyMessage, error: str) -> str:
+        """``error`` as a span may carry it: scrubbed of every secret value, at most 500 characters."""
+        job_type = self.job_types.get(message.actor_name)
+        payload = message.args[0] if message.args else None
+        secrets = [*settings_secrets(self.settings), *payload_secrets(payload, job_type.payload if job_type else None)]
+        return (scrub(error, secrets) or "")[:500]
 
     def _run(self, message: AnyMessage) -> _Run | None:
         run: _Run | None = getattr(self._local, "run", None)
@@ -153,7 +168,7 @@ class Tracing(ConveyorMiddleware):
             return
         if exception is not None:
             run.span.set_attribute("error.type", type(exception).__name__)
-            run.span.set_status(StatusCode.ERROR, describe_error(exception, 500))
+            run.span.set_status(StatusCode.ERROR, self._error(message, describe_error(exception)))
         self._end(run, message)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -168,7 +183,7 @@ class Tracing(ConveyorMiddleware):
         span = trace.get_tracer(TRACER).start_span(
             f"failed {message.actor_name}", context=parent, attributes=job_attributes(message)
         )
-        span.set_status(StatusCode.ERROR, error[:500])
+        span.set_status(StatusCode.ERROR, self._error(message, error))
         span.end()
 
     def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:

@@ -200,3 +200,16 @@ def test_a_chat_round_its_finalize_and_its_charge_are_one_trace(broker, request,
     assert run_chat.context.span_id in ancestors(run_finalize, spans)
     assert run_finalize.context.span_id in ancestors(run_charge, spans)
     assert run_charge.attributes["conveyor.queue"] == "critical" and run_charge.attributes["conveyor.attempt"] == 1
+
+
+@pytest.mark.parametrize("traced_app", ["redis"], indirect=True)
+def test_no_span_carries_a_secret_value(traced_app):
+    secret = "sk-live-TRACE-SECRET-51c2"
+    traced_app.jobs.enqueue("trace.leak", {"api_key": secret})
+    with running(traced_app):
+        wait_for(lambda: spans_named("failed trace.leak"), message="trace.leak's final failure")
+    spans = EXPORTER.get_finished_spans()
+    (run,) = spans_named("run trace.leak")
+    assert run.status.status_code == StatusCode.ERROR and "provider refused key" in run.status.description
+    for span in spans:
+        assert secret not in span.to_json(), span.name

@@ -3,6 +3,8 @@ two children, one that fails its first attempt (a retry) and one that always fai
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from conveyor.errors import JobError
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.payloads import Payload
@@ -28,3 +30,16 @@ def child(payload: TraceWork, ctx: JobContext) -> None:
 @job("trace.doomed", queue="indexing", payload=TraceWork, max_attempts=2)
 def doomed(payload: TraceWork, ctx: JobContext) -> None:
     raise JobError("trace.doomed always fails")
+
+
+class TraceLeak(Payload):
+    """A payload with a secret field that the job's error quotes: no span may carry it."""
+
+    secret_fields: ClassVar[frozenset[str]] = frozenset({"api_key"})
+
+    api_key: str = ""
+
+
+@job("trace.leak", queue="indexing", payload=TraceLeak, max_attempts=1)
+def leak(payload: TraceLeak, ctx: JobContext) -> None:
+    raise RuntimeError(f"provider refused key {payload.api_key}")
