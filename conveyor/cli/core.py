@@ -34,7 +34,8 @@ def register(sub: Subcommands) -> None:
         "--health-port",
         env="CONVEYOR_WORKER_HEALTH_PORT",
         type=int,
-        help="serve /livez and /healthz (worker processes running, broker reachable) on this port; 0: none",
+        help="serve /livez and /healthz (worker processes running, broker reachable) on this port, "
+        "on CONVEYOR_METRICS_HOST's address; 0: none",
     )
     p.set_defaults(func=cmd_worker)
 
