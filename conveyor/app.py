@@ -111,7 +111,10 @@ class App:
         from conveyor.middleware.webhook import FailureWebhook
 
         metrics = Metrics()
+        # First, when OpenTelemetry is on: a run's span encloses every other hook (conveyor.middleware.tracing).
+        tracing: list[Middleware] = [_tracing_middleware(self)] if self.settings.tracing else []
         return [
+            *tracing,
             Retries(on_final_failure=self.final_failure),
             TimeLimit(),
             CurrentMessage(),
@@ -263,6 +266,12 @@ class App:
                 self._pool = None
         if "broker" in self.__dict__:
             self.broker.close()
+
+
+def _tracing_middleware(app: App) -> Middleware:
+    from conveyor.middleware.tracing import Tracing
+
+    return Tracing(app.settings, app.job_types)
 
 
 def run_worker_process(queue: str, threads: int | None = None) -> None:

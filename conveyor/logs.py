@@ -18,7 +18,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 from urllib.parse import urlsplit
 
 from conveyor.redaction import scrub
@@ -38,6 +38,10 @@ _LEVELS: dict[Level, int] = {
 #: Set by :func:`configure_logging`: the handler event lines are written to directly.
 _direct: logging.StreamHandler[Any] | None = None
 
+#: Set when OpenTelemetry is on (conveyor.middleware.tracing): the current span's ``trace_id`` and
+#: ``span_id``, added to every line written inside a span. None: tracing is off and costs nothing here.
+trace_fields: Callable[[], dict[str, str]] | None = None
+
 
 def log_event(
     event: str,
@@ -53,6 +57,8 @@ def log_event(
     lvl = _LEVELS[level]
     if not logger.isEnabledFor(lvl):
         return
+    if trace_fields is not None:
+        fields.update(trace_fields())
     handler = _direct
     if handler is not None and len(logger.root.handlers) == 1 and logger.root.handlers[0] is handler:
         # A worker writes two lines per job: skip the LogRecord and formatter
@@ -125,6 +131,8 @@ class JsonFormatter(logging.Formatter):
                 out.update(json.loads(message))
             else:
                 out["message"] = message
+        if trace_fields is not None and "trace_id" not in out:
+            out.update(trace_fields())
         if record.exc_info:
             out["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, default=str, separators=(",", ":"))

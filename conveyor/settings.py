@@ -158,6 +158,15 @@ class Settings(BaseSettings):
         True, description="Load the agent platform's job types and queues; false: only CONVEYOR_IMPORTS' jobs."
     )
     log_level: str = Field("INFO", description="Log level of conveyor's JSON logs.")
+    otel: bool | None = Field(
+        None,
+        description="OpenTelemetry traces (needs the otel extra); unset: on when OTEL_EXPORTER_OTLP_ENDPOINT is set.",
+    )
+    otel_endpoint: str | None = Field(
+        None,
+        validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        description="Where traces go (OTLP over HTTP, e.g. http://collector:4318); the SDK reads every other OTEL_*.",
+    )
     redis_namespace: str = Field("conveyor", description="Prefix of every Redis key.")
     public_url: str | None = Field(
         None, description="Base URL of `conveyor api` as users reach it; failure alerts link to the dashboard."
@@ -344,6 +353,9 @@ class Settings(BaseSettings):
     worker_queues: str | None = Field(
         None, description="`conveyor worker --queues`: comma-separated queues (default: all)."
     )
+    worker_health_port: int = Field(
+        0, ge=0, le=65535, description="`conveyor worker --health-port`: serve /livez and /healthz there; 0: none."
+    )
     worker_processes: int = Field(1, description="`conveyor worker/up/demo --processes`: processes per queue.")
     worker_threads: int | None = Field(
         None, description="`conveyor worker --threads`: threads per process (default: the queue's concurrency)."
@@ -505,6 +517,11 @@ class Settings(BaseSettings):
         if self.broker:
             return self.broker
         return "redis" if self.redis_url else "postgres"
+
+    @property
+    def tracing(self) -> bool:
+        """OpenTelemetry on: CONVEYOR_OTEL, else whether an OTLP endpoint is configured."""
+        return self.otel if self.otel is not None else bool(self.otel_endpoint)
 
     @property
     def import_modules(self) -> list[str]:

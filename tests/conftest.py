@@ -32,10 +32,12 @@ TEMPLATE_DB = "conveyor_template"
 #: Variables that configure conveyor: removed from the environment at import, and again by `clean_env`.
 CONFIG_VARS = ("REDIS_URL", "DATABASE_URL", "JOB_FAILURE_WEBHOOK_URL")
 CONFIG_PREFIX = "CONVEYOR_"
+#: OpenTelemetry's variables: a collector's endpoint set on the host would turn tracing on in every App.
+OTEL_PREFIX = "OTEL_"
 
 
 def is_config_var(name: str) -> bool:
-    return name in CONFIG_VARS or name.startswith(CONFIG_PREFIX)
+    return name in CONFIG_VARS or name.startswith((CONFIG_PREFIX, OTEL_PREFIX))
 
 
 for _name in [n for n in os.environ if is_config_var(n)]:

@@ -120,6 +120,8 @@ def create_app(app: "App") -> FastAPI:
         openapi_tags=TAGS,
         docs_url=None,
         redoc_url=None,
+        # Never FastAPI's exception log records (their messages could hold a secret); traces only.
+        telemetry={"logs": False},
     )
     api.state.conveyor = app
     #: Upload routes: {path: cap of their multipart body}, far above CONVEYOR_API_MAX_JSON_BYTES. A router's
@@ -142,6 +144,13 @@ def create_app(app: "App") -> FastAPI:
     api.add_middleware(
         Guard, conveyor=app, body_limits=api.state.body_limits, long_text_prefixes=tuple(long_text_prefixes)
     )
+
+    if app.settings.tracing:
+        # FastAPI's own OpenTelemetry support traces each request once a tracer provider is set: a request
+        # joins its caller's trace (traceparent) and the jobs its route enqueues are in it.
+        from conveyor.middleware.tracing import setup_tracing
+
+        setup_tracing()
 
     document = api.openapi
 

@@ -30,6 +30,14 @@ def register(sub: Subcommands) -> None:
         help="threads per process (default: the queue's concurrency)",
     )
     path_flag(p)
+    env_flag(
+        p,
+        "--health-port",
+        env="CONVEYOR_WORKER_HEALTH_PORT",
+        type=int,
+        help="serve /livez and /healthz (worker processes running, broker reachable) on this port, "
+        "on CONVEYOR_METRICS_HOST's address; 0: none",
+    )
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("enqueue", help="enqueue a job, or JSON lines from stdin with --batch")
@@ -132,6 +140,7 @@ def _selected_queues(app: App, text: str | None) -> list[str]:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from conveyor.app import run_worker_process
+    from conveyor.tasks.health import broker_check
     from conveyor.tasks.worker import Supervisor
 
     app = _app()
@@ -155,6 +164,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         app.settings.shutdown_timeout,
         worker=run_worker_process,
         restart_backoff=app.settings.worker_restart_backoff,
+        health_port=args.health_port,
+        broker_check=broker_check(app),
         **_metrics_options(app.settings),
     ).run()
 

@@ -22,6 +22,8 @@ import setproctitle
 from dramatiq import Worker
 
 from conveyor.logs import log_error, log_event
+from conveyor.tasks.health import Health
+from conveyor.tasks.health import serve as serve_health
 from conveyor.tasks.watchdog import SELF_FENCE_EXIT, Watchdog
 
 if TYPE_CHECKING:
@@ -158,6 +160,8 @@ class Supervisor:
         metrics_dir: str | None = None,
         services: tuple[tuple[str, Callable[..., None], tuple[object, ...]], ...] = (),
         restart_backoff: float = 0.25,
+        health_port: int = 0,
+        broker_check: Callable[[], None] | None = None,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.worker = worker
@@ -169,6 +173,11 @@ class Supervisor:
         self.metrics_host = metrics_host
         self.metrics_dir = metrics_dir
         self._stopping = threading.Event()
+        self.health_port = health_port
+        self.health = Health(broker_check or (lambda: None), self._all_running)
+
+    def _all_running(self) -> bool:
+        return all(c.process is not None and c.process.is_alive() for c in self.children)
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code (0 after a clean drain)."""
@@ -182,15 +191,21 @@ class Supervisor:
         self.metrics = WorkerMetrics(self.metrics_dir)
         if self.metrics_port:
             self.metrics.serve(self.metrics_host, self.metrics_port)
+        # /livez and /healthz for Kubernetes' probes (conveyor.tasks.health), on the metrics' address.
+        health_server = serve_health(self.health, self.metrics_host, self.health_port) if self.health_port else None
         try:
             return self._supervise()
         finally:
+            if health_server is not None:
+                health_server.shutdown()
+                health_server.server_close()
             self.metrics.close()
 
     def _supervise(self) -> int:
         for child in self.children:
             self._spawn(child)
         while not self._stopping.wait(0.2):
+            self.health.tick()
             now = time.monotonic()
             for child in self.children:
                 if child.process is not None and not child.process.is_alive():
@@ -236,6 +251,7 @@ class Supervisor:
         child.started = time.monotonic()
 
     def _shutdown(self) -> int:
+        self.health.draining = True
         live = [c.process for c in self.children if c.process is not None]
         for process in live:
             if process.is_alive():

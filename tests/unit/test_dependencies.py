@@ -20,6 +20,9 @@ IMPORT_NAMES = {
     "pydantic-settings": "pydantic_settings",
     "dramatiq-postgres": "dramatiq_postgres",
     "swagger-ui-bundle-v2": "swagger_ui_bundle",
+    "opentelemetry-api": "opentelemetry",
+    "opentelemetry-sdk": "opentelemetry.sdk",
+    "opentelemetry-exporter-otlp-proto-http": "opentelemetry.exporter.otlp.proto.http",
 }
 
 #: Used without an import statement, and what for.
@@ -28,6 +31,7 @@ NOT_IMPORTED = {
     "pytest-timeout": "pytest plugin: the `timeout` setting of [tool.pytest.ini_options]",
     "ruff": "a command: `make lint` checks lint and format with it ([tool.ruff])",
     "mypy": "a command: `make lint` checks types with it ([tool.mypy])",
+    "check-jsonschema": "a command: tests/acceptance/test_deploy_compose.py checks compose/ against the compose schema",
     "import-linter": "a command: `make lint` runs its `lint-imports` on the layer contracts ([tool.importlinter])",
 }
 
