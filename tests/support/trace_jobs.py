@@ -11,7 +11,6 @@ from conveyor.platform.queues import INDEXING
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.payloads import Payload
 
-
 jobs = Jobs()
 
 
