@@ -241,6 +241,19 @@ class ConveyorBroker(Broker):
         """
         raise NotImplementedError
 
+    def promote_job(self, job_id: str) -> bool:
+        """Run one *delayed* job now: it becomes waiting at once, in one atomic step, and runs once.
+
+        Its message leaves wherever the delay keeps it (a delay queue, or a
+        worker's delay consumer holding it until its eta: that holder's own
+        promotion is then refused by the fence, and its copy dropped) and
+        enters its queue; idle workers of the queue are woken. A job that
+        is no longer delayed (due meanwhile, deleted, running) is left alone.
+
+        Returns False, changing nothing, when no delayed job has this id.
+        """
+        raise NotImplementedError
+
     def delete_job(self, job_id: str) -> bool:
         """Remove a job that is not running: its record, its message, its index entries.
 

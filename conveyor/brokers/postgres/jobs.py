@@ -579,6 +579,11 @@ class Jobs:
         retried: int = _single(row, "retry_failed")[0]
         return retried
 
+    def promote(self, job_id: str) -> bool:
+        row = self._execute("promote_job", {"id": job_id, "channel": CHANNEL}, fetch="one")
+        promoted: int = _single(row, "promote_job")[0]
+        return promoted > 0
+
     def delete(self, job_id: str) -> bool:
         # A worker that claimed the job holds it (in_progress): only unheld jobs go.
         return self._execute("delete_job", {"id": job_id}, fetch="one") is not None

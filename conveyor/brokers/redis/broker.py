@@ -25,7 +25,7 @@ import redis
 from dramatiq import Message, Middleware
 from dramatiq.brokers.redis import RedisBroker as DramatiqRedisBroker
 from dramatiq.common import current_millis, dq_name, q_name
-from dramatiq.errors import ConnectionClosed
+from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.middleware import SkipMessage
 
 from conveyor.brokers.base import (
@@ -662,6 +662,28 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             total += int(retried)
             if int(looked_at) < RETRY_BATCH:
                 return total
+
+    @translated
+    def promote_job(self, job_id: str) -> bool:
+        """The delayed message, re-encoded for its queue without its eta (as :meth:`_promote` does), moves in
+        one script call (``promote_job`` in jobs.lua), which re-checks that the job is still delayed with it."""
+        queue, rid, state = self.client.hmget(self.keys.job(job_id), ["queue", "rid", "state"])
+        if queue is None or rid is None or state != b"delayed":
+            return False
+        queue, rid = text(queue), text(rid)
+        data = self.client.hget(self.keys.messages(dq_name(queue)), rid)
+        if data is None:
+            return False
+        data = data if isinstance(data, bytes) else data.encode()
+        try:
+            stored = Message.decode(data)
+        except DecodeError:
+            moved = data  # the worker that fetches it dead-letters it, as it would have at its eta
+        else:
+            message = _fresh(stored).copy(queue_name=queue, options={"redis_message_id": rid})
+            message.options.pop("eta", None)
+            moved = message.encode()
+        return bool(self._call("promote_job", queue, job_id, rid, moved))
 
     @translated
     def delete_job(self, job_id: str) -> bool:
