@@ -175,6 +175,13 @@ def retry_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
     return Job.model_validate(inspect.retry(job_id))
 
 
+@router.post(
+    "/jobs/{job_id}/promote", response_model=Job, summary="Run a delayed job now (409 if it is not delayed)"
+)
+def promote_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
+    return Job.model_validate(inspect.promote(job_id))
+
+
 @router.delete("/jobs/{job_id}", response_model=Deleted, summary="Delete a job that is not running (409 if it is)")
 def delete_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Deleted:
     inspect.delete(job_id)

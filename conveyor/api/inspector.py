@@ -359,6 +359,16 @@ class Inspector:
             raise JobStateConflict(f"job {job_id} changed state before it could be deleted")
         self._audit("admin_delete", before)
 
+    def promote(self, job_id: str) -> JobView:
+        """Run a delayed job now: it becomes waiting at once (its delay is cut short, it runs once)."""
+        before = self.job(job_id)
+        if before.state != "delayed":
+            raise JobStateConflict(f"job {job_id} is {before.state}: only delayed jobs can be promoted")
+        if not self.broker.promote_job(job_id):
+            raise JobStateConflict(f"job {job_id} changed state before it could be promoted")
+        self._audit("admin_promote", before)
+        return self.job(job_id)
+
     def pause(self, queue: str) -> QueueView:
         self._check_queue(queue)
         self.broker.pause_queue(queue)
