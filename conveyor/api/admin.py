@@ -8,16 +8,16 @@ names are camelCase, as dashboards built on other queues expect
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import CursorQuery, NamePath, NameQuery, inspector
 from conveyor.api.errors import UNAVAILABLE_RESPONSES
-from conveyor.api.inspector import MAX_PAGE, Inspector
+from conveyor.api.inspector import BULK_CHUNK, MAX_PAGE, Inspector, Where
 
 router = APIRouter(
     prefix="/api/admin",
@@ -133,6 +133,34 @@ class Deleted(_Out):
     deleted: str
 
 
+class BulkRequest(BaseModel):
+    """Which jobs a bulk action touches: a queue and a state, optionally a job type and a minimum age.
+
+    ``dryRun`` only counts them and lists their ids; with ``ids`` (at most a chunk of them), the action
+    touches only those, each while it still matches the filter.
+    """
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    queue: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    state: State
+    job: str | None = Field(None, max_length=200)
+    older_than: float | None = Field(None, ge=0, le=10**9, description="seconds since the job entered its state")
+    dry_run: bool = False
+    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(None, max_length=BULK_CHUNK)
+
+
+class BulkResult(_Out):
+    """``count`` jobs matched (dry run) or looked at; ``done`` acted on; ``skipped`` had moved on. ``ids``:
+    what a dry run matched, to send back in chunks."""
+
+    action: str
+    count: int
+    done: int
+    skipped: int
+    ids: list[str]
+
+
 @router.get("/queue-metrics", response_model=dict[str, QueueMetrics], summary="Counts of every queue")
 def queue_metrics(inspect: Inspector = Depends(inspector)) -> dict[str, QueueMetrics]:
     return {q.name: QueueMetrics.model_validate(q) for q in inspect.queues()}
@@ -178,6 +206,19 @@ def retry_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
 @router.post("/jobs/{job_id}/promote", response_model=Job, summary="Run a delayed job now (409 if it is not delayed)")
 def promote_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
     return Job.model_validate(inspect.promote(job_id))
+
+
+@router.post(
+    "/bulk/{action}",
+    response_model=BulkResult,
+    summary="Retry, delete, promote or purge the jobs a filter matches (dryRun: count them first)",
+    responses={404: {"description": "no such queue (the answer lists the queues)"}},
+)
+def bulk(
+    action: Literal["retry", "delete", "promote", "purge"], body: BulkRequest, inspect: Inspector = Depends(inspector)
+) -> BulkResult:
+    where = Where(queue=body.queue, state=body.state, job=body.job or None, older_than=body.older_than)
+    return BulkResult.model_validate(inspect.bulk(action, where, dry_run=body.dry_run, ids=body.ids))
 
 
 @router.delete("/jobs/{job_id}", response_model=Deleted, summary="Delete a job that is not running (409 if it is)")

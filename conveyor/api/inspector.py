@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from conveyor.brokers.base import ConveyorBroker, JobRecord, check_state
+from conveyor.brokers.base import JOB_STATES, ConveyorBroker, JobRecord, check_state
 from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
 from conveyor.errors import InvalidQuery, JobNotFound, JobStateConflict, UnknownQueue
 from conveyor.logs import log_event
@@ -137,6 +137,27 @@ class Where:
     job: str | None = None
     #: Only jobs that entered their state (finished, or were enqueued) at least this many seconds ago.
     older_than: float | None = None
+
+
+#: The state each bulk action applies to; None: any state but active (a running job is never touched).
+BULK_STATES: dict[str, str | None] = {"retry": "failed", "promote": "delayed", "delete": None, "purge": None}
+
+#: Most job ids one bulk request acts on: the dashboard sends a big action in chunks of this many.
+BULK_CHUNK = 100
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    """What a bulk action touched: ``count`` jobs looked at, ``done`` acted on, ``skipped`` had moved on.
+
+    A dry run acts on nothing and lists the ``ids`` the filter matches (what the action would touch).
+    """
+
+    action: str
+    count: int
+    done: int
+    skipped: int
+    ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -331,7 +352,64 @@ class Inspector:
                 return found
             offset += len(records)
 
+    def job_counts(self, queue: str, job: str) -> dict[str, tuple[int, bool]]:
+        """Per state, how many retained jobs of type ``job`` the queue holds, and whether the count stopped
+        at :data:`MAX_FILTER_SCAN` records looked through (then it is a lower bound)."""
+        self._check_queue(queue)
+        counts: dict[str, tuple[int, bool]] = {}
+        for state in JOB_STATES:
+            found = position = 0
+            while position < MAX_FILTER_SCAN:
+                records = self.broker.list_jobs(queue, state, limit=_SCAN_STEP, offset=position)
+                found += sum(1 for r in records if r.job == job)
+                position += len(records)
+                if len(records) < _SCAN_STEP:
+                    break
+            counts[state] = (found, position >= MAX_FILTER_SCAN)
+        return counts
+
     # -- acting ------------------------------------------------------------------
+
+    def bulk(self, action: str, where: Where, *, dry_run: bool = False, ids: list[str] | None = None) -> BulkOutcome:
+        """``action`` (retry, delete, promote, purge: delete by filter) on the jobs ``where`` matches.
+
+        A dry run only counts them (and lists their ids). With ``ids`` (a chunk of a dry run's), only
+        those: each is re-read and acted on only while it still matches ``where``'s queue, state and
+        job type, so a job that moved on since the count is skipped, never acted on in its new state.
+        """
+        self._check_queue(where.queue)
+        check_state(where.state)
+        if action not in BULK_STATES:
+            raise InvalidQuery(f"action: one of {', '.join(BULK_STATES)}")
+        need = BULK_STATES[action]
+        if (need is not None and where.state != need) or where.state == "active":
+            raise InvalidQuery(f"{action} applies to {need or 'waiting, delayed, completed or failed'} jobs only")
+        if ids is None:
+            matched = [v.id for v in self.select(where)]
+            if dry_run:
+                return BulkOutcome(action, len(matched), 0, 0, matched)
+            ids = matched
+        elif dry_run:
+            return BulkOutcome(action, len(ids), 0, 0, list(ids))
+        acts = {"retry": self.retry, "promote": self.promote, "delete": self.delete, "purge": self.delete}
+        act = acts[action]
+        done = skipped = 0
+        for job_id in dict.fromkeys(ids):
+            record = self.broker.get_job(job_id)
+            if (
+                record is None
+                or (record.queue, record.state) != (where.queue, where.state)
+                or (where.job is not None and record.job != where.job)
+            ):
+                skipped += 1
+                continue
+            try:
+                act(job_id)
+                done += 1
+            except (JobNotFound, JobStateConflict):  # moved on between the read and the act
+                skipped += 1
+        log_event(f"admin_bulk_{action}", queue=where.queue, job=where.job, job_id=None, attempt=None, count=done)
+        return BulkOutcome(action, done + skipped, done, skipped)
 
     def retry(self, job_id: str) -> JobView:
         """Put a failed job back in its queue with a fresh attempt budget."""
