@@ -203,7 +203,12 @@ def retry_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
     return Job.model_validate(inspect.retry(job_id))
 
 
-@router.post("/jobs/{job_id}/promote", response_model=Job, summary="Run a delayed job now (409 if it is not delayed)")
+@router.post(
+    "/jobs/{job_id}/promote",
+    response_model=Job,
+    summary="Run a delayed job now (409 if it is not delayed)",
+    responses={409: {"description": "the job is not delayed (waiting, running or finished)"}},
+)
 def promote_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
     return Job.model_validate(inspect.promote(job_id))
 
