@@ -39,9 +39,13 @@ class _Out(BaseModel):
 
 
 class QueueMetrics(_Out):
-    """One queue's numbers. ``completedTotal``/``failedTotal`` count since the broker's data began."""
+    """One queue's numbers. ``active``: jobs claimed by a worker, ``running`` (started) plus ``prefetched``
+    (fetched ahead, not started). ``failed``: jobs that failed for good. ``completedTotal``/``failedTotal``
+    count since the broker's data began."""
 
     active: int
+    running: int
+    prefetched: int
     waiting: int
     delayed: int
     failed: int
@@ -102,7 +106,8 @@ class JobList(_Out):
 class Worker(_Out):
     """One worker process. ``state``: alive, late (heartbeat overdue) or gone (stopped, or recovered: it
     stopped heartbeating and its jobs went back to their queues, at ``goneAt``). Ages use the broker
-    server's clock; ``done``/``failed`` count attempts since the process started."""
+    server's clock; ``attemptsCompleted``/``attemptsFailed`` count its attempts since the process started
+    (a failed attempt may have been retried: jobs that failed for good are a queue's ``failed``)."""
 
     id: str
     host: str
@@ -115,8 +120,8 @@ class Worker(_Out):
     heartbeat_age: float | None
     state: Literal["alive", "late", "gone"]
     in_flight: list[str]
-    done: int
-    failed: int
+    attempts_completed: int
+    attempts_failed: int
     gone_at: float | None
     gone_reason: str | None
 

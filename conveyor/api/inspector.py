@@ -49,8 +49,10 @@ class WorkerView:
     #: "alive", "late" (heartbeat overdue) or "gone" (stopped, or silent past recovery: its jobs went back).
     state: str
     in_flight: list[str]
-    done: int
-    failed: int
+    #: Attempts this process ran to completion, and attempts of it that failed (retried or failed for good),
+    #: since it started. Not jobs: a job that failed for good is counted by its queue's ``failed``.
+    attempts_completed: int
+    attempts_failed: int
     gone_at: float | None
     gone_reason: str | None
 
@@ -84,7 +86,11 @@ class QueueView:
     max_attempts: int
     waiting: int
     delayed: int
+    #: Claimed by a worker: ``running`` (started) plus ``prefetched`` (fetched ahead, not started).
     active: int
+    running: int
+    prefetched: int
+    #: Jobs that failed for good (not failed attempts, which a worker's ``attempts_failed`` counts).
     failed: int
     completed_total: int
     failed_total: int
@@ -208,6 +214,8 @@ class Inspector:
                     waiting=c.waiting,
                     delayed=c.delayed,
                     active=c.active,
+                    running=c.running,
+                    prefetched=c.prefetched,
                     failed=c.failed,
                     completed_total=c.completed_total,
                     failed_total=c.failed_total,
@@ -316,8 +324,8 @@ class Inspector:
                     heartbeat_age=age,
                     state=state,
                     in_flight=[] if state == "gone" else w.in_flight,
-                    done=w.done,
-                    failed=w.failed,
+                    attempts_completed=w.done,
+                    attempts_failed=w.failed,
                     gone_at=gone_at,
                     gone_reason=reason,
                 )

@@ -96,6 +96,14 @@ class QueueCounts:
     paused: bool = False
     #: UNIX seconds since which the oldest waiting job has waited to be claimed; None when none waits.
     oldest_waiting_at: float | None = None
+    #: Of the ``active`` jobs (claimed by a worker), those whose current delivery has started running;
+    #: the rest are prefetched: fetched ahead by a worker, not started yet.
+    running: int = 0
+
+    @property
+    def prefetched(self) -> int:
+        """Active jobs a worker fetched ahead and has not started: ``active - running``."""
+        return max(0, self.active - self.running)
 
 
 @dataclass

@@ -186,6 +186,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 totals["failed"],
                 queue in self.paused,
                 min(since) if since else None,
+                states["active"],  # an inline job is active from its start: none is prefetched
             )
 
     def get_job(self, job_id: str) -> JobRecord | None:

@@ -144,6 +144,8 @@ def test_queue_metrics_count_real_jobs(api, app, workers, tmp_path):
     m = metrics_of(api)
     assert m[QUEUE] == {
         "active": 0,
+        "running": 0,
+        "prefetched": 0,
         "waiting": 4,
         "delayed": 1,
         "failed": 2,
@@ -154,6 +156,8 @@ def test_queue_metrics_count_real_jobs(api, app, workers, tmp_path):
     assert set(m) == {"agent", "critical", "llm", "indexing", "scheduling", "nudge"}
     assert m["critical"] == {
         "active": 0,
+        "running": 0,
+        "prefetched": 0,
         "waiting": 0,
         "delayed": 0,
         "failed": 0,

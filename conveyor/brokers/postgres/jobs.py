@@ -542,11 +542,11 @@ class Jobs:
     # -- reads and operator actions ---------------------------------------------------
 
     def counts(self, queue: str) -> QueueCounts:
-        waiting, delayed, active, failed, completed_total, failed_total, paused, oldest = _single(
+        waiting, delayed, active, running, failed, completed_total, failed_total, paused, oldest = _single(
             self._read("counts", {"queue": queue}, "one"), "counts"
         )
         return QueueCounts(
-            queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused, oldest
+            queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused, oldest, running
         )
 
     def get(self, job_id: str) -> JobRecord | None:

@@ -297,6 +297,7 @@ DELETE FROM conveyor_job_steps WHERE (job_id, step) IN (
 SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS waiting,
        count(*) FILTER (WHERE status = 'pending' AND available_at > now()) AS delayed,
        count(*) FILTER (WHERE status = 'in_progress') AS active,
+       count(*) FILTER (WHERE status = 'in_progress' AND started_delivery = delivery) AS running,
        (SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'failed') AS failed,
        (SELECT coalesce(sum(completed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS completed_total,
        (SELECT coalesce(sum(failed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS failed_total,

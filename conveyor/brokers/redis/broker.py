@@ -607,7 +607,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             pipe.sismember(keys.paused, queue)
             # The waiting index is scored by when each job became waiting: the first is the oldest.
             pipe.zrange(keys.index(queue, "waiting"), 0, 0, withscores=True)
-            waiting, delayed, active, failed, (completed_total, failed_total), paused, oldest = pipe.execute()
+            pipe.zrange(keys.index(queue, "active"), 0, -1)
+            waiting, delayed, active, failed, (completed_total, failed_total), paused, oldest, claimed = pipe.execute()
+        # Fetched jobs read active at once; one is running once its current delivery started (jobs.lua, start).
+        with self.client.pipeline(transaction=False) as pipe:
+            for job_id in claimed:
+                pipe.hmget(keys.job(text(job_id)), "delivery", "started_delivery")
+            deliveries = pipe.execute()
+        running = sum(1 for current, started in deliveries if current is not None and current == started)
         return QueueCounts(
             queue,
             waiting,
@@ -618,6 +625,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             int(failed_total or 0),
             bool(paused),
             oldest[0][1] / _MS if oldest else None,
+            running,
         )
 
     @translated
