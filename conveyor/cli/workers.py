@@ -51,7 +51,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
         ("threads", "right"),
         ("started", "left"),
         ("heartbeat", "right"),
-        ("in flight", "left"),
+        ("running", "left"),
         ("attempts completed", "right"),
         ("attempts failed", "right"),
         ("version", "left"),
