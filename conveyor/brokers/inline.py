@@ -231,17 +231,17 @@ class InlineBroker(ConveyorBroker, StubBroker):
             held = self._delayed.pop(job_id, None)
             if record is None or record.state != "delayed" or held is None:
                 return False
-            # Its delay copy is in the delay queue, or held by a worker until its eta: drop it either way.
-            self._promoted.add(held.options["inline_delay"])
-            self._take_queued(held.queue_name, job_id)
+            # Its delay copy is in the delay queue, or held by a worker until its eta: dropped either way.
+            if not self._take_queued(held.queue_name, job_id):
+                self._promoted.add(held.options["inline_delay"])
             self.enqueue(_without(held.copy(queue_name=record.queue), "eta", "inline_delay"))
             return True
 
-    def _take_queued(self, queue_name: str, job_id: str) -> None:
-        """Remove ``job_id``'s message from the in-memory queue ``queue_name`` if it is still there."""
+    def _take_queued(self, queue_name: str, job_id: str) -> bool:
+        """Remove ``job_id``'s message from the in-memory queue ``queue_name``; False when it was not there."""
         queue = self.queues.get(queue_name)
         if queue is None:
-            return
+            return False
         with queue.mutex:
             kept = [data for data in queue.queue if Message.decode(data).message_id != job_id]
             taken = len(queue.queue) - len(kept)
@@ -251,6 +251,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 queue.unfinished_tasks -= taken  # as task_done() would, for join()
                 if not queue.unfinished_tasks:
                     queue.all_tasks_done.notify_all()
+            return taken > 0
 
     def delete_job(self, job_id: str) -> bool:
         with self._lock:
