@@ -203,6 +203,17 @@ def _text(browser, css: str) -> str:
         return ""  # the region was swapped while being read
 
 
+def _job_rows(browser) -> list[str] | None:
+    """The ``data-job-id`` of the listed rows, or None while the page or a region is being replaced."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return [str(r.get_attribute("data-job-id")) for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")]
+    except WebDriverException:
+        return None
+
+
 def _worker_states(browser) -> dict[str, tuple[str, str]]:
     """{worker id: (state, pid)} as the Workers page shows them now."""
     from selenium.common.exceptions import WebDriverException
@@ -263,11 +274,10 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             # A list filtered by job type, and a job found by its key from the search box.
             leak = app.jobs.enqueue("obs.leak", {"api_key": SECRET, "fail_first": 1}, key="order-4711")
             browser.get(f"{base}/admin/queues/{QUEUE}?state=waiting")
+            # Choosing a job type applies it (no Filter click needed).
             Select(browser.find_element(By.ID, "job-name")).select_by_value("obs.leak")
-            browser.find_element(By.ID, "filter").click()
             wait_for(lambda: "job=obs.leak" in browser.current_url, timeout=15, message="the filtered list")
-            rows = [r.get_attribute("data-job-id") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")]
-            assert rows == [leak.id]
+            wait_for(lambda: _job_rows(browser) == [leak.id], timeout=15, message="only the obs.leak job listed")
             _screenshot(browser, "queue-filtered")
             browser.find_element(By.ID, "search").send_keys("order-4711", Keys.ENTER)
             wait_for(
