@@ -400,6 +400,15 @@ def _bulk_status(browser) -> str:
     return _text(browser, "#bulk-status")
 
 
+def _bulk_result(browser, expected: str) -> None:
+    """Wait for the bulk action's closing line; on a timeout, say what the page showed instead."""
+    try:
+        wait_for(lambda: _bulk_status(browser) == expected, timeout=60, message="the bulk action's result")
+    except AssertionError as exc:
+        shown = f"status {_bulk_status(browser)!r}, flash {_text(browser, '#flash')!r}"
+        raise AssertionError(f"{exc}; the page showed {shown}") from None
+
+
 def test_promote_and_bulk_actions_confirmed_with_their_count(browser, redis_url):
     """A delayed job promoted from its row runs now; a bulk retry asks "Retry 3 failed jobs…?" first and
     acts only on "Yes", with progress; tab counts follow the job-type filter; paging says where it is."""
@@ -438,10 +447,12 @@ def test_promote_and_bulk_actions_confirmed_with_their_count(browser, redis_url)
                 message="the confirmation with its count",
             )
             _screenshot(browser, "bulk-confirm")
+            assert not browser.find_element(By.ID, "bulk-progress").is_displayed()
             assert app.broker.queue_counts(QUEUE).failed == 3
             browser.find_element(By.ID, "bulk-go").click()
-            wait_for(lambda: _bulk_status(browser) == "Retried 3 of 3.", timeout=15, message="the bulk result")
+            _bulk_result(browser, "Retried 3 of 3.")
             assert {app.broker.get_job(i).state for i in failed} == {"waiting"}
+            wait_for(lambda: _text(browser, 'a[data-state="failed"] .count') == "0", timeout=15, message="live counts")
             _screenshot(browser, "bulk-done")
 
             # Tab counts follow the job-type filter; paging says which page this is.
@@ -467,11 +478,12 @@ def test_promote_and_bulk_actions_confirmed_with_their_count(browser, redis_url)
             question = f"Delete 33 waiting jobs of queue {QUEUE} of type obs.work?"
             wait_for(lambda: _text(browser, "#bulk-question") == question, timeout=15, message="the question")
             browser.find_element(By.ID, "bulk-cancel").click()
+            assert not browser.find_element(By.ID, "bulk-confirm").is_displayed()
             assert app.broker.queue_counts(QUEUE).waiting == 34
             browser.find_element(By.CSS_SELECTOR, "button[data-bulk=delete]").click()
             wait_for(lambda: _text(browser, "#bulk-question") == question, timeout=15, message="the question again")
             browser.find_element(By.ID, "bulk-go").click()
-            wait_for(lambda: _bulk_status(browser) == "Deleted 33 of 33.", timeout=60, message="the bulk delete")
+            _bulk_result(browser, "Deleted 33 of 33.")
             assert app.broker.queue_counts(QUEUE).waiting == 1
     finally:
         worker_app.close()
