@@ -383,7 +383,7 @@ class Inspector:
 
         A dry run only counts them (and lists their ids). With ``ids`` (a chunk of a dry run's), only
         those: each is re-read and acted on only while it still matches ``where``'s queue, state and
-        job type, so a job that moved on since the count is skipped, never acted on in its new state.
+        job type (and age), so a job that moved on since the count is skipped, never acted on in its new state.
         """
         self._check_queue(where.queue)
         check_state(where.state)
@@ -401,13 +401,16 @@ class Inspector:
             return BulkOutcome(action, len(ids), 0, 0, list(ids))
         acts = {"retry": self.retry, "promote": self.promote, "delete": self.delete, "purge": self.delete}
         act = acts[action]
+        cutoff = time.time() - where.older_than if where.older_than is not None else None
         done = skipped = 0
         for job_id in dict.fromkeys(ids):
             record = self.broker.get_job(job_id)
+            entered = record and (record.finished_at or record.enqueued_at)
             if (
                 record is None
                 or (record.queue, record.state) != (where.queue, where.state)
                 or (where.job is not None and record.job != where.job)
+                or (cutoff is not None and (not entered or entered > cutoff))
             ):
                 skipped += 1
                 continue

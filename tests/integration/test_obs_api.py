@@ -436,5 +436,10 @@ def test_bulk_actions_count_first_then_act_only_on_jobs_that_still_match(api, ap
     assert api.post("/api/admin/bulk/explode", json=body, headers=AUTH).status_code == 422
     too_many = api.post("/api/admin/bulk/delete", json={**body, "ids": ["x"] * 101}, headers=AUTH)
     assert too_many.status_code == 422
+    # An age: nothing here is an hour old, counted or sent by id.
+    old = {"queue": QUEUE, "state": "waiting", "olderThan": 3600}
+    assert api.post("/api/admin/bulk/purge", json={**old, "dryRun": True}, headers=AUTH).json()["count"] == 0
+    young = api.post("/api/admin/bulk/purge", json={**old, "ids": [waiting]}, headers=AUTH).json()
+    assert (young["done"], young["skipped"]) == (0, 1) and app.broker.get_job(waiting) is not None
     purged = api.post("/api/admin/bulk/purge", json={"queue": QUEUE, "state": "waiting"}, headers=AUTH).json()
     assert purged["done"] == 5 and app.broker.queue_counts(QUEUE).waiting == 0
