@@ -223,7 +223,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     if delivery is None or held.get(rid) == int(delivery):
                         held.pop(rid, None)
 
-    def _refused(self, what: str, queue: str, job_id: str) -> None:
+    def _refused(self, what: str, queue: str, job_id: str, why: str = "the job was handed to another delivery") -> None:
         log_event(
             "refused",
             level="warning",
@@ -231,7 +231,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             job=None,
             job_id=job_id,
             attempt=None,
-            reason=f"{what} of a superseded delivery: the job was handed to another delivery",
+            reason=f"{what} of a superseded delivery: {why}",
         )
 
     def _take_retry(self, job_id: str, delivery: int) -> _Retry | None:
@@ -360,7 +360,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             raise BrokerRejected(f"Redis refused the promotion: {type(exc).__name__}: {exc}") from exc
         self._settle(origin, [(rid, delivery)])
         if done == -1:
-            self._refused("promotion", q_name(origin), message.message_id)
+            # Its copy is dropped: the job was promoted by an operator (promote_job), or taken back by recovery.
+            why = "the job was promoted by an operator, or handed to another delivery"
+            self._refused("promotion", q_name(origin), message.message_id, why)
         elif done == 1:
             self.emit_after("enqueue", moved, None)
         return moved
