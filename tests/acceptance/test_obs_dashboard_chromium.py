@@ -435,6 +435,11 @@ def test_promote_and_bulk_actions_confirmed_with_their_count(browser, redis_url)
                 )
                 assert app.broker.get_job(held).attempts == 1
 
+            # A completed row has no Delete (its job page keeps one).
+            browser.get(f"{base}/admin/queues/{QUEUE}?state=completed")
+            wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row), timeout=15, message="the completed row")
+            assert not browser.find_elements(By.CSS_SELECTOR, f"{row} button")
+
             # The bulk retry counts first and asks; nothing moves before "Yes".
             browser.get(f"{base}/admin/queues/{QUEUE}?state=failed")
             wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "button[data-bulk=retry]"), timeout=15)
