@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from conveyor.brokers.base import ConveyorBroker, JobRecord, check_state
+from conveyor.brokers.base import JOB_STATES, ConveyorBroker, JobRecord, check_state
 from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
 from conveyor.errors import InvalidQuery, JobNotFound, JobStateConflict, UnknownQueue
 from conveyor.logs import log_event
@@ -50,8 +50,10 @@ class WorkerView:
     #: "alive", "late" (heartbeat overdue) or "gone" (stopped, or silent past recovery: its jobs went back).
     state: str
     in_flight: list[str]
-    done: int
-    failed: int
+    #: Attempts this process ran to completion, and attempts of it that failed (retried or failed for good),
+    #: since it started. Not jobs: a job that failed for good is counted by its queue's ``failed``.
+    attempts_completed: int
+    attempts_failed: int
     gone_at: float | None
     gone_reason: str | None
 
@@ -85,7 +87,11 @@ class QueueView:
     max_attempts: int
     waiting: int
     delayed: int
+    #: Claimed by a worker: ``running`` (started) plus ``prefetched`` (fetched ahead, not started).
     active: int
+    running: int
+    prefetched: int
+    #: Jobs that failed for good (not failed attempts, which a worker's ``attempts_failed`` counts).
     failed: int
     completed_total: int
     failed_total: int
@@ -140,6 +146,27 @@ class Where:
     older_than: float | None = None
 
 
+#: The state each bulk action applies to; None: any state but active (a running job is never touched).
+BULK_STATES: dict[str, str | None] = {"retry": "failed", "promote": "delayed", "delete": None, "purge": None}
+
+#: Most job ids one bulk request acts on: the dashboard sends a big action in chunks of this many.
+BULK_CHUNK = 100
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    """What a bulk action touched: ``count`` jobs looked at, ``done`` acted on, ``skipped`` had moved on.
+
+    A dry run acts on nothing and lists the ``ids`` the filter matches (what the action would touch).
+    """
+
+    action: str
+    count: int
+    done: int
+    skipped: int
+    ids: list[str] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class JobPage:
     """One page of a queue's jobs in one state, newest first. ``next_cursor`` is None on the last page."""
@@ -188,6 +215,8 @@ class Inspector:
                     waiting=c.waiting,
                     delayed=c.delayed,
                     active=c.active,
+                    running=c.running,
+                    prefetched=c.prefetched,
                     failed=c.failed,
                     completed_total=c.completed_total,
                     failed_total=c.failed_total,
@@ -296,8 +325,8 @@ class Inspector:
                     heartbeat_age=age,
                     state=state,
                     in_flight=[] if state == "gone" else w.in_flight,
-                    done=w.done,
-                    failed=w.failed,
+                    attempts_completed=w.done,
+                    attempts_failed=w.failed,
                     gone_at=gone_at,
                     gone_reason=reason,
                 )
@@ -332,7 +361,67 @@ class Inspector:
                 return found
             offset += len(records)
 
+    def job_counts(self, queue: str, job: str) -> dict[str, tuple[int, bool]]:
+        """Per state, how many retained jobs of type ``job`` the queue holds, and whether the count stopped
+        at :data:`MAX_FILTER_SCAN` records looked through (then it is a lower bound)."""
+        self._check_queue(queue)
+        counts: dict[str, tuple[int, bool]] = {}
+        for state in JOB_STATES:
+            found = position = 0
+            while position < MAX_FILTER_SCAN:
+                records = self.broker.list_jobs(queue, state, limit=_SCAN_STEP, offset=position)
+                found += sum(1 for r in records if r.job == job)
+                position += len(records)
+                if len(records) < _SCAN_STEP:
+                    break
+            counts[state] = (found, position >= MAX_FILTER_SCAN)
+        return counts
+
     # -- acting ------------------------------------------------------------------
+
+    def bulk(self, action: str, where: Where, *, dry_run: bool = False, ids: list[str] | None = None) -> BulkOutcome:
+        """``action`` (retry, delete, promote, purge: delete by filter) on the jobs ``where`` matches.
+
+        A dry run only counts them (and lists their ids). With ``ids`` (a chunk of a dry run's), only
+        those: each is re-read and acted on only while it still matches ``where``'s queue, state and
+        job type (and age), so a job that moved on since the count is skipped, never acted on in its new state.
+        """
+        self._check_queue(where.queue)
+        check_state(where.state)
+        if action not in BULK_STATES:
+            raise InvalidQuery(f"action: one of {', '.join(BULK_STATES)}")
+        need = BULK_STATES[action]
+        if (need is not None and where.state != need) or where.state == "active":
+            raise InvalidQuery(f"{action} applies to {need or 'waiting, delayed, completed or failed'} jobs only")
+        if ids is None:
+            matched = [v.id for v in self.select(where)]
+            if dry_run:
+                return BulkOutcome(action, len(matched), 0, 0, matched)
+            ids = matched
+        elif dry_run:
+            return BulkOutcome(action, len(ids), 0, 0, list(ids))
+        acts = {"retry": self.retry, "promote": self.promote, "delete": self.delete, "purge": self.delete}
+        act = acts[action]
+        cutoff = time.time() - where.older_than if where.older_than is not None else None
+        done = skipped = 0
+        for job_id in dict.fromkeys(ids):
+            record = self.broker.get_job(job_id)
+            entered = record and (record.finished_at or record.enqueued_at)
+            if (
+                record is None
+                or (record.queue, record.state) != (where.queue, where.state)
+                or (where.job is not None and record.job != where.job)
+                or (cutoff is not None and (not entered or entered > cutoff))
+            ):
+                skipped += 1
+                continue
+            try:
+                act(job_id)
+                done += 1
+            except (JobNotFound, JobStateConflict):  # moved on between the read and the act
+                skipped += 1
+        log_event(f"admin_bulk_{action}", queue=where.queue, job=where.job, job_id=None, attempt=None, count=done)
+        return BulkOutcome(action, done + skipped, done, skipped)
 
     def retry(self, job_id: str) -> JobView:
         """Put a failed job back in its queue with a fresh attempt budget."""
@@ -359,6 +448,16 @@ class Inspector:
         if not self.broker.delete_job(job_id):
             raise JobStateConflict(f"job {job_id} changed state before it could be deleted")
         self._audit("admin_delete", before)
+
+    def promote(self, job_id: str) -> JobView:
+        """Run a delayed job now: it becomes waiting at once (its delay is cut short, it runs once)."""
+        before = self.job(job_id)
+        if before.state != "delayed":
+            raise JobStateConflict(f"job {job_id} is {before.state}: only delayed jobs can be promoted")
+        if not self.broker.promote_job(job_id):
+            raise JobStateConflict(f"job {job_id} changed state before it could be promoted")
+        self._audit("admin_promote", before)
+        return self.job(job_id)
 
     def pause(self, queue: str) -> QueueView:
         self._check_queue(queue)

@@ -8,16 +8,16 @@ names are camelCase, as dashboards built on other queues expect
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import CursorQuery, NamePath, NameQuery, inspector
 from conveyor.api.errors import UNAVAILABLE_RESPONSES
-from conveyor.inspector import MAX_PAGE, Inspector
+from conveyor.inspector import BULK_CHUNK, MAX_PAGE, Inspector, Where
 
 router = APIRouter(
     prefix="/api/admin",
@@ -39,9 +39,13 @@ class _Out(BaseModel):
 
 
 class QueueMetrics(_Out):
-    """One queue's numbers. ``completedTotal``/``failedTotal`` count since the broker's data began."""
+    """One queue's numbers. ``active``: jobs claimed by a worker, ``running`` (started) plus ``prefetched``
+    (fetched ahead, not started). ``failed``: jobs that failed for good. ``completedTotal``/``failedTotal``
+    count since the broker's data began."""
 
     active: int
+    running: int
+    prefetched: int
     waiting: int
     delayed: int
     failed: int
@@ -102,7 +106,8 @@ class JobList(_Out):
 class Worker(_Out):
     """One worker process. ``state``: alive, late (heartbeat overdue) or gone (stopped, or recovered: it
     stopped heartbeating and its jobs went back to their queues, at ``goneAt``). Ages use the broker
-    server's clock; ``done``/``failed`` count attempts since the process started."""
+    server's clock; ``attemptsCompleted``/``attemptsFailed`` count its attempts since the process started
+    (a failed attempt may have been retried: jobs that failed for good are a queue's ``failed``)."""
 
     id: str
     host: str
@@ -115,8 +120,8 @@ class Worker(_Out):
     heartbeat_age: float | None
     state: Literal["alive", "late", "gone"]
     in_flight: list[str]
-    done: int
-    failed: int
+    attempts_completed: int
+    attempts_failed: int
     gone_at: float | None
     gone_reason: str | None
 
@@ -131,6 +136,34 @@ class Retried(_Out):
 
 class Deleted(_Out):
     deleted: str
+
+
+class BulkRequest(BaseModel):
+    """Which jobs a bulk action touches: a queue and a state, optionally a job type and a minimum age.
+
+    ``dryRun`` only counts them and lists their ids; with ``ids`` (at most a chunk of them), the action
+    touches only those, each while it still matches the filter.
+    """
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    queue: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    state: State
+    job: str | None = Field(None, max_length=200)
+    older_than: float | None = Field(None, ge=0, le=10**9, description="seconds since the job entered its state")
+    dry_run: bool = False
+    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(None, max_length=BULK_CHUNK)
+
+
+class BulkResult(_Out):
+    """``count`` jobs matched (dry run) or looked at; ``done`` acted on; ``skipped`` had moved on. ``ids``:
+    what a dry run matched, to send back in chunks."""
+
+    action: str
+    count: int
+    done: int
+    skipped: int
+    ids: list[str]
 
 
 @router.get("/queue-metrics", response_model=dict[str, QueueMetrics], summary="Counts of every queue")
@@ -173,6 +206,29 @@ def get_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
 @router.post("/jobs/{job_id}/retry", response_model=Job, summary="Retry a failed job (409 if it has not failed)")
 def retry_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
     return Job.model_validate(inspect.retry(job_id))
+
+
+@router.post(
+    "/jobs/{job_id}/promote",
+    response_model=Job,
+    summary="Run a delayed job now (409 if it is not delayed)",
+    responses={409: {"description": "the job is not delayed (waiting, running or finished)"}},
+)
+def promote_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
+    return Job.model_validate(inspect.promote(job_id))
+
+
+@router.post(
+    "/bulk/{action}",
+    response_model=BulkResult,
+    summary="Retry, delete, promote or purge the jobs a filter matches (dryRun: count them first)",
+    responses={404: {"description": "no such queue (the answer lists the queues)"}},
+)
+def bulk(
+    action: Literal["retry", "delete", "promote", "purge"], body: BulkRequest, inspect: Inspector = Depends(inspector)
+) -> BulkResult:
+    where = Where(queue=body.queue, state=body.state, job=body.job or None, older_than=body.older_than)
+    return BulkResult.model_validate(inspect.bulk(action, where, dry_run=body.dry_run, ids=body.ids))
 
 
 @router.delete("/jobs/{job_id}", response_model=Deleted, summary="Delete a job that is not running (409 if it is)")

@@ -41,12 +41,15 @@ from conveyor.api.auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_acc
 from conveyor.api.deps import CursorQuery, NamePath, inspector
 from conveyor.brokers.base import JOB_STATES
 from conveyor.errors import InvalidQuery, JobNotFound, UnknownQueue
-from conveyor.inspector import Inspector
+from conveyor.inspector import BULK_CHUNK, Inspector, QueueView
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
 
 #: Jobs per page of a queue's list.
 PAGE_SIZE = 25
+
+#: Most pages back the dashboard remembers for its Previous link (the ``trail`` of earlier pages' cursors).
+MAX_TRAIL = 200
 
 #: Seconds between refreshes of a live page (counts, lists, workers, a job until it ends).
 LIVE_SECONDS = 2
@@ -230,10 +233,14 @@ def queue(
     state: Annotated[str, Query(max_length=20)] = "waiting",
     cursor: CursorQuery = None,
     job: Annotated[str | None, Query(max_length=200)] = None,
+    trail: Annotated[str | None, Query(max_length=MAX_TRAIL * 11)] = None,
     inspect: Inspector = Depends(inspector),
 ) -> Response:
     if (gate := _gate(request)) is not None:
         return gate
+    earlier = _trail(trail) if cursor else []
+    if earlier is None:
+        return _bad_cursor(request)
     if state not in JOB_STATES:
         return _page(
             "missing.html",
@@ -248,17 +255,60 @@ def queue(
     try:
         view = inspect.queue(queue)
         page = inspect.jobs(queue, state, limit=PAGE_SIZE, cursor=cursor, job=job)
+        counts = _tab_counts(inspect, view, job)
     except UnknownQueue as exc:
         return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
     except InvalidQuery:
-        return _page(
-            "missing.html",
-            400,
-            request=request,
-            title="Bad request",
-            message="cursor: not a page of this dashboard; start again from the queue's first page",
-        )
-    return _live_page(request, "queue.html", title=f"Queue {queue}", queue=view, page=page, job_names=job_names)
+        return _bad_cursor(request)
+    return _live_page(
+        request,
+        "queue.html",
+        title=f"Queue {queue}",
+        queue=view,
+        page=page,
+        job_names=job_names,
+        counts=counts,
+        paging=_paging(earlier, cursor, page.next_cursor),
+        bulk_chunk=BULK_CHUNK,
+    )
+
+
+def _bad_cursor(request: Request) -> Response:
+    return _page(
+        "missing.html",
+        400,
+        request=request,
+        title="Bad request",
+        message="cursor: not a page of this dashboard; start again from the queue's first page",
+    )
+
+
+def _trail(text: str | None) -> list[str] | None:
+    """The cursors of the pages before this one (after the first), as ``trail`` holds them; None if malformed."""
+    parts = [p for p in (text or "").split(".") if p]
+    if len(parts) > MAX_TRAIL or not all(p.isascii() and p.isdigit() and len(p) <= 10 for p in parts):
+        return None
+    return parts
+
+
+def _paging(earlier: list[str], cursor: str | None, next_cursor: str | None) -> dict[str, Any]:
+    """Where this page is (``number``, 1 = first) and the query strings of the previous and next pages."""
+    number = len(earlier) + 2 if cursor else 1
+    prev: str | None = None
+    if cursor:
+        prev = f"&cursor={earlier[-1]}&trail={'.'.join(earlier[:-1])}" if earlier else ""
+    following = None
+    if next_cursor and len(earlier) < MAX_TRAIL:
+        following = f"&cursor={next_cursor}&trail={'.'.join([*earlier, cursor] if cursor else [])}"
+    return {"number": number, "prev": prev, "next": following}
+
+
+def _tab_counts(inspect: Inspector, view: QueueView, job: str | None) -> dict[str, str]:
+    """Each state tab's count: the queue's, or with a job-type filter that type's retained jobs (``N+`` when
+    the count stopped at the scan's limit). Unfiltered, completed counts every completion ever."""
+    if job is None:
+        return {s: str(view.completed_total if s == "completed" else getattr(view, s)) for s in JOB_STATES}
+    return {s: f"{n}+" if capped else str(n) for s, (n, capped) in inspect.job_counts(view.name, job).items()}
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)

@@ -96,6 +96,14 @@ class QueueCounts:
     paused: bool = False
     #: UNIX seconds since which the oldest waiting job has waited to be claimed; None when none waits.
     oldest_waiting_at: float | None = None
+    #: Of the ``active`` jobs (claimed by a worker), those whose current delivery has started running;
+    #: the rest are prefetched: fetched ahead by a worker, not started yet.
+    running: int = 0
+
+    @property
+    def prefetched(self) -> int:
+        """Active jobs a worker fetched ahead and has not started: ``active - running``."""
+        return max(0, self.active - self.running)
 
 
 @dataclass
@@ -238,6 +246,19 @@ class ConveyorBroker(Broker):
         """:meth:`retry_job` for every failed job of ``queue``; returns how many were retried.
 
         Each job moves atomically; the whole batch need not be one transaction.
+        """
+        raise NotImplementedError
+
+    def promote_job(self, job_id: str) -> bool:
+        """Run one *delayed* job now: it becomes waiting at once, in one atomic step, and runs once.
+
+        Its message leaves wherever the delay keeps it (a delay queue, or a
+        worker's delay consumer holding it until its eta: that holder's own
+        promotion is then refused by the fence, and its copy dropped) and
+        enters its queue; idle workers of the queue are woken. A job that
+        is no longer delayed (due meanwhile, deleted, running) is left alone.
+
+        Returns False, changing nothing, when no delayed job has this id.
         """
         raise NotImplementedError
 

@@ -9,6 +9,7 @@ anything that must survive a restart.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import defaultdict
@@ -47,6 +48,11 @@ class InlineBroker(ConveyorBroker, StubBroker):
         self.paused: set[str] = set()
         #: job id -> its deliveries so far: the fence number of the latest (``inline_delivery`` on its message).
         self._deliveries: dict[str, int] = {}
+        #: job id -> the message of its delay (stamped ``inline_delay``), until that delay ends or is cut short.
+        self._delayed: dict[str, Message[Any]] = {}
+        #: ``inline_delay`` stamps of delays an operator cut short: their copies coming back are dropped.
+        self._promoted: set[int] = set()
+        self._delay_stamps = itertools.count(1)
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 100) -> _Consumer:
         consumer = super().consume(queue_name, prefetch, timeout)
@@ -57,7 +63,19 @@ class InlineBroker(ConveyorBroker, StubBroker):
         with self._lock:
             if message.message_id in self._deleted:
                 return message  # a deleted job coming back from its delay: drop it
+            stamp = message.options.get("inline_delay")
+            if delay is None and stamp in self._promoted:
+                self._promoted.discard(stamp)  # a delay an operator cut short coming back: it ran already
+                return message
+            if delay is not None:
+                message = message.copy(options={"inline_delay": next(self._delay_stamps)})
+            elif stamp is not None:
+                message = _without(message, "inline_delay")
             sent = super().enqueue(message, delay=delay)
+            if delay is not None:
+                self._delayed[message.message_id] = sent
+            else:
+                self._delayed.pop(message.message_id, None)
             record = self.records.get(message.message_id)
             if record is None:
                 record = self.records[message.message_id] = JobRecord(
@@ -168,6 +186,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 totals["failed"],
                 queue in self.paused,
                 min(since) if since else None,
+                states["active"],  # an inline job is active from its start: none is prefetched
             )
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -206,6 +225,34 @@ class InlineBroker(ConveyorBroker, StubBroker):
             ids = [r.id for r in self.records.values() if r.queue == queue and r.state == "failed"]
             return sum(self.retry_job(job_id) for job_id in ids)
 
+    def promote_job(self, job_id: str) -> bool:
+        with self._lock:
+            record = self.records.get(job_id)
+            held = self._delayed.pop(job_id, None)
+            if record is None or record.state != "delayed" or held is None:
+                return False
+            # Its delay copy is in the delay queue, or held by a worker until its eta: dropped either way.
+            if not self._take_queued(held.queue_name, job_id):
+                self._promoted.add(held.options["inline_delay"])
+            self.enqueue(_without(held.copy(queue_name=record.queue), "eta", "inline_delay"))
+            return True
+
+    def _take_queued(self, queue_name: str, job_id: str) -> bool:
+        """Remove ``job_id``'s message from the in-memory queue ``queue_name``; False when it was not there."""
+        queue = self.queues.get(queue_name)
+        if queue is None:
+            return False
+        with queue.mutex:
+            kept = [data for data in queue.queue if Message.decode(data).message_id != job_id]
+            taken = len(queue.queue) - len(kept)
+            if taken:
+                queue.queue.clear()
+                queue.queue.extend(kept)
+                queue.unfinished_tasks -= taken  # as task_done() would, for join()
+                if not queue.unfinished_tasks:
+                    queue.all_tasks_done.notify_all()
+            return taken > 0
+
     def delete_job(self, job_id: str) -> bool:
         with self._lock:
             record = self.records.get(job_id)
@@ -216,6 +263,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
             # A waiting or delayed message stays in its in-memory queue: the
             # tombstone makes start_job skip it and enqueue drop it.
             self._deleted.add(job_id)
+            self._delayed.pop(job_id, None)
             del self.records[job_id]
             self._deliveries.pop(job_id, None)
             self._waiting_since.pop(job_id, None)
@@ -239,6 +287,11 @@ class InlineBroker(ConveyorBroker, StubBroker):
             options=options,
             message_id=record.id,
         )
+
+
+def _without(message: Message[Any], *names: str) -> Message[Any]:
+    options = {k: v for k, v in message.options.items() if k not in names}
+    return replace(message, options=options)
 
 
 class _Consumer(Consumer):

@@ -355,12 +355,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     app = _app()
     counts = [app.broker.queue_counts(q) for q in app.queues]
     if args.json:
-        print(json.dumps([c.__dict__ for c in counts]))
+        print(json.dumps([{**c.__dict__, "prefetched": c.prefetched} for c in counts]))
         return 0
-    print(f"{'queue':<12}{'waiting':>9}{'delayed':>9}{'active':>8}{'failed':>8}{'completed':>11}{'paused':>8}")
+    print(
+        f"{'queue':<12}{'waiting':>9}{'delayed':>9}{'running':>9}{'prefetched':>12}{'failed':>8}{'completed':>11}"
+        f"{'paused':>8}"
+    )
     for c in counts:
         print(
-            f"{c.queue:<12}{c.waiting:>9}{c.delayed:>9}{c.active:>8}{c.failed:>8}{c.completed_total:>11}"
-            f"{'yes' if c.paused else '':>8}"
+            f"{c.queue:<12}{c.waiting:>9}{c.delayed:>9}{c.running:>9}{c.prefetched:>12}{c.failed:>8}"
+            f"{c.completed_total:>11}{'yes' if c.paused else '':>8}"
         )
     return 0

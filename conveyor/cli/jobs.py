@@ -1,6 +1,6 @@
 """``conveyor jobs`` and ``conveyor queues``: what the dashboard's operator can do, from a shell.
 
-One job by id (``jobs show``, ``jobs retry ID…``, ``jobs delete ID…``), or many by a filter
+One job by id (``jobs show``, ``jobs retry ID…``, ``jobs delete ID…``, ``jobs promote ID…``), or many by a filter
 (``--where queue=critical,state=failed,job=credit.consume,older-than=3600``): a bulk action
 first counts what it will touch and asks (``--yes`` answers for scripts; off a terminal it
 will not act without it), then acts job by job with a progress bar on a terminal, and ends
@@ -23,12 +23,15 @@ if TYPE_CHECKING:
     from conveyor.cli import Subcommands
     from conveyor.inspector import Inspector, JobView, Where
 
+#: The one state an action applies to, implied by its --where (a filter naming another is refused).
+ACTION_STATE = {"retry": "failed", "promote": "delayed"}
+
 #: The filter's keys, and what each becomes.
 WHERE_KEYS = ("queue", "state", "job", "older-than")
 
 
 def register(sub: Subcommands) -> None:
-    jobs = sub.add_parser("jobs", help="list, show, retry, delete and purge jobs (one by id, or many --where)")
+    jobs = sub.add_parser("jobs", help="list, show, retry, delete, promote and purge jobs (one by id, or many --where)")
     verbs = jobs.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     p = verbs.add_parser("list", help="jobs of a queue in a state, newest first")
@@ -42,7 +45,11 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_show)
 
-    for verb, what in (("retry", "failed jobs back to their queue"), ("delete", "jobs that are not running")):
+    for verb, what in (
+        ("retry", "failed jobs back to their queue"),
+        ("delete", "jobs that are not running"),
+        ("promote", "delayed jobs: run them now"),
+    ):
         p = verbs.add_parser(verb, help=f"{verb} {what}: by id, or every job --where matches")
         p.add_argument("job_ids", nargs="*", metavar="JOB_ID")
         _where_flag(p, required=False)
@@ -73,7 +80,7 @@ def _where_flag(parser: argparse.ArgumentParser, *, required: bool) -> None:
         "--where",
         required=required,
         metavar="FILTER",
-        help="queue=Q,state=S[,job=NAME][,older-than=SECONDS]; retry implies state=failed",
+        help="queue=Q,state=S[,job=NAME][,older-than=SECONDS]; retry implies state=failed, promote state=delayed",
     )
 
 
@@ -188,10 +195,15 @@ def cmd_act(args: argparse.Namespace) -> int:
             ids = list(dict.fromkeys(args.job_ids))
             what = f"{len(ids)} job(s)"
         else:
-            where = parse_where(args.where, state="failed" if args.action == "retry" else None)
+            where = parse_where(args.where, state=ACTION_STATE.get(args.action))
             ids = [v.id for v in inspect.select(where)]
             what = f"{len(ids)} {where.state} job(s) of queue {where.queue}" + (f" ({where.job})" if where.job else "")
-        act: Callable[[str], object] = inspect.retry if args.action == "retry" else inspect.delete
+        acts: dict[str, Callable[[str], object]] = {
+            "retry": inspect.retry,
+            "delete": inspect.delete,
+            "promote": inspect.promote,
+        }
+        act = acts[args.action]
         return _bulk(args, f"jobs {args.action}", f"{args.action} {what}", ids, act)
     finally:
         inspect.app.close()

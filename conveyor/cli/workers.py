@@ -51,9 +51,9 @@ def cmd_workers(args: argparse.Namespace) -> int:
         ("threads", "right"),
         ("started", "left"),
         ("heartbeat", "right"),
-        ("in flight", "left"),
-        ("done", "right"),
-        ("failed", "right"),
+        ("running", "left"),
+        ("attempts completed", "right"),
+        ("attempts failed", "right"),
         ("version", "left"),
     )
     for name, justify in columns:
@@ -72,8 +72,8 @@ def cmd_workers(args: argparse.Namespace) -> int:
             _time(w.started_at),
             _ago(w.heartbeat_age),
             "\n".join(w.in_flight) or "–",
-            str(w.done),
-            str(w.failed),
+            str(w.attempts_completed),
+            str(w.attempts_failed),
             w.version,
         )
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)

@@ -262,7 +262,8 @@ class QueueCollector(Collector):
         yield warning
         depth = GaugeMetricFamily(
             "conveyor_queue_depth",
-            "Jobs in the queue by state (waiting, delayed, active, failed).",
+            "Jobs in the queue by state: waiting, delayed, active (claimed by a worker: running, started, plus "
+            "prefetched, fetched ahead and not started), running, prefetched, failed (failed for good).",
             labels=["queue", "state"],
         )
         oldest = GaugeMetricFamily(
@@ -273,7 +274,7 @@ class QueueCollector(Collector):
         paused = GaugeMetricFamily("conveyor_queue_paused", "1 while the queue is paused.", labels=["queue"])
         now = time.time()
         for c in counts:
-            for state in ("waiting", "delayed", "active", "failed"):
+            for state in ("waiting", "delayed", "active", "running", "prefetched", "failed"):
                 depth.add_metric([c.queue, state], getattr(c, state))
             oldest.add_metric([c.queue], max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else 0.0)
             paused.add_metric([c.queue], 1 if c.paused else 0)

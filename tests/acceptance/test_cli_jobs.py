@@ -86,3 +86,41 @@ def test_a_bad_filter_is_named_without_its_value(app):
     assert "--where" in bad.stderr and "s3cr3t-value" not in bad.stderr and "Traceback" not in bad.stderr
     unknown = conveyor(app, "jobs", "list", "--where", "queue=no-such-q,state=failed")
     assert unknown.returncode == 2 and "queues: agent, critical" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_promote_runs_delayed_jobs_now_by_id_and_by_filter_even_one_a_worker_holds(app):
+    held = app.jobs.enqueue("obs.work", {"n": 1}, delay=3600).id
+    with worker(app, "indexing"):
+        # On Redis the worker's delay consumer fetches the delayed job and holds it until its eta, an hour on.
+        wait_for(lambda: app.broker.get_job(held).state == "delayed", message="the job to be delayed")
+        waiting = conveyor(app, "jobs", "promote", "--where", "queue=indexing,state=failed", "--yes")
+        assert waiting.returncode == 2 and "Traceback" not in waiting.stderr
+        assert "this action applies to delayed jobs only" in waiting.stderr
+        by_id = conveyor(app, "jobs", "promote", held, "--yes", "--json")
+        assert by_id.returncode == 0, by_id.stderr
+        assert json.loads(by_id.stdout.splitlines()[-1])["done"] == 1
+        wait_for(lambda: app.broker.get_job(held).state == "completed", timeout=20, message="the promoted job to run")
+
+        later = [app.jobs.enqueue("obs.work", {"n": n}, delay=3600).id for n in range(3)]
+        refused = conveyor(app, "jobs", "promote", "--where", "queue=indexing")
+        assert refused.returncode == 2
+        assert "would promote 3 delayed job(s) of queue indexing; pass --yes" in refused.stderr
+        assert app.broker.queue_counts("indexing").delayed == 3
+        promoted = conveyor(app, "jobs", "promote", "--where", "queue=indexing,state=delayed", "--yes", "--json")
+        assert promoted.returncode == 0, promoted.stderr
+        assert json.loads(promoted.stdout.splitlines()[-1])["done"] == 3
+        wait_for(
+            lambda: {app.broker.get_job(i).state for i in later} == {"completed"},
+            timeout=20,
+            message="the promoted jobs to run",
+        )
+    for job_id in (held, *later):
+        assert app.broker.get_job(job_id).attempts == 1  # each ran once
+    again = conveyor(app, "jobs", "promote", held, "--yes", "--json")
+    assert json.loads(again.stdout.splitlines()[-1]) | {"seconds": 0} == {
+        "command": "jobs promote",
+        "ok": True,
+        "done": 0,
+        "skipped": 1,
+        "seconds": 0,
+    }

@@ -203,6 +203,17 @@ def _text(browser, css: str) -> str:
         return ""  # the region was swapped while being read
 
 
+def _job_rows(browser) -> list[str] | None:
+    """The ``data-job-id`` of the listed rows, or None while the page or a region is being replaced."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return [str(r.get_attribute("data-job-id")) for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")]
+    except WebDriverException:
+        return None
+
+
 def _worker_states(browser) -> dict[str, tuple[str, str]]:
     """{worker id: (state, pid)} as the Workers page shows them now."""
     from selenium.common.exceptions import WebDriverException
@@ -263,11 +274,10 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
             # A list filtered by job type, and a job found by its key from the search box.
             leak = app.jobs.enqueue("obs.leak", {"api_key": SECRET, "fail_first": 1}, key="order-4711")
             browser.get(f"{base}/admin/queues/{QUEUE}?state=waiting")
+            # Choosing a job type applies it (no Filter click needed).
             Select(browser.find_element(By.ID, "job-name")).select_by_value("obs.leak")
-            browser.find_element(By.ID, "filter").click()
             wait_for(lambda: "job=obs.leak" in browser.current_url, timeout=15, message="the filtered list")
-            rows = [r.get_attribute("data-job-id") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")]
-            assert rows == [leak.id]
+            wait_for(lambda: _job_rows(browser) == [leak.id], timeout=15, message="only the obs.leak job listed")
             _screenshot(browser, "queue-filtered")
             browser.find_element(By.ID, "search").send_keys("order-4711", Keys.ENTER)
             wait_for(
@@ -380,4 +390,106 @@ def test_api_docs_render_offline_under_the_strict_policy(browser, redis_url):
             assert sources and all(s.startswith(base) for s in sources), sources
             assert "/api/admin/queue-metrics" in browser.page_source
     finally:
+        app.close()
+
+
+# -- actions: promote, bulk actions confirmed with their count, paging ------------------------------
+
+
+def _bulk_status(browser) -> str:
+    return _text(browser, "#bulk-status")
+
+
+def _bulk_result(browser, expected: str) -> None:
+    """Wait for the bulk action's closing line; on a timeout, say what the page showed instead."""
+    try:
+        wait_for(lambda: _bulk_status(browser) == expected, timeout=60, message="the bulk action's result")
+    except AssertionError as exc:
+        shown = f"status {_bulk_status(browser)!r}, flash {_text(browser, '#flash')!r}"
+        raise AssertionError(f"{exc}; the page showed {shown}") from None
+
+
+def test_promote_and_bulk_actions_confirmed_with_their_count(browser, redis_url):
+    """A delayed job promoted from its row runs now; a bulk retry asks "Retry 3 failed jobs…?" first and
+    acts only on "Yes", with progress; tab counts follow the job-type filter; paging says where it is."""
+    from selenium.webdriver.common.by import By
+
+    app = redis_app(redis_url)
+    worker_app = redis_app(redis_url)
+    try:
+        with _strict_api_server(app) as base:
+            with worker(worker_app, QUEUE):
+                failed = [app.jobs.enqueue("obs.work", {"n": n, "fail": True}).id for n in range(3)]
+                wait_for(lambda: app.broker.queue_counts(QUEUE).failed == 3, message="three jobs to fail for good")
+                held = app.jobs.enqueue("obs.work", {"n": 10}, delay=3600).id
+                _sign_in(browser, base, f"/admin/queues/{QUEUE}")
+                browser.get(f"{base}/admin/queues/{QUEUE}?state=delayed")
+                row = f'tr[data-job-id="{held}"]'
+                wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row), timeout=15, message="the delayed row")
+                assert not browser.find_elements(By.CSS_SELECTOR, "button[data-action$='/retry-failed']")
+                browser.find_element(By.CSS_SELECTOR, f"{row} button.promote").click()
+                wait_for(
+                    lambda: app.broker.get_job(held).state == "completed",
+                    timeout=20,
+                    message="the promoted job to run now, not in an hour",
+                )
+                assert app.broker.get_job(held).attempts == 1
+
+            # A completed row has no Delete (its job page keeps one).
+            browser.get(f"{base}/admin/queues/{QUEUE}?state=completed")
+            wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row), timeout=15, message="the completed row")
+            assert not browser.find_elements(By.CSS_SELECTOR, f"{row} button")
+
+            # The bulk retry counts first and asks; nothing moves before "Yes".
+            browser.get(f"{base}/admin/queues/{QUEUE}?state=failed")
+            wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "button[data-bulk=retry]"), timeout=15)
+            # No Delete on completed rows; failed rows keep theirs.
+            assert len(browser.find_elements(By.CSS_SELECTOR, "tr[data-job-id] button.danger")) == 3
+            browser.find_element(By.CSS_SELECTOR, "button[data-bulk=retry]").click()
+            wait_for(
+                lambda: _text(browser, "#bulk-question") == f"Retry 3 failed jobs of queue {QUEUE}?",
+                timeout=15,
+                message="the confirmation with its count",
+            )
+            _screenshot(browser, "bulk-confirm")
+            assert not browser.find_element(By.ID, "bulk-progress").is_displayed()
+            assert app.broker.queue_counts(QUEUE).failed == 3
+            browser.find_element(By.ID, "bulk-go").click()
+            _bulk_result(browser, "Retried 3 of 3.")
+            assert {app.broker.get_job(i).state for i in failed} == {"waiting"}
+            wait_for(lambda: _text(browser, 'a[data-state="failed"] .count') == "0", timeout=15, message="live counts")
+            _screenshot(browser, "bulk-done")
+
+            # Tab counts follow the job-type filter; paging says which page this is.
+            app.broker.pause_queue(QUEUE)
+            app.jobs.enqueue("obs.leak", {"fail_first": 0})
+            for n in range(30):
+                app.jobs.enqueue("obs.work", {"n": 100 + n})
+            browser.get(f"{base}/admin/queues/{QUEUE}?state=waiting&job=obs.leak")
+            wait_for(lambda: _text(browser, 'a[data-state="waiting"] .count') == "1", timeout=15)
+            browser.get(f"{base}/admin/queues/{QUEUE}?state=waiting")
+            wait_for(lambda: _text(browser, 'a[data-state="waiting"] .count') == "34", timeout=15)
+            assert _text(browser, "#page-number") == "Page 1" and not browser.find_elements(By.ID, "page-prev")
+            browser.find_element(By.ID, "page-next").click()
+            wait_for(lambda: _text(browser, "#page-number") == "Page 2", timeout=15, message="page 2")
+            assert not browser.find_elements(By.ID, "page-next")
+            browser.find_element(By.ID, "page-prev").click()
+            wait_for(lambda: _text(browser, "#page-number") == "Page 1", timeout=15, message="back to page 1")
+
+            # A bulk delete of the waiting jobs of one type, cancelled once, then done.
+            browser.get(f"{base}/admin/queues/{QUEUE}?state=waiting&job=obs.work")
+            wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "button[data-bulk=delete]"), timeout=15)
+            browser.find_element(By.CSS_SELECTOR, "button[data-bulk=delete]").click()
+            question = f"Delete 33 waiting jobs of queue {QUEUE} of type obs.work?"
+            wait_for(lambda: _text(browser, "#bulk-question") == question, timeout=15, message="the question")
+            browser.find_element(By.ID, "bulk-cancel").click()
+            assert not browser.find_element(By.ID, "bulk-confirm").is_displayed()
+            assert app.broker.queue_counts(QUEUE).waiting == 34
+            browser.find_element(By.CSS_SELECTOR, "button[data-bulk=delete]").click()
+            wait_for(lambda: _text(browser, "#bulk-question") == question, timeout=15, message="the question again")
+            browser.find_element(By.ID, "bulk-go").click()
+            _bulk_result(browser, "Deleted 33 of 33.")
+            assert app.broker.queue_counts(QUEUE).waiting == 1
+    finally:
+        worker_app.close()
         app.close()

@@ -76,3 +76,19 @@ def test_retry_failed_puts_every_failed_job_of_a_queue_back(broker, pump):
     counts = broker.queue_counts(QUEUE)
     assert (counts.failed, counts.waiting, counts.failed_total) == (0, 2, 2)
     assert broker.retry_failed(QUEUE) == 0
+
+
+def test_running_counts_started_jobs_and_prefetched_the_ones_fetched_ahead(broker, pump):
+    ref = enqueue(broker, {"n": 1})
+    consumer = pump(broker)
+    delivered = consumer.receive()
+    fetched = broker.queue_counts(QUEUE)
+    # Fetched, not started: prefetched where a fetch claims the job (redis, postgres); inline claims at the start.
+    assert fetched.running == 0 and fetched.prefetched == fetched.active and fetched.active in (0, 1)
+    assert broker.start_job(delivered) == 1
+    started = broker.queue_counts(QUEUE)
+    assert (started.active, started.running, started.prefetched) == (1, 1, 0)
+    consumer.ack(delivered)
+    record_in(broker, ref.id, "completed")
+    done = broker.queue_counts(QUEUE)
+    assert (done.active, done.running, done.prefetched) == (0, 0, 0)

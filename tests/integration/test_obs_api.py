@@ -23,6 +23,8 @@ ADMIN_ROUTES = [
     ("GET", "/api/admin/jobs"),
     ("GET", "/api/admin/jobs/some-id"),
     ("POST", "/api/admin/jobs/some-id/retry"),
+    ("POST", "/api/admin/jobs/some-id/promote"),
+    ("POST", "/api/admin/bulk/retry"),
     ("DELETE", "/api/admin/jobs/some-id"),
     ("POST", "/api/admin/queues/indexing/retry-failed"),
     ("POST", "/api/admin/queues/indexing/pause"),
@@ -142,6 +144,8 @@ def test_queue_metrics_count_real_jobs(api, app, workers, tmp_path):
     m = metrics_of(api)
     assert m[QUEUE] == {
         "active": 0,
+        "running": 0,
+        "prefetched": 0,
         "waiting": 4,
         "delayed": 1,
         "failed": 2,
@@ -152,6 +156,8 @@ def test_queue_metrics_count_real_jobs(api, app, workers, tmp_path):
     assert set(m) == {"agent", "critical", "llm", "indexing", "scheduling", "nudge"}
     assert m["critical"] == {
         "active": 0,
+        "running": 0,
+        "prefetched": 0,
         "waiting": 0,
         "delayed": 0,
         "failed": 0,
@@ -255,7 +261,7 @@ def test_the_dashboard_renders_queues_jobs_and_a_job(api, app, workers, tmp_path
     overview = api.get("/admin/queues", headers=cookies)
     assert overview.status_code == 200 and 'data-queue="indexing"' in overview.text
     listing = api.get(f"/admin/queues/{QUEUE}?state=failed", headers=cookies)
-    assert ref.id in listing.text and "Retry all failed" in listing.text
+    assert ref.id in listing.text and 'data-bulk="retry"' in listing.text
     page = api.get(f"/admin/jobs/{ref.id}", headers=cookies)
     assert page.status_code == 200 and "failed on purpose" in page.text and "[redacted]" in page.text
     assert api.get("/admin/jobs/unknown", headers=cookies).status_code == 404
@@ -398,3 +404,42 @@ def test_the_conveyor_api_command_serves_and_stops_on_sigterm(redis_url, clean_e
         code = process.stop()
     assert code == 0, process.output()[-2000:]
     assert TOKEN not in process.output()
+
+
+def test_bulk_actions_count_first_then_act_only_on_jobs_that_still_match(api, app):
+    app.broker.pause_queue(QUEUE)
+    delayed = [app.jobs.enqueue("obs.work", {"n": n}, delay=3600).id for n in range(3)]
+    waiting = app.jobs.enqueue("obs.work", {"n": 9}).id
+    body = {"queue": QUEUE, "state": "delayed"}
+    counted = api.post("/api/admin/bulk/promote", json={**body, "dryRun": True}, headers=AUTH).json()
+    assert (counted["count"], counted["done"], sorted(counted["ids"])) == (3, 0, sorted(delayed))
+    assert app.broker.queue_counts(QUEUE).delayed == 3  # a dry run moves nothing
+    # A chunk of ids: only those still delayed in this queue are promoted; the waiting one is skipped.
+    acted = api.post("/api/admin/bulk/promote", json={**body, "ids": [delayed[0], waiting]}, headers=AUTH).json()
+    assert (acted["done"], acted["skipped"]) == (1, 1)
+    assert app.broker.get_job(delayed[0]).state == "waiting" and app.broker.get_job(waiting).state == "waiting"
+    rest = api.post("/api/admin/bulk/promote", json=body, headers=AUTH).json()
+    assert (rest["count"], rest["done"]) == (2, 2)
+    assert app.broker.queue_counts(QUEUE).delayed == 0
+
+    # One promoted by id; then it is not delayed: 409. A filter an action does not apply to: 400, not echoed.
+    later = app.jobs.enqueue("obs.work", {"n": 10}, delay=3600).id
+    promoted = api.post(f"/api/admin/jobs/{later}/promote", headers=AUTH)
+    assert promoted.status_code == 200 and promoted.json()["state"] == "waiting"
+    assert api.post(f"/api/admin/jobs/{later}/promote", headers=AUTH).status_code == 409
+    wrong = api.post("/api/admin/bulk/retry", json={"queue": QUEUE, "state": "waiting"}, headers=AUTH)
+    assert wrong.status_code == 400 and "failed jobs only" in wrong.text
+    running = api.post("/api/admin/bulk/delete", json={"queue": QUEUE, "state": "active"}, headers=AUTH)
+    assert running.status_code == 400
+    unknown = api.post("/api/admin/bulk/delete", json={"queue": "s3cr3t-q", "state": "waiting"}, headers=AUTH)
+    assert unknown.status_code == 404
+    assert api.post("/api/admin/bulk/explode", json=body, headers=AUTH).status_code == 422
+    too_many = api.post("/api/admin/bulk/delete", json={**body, "ids": ["x"] * 101}, headers=AUTH)
+    assert too_many.status_code == 422
+    # An age: nothing here is an hour old, counted or sent by id.
+    old = {"queue": QUEUE, "state": "waiting", "olderThan": 3600}
+    assert api.post("/api/admin/bulk/purge", json={**old, "dryRun": True}, headers=AUTH).json()["count"] == 0
+    young = api.post("/api/admin/bulk/purge", json={**old, "ids": [waiting]}, headers=AUTH).json()
+    assert (young["done"], young["skipped"]) == (0, 1) and app.broker.get_job(waiting) is not None
+    purged = api.post("/api/admin/bulk/purge", json={"queue": QUEUE, "state": "waiting"}, headers=AUTH).json()
+    assert purged["done"] == 5 and app.broker.queue_counts(QUEUE).waiting == 0

@@ -62,7 +62,7 @@ def test_a_worker_shows_its_queues_jobs_in_flight_counts_and_leaves_as_stopped(b
         )
         app.jobs.enqueue("obs.work", {"n": 2, "fail": True})
         wait_for(
-            lambda: (_mine(api) or {}).get("done") == 1 and _mine(api)["failed"] == 3,
+            lambda: (_mine(api) or {}).get("attemptsCompleted") == 1 and _mine(api)["attemptsFailed"] == 3,
             timeout=30,
             message="one job done and three failed attempts counted",
         )

@@ -464,6 +464,9 @@ class PostgresBroker(ConveyorBroker, Broker):
     def delete_job(self, job_id: str) -> bool:
         return self.jobs.delete(job_id)
 
+    def promote_job(self, job_id: str) -> bool:
+        return self.jobs.promote(job_id)
+
 
 def _without_delivery(message: Message[Any]) -> Message[Any]:
     options = {k: v for k, v in message.options.items() if k not in (*DELIVERY_OPTIONS, ABANDON, COMPLETED)}

@@ -563,11 +563,11 @@ class Jobs:
     # -- reads and operator actions ---------------------------------------------------
 
     def counts(self, queue: str) -> QueueCounts:
-        waiting, delayed, active, failed, completed_total, failed_total, paused, oldest = _single(
+        waiting, delayed, active, running, failed, completed_total, failed_total, paused, oldest = _single(
             self._read("counts", {"queue": queue}, "one"), "counts"
         )
         return QueueCounts(
-            queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused, oldest
+            queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused, oldest, running
         )
 
     def get(self, job_id: str) -> JobRecord | None:
@@ -599,6 +599,11 @@ class Jobs:
         row = self._execute("retry_failed", {"id": job_id, "queue": queue, "channel": CHANNEL}, fetch="one")
         retried: int = _single(row, "retry_failed")[0]
         return retried
+
+    def promote(self, job_id: str) -> bool:
+        row = self._execute("promote_job", {"id": job_id, "channel": CHANNEL}, fetch="one")
+        promoted: int = _single(row, "promote_job")[0]
+        return promoted > 0
 
     def delete(self, job_id: str) -> bool:
         # A worker that claimed the job holds it (in_progress): only unheld jobs go.

@@ -297,6 +297,7 @@ DELETE FROM conveyor_job_steps WHERE (job_id, step) IN (
 SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS waiting,
        count(*) FILTER (WHERE status = 'pending' AND available_at > now()) AS delayed,
        count(*) FILTER (WHERE status = 'in_progress') AS active,
+       count(*) FILTER (WHERE status = 'in_progress' AND started_delivery = delivery) AS running,
        (SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'failed') AS failed,
        (SELECT coalesce(sum(completed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS completed_total,
        (SELECT coalesce(sum(failed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS failed_total,
@@ -368,3 +369,17 @@ SELECT count(*), (SELECT count(*) FROM woke) FROM r
 -- name: delete_job
 -- An operator deletes a job that no worker holds; its key goes with it.
 DELETE FROM conveyor_jobs WHERE id = %(id)s AND status <> 'in_progress' RETURNING id
+
+-- name: promote_job
+-- An operator runs a delayed job now: a pending row not yet due is due at
+-- once, on the server's clock, and its queue's idle workers are woken. No
+-- worker holds a pending row, so there is no other copy to fence off; a
+-- row that turned due, was claimed or deleted meanwhile matches nothing.
+WITH p AS (
+    UPDATE conveyor_jobs SET available_at = now()
+    WHERE id = %(id)s AND status = 'pending' AND available_at > now()
+    RETURNING queue
+), woke AS (
+    SELECT pg_notify(%(channel)s, p.queue) FROM p
+)
+SELECT count(*), (SELECT count(*) FROM woke) FROM p

@@ -25,7 +25,7 @@ import redis
 from dramatiq import Message, Middleware
 from dramatiq.brokers.redis import RedisBroker as DramatiqRedisBroker
 from dramatiq.common import current_millis, dq_name, q_name
-from dramatiq.errors import ConnectionClosed
+from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.middleware import SkipMessage
 
 from conveyor.brokers.base import (
@@ -247,7 +247,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     if delivery is None or held.get(rid) == int(delivery):
                         held.pop(rid, None)
 
-    def _refused(self, what: str, queue: str, job_id: str) -> None:
+    def _refused(self, what: str, queue: str, job_id: str, why: str = "the job was handed to another delivery") -> None:
         log_event(
             "refused",
             level="warning",
@@ -255,7 +255,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             job=None,
             job_id=job_id,
             attempt=None,
-            reason=f"{what} of a superseded delivery: the job was handed to another delivery",
+            reason=f"{what} of a superseded delivery: {why}",
         )
 
     def _take_retry(self, job_id: str, delivery: int) -> _Retry | None:
@@ -384,7 +384,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             raise BrokerRejected(f"Redis refused the promotion: {type(exc).__name__}: {exc}") from exc
         self._settle(origin, [(rid, delivery)])
         if done == -1:
-            self._refused("promotion", q_name(origin), message.message_id)
+            # Its copy is dropped: the job was promoted by an operator (promote_job), or taken back by recovery.
+            why = "the job was promoted by an operator, or handed to another delivery"
+            self._refused("promotion", q_name(origin), message.message_id, why)
         elif done == 1:
             self.emit_after("enqueue", moved, None)
         return moved
@@ -631,7 +633,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             pipe.sismember(keys.paused, queue)
             # The waiting index is scored by when each job became waiting: the first is the oldest.
             pipe.zrange(keys.index(queue, "waiting"), 0, 0, withscores=True)
-            waiting, delayed, active, failed, (completed_total, failed_total), paused, oldest = pipe.execute()
+            pipe.zrange(keys.index(queue, "active"), 0, -1)
+            waiting, delayed, active, failed, (completed_total, failed_total), paused, oldest, claimed = pipe.execute()
+        # Fetched jobs read active at once; one is running once its current delivery started (jobs.lua, start).
+        with self.client.pipeline(transaction=False) as pipe:
+            for job_id in claimed:
+                pipe.hmget(keys.job(text(job_id)), "delivery", "started_delivery")
+            deliveries = pipe.execute()
+        running = sum(1 for current, started in deliveries if current is not None and current == started)
         return QueueCounts(
             queue,
             waiting,
@@ -642,6 +651,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             int(failed_total or 0),
             bool(paused),
             oldest[0][1] / _MS if oldest else None,
+            running,
         )
 
     @translated
@@ -686,6 +696,28 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             total += int(retried)
             if int(looked_at) < RETRY_BATCH:
                 return total
+
+    @translated
+    def promote_job(self, job_id: str) -> bool:
+        """The delayed message, re-encoded for its queue without its eta (as :meth:`_promote` does), moves in
+        one script call (``promote_job`` in jobs.lua), which re-checks that the job is still delayed with it."""
+        queue, rid, state = self.client.hmget(self.keys.job(job_id), ["queue", "rid", "state"])
+        if queue is None or rid is None or state != b"delayed":
+            return False
+        queue, rid = text(queue), text(rid)
+        data = self.client.hget(self.keys.messages(dq_name(queue)), rid)
+        if data is None:
+            return False
+        data = data if isinstance(data, bytes) else data.encode()
+        try:
+            stored = Message.decode(data)
+        except DecodeError:
+            moved = data  # the worker that fetches it dead-letters it, as it would have at its eta
+        else:
+            message = _fresh(stored).copy(queue_name=queue, options={"redis_message_id": rid})
+            message.options.pop("eta", None)
+            moved = message.encode()
+        return bool(self._call("promote_job", queue, job_id, rid, moved))
 
     @translated
     def delete_job(self, job_id: str) -> bool:

@@ -484,6 +484,38 @@ elseif command == "promote" then
     end
     return 0
 
+-- promote_job(id, rid, data) -> 1 when the delayed job went to its queue,
+-- else 0. An operator runs a delayed job now. Its message (rid) waits in
+-- the delay queue's list, or is held by a worker's delay consumer until
+-- its eta (in that worker's acks set of the delay queue). In one step the
+-- rid leaves both, the record's delivery grows (so the holder's own
+-- promotion at the eta is refused by the fence and its copy dropped), and
+-- the message as the caller re-encoded it (without its eta) enters the
+-- queue, waiting. A job no longer delayed with this message: nothing moves.
+elseif command == "promote_job" then
+    local id, rid, data = ARGV[4], ARGV[5], ARGV[6]
+    local record = job_key(id)
+    local r = redis.call("hmget", record, "state", "rid", "queue")
+    local dq = Q(queue.canonical .. ".DQ")
+    if r[1] ~= "delayed" or r[2] ~= rid or r[3] ~= queue.canonical
+            or redis.call("hexists", dq.msgs, rid) == 0 then
+        return 0
+    end
+    redis.call("lrem", dq.list, 0, rid)
+    -- Whoever holds it is a live (heartbeating) worker: recovery forgets a dead one only after handing back.
+    for _, holder in ipairs(redis.call("zrange", heartbeats_key, 0, -1)) do
+        redis.call("srem", acks_key(holder, dq), rid)
+    end
+    redis.call("hdel", dq.msgs, rid)
+    redis.call("hincrby", record, "delivery", 1)
+    local main = Q(queue.canonical)
+    redis.call("hset", main.msgs, rid, data)
+    redis.call("rpush", main.list, rid)
+    wake(main)
+    redis.call("hdel", record, "eta")
+    set_state(main, id, "waiting")
+    return 1
+
 -- claim_final(rid, id, delivery) -> 1 exactly once per job, and only for
 -- the current delivery: whoever gets it runs the final-failure hooks.
 elseif command == "claim_final" then
