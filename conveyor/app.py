@@ -76,6 +76,7 @@ class App:
         from conveyor.middleware.fleet import Fleet
         from conveyor.middleware.metrics import Metrics
         from conveyor.middleware.retries import Retries
+        from conveyor.middleware.rollup import Rollup
         from conveyor.middleware.webhook import FailureWebhook
 
         metrics = Metrics()
@@ -86,6 +87,7 @@ class App:
             Events(),
             # After Retries: a message Retries skips never reaches Metrics' before_process_message.
             metrics,
+            Rollup(self),
             FailureWebhook(self.settings, self.job_types, metrics),
             # Last: its before_process_message sees the attempt Retries counted.
             Fleet(self),
