@@ -205,6 +205,12 @@ class App:
 
     def close(self) -> None:
         """Close every backend the App opened: per-App objects (newest first), the pool, the broker."""
+        if "broker" in self.__dict__:  # its chart counts written first, while the pool and broker are open
+            from conveyor.middleware.rollup import find_rollup
+
+            rollup = find_rollup(self.broker)
+            if rollup is not None:
+                rollup.close()
         with self._resources_lock:
             resources, self._resources = list(self._resources.values()), {}
         for obj in reversed(resources):

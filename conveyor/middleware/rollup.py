@@ -67,6 +67,7 @@ class Rollup(ConveyorMiddleware):
         self._stop = threading.Event()
         self._flush_lock = threading.Lock()
         self._warned_at = -1e9
+        self._closed = False
 
     @property
     def enabled(self) -> bool:
@@ -82,7 +83,7 @@ class Rollup(ConveyorMiddleware):
             if len(self._tallies) >= MAX_TALLIES:
                 del self._tallies[next(iter(self._tallies))]  # the store is away: the oldest go
             tally = self._tallies[key] = Tally()
-            if self._thread is None:
+            if self._thread is None and not self._closed:
                 self._start()
         return tally
 
@@ -150,17 +151,23 @@ class Rollup(ConveyorMiddleware):
         while not self._stop.wait(self.interval):
             self.flush()
 
-    def stop(self) -> None:
-        """Stop the flush thread after a last flush (tests; the thread is a daemon otherwise)."""
+    def close(self) -> None:
+        """Stop the flush thread and write what is left; nothing is counted or written after (``App.close``).
+
+        Before the App closes its pool and broker: a flush after that would open them again.
+        """
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(5)
-        self.flush()
+        self.flush(quiet=True)
+        self._closed = True
 
     def flush(self, *, quiet: bool = False) -> bool:
         """Write what was counted (and any flush the store missed); False when the store could not be written."""
         with self._flush_lock:
+            if self._closed:
+                return True
             with self._lock:
                 if self._pending is None and self._tallies:
                     self._pending = _Flush(f"{self._tag}.{next(self._seq)}", self._tallies)
@@ -191,7 +198,7 @@ def _flush_at_exit(ref: "weakref.ref[Rollup]") -> None:
     rollup = ref()
     if rollup is not None:
         rollup._stop.set()
-        rollup.flush(quiet=True)  # the store may be closed already: nothing to tell at exit
+        rollup.flush(quiet=True)  # the store may be away already: nothing to tell at exit
 
 
 def find_rollup(broker: Broker) -> Rollup | None:
