@@ -154,3 +154,43 @@ def test_with_the_flush_interval_at_zero_nothing_is_counted(request):
         assert find_rollup(app.broker)._tallies == {}  # type: ignore[union-attr]
     finally:
         app.close()
+
+
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
+@pytest.mark.parametrize("landed", [True, False], ids=["timed-out-but-landed", "never-landed"])
+def test_a_failed_flush_is_kept_and_written_once_by_the_next(request, broker, landed):
+    """A write that raised may have landed (a timeout after the server applied it) or not: either way the
+    counts end up in the store exactly once."""
+    from conveyor.brokers import rollup as rollup_package
+    from conveyor.errors import StoreUnavailable
+
+    app = make_app(request, broker, rollup_flush_seconds=60)  # no flush by itself
+    try:
+        rollup = find_rollup(app.broker)
+        assert rollup is not None
+        real = rollup_store(app)
+
+        class Flaky:
+            failures = 1
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def write(self, flush_id, groups):
+                if self.failures:
+                    self.failures -= 1
+                    if landed:
+                        real.write(flush_id, groups)
+                    raise StoreUnavailable("the write timed out")
+                return real.write(flush_id, groups)
+
+        rollup_package._stores[app.broker] = Flaky()
+        for n in range(3):
+            app.jobs.enqueue(JOB, {"n": n})
+        assert rollup.flush() is False
+        app.jobs.enqueue(JOB, {"n": 3})  # counted while the failed flush waits
+        assert rollup.flush() is True  # the kept flush, under its id
+        assert rollup.flush() is True  # then what came after
+        assert _totals(app)["enqueued"] == 4
+    finally:
+        app.close()
