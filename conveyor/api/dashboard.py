@@ -144,10 +144,13 @@ def _charts(request: Request, inspect: Inspector, queue: str | None) -> dict[str
     window = request.query_params.get("window", DEFAULT_WINDOW)
     if window not in WINDOWS:
         window = DEFAULT_WINDOW
-    links = []
-    for name in WINDOWS:
-        params = [(k, v) for k, v in request.query_params.multi_items() if k not in ("window", "cursor")]
-        links.append((name, f"{request.url.path}?{urlencode([*params, ('window', name)])}"))
+    # The page's own filters go along, and only values the dashboard knows: no input is echoed back.
+    kept = []
+    if request.query_params.get("state") in JOB_STATES:
+        kept.append(("state", request.query_params["state"]))
+    if request.query_params.get("job") in inspect.app.job_types:
+        kept.append(("job", request.query_params["job"]))
+    links = [(name, f"{request.url.path}?{urlencode([*kept, ('window', name)])}") for name in WINDOWS]
     try:
         history = inspect.history(queue, window)
     except (UnknownQueue, InvalidQuery):

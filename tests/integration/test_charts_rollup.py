@@ -194,3 +194,20 @@ def test_a_failed_flush_is_kept_and_written_once_by_the_next(request, broker, la
         assert _totals(app)["enqueued"] == 4
     finally:
         app.close()
+
+
+def test_the_pages_window_links_keep_known_filters_and_echo_nothing_else(request):
+    app = make_app(request, "inline")
+    try:
+        with api_server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            page = client.get(
+                f"/admin/queues/{QUEUE}?state=failed&job={JOB}&window=24h&evil=<b>marker-7f3</b>", headers=auth
+            )
+            assert page.status_code == 200
+            assert f'href="/admin/queues/{QUEUE}?state=failed&amp;job={JOB}&amp;window=1h"' in page.text
+            assert 'data-window="24h">24h' in page.text and "marker-7f3" not in page.text
+            odd = client.get("/admin/queues?window=7d-marker-9a1", headers=auth)
+            assert odd.status_code == 200 and "marker-9a1" not in odd.text  # an unknown window is 1h
+    finally:
+        app.close()
