@@ -108,6 +108,7 @@ class App:
         from conveyor.middleware.fleet import Fleet
         from conveyor.middleware.metrics import Metrics
         from conveyor.middleware.retries import Retries
+        from conveyor.middleware.rollup import Rollup
         from conveyor.middleware.webhook import FailureWebhook
 
         metrics = Metrics()
@@ -121,6 +122,7 @@ class App:
             Events(),
             # After Retries: a message Retries skips never reaches Metrics' before_process_message.
             metrics,
+            Rollup(self),
             FailureWebhook(self.settings, self.job_types, metrics),
             # Last of conveyor's: its before_process_message sees the attempt Retries counted.
             Fleet(self),
@@ -253,6 +255,12 @@ class App:
 
     def close(self) -> None:
         """Close every backend the App opened: per-App objects (newest first), the pool, the broker."""
+        if "broker" in self.__dict__:  # its chart counts written first, while the pool and broker are open
+            from conveyor.middleware.rollup import find_rollup
+
+            rollup = find_rollup(self.broker)
+            if rollup is not None:
+                rollup.close()
         with self._resources_lock:
             resources, self._resources = list(self._resources.values()), {}
         for obj in reversed(resources):

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.brokers.base import JOB_STATES, ConveyorBroker, JobRecord, check_state
 from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
+from conveyor.brokers.rollup import rollup_store
 from conveyor.errors import InvalidQuery, JobNotFound, JobStateConflict, UnknownQueue
+from conveyor.history import QueueHistory, check_window, read_history
 from conveyor.logs import log_event
 from conveyor.redaction import payload_secrets, redact_payload, scrub, settings_secrets
 
@@ -200,6 +202,21 @@ class Inspector:
             return list(warnings()) if warnings else []
         except Exception:  # the broker is down: the queue counts say so already
             return []
+
+    def history(self, queue: str | None, window: str = "1h", *, job: str | None = None) -> QueueHistory:
+        """The charts' history of one queue (or, None, of every queue) over ``window`` ("1h" or "24h").
+
+        The last point's depth is read live (workers sample it once a minute).
+        """
+        if queue is not None:
+            self._check_queue(queue)
+        check_window(window)
+        names = [queue] if queue is not None else list(self.app.queues)
+        try:
+            depth_now: int | None = sum(self.broker.queue_counts(q).waiting for q in names)
+        except Exception:  # the broker is down: the queue counts say so already
+            depth_now = None
+        return read_history(rollup_store(self.app), queue, window, job=job, depth_now=depth_now)
 
     def queues(self) -> list[QueueView]:
         """Every queue with its counts, in the queue table's order."""

@@ -119,6 +119,13 @@ class Settings(BaseSettings):
         description="Seconds before a worker process that died young (within a minute) is restarted; "
         "doubles with each such death, up to 30 s.",
     )
+    rollup_flush_seconds: float = Field(
+        2,
+        ge=0,
+        le=60,
+        description="Seconds between a process's batched writes of the dashboard charts' per-minute counts "
+        "(one write per process, never one per job); 0 turns the charts' history off.",
+    )
     retention: float = Field(7 * 24 * 3600, gt=0, description="Seconds finished job records are kept.")
     max_payload_bytes: int = Field(256 * 1024, gt=0, description="Largest encoded payload accepted at enqueue.")
     pg_poll_seconds: float = Field(5, gt=0, description="Postgres broker: poll interval in case a wake-up was lost.")

@@ -250,3 +250,41 @@ def pause(queue: NamePath, inspect: Inspector = Depends(inspector)) -> QueueMetr
 @router.post("/queues/{queue}/resume", response_model=QueueMetrics, summary="Workers take jobs from the queue again")
 def resume(queue: NamePath, inspect: Inspector = Depends(inspector)) -> QueueMetrics:
     return QueueMetrics.model_validate(inspect.resume(queue))
+
+
+class HistoryPoint(_Out):
+    """One point of a queue's chart history: counts in ``[at, at + step)``; times in seconds (null: none)."""
+
+    at: int
+    enqueued: int
+    completed: int
+    failed: int
+    retried: int
+    wait_p50: float | None
+    wait_p95: float | None
+    run_p50: float | None
+    run_p95: float | None
+    depth: int | None
+
+
+class History(_Out):
+    """A queue's per-minute rollup over the window, oldest point first. ``failed``: jobs failed for good;
+    ``retried``: retries scheduled; percentiles from log-scale buckets (within ~19 %). Times: the broker
+    server's clock."""
+
+    queue: str
+    job: str | None
+    window: Literal["1h", "24h"]
+    step: int
+    now: int
+    points: list[HistoryPoint]
+
+
+@router.get("/queues/{queue}/history", response_model=History, summary="A queue's chart history (1h or 24h)")
+def queue_history(
+    queue: NamePath,
+    window: Literal["1h", "24h"] = "1h",
+    job: str | None = Query(None, max_length=200),
+    inspect: Inspector = Depends(inspector),
+) -> History:
+    return History.model_validate(inspect.history(queue, window, job=job))

@@ -27,7 +27,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -38,10 +38,13 @@ from starlette.types import Scope
 
 from conveyor.api import sessions
 from conveyor.api.auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret
+from conveyor.api.charts import charts as draw_charts
 from conveyor.api.deps import CursorQuery, NamePath, inspector
 from conveyor.brokers.base import JOB_STATES
 from conveyor.errors import InvalidQuery, JobNotFound, UnknownQueue
+from conveyor.history import DEFAULT_WINDOW, WINDOWS
 from conveyor.inspector import BULK_CHUNK, Inspector, QueueView
+from conveyor.logs import log_error
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
 
@@ -135,6 +138,32 @@ def _live_page(request: Request, name: str, *, follow: bool = True, **context: A
     return JSONResponse({"regions": regions, "follow": follow}, headers={"Cache-Control": "no-store"})
 
 
+def _charts(request: Request, inspect: Inspector, queue: str | None) -> dict[str, Any]:
+    """The context of ``_charts.html``: the window asked for (``?window=1h|24h``; anything else is 1h) drawn.
+
+    The links keep the page's other parameters. A store that cannot be read leaves the charts out
+    (``charts`` empty) rather than failing the page: its counts show the outage already.
+    """
+    window = request.query_params.get("window", DEFAULT_WINDOW)
+    if window not in WINDOWS:
+        window = DEFAULT_WINDOW
+    # The page's own filters go along, and only values the dashboard knows: no input is echoed back.
+    kept = []
+    if request.query_params.get("state") in JOB_STATES:
+        kept.append(("state", request.query_params["state"]))
+    if request.query_params.get("job") in inspect.app.job_types:
+        kept.append(("job", request.query_params["job"]))
+    links = [(name, f"{request.url.path}?{urlencode([*kept, ('window', name)])}") for name in WINDOWS]
+    try:
+        history = inspect.history(queue, window)
+    except (UnknownQueue, InvalidQuery):
+        raise
+    except Exception as exc:
+        log_error(f"chart history not read: {type(exc).__name__}: {exc}", queue=queue)
+        return {"charts": [], "history": None, "chart_window": window, "chart_links": links}
+    return {"charts": draw_charts(history), "history": history, "chart_window": window, "chart_links": links}
+
+
 def _gate(request: Request) -> Response | None:
     """None when the browser may see the page; else the closed page or the sign-in form."""
     access = check_access(request)
@@ -223,6 +252,7 @@ def queues(request: Request, inspect: Inspector = Depends(inspector)) -> Respons
         queues=inspect.queues(),
         broker=inspect.app.settings.broker_name,
         config_warnings=inspect.config_warnings(),
+        **_charts(request, inspect, None),
     )
 
 
@@ -270,6 +300,7 @@ def queue(
         counts=counts,
         paging=_paging(earlier, cursor, page.next_cursor),
         bulk_chunk=BULK_CHUNK,
+        **_charts(request, inspect, queue),
     )
 
 

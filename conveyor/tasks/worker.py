@@ -39,6 +39,10 @@ SELF_FENCE_RESTART_DELAY = 0.5
 #: (the postgres broker prunes them with their jobs). The retention is days: no need to hurry.
 STEPS_PRUNE_INTERVAL = 60.0
 
+#: Seconds between samples of the queue's depth for the dashboard's charts (one per chart point), each
+#: followed by a prune of the chart history older than a day (a no-op on Redis, where it expires).
+ROLLUP_SAMPLE_INTERVAL = 60.0
+
 
 class ProcessWorker:
     """One process's Dramatiq worker for one queue, plus the recovery loop for dead workers."""
@@ -86,8 +90,12 @@ class ProcessWorker:
         interval = self.app.settings.maintenance_interval
         wait = 0.0  # the first pass at start-up: jobs of workers that died while none ran come back at once
         pruned_at = time.monotonic()
+        sampled_at = -ROLLUP_SAMPLE_INTERVAL
         while not self._stop.wait(wait):
             wait = interval
+            if time.monotonic() - sampled_at >= ROLLUP_SAMPLE_INTERVAL:
+                sampled_at = time.monotonic()
+                self._sample_rollup()
             if time.monotonic() - pruned_at >= STEPS_PRUNE_INTERVAL:
                 pruned_at = time.monotonic()
                 self._prune_steps()
@@ -107,6 +115,19 @@ class ProcessWorker:
                         attempt=None,
                         reason="its worker stopped heartbeating; requeued",
                     )
+
+    def _sample_rollup(self) -> None:
+        """The queue's waiting jobs into this minute of the chart history, then old minutes pruned."""
+        if self.app.settings.rollup_flush_seconds <= 0:
+            return
+        from conveyor.brokers.rollup import rollup_store
+
+        try:
+            store = rollup_store(self.app)
+            store.sample_depth({self.queue: self.broker.queue_counts(self.queue).waiting})
+            store.prune()
+        except Exception as exc:  # the broker may be down for a while: next minute
+            log_error(f"chart history not sampled: {type(exc).__name__}: {exc}", queue=self.queue)
 
     def _prune_steps(self) -> None:
         """Once-guarded steps older than the retention go (brokers whose jobs live outside Postgres).
