@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from multiprocessing.context import SpawnContext
+from typing import Callable
 
 from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
@@ -77,8 +78,10 @@ class JobCounter(Middleware):
     after that one job too, so no thread starts two past the limit.
     """
 
-    def __init__(self, state: RecycleState) -> None:
+    def __init__(self, state: RecycleState, on_limit: Callable[[], None] | None = None) -> None:
         self.state = state
+        #: How the process is told to drain: the SIGTERM its supervisor would send (tests pass their own).
+        self.on_limit = on_limit or _terminate_self
         self._asked = False
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -96,4 +99,8 @@ class JobCounter(Middleware):
         if not self._asked:
             self._asked = True
             state.request(JOBS)
-            os.kill(os.getpid(), signal.SIGTERM)
+            self.on_limit()
+
+
+def _terminate_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
