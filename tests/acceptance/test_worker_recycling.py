@@ -60,9 +60,11 @@ def test_recycle_waits_for_a_long_job_while_the_replacement_works(app, workers, 
     assert third["pid"] != long["pid"] == first["pid"]
     assert [r["token"] for r in probe_runs(database_url, "long")] == ["long"]  # ran once, not cut off
     # Overlap: the replacement was up before the drained process stopped.
+    drained = wait_for(
+        lambda: [e for e in worker.events("worker_stopped") if e["pid"] == long["pid"]], message="the drain's end"
+    )[0]
     started = {e["pid"]: e["ts"] for e in worker.events("worker_started")}
-    stopped = {e["pid"]: e["ts"] for e in worker.events("worker_stopped")}
-    assert started[third["pid"]] < stopped[long["pid"]]
+    assert started[third["pid"]] < drained["ts"]
     assert worker.terminate() == 0
 
 
@@ -73,6 +75,8 @@ def test_max_memory_recycles_a_process_that_grew(app, workers, database_url):
     assert recycled[0]["reason"] == "memory" and recycled[0]["rss"] > 300 * 1024 * 1024
     hog = wait_for(lambda: finished(database_url, "hog"), message="the hog job to finish")
     assert len(hog) == 1 and hog[0]["pid"] == recycled[0]["pid"]
+    # Once the drained process is gone (a job enqueued sooner may still reach it before its stop does).
+    wait_for(lambda: any(e["pid"] == hog[0]["pid"] for e in worker.events("worker_stopped")), message="the drain's end")
     app.jobs.enqueue("test.probe.nudge", {"token": "after"})
     after = wait_for(lambda: finished(database_url, "after"), message="a job on the fresh process")[0]
     assert after["pid"] != hog[0]["pid"]
