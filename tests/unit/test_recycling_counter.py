@@ -38,3 +38,21 @@ def test_a_process_starts_at_most_threads_minus_one_jobs_past_its_limit():
     assert limit <= len(ran) <= limit + threads - 1, ran
     assert len(asked) == 1 and state.reason.value == JOBS
     assert state.jobs.value == len(ran)
+
+
+def test_memory_limits_parse_units_and_refuse_nonsense_without_echoing_it():
+    import argparse
+
+    import pytest
+
+    from conveyor.cli.core import _count, _size
+    from conveyor.settings import Settings
+
+    assert _size("512MiB") == 512 * 1024**2 and _size("1GiB") == 1024**3 and _size("0") == 0 and _size("") == 0
+    with pytest.raises(argparse.ArgumentTypeError) as raised:
+        _size("lots")
+    assert "lots" not in str(raised.value)
+    with pytest.raises(argparse.ArgumentTypeError):
+        _count("-3")
+    assert Settings(worker_max_memory_per_process="").worker_max_memory_per_process == 0
+    assert Settings(worker_max_memory_per_process="2GiB").worker_max_memory_per_process == 2 * 1024**3
