@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ByteSize, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BrokerName = Literal["redis", "postgres", "inline"]
@@ -125,6 +125,18 @@ class Settings(BaseSettings):
         le=60,
         description="Seconds between a process's batched writes of the dashboard charts' per-minute counts "
         "(one write per process, never one per job); 0 turns the charts' history off.",
+    )
+    worker_max_jobs_per_process: int = Field(
+        0,
+        ge=0,
+        description="`conveyor worker --max-jobs-per-process`: jobs a worker process starts before it is drained "
+        "and replaced by a fresh one (0: never).",
+    )
+    worker_max_memory_per_process: ByteSize = Field(
+        ByteSize(0),
+        ge=0,
+        description="`conveyor worker --max-memory-per-process`: resident memory (e.g. 512MiB, 1GiB) above "
+        "which a worker process is drained and replaced by a fresh one (0 or empty: never).",
     )
     retention: float = Field(7 * 24 * 3600, gt=0, description="Seconds finished job records are kept.")
     max_payload_bytes: int = Field(256 * 1024, gt=0, description="Largest encoded payload accepted at enqueue.")
@@ -407,6 +419,11 @@ class Settings(BaseSettings):
         description="Comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For and "
         "X-Forwarded-Proto the API believes; empty: none, the peer's address is the client's.",
     )
+
+    @field_validator("worker_max_memory_per_process", mode="before")
+    @classmethod
+    def _empty_size_is_off(cls, value: object) -> object:
+        return 0 if value is None or (isinstance(value, str) and not value.strip()) else value
 
     @field_validator("admin_token")
     @classmethod

@@ -29,6 +29,21 @@ def register(sub: Subcommands) -> None:
         type=int,
         help="threads per process (default: the queue's concurrency)",
     )
+    env_flag(
+        p,
+        "--max-jobs-per-process",
+        env="CONVEYOR_WORKER_MAX_JOBS_PER_PROCESS",
+        type=_count,
+        help="drain a worker process after it started this many jobs and start a fresh one (0: never)",
+    )
+    env_flag(
+        p,
+        "--max-memory-per-process",
+        env="CONVEYOR_WORKER_MAX_MEMORY_PER_PROCESS",
+        type=_size,
+        help="drain a worker process whose resident memory exceeds this (e.g. 512MiB, 1GiB) and start a "
+        "fresh one (0: never)",
+    )
     path_flag(p)
     env_flag(
         p,
@@ -166,8 +181,30 @@ def cmd_worker(args: argparse.Namespace) -> int:
         restart_backoff=app.settings.worker_restart_backoff,
         health_port=args.health_port,
         broker_check=broker_check(app),
+        max_jobs=args.max_jobs_per_process,
+        max_memory=int(args.max_memory_per_process),
         **_metrics_options(app.settings),
     ).run()
+
+
+def _count(text: str) -> int:
+    """A whole number, 0 or more."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError("give a whole number, 0 or more")
+    return int(text)
+
+
+def _size(text: str) -> int:
+    """A ``--max-memory-per-process`` value: bytes, or a size such as 512MiB, 1GiB or 800MB."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        size = int(TypeAdapter(ByteSize).validate_python(text.strip() or 0))
+    except ValidationError:
+        raise argparse.ArgumentTypeError("not a size: give bytes or a number with a unit, e.g. 512MiB or 1GiB")
+    if size < 0:
+        raise argparse.ArgumentTypeError("a size is 0 or more")
+    return size
 
 
 class MetricsOptions(TypedDict):
@@ -233,6 +270,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         app.settings.shutdown_timeout,
         worker=run_worker_process,
         restart_backoff=app.settings.worker_restart_backoff,
+        max_jobs=app.settings.worker_max_jobs_per_process,
+        max_memory=int(app.settings.worker_max_memory_per_process),
         services=services,
         **_metrics_options(app.settings),
     ).run()

@@ -108,6 +108,12 @@ class Metrics(ConveyorMiddleware):
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.recycled = Counter(
+            "conveyor_worker_recycled",
+            "Worker processes drained and replaced (--max-jobs-per-process, --max-memory-per-process), by reason.",
+            ("queue", "reason"),
+            registry=r,
+        )
         self.run_seconds = Histogram(
             "conveyor_job_run_seconds", "Run time of each attempt.", _LABELS, buckets=RUN_BUCKETS, registry=r
         )

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from conveyor.blueprints import JobType
 from conveyor.errors import MalformedMessage
 from conveyor.results import store_result
+from conveyor.tasks import aio
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.payloads import Payload
 
@@ -67,7 +68,11 @@ def _runner(job_type: JobType, app: "App") -> Callable[..., None]:
             delivery=app.broker.delivery(message) if message else None,
             message=message,
         )
-        value = job_type.run(payload, ctx)
+        if aio.is_async(job_type.run):
+            # On the App's event loop; this thread waits, and a time limit raised in it cancels the coroutine.
+            value = aio.run_async(app, job_type.run(payload, ctx))
+        else:
+            value = job_type.run(payload, ctx)
         if job_type.store_result:
             # Before the ack: a store that fails fails this attempt, which is retried.
             store_result(app, job_type, ctx.job_id, value)

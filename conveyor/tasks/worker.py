@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Callable
 
+import psutil
 import setproctitle
 from dramatiq import Worker
 
 from conveyor.logs import log_error, log_event
+from conveyor.tasks import recycling
 from conveyor.tasks.health import Health
 from conveyor.tasks.health import serve as serve_health
 from conveyor.tasks.watchdog import SELF_FENCE_EXIT, Watchdog
@@ -58,6 +60,10 @@ class ProcessWorker:
         self._stop = threading.Event()
         self._maintainer = threading.Thread(target=self._maintain_loop, name="conveyor-maintain", daemon=True)
         self._watchdog = Watchdog(self.broker, app.settings, queue)
+        # Set by the supervisor when it recycles processes (recycling.py): count this process's jobs.
+        self._recycle = recycling.current
+        if self._recycle is not None:
+            self.broker.add_middleware(recycling.JobCounter(self._recycle))
 
     def start(self) -> None:
         # Without process_boot, Dramatiq's TimeLimit never starts its timer thread.
@@ -79,6 +85,14 @@ class ProcessWorker:
     def stop(self) -> None:
         """Stop taking jobs, let in-flight ones finish, hand prefetched ones back."""
         self._stop.set()
+        reason = self._recycle.reason_name if self._recycle is not None else None
+        if reason is not None:
+            # Counted here, in the drained process's own metrics file: a counter outlives its process.
+            from conveyor.middleware.metrics import find_metrics
+
+            metrics = find_metrics(self.broker)
+            if metrics is not None:
+                metrics.recycled.labels(self.queue, reason).inc()
         self.worker.stop(timeout=int(self.app.settings.shutdown_timeout * 1000))
         self.broker.close()
         # Only now: the drain above is guarded too. A closed broker heartbeats no more, and a
@@ -157,6 +171,20 @@ class _Child:
     started: float = 0.0
     failures: int = 0
     restart_at: float = 0.0
+    #: Shared with the running process when the supervisor recycles (recycling.py).
+    state: recycling.RecycleState | None = None
+    rss_at: float = 0.0
+    #: Wall-clock time of the last recycle, until the replacement starts its first job.
+    recycled_at: float | None = None
+
+
+@dataclass
+class _Draining:
+    """A recycled process finishing its jobs while its replacement already works."""
+
+    name: str
+    process: BaseProcess
+    deadline: float
 
 
 class Supervisor:
@@ -183,6 +211,8 @@ class Supervisor:
         restart_backoff: float = 0.25,
         health_port: int = 0,
         broker_check: Callable[[], None] | None = None,
+        max_jobs: int = 0,
+        max_memory: int = 0,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.worker = worker
@@ -196,6 +226,10 @@ class Supervisor:
         self._stopping = threading.Event()
         self.health_port = health_port
         self.health = Health(broker_check or (lambda: None), self._all_running)
+        #: Recycling limits per worker process (0: none): jobs started, resident bytes.
+        self.max_jobs = max_jobs
+        self.max_memory = max_memory
+        self._draining: list[_Draining] = []
 
     def _all_running(self) -> bool:
         return all(c.process is not None and c.process.is_alive() for c in self.children)
@@ -228,7 +262,10 @@ class Supervisor:
         while not self._stopping.wait(0.2):
             self.health.tick()
             now = time.monotonic()
+            self._reap_draining(now)
             for child in self.children:
+                if self._recycle(child, now):
+                    continue
                 if child.process is not None and not child.process.is_alive():
                     code = child.process.exitcode
                     child.process.join()
@@ -262,18 +299,78 @@ class Supervisor:
                     self._spawn(child)
         return self._shutdown()
 
+    def _recycle(self, child: _Child, now: float) -> bool:
+        """Drain ``child``'s process and start its replacement when it crossed a limit; True if it did."""
+        state, process = child.state, child.process
+        if state is None or process is None:
+            return False
+        if child.recycled_at is not None and state.first_job_at.value:
+            # The end of the last recycle: the fresh process's first job.
+            log_event(
+                "worker_recycle_done",
+                queue=child.name,
+                job=None,
+                job_id=None,
+                attempt=None,
+                pid=process.pid,
+                recycling_s=round(state.first_job_at.value - child.recycled_at, 3),
+            )
+            child.recycled_at = None
+        rss = None
+        if self.max_memory and not state.reason.value and now >= child.rss_at:
+            child.rss_at = now + recycling.RSS_SAMPLE_INTERVAL
+            rss = _rss(process)
+            if rss is not None and rss > self.max_memory:
+                state.request(recycling.MEMORY)
+        if not state.reason.value:
+            return False
+        if process.is_alive():
+            os.kill(_pid(process), signal.SIGTERM)  # the process asked for it (jobs) or not (memory): one drain
+        log_event(
+            "worker_recycled",
+            queue=child.name,
+            job=None,
+            job_id=None,
+            attempt=None,
+            pid=process.pid,
+            reason=state.reason_name,
+            jobs=state.jobs.value,
+            rss=rss if rss is not None else _rss(process),
+        )
+        self._draining.append(_Draining(child.name, process, now + self.shutdown_timeout + 10))
+        child.process = None
+        child.failures = 0
+        child.recycled_at = time.time()
+        self._spawn(child)
+        return True
+
+    def _reap_draining(self, now: float) -> None:
+        """Forget recycled processes that have exited; kill one that outlives its drain."""
+        for old in list(self._draining):
+            if old.process.is_alive() and now > old.deadline:
+                log_error(f"recycled worker process {old.process.pid} did not drain in time: killed", queue=old.name)
+                old.process.kill()
+            if not old.process.is_alive():
+                old.process.join()
+                self.metrics.process_died(_pid(old.process))
+                self._draining.remove(old)
+
     def _spawn(self, child: _Child) -> None:
         role = "worker" if child.target is self.worker else "service"
         title = f"conveyor {role}: {child.name}"
+        child.state = None
+        if child.target is self.worker and (self.max_jobs or self.max_memory):
+            child.state = recycling.RecycleState(self.ctx, self.max_jobs)
+        child.rss_at = time.monotonic() + recycling.RSS_SAMPLE_INTERVAL
         child.process = self.ctx.Process(
-            target=_titled, args=(title, child.target, child.args), name=f"conveyor-{child.name}"
+            target=_titled, args=(title, child.target, child.args, child.state), name=f"conveyor-{child.name}"
         )
         child.process.start()
         child.started = time.monotonic()
 
     def _shutdown(self) -> int:
         self.health.draining = True
-        live = [c.process for c in self.children if c.process is not None]
+        live = [c.process for c in self.children if c.process is not None] + [d.process for d in self._draining]
         for process in live:
             if process.is_alive():
                 os.kill(_pid(process), signal.SIGTERM)
@@ -289,10 +386,25 @@ class Supervisor:
         return 1 if stuck else 0
 
 
-def _titled(title: str, target: Callable[..., None], args: tuple[object, ...]) -> None:
-    """A child's entry point: name the process for ps and top (not ``python -c from multiprocessing...``), then run."""
+def _titled(
+    title: str, target: Callable[..., None], args: tuple[object, ...], state: recycling.RecycleState | None = None
+) -> None:
+    """A child's entry point: name the process for ps and top (not ``python -c from multiprocessing...``), then run.
+
+    ``state``: the recycling state the supervisor shares with a worker process, left where its
+    :class:`ProcessWorker` finds it.
+    """
     setproctitle.setproctitle(title)
+    recycling.current = state
     target(*args)
+
+
+def _rss(process: BaseProcess) -> int | None:
+    """The process's resident memory in bytes; None once it is gone."""
+    try:
+        return int(psutil.Process(_pid(process)).memory_info().rss)
+    except psutil.Error:
+        return None
 
 
 def _pid(process: BaseProcess) -> int:

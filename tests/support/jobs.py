@@ -207,3 +207,19 @@ def effect(payload: Effect, ctx) -> None:
         log(conn, "ended")
     if fenced is not None:
         raise fenced
+
+
+class Hog(Payload):
+    token: str
+    mib: int = 0
+
+
+#: What test.hog keeps: memory a leaky job would never give back (until its process is recycled).
+_hoard: list[bytes] = []
+
+
+@jobs.job("test.hog", queue=QUEUES["nudge"], payload=Hog)
+def hog(payload: Hog, ctx) -> None:
+    """A probe run (probe_runs) that first keeps ``mib`` MiB of touched memory in its process."""
+    _hoard.append(b"x" * (payload.mib * 1024 * 1024))
+    probe(Probe(token=payload.token), ctx)
