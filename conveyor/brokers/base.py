@@ -110,6 +110,17 @@ class JobRecord:
     eta: float | None = None
 
 
+def as_message(message: AnyMessage) -> Message[Any]:
+    """The message itself: a consumer's proxy unwrapped, as Dramatiq's own brokers take either.
+
+    A middleware's ``after_process_message`` gets the proxy, and Dramatiq's
+    stock ``Retries`` (or a user's) passes it straight to ``broker.enqueue``;
+    ``dataclasses.replace`` and ``copy`` need the dataclass under it. The two
+    share one ``options`` dict, so what a middleware wrote there is kept.
+    """
+    return message._message if isinstance(message, MessageProxy) else message
+
+
 class SafeMessageProxy(MessageProxy):
     """A message as Dramatiq's own log lines print it: actor and id, never the payload (it may hold secrets)."""
 

@@ -28,6 +28,7 @@ from conveyor.brokers.base import (
     JobRef,
     QueueCounts,
     SafeMessageProxy,
+    as_message,
     check_state,
 )
 
@@ -52,6 +53,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
         return _Consumer(self, queue_name, consumer)
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+        message = as_message(message)  # a middleware's proxy (Dramatiq's stock Retries passes it)
         with self._lock:
             if message.message_id in self._deleted:
                 return message  # a deleted job coming back from its delay: drop it
@@ -117,7 +119,8 @@ class InlineBroker(ConveyorBroker, StubBroker):
             return
         with self._lock:
             record = self.records.get(message.message_id)
-            if record is None or record.state != "active":
+            # "waiting": it ran without a start_job (a broker with Dramatiq's stock middleware only).
+            if record is None or record.state not in ("active", "waiting"):
                 return
             record.state = "failed" if failed else "completed"
             record.finished_at = time.time()

@@ -40,6 +40,7 @@ from conveyor.brokers.base import (
     JobRecord,
     JobRef,
     QueueCounts,
+    as_message,
     check_state,
     describe_error,
     log_delivery_error,
@@ -145,7 +146,11 @@ class PostgresBroker(ConveyorBroker, Broker):
         return PostgresConsumer(self, queue_name, prefetch, timeout)
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-        """Dramatiq's enqueue: a new job, or (for a message of a current delivery) its retry."""
+        """Dramatiq's enqueue: a new job, or (for a message of a current delivery) its retry.
+
+        ``message`` may be the proxy a middleware was handed (Dramatiq's stock Retries passes it).
+        """
+        message = as_message(message)
         if "pg_delivery" in message.options:
             return self._retry(message, delay)
         self.enqueue_jobs([EnqueueItem(message, None, delay)], dedup_ttl=1)
@@ -203,7 +208,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         return refs
 
     def _row(self, item: EnqueueItem) -> NewJob:
-        message = item.message
+        message = as_message(item.message)
         if any(k in message.options for k in DELIVERY_OPTIONS):
             message = _without_delivery(message)
         path = unstorable_path([message.args, message.kwargs])

@@ -35,6 +35,7 @@ from conveyor.brokers.base import (
     JobRecord,
     JobRef,
     QueueCounts,
+    as_message,
     check_state,
     log_delivery_error,
 )
@@ -235,7 +236,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     # -- enqueue -------------------------------------------------------------
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-        """Dramatiq's enqueue: a new job; a running delivery's retry; or a delay queue's promotion."""
+        """Dramatiq's enqueue: a new job; a running delivery's retry; or a delay queue's promotion.
+
+        ``message`` may be the proxy a middleware was handed (Dramatiq's stock Retries passes it).
+        """
+        message = as_message(message)
         origin = message.options.get("redis_queue")
         if origin is not None and delivery_of(message) is not None:
             if origin.endswith(".DQ") and delay is None:
@@ -247,7 +252,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return [ref for _, ref in self._enqueue_many(items, dedup_ttl=dedup_ttl)]
 
     def _prepare(self, message: Message[Any], delay_ms: int | None) -> Message[Any]:
-        message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
+        message = as_message(message).copy(options={"redis_message_id": str(uuid.uuid4())})
         if delay_ms is not None:
             message = message.copy(queue_name=dq_name(message.queue_name), options={"eta": current_millis() + delay_ms})
         return message
