@@ -119,8 +119,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
             return
         with self._lock:
             record = self.records.get(message.message_id)
-            # "waiting": it ran without a start_job (a broker with Dramatiq's stock middleware only).
-            if record is None or record.state not in ("active", "waiting"):
+            if record is None or record.state != "active":
                 return
             record.state = "failed" if failed else "completed"
             record.finished_at = time.time()

@@ -25,6 +25,8 @@ from dramatiq.middleware import Retries as StockRetries
 
 from tests.contract.drive import eventually
 
+pytestmark = pytest.mark.needs("stock_records")
+
 #: The queue of the ported tests' actors (the contract's own actors live on others).
 RETRY_QUEUE = "stock_retries"
 
