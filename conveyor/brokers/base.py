@@ -48,6 +48,11 @@ def log_delivery_error(
     )
 
 
+#: Message option a consumer sets on a delivery that runs only the job's final-failure hooks: the job
+#: failed for good in an earlier delivery whose worker died before its hooks were marked done. Its
+#: body never runs again; the hooks run again (they are at least once). Never stored with the job.
+FINALIZE = "conveyor_finalize"
+
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
 
@@ -158,7 +163,14 @@ class ConveyorBroker(Broker):
         raise NotImplementedError
 
     def claim_final_failure(self, message: AnyMessage) -> bool:
-        """True exactly once per job: whoever gets it runs the job's final-failure hooks."""
+        """True when this delivery (the current one only) is to run the job's final-failure hooks.
+
+        The claim names the delivery and keeps the job held; the nack that
+        follows the hooks marks them done and the job ``failed``. If the
+        worker dies in between, recovery hands the job out again as a
+        :data:`FINALIZE` delivery, which claims again and runs only the hooks:
+        they run at least once, and again only after a crash in them.
+        """
         raise NotImplementedError
 
     def maintain(self) -> dict[str, list[str]]:

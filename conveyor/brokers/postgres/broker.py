@@ -67,8 +67,8 @@ ABANDON = "pg_abandon"
 class PostgresBroker(ConveyorBroker, Broker):
     """Dramatiq broker plus conveyor's job interface, on one Postgres table.
 
-    ``on_dead(broker, message, error)`` runs a job's final failure found by
-    recovery or at claim (undecodable message). The App passes its own
+    ``on_dead(broker, message, error)`` runs a job's final failure found at
+    claim (undecodable message). The App passes its own
     ``App.final_failure`` (the callback its Retries middleware runs too); with
     None such a job is only logged. Passed in, not looked up in the
     middleware, so the broker never imports a middleware.
@@ -98,7 +98,6 @@ class PostgresBroker(ConveyorBroker, Broker):
             lease=self.lease,
             interval=settings.pg_recovery_seconds,
             retention=settings.retention,
-            on_dead=self._run_on_dead,
         )
         self._on_dead = on_dead
         self._lock = threading.RLock()
@@ -263,7 +262,7 @@ class PostgresBroker(ConveyorBroker, Broker):
                 raise SkipMessage("the start could not be recorded") from None
 
     def claim_final_failure(self, message: AnyMessage) -> bool:
-        """True once per job, for its current delivery only; the job is failed in the same durable write.
+        """True for the current delivery only (jobs.sql says why the row stays held until the nack).
 
         When it cannot be written the job must not end: the delivery is
         abandoned (its nack is not written), the row stays held, and the
@@ -271,6 +270,9 @@ class PostgresBroker(ConveyorBroker, Broker):
         """
         delivery = message.options.get("pg_delivery")
         if delivery is None:
+            return False
+        if not self._proven(message, START_GRACE):  # a finalize delivery has no start that waited for it
+            self._abandon(message, "its claim could not be proven durable (Postgres restarted or is away)")
             return False
         deadline = time.monotonic() + START_GRACE
         while True:

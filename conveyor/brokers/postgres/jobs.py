@@ -26,9 +26,9 @@ Everything else a worker writes commits asynchronously, because none of it
 can make a number repeat: an outcome or retry lost in a crash leaves the
 row held by its (durable) claim, and the worker's orphan pass or recovery
 hands it out again under a new delivery; a start lost in a crash counts
-one attempt less. Final failures are the exception: they are written with
-their claim of the final-failure hook, synchronously, so that a crash
-cannot undo the failure of a job whose hooks ran.
+one attempt less. A final-failure claim is written synchronously; the
+failure itself comes with the nack after the hooks, so a crash before it
+runs the hooks again (at least once), never the body.
 """
 
 from __future__ import annotations
@@ -366,8 +366,9 @@ class Jobs:
 
     # -- one delivery's life ------------------------------------------------------
 
-    def claim(self, queue: str, limit: int, *, synchronous: bool) -> list[tuple[str, str, str, int, str]]:
-        """Claim up to ``limit`` runnable jobs, FIFO within priority: (id, queue, job, delivery, message).
+    def claim(self, queue: str, limit: int, *, synchronous: bool) -> list[tuple[str, str, str, int, str, bool]]:
+        """Claim up to ``limit`` runnable jobs, FIFO within priority: (id, queue, job, delivery, message,
+        finalize). ``finalize``: the job failed for good and its final-failure hooks are to run (only them).
 
         ``synchronous=False``: the caller proves the claim durable before its jobs start (durability.py).
         """
@@ -375,7 +376,7 @@ class Jobs:
             "claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all", fast=not synchronous
         )
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: FIFO within priority
-        return [(r[0], r[1], r[2], r[3], r[6]) for r in rows]
+        return [(r[0], r[1], r[2], r[3], r[6], r[7]) for r in rows]
 
     def next_due(self, queue: str) -> float | None:
         due: float | None = _single(self._execute("next_due", {"queue": queue}, fetch="one", fast=True), "next_due")[0]
@@ -430,10 +431,10 @@ class Jobs:
         return bool(row and row[0])
 
     def claim_final_failure(self, job_id: str, delivery: int, error: str) -> bool:
-        """True once per job, and only for its current delivery, which fails in the same (synchronous) write.
+        """True for the current delivery only: it runs the final-failure hooks (see jobs.sql).
 
-        Failing the row here, not in the nack that follows, means a crash
-        cannot undo the failure of a job whose hooks ran.
+        Written synchronously; the row stays held until the nack after the
+        hooks fails it, so a crash in the hooks leaves them to run again.
         """
         params = {"id": job_id, "delivery": delivery, "error": storable(error), "slot": self.slot()}
         try:

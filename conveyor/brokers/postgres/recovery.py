@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
 
 from conveyor.brokers.postgres.deliveries import Deliveries
 from conveyor.brokers.postgres.jobs import Jobs
@@ -27,22 +26,16 @@ PRUNE_INTERVAL = 60.0
 #: Seconds after which a worker row that stopped heartbeating is forgotten.
 FORGET_WORKERS_AFTER = 24 * 3600.0
 
-#: ``on_dead(job_id, queue, job, message_text_or_None, attempt, error)``: run a final failure's hook.
-OnDead = Callable[[str, str, str, "str | None", int, str], None]
-
 
 class Recovery:
     """``maintain()`` and what it calls, for one worker process."""
 
-    def __init__(
-        self, jobs: Jobs, deliveries: Deliveries, *, lease: float, interval: float, retention: float, on_dead: OnDead
-    ) -> None:
+    def __init__(self, jobs: Jobs, deliveries: Deliveries, *, lease: float, interval: float, retention: float) -> None:
         self.jobs = jobs
         self.deliveries = deliveries
         self.lease = lease
         self.interval = interval
         self.retention = retention
-        self.on_dead = on_dead
         self._running = threading.Lock()
         self._last_recovery = -math.inf
         self._last_prune = -math.inf
@@ -80,6 +73,11 @@ class Recovery:
     def recover(self, *, own_rows: bool = True) -> dict[str, list[str]]:
         """One recovery pass now; returns the ids put back to pending, by queue.
 
+        Hooks are never run here: a row whose attempts are spent, or whose
+        final-failure hooks were claimed and never marked done, goes back to
+        pending with its claim, and a worker of its queue runs the hooks as
+        a finalize delivery (fenced and recoverable like any other).
+
         ``own_rows``: also hand back this worker's rows claimed over a lease
         ago that it no longer owns (a claim whose answer was lost with its
         connection, an outcome Postgres refused).
@@ -87,13 +85,12 @@ class Recovery:
         requeued: dict[str, list[str]] = {}
         for _ in range(BATCHES_PER_PASS):
             rows = self.jobs.recover(self.lease, BATCH)
-            for job_id, queue, job, status, run_hook, attempt, error, text in rows:
-                if status == "pending":
-                    requeued.setdefault(queue, []).append(job_id)
-                    continue
-                log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt, error=error)
-                if run_hook:
-                    self.on_dead(job_id, queue, job, text, attempt, error)
+            for job_id, queue, job, _finalizing, lost, attempt, error in rows:
+                requeued.setdefault(queue, []).append(job_id)
+                if lost:
+                    log_event(
+                        "failed", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt, error=error
+                    )
             if len(rows) < BATCH:
                 break
         if own_rows:

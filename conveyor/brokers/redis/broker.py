@@ -370,7 +370,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         deadline = time.monotonic() + START_GRACE
         while True:
             try:
-                claimed = int(self._call("claim_final", message.queue_name, rid, message.message_id, delivery))
+                error = storable(message.options.get("last_error") or "")
+                claimed = int(self._call("claim_final", message.queue_name, rid, message.message_id, delivery, error))
                 break
             except Exception as exc:
                 if not is_unavailable(exc) or time.monotonic() >= deadline:
