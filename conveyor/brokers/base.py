@@ -53,6 +53,34 @@ def log_delivery_error(
 #: body never runs again; the hooks run again (they are at least once). Never stored with the job.
 FINALIZE = "conveyor_finalize"
 
+
+def unknown_job_error(job: str) -> str:
+    """The mark a job of an unknown type carries (its record's error, shown by the dashboard)."""
+    return f"UnknownJob: no worker knows job {job} yet; handed back unattempted until one that does takes it"
+
+
+def announce_unknown_job(broker: Broker, message: AnyMessage, delay: float) -> None:
+    """After a consumer handed back a job of a type this process does not know: a warning, and every
+    middleware's ``after_unknown_job(broker, message)`` (the metric). Never raises."""
+    log_event(
+        "unknown_job",
+        level="warning",
+        queue=q_name(message.queue_name),
+        job=message.actor_name,
+        job_id=message.message_id,
+        attempt=None,
+        delay_s=delay,
+        reason="no worker here knows this job type (an older worker in a rolling deploy?): handed back, not attempted",
+    )
+    for middleware in broker.middleware:
+        hook = getattr(middleware, "after_unknown_job", None)
+        if hook is not None:
+            try:
+                hook(broker, message)
+            except Exception as exc:
+                log_delivery_error(message, f"after_unknown_job of {type(middleware).__name__} raised: {exc!r}")
+
+
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
 

@@ -40,10 +40,12 @@ from conveyor.brokers.base import (
     JobRecord,
     JobRef,
     QueueCounts,
+    announce_unknown_job,
     as_message,
     check_state,
     describe_error,
     log_delivery_error,
+    unknown_job_error,
 )
 from conveyor.brokers.postgres.consumer import DELIVERY_OPTIONS, PostgresConsumer
 from conveyor.brokers.postgres.deliveries import Deliveries, Retry
@@ -89,6 +91,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         self.queues: set[str] = set()
         self.poll_seconds = settings.pg_poll_seconds
         self.lease = settings.pg_lease_seconds
+        self.unknown_job_delay = settings.unknown_job_delay
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.jobs = Jobs(database_url, self.worker_id)
         self.deliveries = Deliveries(self.jobs)
@@ -376,6 +379,16 @@ class PostgresBroker(ConveyorBroker, Broker):
         log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=None, error=error)
         if claimed:
             self._run_on_dead(job_id, queue, job, None, 0, error)
+
+    def hand_back_unknown(self, job_id: str, delivery: int, message: Message[Any], text: str) -> None:
+        """A claimed job of a type this process does not know: back to pending after a delay, unattempted,
+        marked on its record. Not written: the row stays held, no longer owned, and the orphan pass hands
+        it out again."""
+        try:
+            self.jobs.retry(job_id, delivery, text, self.unknown_job_delay, unknown_job_error(message.actor_name))
+        finally:
+            self.deliveries.drop(job_id, delivery)
+        announce_unknown_job(self, message, self.unknown_job_delay)
 
     def _run_on_dead(self, job_id: str, queue: str, job: str, text: str | None, attempt: int, error: str) -> None:
         message = None

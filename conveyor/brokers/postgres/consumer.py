@@ -130,6 +130,10 @@ class PostgresConsumer(Consumer):
             except DecodeError as exc:
                 self.broker.fail_malformed(job_id, queue, job, delivery, exc)
                 continue
+            if message.actor_name not in self.broker.actors:
+                # A newer producer's job type (a rolling deploy): Dramatiq's worker would fail it for good.
+                self.broker.hand_back_unknown(job_id, delivery, dataclasses.replace(message, message_id=job_id), text)
+                continue
             # The row is the truth about identity and queue; the delivery
             # number goes with the message so its outcome finds this claim.
             options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}

@@ -35,9 +35,11 @@ from conveyor.brokers.base import (
     JobRecord,
     JobRef,
     QueueCounts,
+    announce_unknown_job,
     as_message,
     check_state,
     log_delivery_error,
+    unknown_job_error,
 )
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
@@ -104,6 +106,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             dead_message_ttl=int(retention * _MS),
         )
         self.retention_ms = int(retention * _MS)
+        self.unknown_job_delay = settings.unknown_job_delay
         #: A pause between recovery passes (anyone's) longer than this means Redis or every worker was away:
         #: recovery waits a heartbeat timeout before declaring anyone dead (see maintain in jobs.lua).
         self.recovery_gap_ms = int(max(heartbeat_timeout / 2, 3 * settings.maintenance_interval) * _MS)
@@ -390,6 +393,28 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if claimed == -1:
             self._refused("final-failure claim", q_name(message.queue_name), message.message_id)
         return claimed == 1
+
+    def hand_back_unknown(self, name: str, rid: str, delivery: int, message: Message[Any], data: bytes) -> None:
+        """A fetched job of a type this process does not know: to the delay queue, unattempted (the
+        ``retry`` script), marked on its record. Not written: the release pass hands it back."""
+        try:
+            done = self._call(
+                "retry",
+                name,
+                rid,
+                message.message_id,
+                delivery,
+                str(uuid.uuid4()),
+                data,
+                int(self.unknown_job_delay * _MS),
+                storable(unknown_job_error(message.actor_name)),
+            )
+        finally:
+            self._settle(name, [(rid, delivery)])
+        if done == -1:
+            self._refused("hand-back", q_name(name), message.message_id)
+        else:
+            announce_unknown_job(self, message, self.unknown_job_delay)
 
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
         done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)

@@ -198,6 +198,10 @@ class RedisConsumer(Consumer):
         except DecodeError as exc:
             self._poison(rid, delivery, exc)
             return
+        if not self.is_delay and message.actor_name not in self.broker.actors:
+            # A newer producer's job type (a rolling deploy): Dramatiq's worker would fail it for good.
+            self.broker.hand_back_unknown(self.queue_name, rid, delivery, message, data)
+            return
         options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
         # The fetch is the truth about which message and which delivery this is.
         options.update(redis_message_id=rid, redis_delivery=delivery, redis_queue=self.queue_name)
