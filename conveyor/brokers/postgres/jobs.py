@@ -39,6 +39,7 @@ import math
 import random
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Literal, TypedDict, overload
 
@@ -487,9 +488,19 @@ class Jobs:
     def forget_worker(self) -> None:
         self._execute("forget_worker", {"id": self.worker_id})
 
-    def recover(self, lease: float, limit: int) -> list[Row]:
-        """Take back up to ``limit`` rows of workers dead for a lease (server clock); returns the moved rows."""
-        return self._execute("recover", {"lease": lease, "limit": limit, "slot": self.slot()}, fetch="all")
+    def recover(self, lease: float, limit: int, now: datetime | None = None) -> list[Row]:
+        """Take back up to ``limit`` rows of workers dead for a lease (server clock, or ``now``); returns
+        the moved rows."""
+        return self._execute("recover", {"lease": lease, "limit": limit, "now": now}, fetch="all")
+
+    def server_clock(self, slack: float, now: datetime | None = None) -> tuple[float, int]:
+        """The server's clock (UNIX s), and how many heartbeats ahead of it by over ``slack`` s were brought back."""
+        epoch, clamped = _single(self._execute("server_clock", {"slack": slack, "now": now}, fetch="one"), "clock")
+        return epoch, clamped
+
+    def rearm_recovery(self, lease: float, now: datetime | None = None) -> None:
+        """Nobody is declared dead for ``lease`` s from now (the server's clock was stepped)."""
+        self._execute("rearm_recovery", {"lease": lease, "now": now})
 
     def release_orphans(self, lease: float, owned: set[str]) -> list[tuple[str, str]]:
         """This worker's rows claimed over a lease ago that it no longer knows about: back to pending."""

@@ -187,17 +187,27 @@ DELETE FROM conveyor_workers WHERE id = %(id)s
 -- (WorkerLost) here; it and a row whose hooks were claimed but never marked
 -- done (its worker died in them) are handed out next as finalize
 -- deliveries, which run the hooks only, in a worker. Returns the moved rows:
--- finalizing, and lost (this pass failed it).
-WITH stuck AS (
+-- finalizing, and lost (this pass failed it). `now` is the server's clock
+-- unless a test passes one. Nothing is taken while a clock step's re-arm
+-- (conveyor_recovery_clock) runs; one more than a lease ahead can only
+-- come from a backward step and is ignored.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), stuck AS (
     SELECT j.id, j.final_failure_at IS NOT NULL AS claimed,
            coalesce(j.attempt >= j.max_attempts
                     + coalesce((j.message -> 'options' ->> 'deferrals')::int, 0), false) AS spent
     FROM conveyor_jobs j
+    CROSS JOIN t
     WHERE j.status = 'in_progress'
-      AND pg_postmaster_start_time() <= now() - make_interval(secs => %(lease)s)
+      -- A start time in the future: the clock went back (recovery's step check re-arms for a lease).
+      AND (pg_postmaster_start_time() <= t.now - make_interval(secs => %(lease)s)
+           OR pg_postmaster_start_time() > t.now)
+      AND NOT EXISTS (SELECT 1 FROM conveyor_recovery_clock c
+                      WHERE c.resumes_at > t.now AND c.resumes_at <= t.now + make_interval(secs => %(lease)s))
       AND NOT EXISTS (SELECT 1 FROM conveyor_workers w
                       WHERE w.id = j.worker_id
-                        AND w.heartbeat_at >= now() - make_interval(secs => %(lease)s))
+                        AND w.heartbeat_at >= t.now - make_interval(secs => %(lease)s))
     ORDER BY j.picked_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -212,6 +222,28 @@ SET status = 'pending',
     worker_id = NULL, picked_at = NULL
 FROM stuck s WHERE j.id = s.id
 RETURNING j.id, j.queue, j.job, s.claimed OR s.spent, s.spent AND NOT s.claimed, j.attempt, j.error
+
+-- name: server_clock
+-- The server's clock (or the test's `now`) for recovery's step check, in
+-- UNIX seconds. Heartbeats stamped ahead of it (the clock was stepped back)
+-- are brought back to it, so a dead worker looks alive at most one more
+-- lease, never for as long as the step.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), clamped AS (
+    UPDATE conveyor_workers w SET heartbeat_at = t.now
+    FROM t WHERE w.heartbeat_at > t.now + make_interval(secs => %(slack)s)
+    RETURNING w.id
+)
+SELECT extract(epoch FROM t.now)::float8, (SELECT count(*) FROM clamped) FROM t
+
+-- name: rearm_recovery
+-- The server's clock was stepped: nobody is declared dead for one lease,
+-- counted on the new clock (either way: a re-arm set before a backward
+-- step is re-based too).
+INSERT INTO conveyor_recovery_clock AS c (id, resumes_at)
+VALUES (1, coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s))
+ON CONFLICT (id) DO UPDATE SET resumes_at = EXCLUDED.resumes_at
 
 -- name: release_orphans
 -- Rows this live worker holds but no longer knows about (a claim whose
