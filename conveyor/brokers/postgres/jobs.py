@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, TypedDict, overload
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from conveyor.brokers.base import JobRecord, JobRef, QueueCounts
 from conveyor.brokers.postgres.records import LISTS, job_record
-from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, load_queries, translate
+from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, ShieldedPool, load_queries, translate
 from conveyor.errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable, EnqueueOutcomeUnknown
 
 QUERIES = load_queries(Path(__file__).with_name("jobs.sql"))
@@ -179,7 +179,7 @@ class Jobs:
         self.database_url = database_url
         self.worker_id = worker_id
         self._lock = threading.Lock()
-        self._pools: dict[bool, ConnectionPool[psycopg.Connection[Any]]] = {}  # fast -> pool
+        self._pools: dict[bool, ShieldedPool] = {}  # fast -> pool
         self._pool_checked = -math.inf
 
     # -- connections -----------------------------------------------------------
@@ -202,7 +202,7 @@ class Jobs:
         with self._lock:
             pool = self._pools.get(fast)
             if pool is None:
-                pool = self._pools[fast] = ConnectionPool(
+                pool = self._pools[fast] = ShieldedPool(
                     self.database_url,
                     min_size=1,
                     max_size=POOL_MAX,
