@@ -19,6 +19,30 @@ class ConfigurationError(ConveyorError):
     """The settings or the environment cannot work as given."""
 
 
+class JobModuleNotFound(ConfigurationError):
+    """A module named in ``CONVEYOR_IMPORTS`` could not be imported from the paths searched (``--path``)."""
+
+
+class ResultError(ConveyorError):
+    """A job's stored result could not be had (``handle.result()``, ``app.jobs.result()``)."""
+
+
+class JobFailed(ResultError):
+    """The job failed for good; ``error`` is its last error, scrubbed of secret values."""
+
+    def __init__(self, job: str, job_id: str, error: str) -> None:
+        super().__init__(f"job {job!r} ({job_id}) failed for good: {error}")
+        self.job, self.job_id, self.error = job, job_id, error
+
+
+class ResultTimeout(ResultError):
+    """The job had no result within the wait; it may still finish (wait again with the same id)."""
+
+
+class ResultNotStored(ResultError):
+    """The job's type does not keep results: register it with ``store_result=True``."""
+
+
 class StoreUnavailable(ConveyorError):
     """A backing store (Redis, Postgres) could not be reached or did not answer in time; a retry may succeed.
 
@@ -39,7 +63,7 @@ class StoreRefused(ConveyorError):
 
 
 class EnqueueError(ConveyorError):
-    """A job could not be enqueued; nothing was enqueued."""
+    """A job could not be enqueued; nothing was enqueued (but see :class:`EnqueueOutcomeUnknown`)."""
 
 
 class UnknownJob(EnqueueError):
@@ -74,7 +98,7 @@ class PayloadTooLarge(EnqueueError):
 
 
 class BrokerUnavailable(StoreUnavailable, EnqueueError):
-    """The broker could not be reached; the job was not enqueued and its key is free."""
+    """The broker could not be reached, or refused before writing; the job was not enqueued and its key is free."""
 
 
 class TransactionalEnqueueUnsupported(EnqueueError):
@@ -102,6 +126,32 @@ class RetryLater(ConveyorError):
     def __init__(self, message: str = "retry later", *, delay: float) -> None:
         super().__init__(message)
         self.delay = delay
+
+
+class EffectError(ConveyorError):
+    """A job's own effect could not be fenced or guarded as asked (``ctx.check_fence``, ``ctx.once``,
+    ``ctx.transaction``). Not a :class:`JobError`: a stale delivery that raises one has not failed, another
+    delivery owns the job."""
+
+
+class DeliveryFenced(EffectError):
+    """This delivery is no longer its job's current one: its worker was paused or cut off past the lease
+    and the job was handed to another delivery (or it ended). Its effects must not apply: raised inside a
+    transaction, the transaction rolls back. The broker ignores the stale delivery's outcome."""
+
+
+class NoDelivery(EffectError):
+    """The context has no delivery to fence (a final-failure hook runs after the job's last delivery)."""
+
+
+class TransactionalCompletionUnsupported(EffectError):
+    """``ctx.transaction()`` / ``ctx.complete_in(conn)`` need the postgres broker: only there is the job a row
+    that the caller's transaction can complete (``ctx.once`` works on every broker)."""
+
+
+class NotInTransaction(EffectError):
+    """``ctx.once`` / ``ctx.complete_in`` were given a connection with no open transaction: the record and the
+    effect would not commit together."""
 
 
 class InjectedFault(JobError):
@@ -220,6 +270,13 @@ class RecordConflict(PlatformError):
     """The record exists with other content, or is in a state that forbids the change."""
 
 
+class QuotaExceeded(PlatformError):
+    """A user is at one of their limits (active runs, open streams, stream data kept): try again later.
+
+    The message names the limit and its setting, never the request's values.
+    """
+
+
 class ProviderError(JobError):
     """The model provider failed in a way a retry may fix (5xx, dropped connection, timeout)."""
 
@@ -256,4 +313,5 @@ class BrokerRejected(StoreRefused, BrokerError):
 
 
 class EnqueueOutcomeUnknown(EnqueueError):
-    """The connection broke while the enqueue committed: the job may or may not exist. Retry only with a key."""
+    """The enqueue may have been applied and no answer came (the connection broke at COMMIT, Redis never
+    answered): its jobs exist or not, a batch all together. Enqueue them again only with a key."""

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Callable, TextIO, TypedDict
 
-from conveyor.cli import env_flag
+from conveyor.cli import env_flag, path_flag
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -29,6 +29,7 @@ def register(sub: Subcommands) -> None:
         type=int,
         help="threads per process (default: the queue's concurrency)",
     )
+    path_flag(p)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("enqueue", help="enqueue a job, or JSON lines from stdin with --batch")
@@ -47,6 +48,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument(
         "--chunk-size", type=int, default=500, help="--batch: jobs per round trip to the broker (default 500)"
     )
+    path_flag(p)
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("status", help="per-queue counts")
@@ -61,6 +63,7 @@ def register(sub: Subcommands) -> None:
     env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, help="processes per queue")
     env_flag(p, "--host", env="CONVEYOR_API_HOST", help="API address")
     env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, help="API port (0: no API)")
+    path_flag(p)
     p.set_defaults(func=cmd_up)
 
 
@@ -137,6 +140,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from conveyor.errors import ConfigurationError
 
         raise ConfigurationError("the inline broker lives inside one process: use `conveyor up` or a real broker")
+    if app.schedules and app.settings.worker_schedules:
+        from conveyor.scheduling.firing import CronFirer
+
+        CronFirer(app)  # a schedule setting that cannot work stops here, not in every child
     if app.backend.queue_in_postgres:
         from conveyor.schema.migrate import migrate
 
@@ -189,15 +196,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         import signal
         import threading
 
+        from conveyor.cli.schedules import firers, run_firers
         from conveyor.tasks.worker import InlineWorkers
 
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        from conveyor.platform.scheduling.scheduler import Scheduler
-
         workers = InlineWorkers(app).start()
-        scheduler = threading.Thread(target=Scheduler(app).run, args=(stop,), name="conveyor-scheduler")
+        scheduler = threading.Thread(target=run_firers, args=(firers(app), stop), name="conveyor-schedulers")
         scheduler.start()
         stop.wait()
         scheduler.join()
@@ -242,11 +248,12 @@ def _enqueue_batch(app: App, chunk_size: int) -> int:
 
     Nothing is sent if any line is bad. If sending fails part way, the jobs of
     the chunks already sent are enqueued (their lines are printed, the summary
-    counts them) and the rest are not; running the file again is safe for
-    keyed jobs, whose second enqueue is a no-op.
+    counts them) and the rest are not, but for the chunk that failed with
+    EnqueueOutcomeUnknown (``unknown``: enqueued all or none); running the file
+    again is safe for keyed jobs, whose second enqueue is a no-op.
     """
     from conveyor.cli.progress import CommandProgress, is_terminal
-    from conveyor.errors import ConveyorError
+    from conveyor.errors import ConveyorError, EnqueueOutcomeUnknown
     from conveyor.jsonchecks import json_depth_exceeds
     from conveyor.tasks.jobqueue import JobRequest
 
@@ -290,14 +297,18 @@ def _enqueue_batch(app: App, chunk_size: int) -> int:
                     enqueued += sum(not r.deduplicated for r in refs)
                     duplicates += sum(r.deduplicated for r in refs)
                     progress.advance(sending, len(refs))
-            except BaseException:
+            except BaseException as exc:
+                # A chunk whose outcome is unknown is all in or all out: neither counted as sent nor as unsent.
+                unknown = min(chunk_size, len(requests) - start) if isinstance(exc, EnqueueOutcomeUnknown) else 0
                 progress.summary(
-                    f"{enqueued + duplicates} of {len(requests)} jobs sent, then failed",
+                    f"{enqueued + duplicates} of {len(requests)} jobs sent, then failed"
+                    + (f" ({unknown} may have been enqueued)" if unknown else ""),
                     ok=False,
                     jobs=len(requests),
                     enqueued=enqueued,
                     deduplicated=duplicates,
-                    unsent=len(requests) - enqueued - duplicates,
+                    unknown=unknown,
+                    unsent=len(requests) - enqueued - duplicates - unknown,
                 )
                 raise
             progress.summary(

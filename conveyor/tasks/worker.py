@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Callable
 
+import setproctitle
 from dramatiq import Worker
 
 from conveyor.logs import log_error, log_event
@@ -31,6 +32,10 @@ RESTART_BACKOFF_MAX = 30.0
 
 #: Seconds before a self-fenced child (exit code 75, see watchdog.py) is restarted.
 SELF_FENCE_RESTART_DELAY = 0.5
+
+#: Seconds between prunes of once-guarded steps (ctx.once) on brokers whose jobs are not Postgres rows
+#: (the postgres broker prunes them with their jobs). The retention is days: no need to hurry.
+STEPS_PRUNE_INTERVAL = 60.0
 
 
 class ProcessWorker:
@@ -78,8 +83,12 @@ class ProcessWorker:
     def _maintain_loop(self) -> None:
         interval = self.app.settings.maintenance_interval
         wait = 0.0  # the first pass at start-up: jobs of workers that died while none ran come back at once
+        pruned_at = time.monotonic()
         while not self._stop.wait(wait):
             wait = interval
+            if time.monotonic() - pruned_at >= STEPS_PRUNE_INTERVAL:
+                pruned_at = time.monotonic()
+                self._prune_steps()
             try:
                 recovered = self.broker.maintain()
             except Exception as exc:  # the broker may be down for a while: keep trying
@@ -96,6 +105,22 @@ class ProcessWorker:
                         attempt=None,
                         reason="its worker stopped heartbeating; requeued",
                     )
+
+    def _prune_steps(self) -> None:
+        """Once-guarded steps older than the retention go (brokers whose jobs live outside Postgres).
+
+        Only when this process has opened the database: its jobs' ``ctx.once`` writes there; a
+        process that never did has no steps to prune and must not start an embedded server for it.
+        """
+        if self.app.settings.broker_name == "postgres" or not self.app.pool_opened:
+            return
+        from conveyor.tasks import steps
+
+        try:
+            with self.app.pool.connection() as conn:
+                steps.prune(conn, self.app.settings.retention)
+        except Exception as exc:  # the table's migration not applied, Postgres away: next time
+            log_error(f"pruning job steps failed: {type(exc).__name__}: {exc}", queue=self.queue)
 
 
 @dataclass
@@ -135,6 +160,7 @@ class Supervisor:
         restart_backoff: float = 0.25,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
+        self.worker = worker
         self.children = [_Child(q, worker, (q, threads)) for q in queues for _ in range(processes)]
         self.children += [_Child(name, target, args) for name, target, args in services]
         self.shutdown_timeout = shutdown_timeout
@@ -146,6 +172,8 @@ class Supervisor:
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code (0 after a clean drain)."""
+        queues = ",".join(dict.fromkeys(c.name for c in self.children if c.target is self.worker))
+        setproctitle.setproctitle(f"conveyor supervisor: {queues or '-'}")
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stopping.set())
         from conveyor.middleware.metrics import WorkerMetrics
@@ -199,7 +227,11 @@ class Supervisor:
         return self._shutdown()
 
     def _spawn(self, child: _Child) -> None:
-        child.process = self.ctx.Process(target=child.target, args=child.args, name=f"conveyor-{child.name}")
+        role = "worker" if child.target is self.worker else "service"
+        title = f"conveyor {role}: {child.name}"
+        child.process = self.ctx.Process(
+            target=_titled, args=(title, child.target, child.args), name=f"conveyor-{child.name}"
+        )
         child.process.start()
         child.started = time.monotonic()
 
@@ -218,6 +250,12 @@ class Supervisor:
         for process in live:
             self.metrics.process_died(_pid(process))
         return 1 if stuck else 0
+
+
+def _titled(title: str, target: Callable[..., None], args: tuple[object, ...]) -> None:
+    """A child's entry point: name the process for ps and top (not ``python -c from multiprocessing...``), then run."""
+    setproctitle.setproctitle(title)
+    target(*args)
 
 
 def _pid(process: BaseProcess) -> int:

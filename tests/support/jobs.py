@@ -17,13 +17,13 @@ from dataclasses import replace
 
 import psycopg
 
+from conveyor.blueprints import Jobs
 from conveyor.brokers.postgres.jobs import storable
-from conveyor.errors import PermanentError
+from conveyor.errors import DeliveryFenced, PermanentError
 from conveyor.ledger import credits
 from conveyor.platform.payloads import CreditConsume
-from conveyor.platform.queues import QUEUES
+from conveyor.platform.queues import CRITICAL, QUEUES
 from conveyor.tasks.payloads import Payload
-from conveyor.tasks.registry import JOB_TYPES, job, load_job_types, on_final_failure
 
 INSERT_RUN = "INSERT INTO probe_runs (token, job_id, attempt, pid) VALUES (%s, %s, %s, %s) RETURNING id"
 FINISH_RUN = "UPDATE probe_runs SET finished_at = clock_timestamp() WHERE id = %s"
@@ -71,16 +71,19 @@ def probe_dead(payload: Probe | None, error: str, ctx) -> None:
         conn.execute(INSERT_DEAD, (ctx.job_id, payload.token if payload else None, error))
 
 
-for _queue in QUEUES:
-    job(f"test.probe.{_queue}", queue=_queue, payload=Probe)(probe)
-    on_final_failure(f"test.probe.{_queue}")(probe_dead)
+#: This module's blueprint: an App whose CONVEYOR_IMPORTS names the module includes it.
+jobs = Jobs()
+
+for _queue in QUEUES.values():
+    jobs.job(f"test.probe.{_queue.name}", queue=_queue, payload=Probe)(probe)
+    jobs.on_final_failure(f"test.probe.{_queue.name}")(probe_dead)
 
 
 class SlowCredit(CreditConsume):
     sleep: float = 0
 
 
-@job("test.slow_credit", queue="critical", payload=SlowCredit)
+@jobs.job("test.slow_credit", queue=CRITICAL, payload=SlowCredit)
 def slow_credit(payload: SlowCredit, ctx) -> None:
     """A charge that takes a while, so a test can kill its worker mid-job."""
     with ctx.app.pool.connection() as conn:
@@ -103,15 +106,17 @@ def flaky(task_id: str, percent: int) -> bool:
 
 _PERCENT = int(os.environ.get("TEST_FLAKY_CREDIT_PERCENT", "0"))
 if _PERCENT:
-    load_job_types(["conveyor.platform.jobs"])
-    _real = JOB_TYPES["credit.consume"]
+    from conveyor.platform.jobs import jobs as platform_jobs
+
+    _real = platform_jobs.job_types["credit.consume"]
 
     def _flaky_consume(payload, ctx):
         if ctx.attempt == 1 and flaky(payload.task_id, _PERCENT):
             raise ConnectionError(f"injected transient failure for task {payload.task_id}")
         return _real.run(payload, ctx)
 
-    JOB_TYPES["credit.consume"] = replace(_real, run=_flaky_consume)
+    # Only in the worker subprocesses this variable is set for: the platform blueprint is theirs.
+    platform_jobs.job_types["credit.consume"] = replace(_real, run=_flaky_consume)
 
 
 # -- texts Postgres cannot store as they are (tests/integration/test_pg_faults.py) ----------------
@@ -135,7 +140,7 @@ def _write(database_url: str, query: str, params: tuple) -> None:
         conn.execute(query, params)
 
 
-@job("test.pg.bad", queue="critical", payload=Bad)
+@jobs.job("test.pg.bad", queue=CRITICAL, payload=Bad)
 def bad(payload: Bad, ctx) -> None:
     """Records its start, then raises an error with a NUL and lone surrogates (or the forbidden word)."""
     _write(
@@ -149,10 +154,66 @@ def bad(payload: Bad, ctx) -> None:
         raise RuntimeError(ERRORS[payload.error])
 
 
-@on_final_failure("test.pg.bad")
+@jobs.on_final_failure("test.pg.bad")
 def bad_dead(payload: Bad | None, error: str, ctx) -> None:
     _write(
         ctx.app.settings.database_url,
         "INSERT INTO probe_dead (job_id, token, error) VALUES (%s, %s, %s)",
         (ctx.job_id, payload.token if payload else None, storable(error)),
     )
+
+
+# -- a job's own effects, fenced or not (tests/integration/test_effects.py) ------------------------
+
+INSERT_EFFECT = "INSERT INTO effect_log (token, job_id, delivery, attempt, pid, kind) VALUES (%s, %s, %s, %s, %s, %s)"
+
+
+class Effect(Payload):
+    token: str
+    #: Seconds the first attempt waits between its start and its effects (a test pauses its worker there).
+    hold: float = 0
+    #: Attempts that raise after their effects (the next delivery then meets them).
+    fail_times: int = 0
+
+
+@jobs.job("test.effect", queue=QUEUES["nudge"], payload=Effect)
+def effect(payload: Effect, ctx) -> None:
+    """Writes one effect four ways: unguarded, once-guarded, with the job's completion (postgres), fence-checked.
+
+    Every step lands in ``effect_log`` (kind: started, naive, once, transactional, rolled_back,
+    fence_raised, ended), so a test sees from outside which delivery applied what.
+    """
+
+    def log(conn, kind: str) -> None:
+        conn.execute(INSERT_EFFECT, (payload.token, ctx.job_id, ctx.delivery, ctx.attempt, os.getpid(), kind))
+
+    with ctx.app.pool.connection() as conn:
+        log(conn, "started")
+    if ctx.attempt == 1 and payload.hold:
+        time.sleep(payload.hold)
+    with ctx.app.pool.connection() as conn:
+        log(conn, "naive")  # no guard: a paused worker that resumes writes it again
+        with conn.transaction():
+            if ctx.once(conn, "effect"):
+                log(conn, "once")
+    if ctx.attempt <= payload.fail_times:
+        raise RuntimeError(f"effect {payload.token} fails on attempt {ctx.attempt}")
+    fenced: DeliveryFenced | None = None
+    if ctx.can_complete_in_transaction:
+        try:
+            with ctx.transaction() as conn:
+                log(conn, "transactional")
+        except DeliveryFenced as exc:
+            fenced = exc
+            with ctx.app.pool.connection() as conn:
+                log(conn, "rolled_back")
+    try:
+        ctx.check_fence()
+    except DeliveryFenced as exc:
+        fenced = exc
+        with ctx.app.pool.connection() as conn:
+            log(conn, "fence_raised")
+    with ctx.app.pool.connection() as conn:
+        log(conn, "ended")
+    if fenced is not None:
+        raise fenced

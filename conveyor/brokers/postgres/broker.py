@@ -43,8 +43,8 @@ from conveyor.brokers.base import (
     announce_unknown_job,
     as_message,
     check_state,
-    describe_error,
     log_delivery_error,
+    malformed_error,
     unknown_job_error,
 )
 from conveyor.brokers.postgres.consumer import DELIVERY_OPTIONS, PostgresConsumer
@@ -53,7 +53,7 @@ from conveyor.brokers.postgres.durability import PROVEN, ClaimProofs
 from conveyor.brokers.postgres.jobs import POOL_TIMEOUT, Jobs, NewJob, unstorable_path
 from conveyor.brokers.postgres.listen import Listener
 from conveyor.brokers.postgres.recovery import Recovery
-from conveyor.errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, InvalidPayload
+from conveyor.errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, DeliveryFenced, InvalidPayload
 from conveyor.logs import log_error, log_event
 
 if TYPE_CHECKING:
@@ -64,6 +64,9 @@ START_GRACE = 5.0
 
 #: Message option: the final failure of this delivery could not be claimed; write no outcome.
 ABANDON = "pg_abandon"
+
+#: Message option: this delivery completed its job in the caller's transaction (committed); write no outcome.
+COMPLETED = "pg_completed"
 
 
 class PostgresBroker(ConveyorBroker, Broker):
@@ -77,6 +80,7 @@ class PostgresBroker(ConveyorBroker, Broker):
     """
 
     transactional_enqueue = True
+    transactional_completion = True
 
     def __init__(
         self,
@@ -93,7 +97,12 @@ class PostgresBroker(ConveyorBroker, Broker):
         self.lease = settings.pg_lease_seconds
         self.unknown_job_delay = settings.unknown_job_delay
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.jobs = Jobs(database_url, self.worker_id)
+        self.jobs = Jobs(
+            database_url,
+            self.worker_id,
+            pooled=settings.database_pooled,
+            listen_url=settings.listen_database_url,
+        )
         self.deliveries = Deliveries(self.jobs)
         self.recovery = Recovery(
             self.jobs,
@@ -110,7 +119,7 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def _new_listener(self) -> Listener:
         return Listener(
-            connect=self.jobs.connect,
+            connect=self.jobs.connect_listener,
             on_connect=self.jobs.listen,
             heartbeat=self._heartbeat,
             heartbeat_interval=self.lease / 3,
@@ -290,6 +299,26 @@ class PostgresBroker(ConveyorBroker, Broker):
                 self._abandon(message, f"its final failure could not be claimed: {type(exc).__name__}: {exc}")
                 return False
 
+    # -- the fence of a job's own effects ------------------------------------------------
+
+    def delivery(self, message: AnyMessage) -> int | None:
+        delivery: int | None = message.options.get("pg_delivery")
+        return delivery
+
+    def is_current(self, message: AnyMessage) -> bool:
+        delivery = message.options.get("pg_delivery")
+        return delivery is not None and self.jobs.is_current(message.message_id, delivery)
+
+    def complete_in(self, conn: psycopg.Connection[Any], message: AnyMessage) -> None:
+        """Complete the job in the caller's transaction (``jobs.sql``'s complete_in_transaction); see the contract."""
+        delivery = message.options.get("pg_delivery")
+        if delivery is None:
+            raise DeliveryFenced("this message came with no delivery of this broker's: nothing to complete")
+        self.jobs.complete_in(conn, message.message_id, delivery)
+
+    def completed_in_transaction(self, message: AnyMessage) -> None:
+        message.options[COMPLETED] = True
+
     def _proven(self, message: Any, timeout: float) -> bool:
         return self.proofs.wait(message.options.get("pg_proof", PROVEN), timeout) is True
 
@@ -318,6 +347,10 @@ class PostgresBroker(ConveyorBroker, Broker):
             return
         if message.options.get(ABANDON):
             self.deliveries.forget(message.message_id, delivery)  # its last outcome: abandoned when decided
+            return
+        if message.options.get(COMPLETED):
+            # Done in the job's own transaction, which committed: nothing to write, and no refusal to report.
+            self.deliveries.forget(message.message_id, delivery)
             return
         if status == "done" and getattr(message, "_exception", None) is not None:
             # It raised, yet no retry was written and it was not failed: something between the run
@@ -369,8 +402,7 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def fail_malformed(self, job_id: str, queue: str, job: str, delivery: int, exc: Exception) -> None:
         """A claimed row whose message cannot be decoded fails alone; its hook runs with no payload."""
-        cause = getattr(exc, "error", None) or exc  # DecodeError wraps the decoder's error
-        error = f"MalformedMessage: the stored message cannot be decoded ({describe_error(cause, 500)})"
+        error = malformed_error(exc)
         try:
             claimed = self.jobs.fail_malformed(job_id, delivery, error)
         finally:
@@ -454,5 +486,5 @@ class PostgresBroker(ConveyorBroker, Broker):
 
 
 def _without_delivery(message: Message[Any]) -> Message[Any]:
-    options = {k: v for k, v in message.options.items() if k not in (*DELIVERY_OPTIONS, ABANDON)}
+    options = {k: v for k, v in message.options.items() if k not in (*DELIVERY_OPTIONS, ABANDON, COMPLETED)}
     return dataclasses.replace(message, options=options)

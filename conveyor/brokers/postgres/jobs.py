@@ -44,12 +44,20 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, TypedDict, overload
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolTimeout
 
 from conveyor.brokers.base import JobRecord, JobRef, QueueCounts
 from conveyor.brokers.postgres.records import LISTS, job_record
-from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, ShieldedPool, load_queries, translate
-from conveyor.errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable, EnqueueOutcomeUnknown
+from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, ShieldedPool, load_queries, through_pooler, translate
+from conveyor.errors import (
+    BrokerUnavailable,
+    DatabaseRefused,
+    DatabaseUnavailable,
+    DeliveryFenced,
+    EnqueueOutcomeUnknown,
+    NotInTransaction,
+)
 
 QUERIES = load_queries(Path(__file__).with_name("jobs.sql"))
 
@@ -175,9 +183,18 @@ def _sync_worker_commits() -> bool:
 class Jobs:
     """Data access for the jobs table: pools, queries, error translation. Thread-safe."""
 
-    def __init__(self, database_url: str, worker_id: str) -> None:
+    def __init__(
+        self, database_url: str, worker_id: str, *, pooled: bool = False, listen_url: str | None = None
+    ) -> None:
         self.database_url = database_url
         self.worker_id = worker_id
+        #: database_url goes through a transaction-mode pooler: no prepared statements, no session settings.
+        self.pooled = pooled
+        #: Where the listener connects: a direct URL when given (LISTEN needs a session), else database_url.
+        self.listen_url = listen_url or database_url
+        #: False when the only way in is a transaction-mode pooler: notifications would be lost, poll instead.
+        self.listens = bool(listen_url) or not pooled
+        self._options: dict[str, Any] = {**CONNECTION, **through_pooler(pooled)}
         self._lock = threading.Lock()
         self._pools: dict[bool, ShieldedPool] = {}  # fast -> pool
         self._pool_checked = -math.inf
@@ -185,9 +202,17 @@ class Jobs:
     # -- connections -----------------------------------------------------------
 
     def connect(self) -> psycopg.Connection[Any]:
-        """A connection of its own (the listener's)."""
+        """A connection of its own (the claim prover's)."""
         try:
-            return psycopg.connect(self.database_url, autocommit=True, **CONNECTION)
+            return psycopg.connect(self.database_url, autocommit=True, **self._options)
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "connecting") from exc
+
+    def connect_listener(self) -> psycopg.Connection[Any]:
+        """The listener's connection: direct to Postgres when a listen URL is set (LISTEN needs a session)."""
+        options = {**CONNECTION, **through_pooler(self.pooled and self.listen_url == self.database_url)}
+        try:
+            return psycopg.connect(self.listen_url, autocommit=True, **options)
         except STATEMENT_ERRORS as exc:
             raise translate(exc, "connecting") from exc
 
@@ -198,7 +223,9 @@ class Jobs:
 
         ``fast`` connections commit asynchronously (see the module docstring).
         """
-        fast = fast and not _sync_worker_commits()
+        # Through a transaction-mode pooler a session setting would stick to whichever server
+        # connection ran it: one pool, no settings, the server's synchronous_commit for everything.
+        fast = fast and not _sync_worker_commits() and not self.pooled
         with self._lock:
             pool = self._pools.get(fast)
             if pool is None:
@@ -207,11 +234,11 @@ class Jobs:
                     min_size=1,
                     max_size=POOL_MAX,
                     open=False,
-                    kwargs={"autocommit": True, **CONNECTION},
+                    kwargs={"autocommit": True, **self._options},
                     name="conveyor-pg-worker" if fast else "conveyor-pg-broker",
                     timeout=POOL_TIMEOUT,
                     reconnect_timeout=60,
-                    configure=_worker_session if fast else _durable_session,
+                    configure=None if self.pooled else _worker_session if fast else _durable_session,
                 )
                 pool.open(wait=False)
         with pool.connection() as conn:
@@ -320,7 +347,7 @@ class Jobs:
                 if committing:
                     raise EnqueueOutcomeUnknown(
                         f"{translate(exc, 'the enqueue')}; the connection broke while "
-                        f"it committed, so the job(s) may have been enqueued"
+                        f"it committed, so the job(s) may have been enqueued; enqueue them again only with a key"
                     ) from exc
                 if attempt == 2 or isinstance(exc, PoolTimeout):
                     raise _enqueue_error(exc) from exc
@@ -407,6 +434,29 @@ class Jobs:
         moved: int = _single(row, "finish")[0]
         return moved
 
+    def complete_in(self, conn: psycopg.Connection[Any], job_id: str, delivery: int) -> None:
+        """Complete the job in ``conn``'s open transaction while ``delivery`` is current, else DeliveryFenced."""
+        if conn.info.transaction_status != TransactionStatus.INTRANS:
+            raise NotInTransaction(
+                "the job's completion needs an open transaction on the connection, the one its effects are written in"
+            )
+        try:
+            row = conn.execute(
+                QUERIES["complete_in_transaction"], {"id": job_id, "delivery": delivery, "slot": self.slot()}
+            ).fetchone()
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "completing a job in a transaction") from exc
+        if not _single(row, "complete_in_transaction")[0]:
+            raise DeliveryFenced(
+                f"delivery {delivery} of job {job_id} is no longer current (taken back after its lease, "
+                "handed to another delivery, or ended): its transaction rolls back"
+            )
+
+    def is_current(self, job_id: str, delivery: int) -> bool:
+        """Whether ``delivery`` is still the job's current one (one primary-key read)."""
+        current: bool = _single(self._read("is_current", {"id": job_id, "delivery": delivery}, "one"), "is_current")[0]
+        return current
+
     def retry(self, job_id: str, delivery: int, message: str, delay: float, error: str | None) -> None:
         """The delivery failed and the job runs again after ``delay`` s, with its new message."""
         self._execute(
@@ -446,8 +496,9 @@ class Jobs:
 
     # -- workers, recovery, pruning -------------------------------------------------
 
-    @staticmethod
-    def prover_session(conn: psycopg.Connection[Any]) -> None:
+    def prover_session(self, conn: psycopg.Connection[Any]) -> None:
+        if self.pooled:
+            return  # no session settings through a pooler: the server's synchronous_commit (on) holds
         try:
             conn.execute(QUERIES["prover_session"])
         except STATEMENT_ERRORS as exc:
@@ -461,8 +512,9 @@ class Jobs:
         except STATEMENT_ERRORS as exc:
             raise translate(exc, "proving claims") from exc
 
-    @staticmethod
-    def listen(conn: psycopg.Connection[Any]) -> None:
+    def listen(self, conn: psycopg.Connection[Any]) -> None:
+        if not self.listens:
+            return  # through a transaction-mode pooler: the consumers poll (pg_poll_seconds)
         try:
             conn.execute(QUERIES["listen"])
         except STATEMENT_ERRORS as exc:
@@ -512,7 +564,13 @@ class Jobs:
         self._execute("forget_dead_workers", {"after": after})
 
     def prune(self, retention: float, limit: int) -> int:
-        return self._execute("prune", {"retention": retention, "limit": limit})
+        """Delete up to ``limit`` jobs finished more than ``retention`` s ago, with their steps; returns how many."""
+        pruned: int = _single(self._execute("prune", {"retention": retention, "limit": limit}, fetch="one"), "prune")[0]
+        return pruned
+
+    def prune_orphan_steps(self, retention: float, limit: int) -> int:
+        """Delete up to ``limit`` once-guarded steps older than ``retention`` s whose job is gone."""
+        return self._execute("prune_orphan_steps", {"retention": retention, "limit": limit})
 
     # -- reads and operator actions ---------------------------------------------------
 

@@ -11,6 +11,12 @@ from the same conversation. The buffer ignores chunks it already holds,
 so readers never see one twice; with the deterministic local provider the
 regenerated chunks are the same ones. The stored message is what the
 buffer holds, so it is always exactly what readers saw.
+
+Fenced effects: each chunk is written only after ``ctx.check_fence()``, so a
+delivery whose worker was paused past its lease stops streaming when it
+resumes; the reply and the run's completion are written once whichever
+delivery gets there first (``complete_run`` moves only a live run, the
+once-guard of that write).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from psycopg import Connection
 from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.payloads import ChatRun, RunFinalize, TaskRun, run_key
 from conveyor.platform.providers import ChatMessage, provider_for
 from conveyor.platform.providers.base import Role, estimate_usage
@@ -29,19 +36,18 @@ from conveyor.platform.queues import AGENT
 from conveyor.platform.streams import buffer_for
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.faults import maybe_fail_mid_stream
-from conveyor.tasks.registry import job, on_final_failure
 
 #: What task.run tells the model before the task's own instructions.
 TASK_PREAMBLE = "You are an agent carrying out a task for the user."
 
 
-@job("task.run", queue=AGENT, payload=TaskRun)
+@jobs.job("task.run", queue=AGENT, payload=TaskRun)
 def task_run(payload: TaskRun, ctx: JobContext) -> None:
     """A task round: the task's instructions and the user's latest message."""
     run_round(payload, ctx, whole_conversation=False)
 
 
-@job("chat.run", queue=AGENT, payload=ChatRun)
+@jobs.job("chat.run", queue=AGENT, payload=ChatRun)
 def chat_run(payload: ChatRun, ctx: JobContext) -> None:
     """A chat round: the whole conversation up to the user's message."""
     run_round(payload, ctx, whole_conversation=True)
@@ -68,6 +74,9 @@ def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) ->
     generation = provider_for(app).stream(messages)
     try:
         for seq, text in enumerate(generation, 1):
+            # A delivery given up on (its worker paused past the lease) stops streaming: another
+            # one owns the run, and a stale stream could outlast the stored reply.
+            ctx.check_fence()
             buffer.append(run.id, seq, text)
             maybe_fail_mid_stream(ctx, run_key(run.id), seq)
     finally:
@@ -113,8 +122,8 @@ def _enqueue_finalize(ctx: JobContext, run: records.Run) -> None:
     ctx.app.jobs.enqueue("run.finalize", payload, key=payload.idempotency_key())
 
 
-@on_final_failure("task.run")
-@on_final_failure("chat.run")
+@jobs.on_final_failure("task.run")
+@jobs.on_final_failure("chat.run")
 def run_failed(payload: TaskRun | None, error: str, ctx: JobContext) -> None:
     """A run that spent its attempts ends ``failed``, and so does its stream: no reader waits forever."""
     if payload is None:
