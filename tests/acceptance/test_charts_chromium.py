@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from conveyor.api.inspector import Inspector
 from conveyor.brokers.rollup import Tally, TallyGroup, bucket_of, rollup_store
+from conveyor.inspector import Inspector
 from tests.acceptance.test_obs_dashboard_chromium import (  # noqa: F401 (browser is a fixture)
     _screenshot,
     _sign_in,

@@ -13,8 +13,8 @@ import sys
 import httpx
 import pytest
 
-from conveyor.api.inspector import Inspector
 from conveyor.brokers.rollup import Tally, TallyGroup, bucket_of, percentile, rollup_store
+from conveyor.inspector import Inspector
 from conveyor.middleware.rollup import find_rollup
 from tests.support.brokers import ALL_BROKERS, SERVER_BROKERS
 from tests.support.obs_support import TOKEN, api_server, cli_env, running
