@@ -24,6 +24,7 @@ the worker's App includes every blueprint a CONVEYOR_IMPORTS module holds. The m
 
 from conveyor.app import App
 from conveyor.blueprints import Enqueued, JobHandle, Jobs, Queue
+from conveyor.budgets.base import Budget
 from conveyor.errors import PermanentError, RetryLater
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.payloads import Payload
@@ -32,6 +33,7 @@ from conveyor.version import __version__
 
 __all__ = [
     "App",
+    "Budget",
     "Enqueued",
     "JobContext",
     "JobHandle",

@@ -10,6 +10,7 @@ from dramatiq.middleware import CurrentMessage
 from pydantic import ValidationError
 
 from conveyor.blueprints import JobType
+from conveyor.budgets import admit
 from conveyor.errors import MalformedMessage
 from conveyor.results import store_result
 from conveyor.tasks.context import JobContext
@@ -66,7 +67,10 @@ def _runner(job_type: JobType, app: "App") -> Callable[..., None]:
             app=app,
             delivery=app.broker.delivery(message) if message else None,
             message=message,
+            payload=payload,
         )
+        # Before the body: a job its budgets have no room for waits (RetryLater), having done nothing.
+        admit(ctx, payload, ctx.budgets)
         value = job_type.run(payload, ctx)
         if job_type.store_result:
             # Before the ack: a store that fails fails this attempt, which is retried.
