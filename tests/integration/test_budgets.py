@@ -2,9 +2,9 @@
 
 Two worker processes (``conveyor worker --processes 2``, four threads each) run
 jobs whose weights a budget of LIMIT per PER seconds, keyed by tenant, admits;
-every run records when it ran on the database's clock. Over every window of
-PER seconds starting at a run, the weight that ran stays within LIMIT plus one
-job's weight; throttled jobs were deferred (RetryLater), not failed, on a queue
+the test reads when the store admitted each weight, on the store's own clock.
+Over every window of PER seconds starting at an admission, the weight admitted
+stays within LIMIT (the issue's bound is LIMIT plus one job's weight); throttled jobs were deferred (RetryLater), not failed, on a queue
 of one attempt. A job's ``ctx.spend`` after the fact delays the job that follows.
 """
 
@@ -59,11 +59,11 @@ def admitted_in_postgres(database_url: str) -> list[dict]:
 
 
 @contextlib.contextmanager
-def redis_admissions(settings) -> Iterator[dict[str, float]]:
-    """Every member the Redis store's window of tenant ``a`` held, with its score (ms, Redis's clock): read
+def redis_admissions(url: str, namespace: str, budget_key: str) -> Iterator[dict[str, float]]:
+    """Every member the Redis store's window of ``budget_key`` held, with its score (ms, Redis's clock): read
     ten times per window, while each member stays at least a window."""
-    client = redis.Redis.from_url(settings.redis_url)
-    key = f"{settings.redis_namespace}:budget:{budget_jobs.WEIGHED.name}:a"
+    client = redis.Redis.from_url(url)
+    key = f"{namespace}:budget:{budget_key}"
     seen: dict[str, float] = {}
     stop = threading.Event()
 
@@ -108,7 +108,13 @@ def test_a_budget_admits_at_most_its_limit_plus_one_job_per_window_across_two_pr
     token = f"load-{settings.broker_name}"
     weights = [rng.randint(1, MAX_WEIGHT) for _ in range(JOBS)]
     with contextlib.ExitStack() as stack:
-        seen = stack.enter_context(redis_admissions(settings)) if settings.broker_name == "redis" else {}
+        seen = (
+            stack.enter_context(
+                redis_admissions(settings.redis_url, settings.redis_namespace, budget_jobs.WEIGHED.name + ":a")
+            )
+            if settings.broker_name == "redis"
+            else {}
+        )
         workers("budgeted", processes=2)
         # Half the jobs at once, the rest arriving one by one: fresh jobs ask at every moment of a window,
         # not only when the throttled ones come back.
@@ -136,7 +142,8 @@ def test_a_budget_admits_at_most_its_limit_plus_one_job_per_window_across_two_pr
         f"limit {budget_jobs.LIMIT}, max weight {MAX_WEIGHT}; by the jobs' own run times: "
         f"{worst_window(rows, budget_jobs.PER):g})"
     )
-    assert worst <= budget_jobs.LIMIT + MAX_WEIGHT, admitted
+    # The issue's bound is the limit plus one job's weight; weights within the limit keep the limit itself.
+    assert worst <= budget_jobs.LIMIT, admitted
     assert sum(a["weight"] for a in admitted) == sum(weights), "every admission was seen"
     # The load needs ~sum/LIMIT windows: most jobs were throttled, and none spent an attempt on it.
     span = rows[-1]["at"] - rows[0]["at"]
