@@ -23,6 +23,9 @@ BUDGET_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 #: Longest key value kept (a key taken from a payload is the caller's; a longer one is cut).
 MAX_KEY_CHARS = 200
 
+#: The longest window (s): the Postgres store prunes rows older than a day, whatever their key.
+MAX_PER = 24 * 3600.0
+
 #: Where a key or weight comes from: a payload field's name, or a function of the payload.
 FromPayload = str | Callable[[Any], Any]
 
@@ -46,8 +49,8 @@ class Budget:
     def __post_init__(self) -> None:
         if not BUDGET_NAME.match(self.name):
             raise ValueError(f"budget name {self.name!r} must match {BUDGET_NAME.pattern}")
-        if not self.limit > 0 or not self.per > 0:
-            raise ValueError(f"budget {self.name!r}: limit and per must be > 0")
+        if not self.limit > 0 or not 0 < self.per <= MAX_PER:
+            raise ValueError(f"budget {self.name!r}: limit must be > 0 and per within (0, {MAX_PER:g}] seconds")
 
     def key_of(self, payload: Any) -> str:
         """The budget's key for ``payload``: ``name`` alone, or ``name:<key value>``."""

@@ -35,6 +35,9 @@ class MemoryBudgets(BudgetStore):
         log = self._logs[take.key]
         while log and log[0][0] <= now - take.per:
             log.popleft()
+        if not log:
+            del self._logs[take.key]  # a key no job asks for again holds nothing
+            return 0.0
         total = sum(w for _, w in log)
         if admits(total, take.weight, take.limit):
             return 0.0

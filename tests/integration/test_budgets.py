@@ -21,9 +21,10 @@ import pytest
 import redis
 
 from conveyor.app import App
+from conveyor.middleware.metrics import find_metrics
 from tests.support import budget_jobs
 from tests.support.brokers import SERVER_BROKERS
-from tests.support.harness import make_settings
+from tests.support.harness import make_settings, running
 from tests.support.waiting import wait_for
 
 #: Jobs in the load test, and their weights' range.
@@ -171,3 +172,27 @@ def test_a_spend_reported_after_the_call_delays_the_next_job(app: App, settings,
     assert second["at"] - first["spent_at"] >= budget_jobs.REPORTED_PER * 0.9, rows
     (unrelated,) = runs(database_url, other)
     assert unrelated["deferrals"] == 0 and unrelated["at"] < second["at"]
+
+
+def test_throttled_jobs_are_counted_per_budget_and_complete_on_the_inline_broker(clean_env, database_url):
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(budget_jobs.TABLE)
+    app = App(make_settings("inline", None, database_url, imports="tests.support.budget_jobs"))
+    try:
+        token = "inline"
+        with running(app, "budgeted"):
+            app.jobs.enqueue(
+                "test.budget.reported",
+                {"token": token, "tenant": "d", "weight": 0, "spend": budget_jobs.REPORTED_LIMIT},
+            )
+            wait_for(lambda: (r := runs(database_url, token)) and r[0]["spent_at"], timeout=30)
+            second = app.jobs.enqueue("test.budget.reported", {"token": token, "tenant": "d", "weight": 0})
+            wait_for(lambda: len(runs(database_url, token)) == 2, timeout=30)
+        assert app.jobs.get(second.id).state == "completed"
+        metrics = find_metrics(app.broker)
+        labels = {"budget": "test-reported", "queue": "budgeted", "job": "test.budget.reported"}
+        assert metrics.registry.get_sample_value("conveyor_budget_throttled_total", labels) >= 1
+        waited = metrics.registry.get_sample_value("conveyor_budget_wait_seconds_total", labels)
+        assert waited >= budget_jobs.REPORTED_PER * 0.5
+    finally:
+        app.close()

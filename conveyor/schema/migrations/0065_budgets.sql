@@ -13,6 +13,9 @@ CREATE TABLE conveyor_budget_entries (
     weight  DOUBLE PRECISION NOT NULL CHECK (weight > 0)
 );
 CREATE INDEX conveyor_budget_entries_key_at ON conveyor_budget_entries (key, at);
+-- Keys no job asks for again (a user gone quiet) are pruned by age, a batch per admission; no
+-- budget's window is longer than a day (conveyor/budgets/base.py MAX_PER).
+CREATE INDEX conveyor_budget_entries_at ON conveyor_budget_entries (at);
 
 -- Admit all of the given budgets or none, in one statement: returns the seconds each budget needs
 -- before it would admit, all 0 when the weights were recorded. ``force``: record without checking
@@ -56,6 +59,9 @@ BEGIN
         END IF;
         waits := waits || wait;
     END LOOP;
+    DELETE FROM conveyor_budget_entries b WHERE b.id IN (
+        SELECT o.id FROM conveyor_budget_entries o WHERE o.at < t - interval '1 day' LIMIT 100
+    );
     IF NOT refused THEN
         INSERT INTO conveyor_budget_entries (key, at, weight)
         SELECT keys[g.idx], t, weights[g.idx] FROM generate_series(1, n) AS g(idx) WHERE weights[g.idx] > 0;
