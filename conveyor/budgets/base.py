@@ -36,7 +36,7 @@ class Budget:
 
     ``key``: a payload field's name or a function of the payload (``lambda p: p.provider_key``);
     None: one budget for every job that declares it. ``weight``: a field's name, a function,
-    or None for 1 per job (a request count). A weight of 0 admits a job while the window is
+    a number, or None for 1 per job (a request count). A weight of 0 admits a job while the window is
     not full; the job then reports what it used with ``ctx.spend(name, amount)``.
     """
 
@@ -44,7 +44,7 @@ class Budget:
     limit: float
     per: float = 60.0
     key: FromPayload | None = None
-    weight: FromPayload | None = None
+    weight: FromPayload | float | None = None
 
     def __post_init__(self) -> None:
         if not BUDGET_NAME.match(self.name):
@@ -63,7 +63,8 @@ class Budget:
         """What admitting ``payload``'s job takes from the budget (>= 0)."""
         if self.weight is None:
             return 1.0
-        value = float(_read(self.weight, payload) or 0)
+        raw = self.weight if isinstance(self.weight, (int, float)) else _read(self.weight, payload)
+        value = float(raw or 0)
         if value < 0 or value != value:
             raise ValueError(f"budget {self.name!r}: weight must be a number >= 0")
         return value

@@ -26,7 +26,7 @@ jobs = Jobs()
 BUDGETED = Queue("budgeted", concurrency=4, max_attempts=1, min_backoff=0.05, max_backoff=0.2)
 
 WEIGHED = Budget("test-weight", limit=LIMIT, per=PER, key="tenant", weight="weight")
-REPORTED = Budget("test-reported", limit=REPORTED_LIMIT, per=REPORTED_PER, key=lambda p: p.tenant, weight=lambda p: 0)
+REPORTED = Budget("test-reported", limit=REPORTED_LIMIT, per=REPORTED_PER, key=lambda p: p.tenant, weight=0)
 
 TABLE = """CREATE TABLE IF NOT EXISTS budget_runs (
     id SERIAL PRIMARY KEY, token TEXT NOT NULL, job_id TEXT NOT NULL, weight INTEGER NOT NULL,

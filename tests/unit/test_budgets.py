@@ -22,6 +22,7 @@ def test_a_budget_reads_its_key_and_weight_from_a_field_or_a_function():
     assert by_field.weight_of(call) == by_function.weight_of(call) == 700
     requests = Budget("provider-requests", limit=500)
     assert requests.key_of(call) == "provider-requests" and requests.weight_of(call) == 1
+    assert Budget("report-only", limit=10, weight=0).weight_of(call) == 0
 
 
 @pytest.mark.parametrize(
