@@ -196,3 +196,39 @@ def test_throttled_jobs_are_counted_per_budget_and_complete_on_the_inline_broker
         assert waited >= budget_jobs.REPORTED_PER * 0.5
     finally:
         app.close()
+
+
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
+def test_the_platforms_provider_rate_limit_is_a_budget_that_delays_the_next_extraction(
+    clean_env, broker, request, database_url
+):
+    from tests.support.platform_support import completed_round
+    from tests.support.platform_support import workers as platform_workers
+
+    redis_url = request.getfixturevalue("redis_url") if broker == "redis" else None
+    app = App(
+        make_settings(broker, redis_url, database_url, provider_rate_limit=1, provider_rate_window=1.5, platform=True)
+    )
+    try:
+        refs = []
+        for n in range(2):
+            message_id = completed_round(
+                app, task_id=f"t{n}", user_id="erin", question=f"question {n}", answer="an answer"
+            )
+            refs.append(
+                app.jobs.enqueue("memory.extraction", {"user_id": "erin", "task_id": f"t{n}", "message_id": message_id})
+            )
+        with platform_workers(app, queues=("llm",)):
+            wait_for(
+                lambda: all(app.broker.get_job(r.id).state == "completed" for r in refs),
+                timeout=60,
+                message="both extractions to complete",
+            )
+        with app.pool.connection() as conn:
+            (gap,) = conn.execute(
+                "SELECT extract(epoch FROM max(started_at) - min(started_at))::float8 FROM memory_extractions"
+            ).fetchone()
+        assert gap >= 1.5 * 0.9, "one provider request per window: the second extraction waited for the first"
+        assert app.broker.queue_counts("llm").failed_total == 0
+    finally:
+        app.close()
