@@ -75,3 +75,23 @@ def test_the_memory_store_admits_all_or_none_and_says_how_long_to_wait():
     assert store.take([Take("a", 10, 60, 4)]) == [0], "a's refused part was not recorded"
     store.spend(Take("a", 10, 60, 5))
     assert store.take([Take("a", 10, 60, 0)])[0] > 0, "spent after the fact: the next job waits"
+
+
+def test_the_environment_overrides_a_budgets_limit_and_window_by_name():
+    from conveyor.app import App
+    from conveyor.errors import ConfigurationError
+    from conveyor.settings import Settings
+
+    jobs = Jobs()
+    llm = Queue("llm", budgets=[Budget("provider-requests", limit=500)])
+
+    @jobs.job("call", queue=llm, payload=Call, budgets=[Budget("provider-tokens", limit=90_000, weight="max_tokens")])
+    def call(payload: Call, ctx) -> None: ...
+
+    settings = Settings(broker="inline", budgets={"PROVIDER_TOKENS": {"limit": 1000, "per": 30}})
+    app = App(settings, jobs=[jobs])
+    (requests, tokens) = app.job_types["call"].all_budgets(app.queues["llm"])
+    assert (requests.limit, requests.per) == (500, 60)
+    assert (tokens.limit, tokens.per, tokens.weight) == (1000, 30, "max_tokens")
+    with pytest.raises(ConfigurationError, match="unknown budget"):
+        App(Settings(broker="inline", budgets={"nope": {"limit": 1}}), jobs=[jobs])
