@@ -30,6 +30,7 @@ from conveyor.version import __version__
 if TYPE_CHECKING:
     from conveyor.app import App
     from conveyor.blueprints import Enqueued, JobHandle, Jobs, Queue
+    from conveyor.budgets.base import Budget
     from conveyor.errors import PermanentError, RetryLater
     from conveyor.tasks.context import JobContext
     from conveyor.tasks.payloads import Payload
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 #: other commands that never build an App don't pay for Dramatiq, the brokers and the middleware.
 _PUBLIC = {
     "App": "conveyor.app",
+    "Budget": "conveyor.budgets.base",
     "Enqueued": "conveyor.blueprints",
     "JobHandle": "conveyor.blueprints",
     "Jobs": "conveyor.blueprints",
@@ -63,6 +65,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "App",
+    "Budget",
     "Enqueued",
     "JobContext",
     "JobHandle",

@@ -16,7 +16,7 @@ from conveyor.logs import log_event
 from conveyor.settings import Settings, get_settings
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.jobqueue import JobQueue, validate_payload
-from conveyor.tasks.queues import queue_specs
+from conveyor.tasks.queues import queue_specs, with_budget_overrides
 
 if TYPE_CHECKING:
     from dramatiq import Middleware
@@ -59,8 +59,9 @@ class App:
                 check(self.settings)
             except ValueError as exc:
                 raise ConfigurationError(str(exc)) from None
-        self.job_types: dict[str, JobType] = composed.job_types
-        self.queues = queue_specs(self.settings, composed.queues)
+        self.queues, self.job_types = with_budget_overrides(
+            self.settings, queue_specs(self.settings, composed.queues), composed.job_types
+        )
         #: Cron schedules declared in code (``jobs.schedule(...)``), fired by ``conveyor scheduler``.
         self.schedules: dict[str, Schedule] = composed.schedules
         for spec in self.schedules.values():

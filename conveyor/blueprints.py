@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, cas
 
 from pydantic import BaseModel
 
+from conveyor.budgets.base import Budget
 from conveyor.errors import ConfigurationError, ConveyorError
 
 if TYPE_CHECKING:
@@ -61,12 +62,22 @@ class Queue:
     max_backoff: float = 60.0
     time_limit: float = 10 * 60
     why: str = ""
+    #: Budgets every job of the queue takes from (``conveyor.budgets``), besides its job type's own.
+    budgets: tuple[Budget, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "budgets", tuple(self.budgets))
+        _check_budgets(f"queue {self.name!r}", self.budgets)
         if not QUEUE_NAME.match(self.name):
             raise ValueError(f"queue name {self.name!r} must match {QUEUE_NAME.pattern}")
         if self.concurrency < 1 or self.max_attempts < 1 or self.time_limit <= 0:
             raise ValueError(f"queue {self.name!r}: concurrency and max_attempts must be >= 1, time_limit > 0")
+
+
+def _check_budgets(owner: str, budgets: tuple[Budget, ...]) -> None:
+    names = [b.name for b in budgets]
+    if any(not isinstance(b, Budget) for b in budgets) or len(set(names)) != len(names):
+        raise ValueError(f"{owner}: budgets must be Budget values with distinct names")
 
 
 Processor = Callable[[Any, "JobContext"], Any]
@@ -85,7 +96,8 @@ class JobType:
     """One kind of job. ``time_limit`` and ``max_attempts`` override the queue's when set.
 
     ``store_result``: the processor's JSON return value is kept for ``CONVEYOR_RESULT_TTL``
-    seconds, for :meth:`JobHandle.result` to read.
+    seconds, for :meth:`JobHandle.result` to read. ``budgets``: rate limits kept fleet-wide
+    that each start of the job takes from before its body runs (``conveyor.budgets``).
     """
 
     name: str
@@ -97,6 +109,12 @@ class JobType:
     max_attempts: int | None = None
     module: str = ""
     store_result: bool = False
+    budgets: tuple[Budget, ...] = ()
+
+    def all_budgets(self, queue: Queue | None) -> tuple[Budget, ...]:
+        """The queue's budgets, then the job type's own (a name in both: the job type's wins)."""
+        own = {b.name for b in self.budgets}
+        return (*(b for b in (queue.budgets if queue else ()) if b.name not in own), *self.budgets)
 
     def attempts(self, queue: Queue | None) -> int:
         """How many starts this job gets: its own ``max_attempts``, else its queue's, else the default."""
@@ -158,6 +176,7 @@ class Jobs:
         time_limit: float | None = None,
         max_attempts: int | None = None,
         store_result: bool = False,
+        budgets: Iterable[Budget] = (),
     ) -> Callable[[Callable[[P, JobContext], R]], JobHandle[P, R]]:
         """Register the decorated function as the processor of job ``name`` on ``queue``; returns its handle.
 
@@ -170,6 +189,8 @@ class Jobs:
             spec = None
         else:
             raise ValueError(f"job {name!r}: queue must be a Queue or a queue name")
+        own_budgets = tuple(budgets)
+        _check_budgets(f"job {name!r}", own_budgets)
 
         def register(fn: Callable[[P, JobContext], R]) -> JobHandle[P, R]:
             previous = self.job_types.get(name)
@@ -185,6 +206,7 @@ class Jobs:
                 max_attempts,
                 getattr(fn, "__module__", ""),
                 store_result,
+                own_budgets,
             )
             return JobHandle(self, name, fn)
 

@@ -128,6 +128,14 @@ class RetryLater(ConveyorError):
         self.delay = delay
 
 
+class BudgetThrottled(RetryLater):
+    """A job's budget (``conveyor.budgets``) has no room for it now: it runs again once the window has."""
+
+
+class BudgetUnknown(PermanentError):
+    """``ctx.spend`` named a budget its job does not have (a mistake in the job's code)."""
+
+
 class EffectError(ConveyorError):
     """A job's own effect could not be fenced or guarded as asked (``ctx.check_fence``, ``ctx.once``,
     ``ctx.transaction``). Not a :class:`JobError`: a stale delivery that raises one has not failed, another

@@ -46,6 +46,13 @@ class QueueOverride(BaseModel):
     time_limit: float | None = Field(None, gt=0)
 
 
+class BudgetOverride(BaseModel):
+    """Environment overrides for one budget (``conveyor.budgets``); unset fields keep the code's value."""
+
+    limit: float | None = Field(None, gt=0)
+    per: float | None = Field(None, gt=0, le=24 * 3600)
+
+
 class Settings(BaseSettings):
     """conveyor's configuration. ``conveyor --help`` lists every variable."""
 
@@ -344,6 +351,11 @@ class Settings(BaseSettings):
     queues: dict[str, QueueOverride] = Field(
         default_factory=dict,
         description="Per-queue overrides: CONVEYOR_QUEUES__<QUEUE>__<FIELD>.",
+    )
+    budgets: dict[str, BudgetOverride] = Field(
+        default_factory=dict,
+        description="Per-budget overrides: CONVEYOR_BUDGETS__<NAME>__LIMIT / __PER (the budget's name, any case, "
+        "dashes and dots as underscores).",
     )
     # -- redis broker client ------------------------------------------------------
     redis_socket_timeout: float = Field(

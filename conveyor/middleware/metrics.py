@@ -145,6 +145,18 @@ class Metrics(ConveyorMiddleware):
             (*_LABELS, "outcome"),
             registry=r,
         )
+        self.budget_throttled_jobs = Counter(
+            "conveyor_budget_throttled",
+            "Starts a budget had no room for (the job waits, RetryLater), per refusing budget.",
+            ("budget", *_LABELS),
+            registry=r,
+        )
+        self.budget_wait_seconds = Counter(
+            "conveyor_budget_wait_seconds",
+            "Seconds throttled jobs were told to wait by their budgets, per refusing budget.",
+            ("budget", *_LABELS),
+            registry=r,
+        )
         # Start times of running messages, by proxy identity (one proxy per delivery).
         self._running: dict[int, float] = {}
         self._booted: dict[int, list[tuple[str, int]]] = {}
@@ -227,6 +239,10 @@ class Metrics(ConveyorMiddleware):
 
     def webhook_lost(self, queue: str, job: str, reason: str) -> None:
         self.webhook_failures.labels(queue, job, reason).inc()
+
+    def budget_throttled(self, budget: str, queue: str, job: str, delay: float) -> None:
+        self.budget_throttled_jobs.labels(budget, queue, job).inc()
+        self.budget_wait_seconds.labels(budget, queue, job).inc(delay)
 
     def ledger_consumption(self, queue: str, job: str, applied: bool) -> None:
         self.ledger_consumptions.labels(queue, job, "applied" if applied else "duplicate").inc()

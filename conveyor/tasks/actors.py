@@ -10,6 +10,7 @@ from dramatiq.middleware import CurrentMessage
 from pydantic import ValidationError
 
 from conveyor.blueprints import JobType
+from conveyor.budgets import admit
 from conveyor.errors import MalformedMessage
 from conveyor.results import store_result
 from conveyor.tasks import aio
@@ -67,7 +68,10 @@ def _runner(job_type: JobType, app: "App") -> Callable[..., None]:
             app=app,
             delivery=app.broker.delivery(message) if message else None,
             message=message,
+            payload=payload,
         )
+        # Before the body: a job its budgets have no room for waits (RetryLater), having done nothing.
+        admit(ctx, payload, ctx.budgets)
         if aio.is_async(job_type.run):
             # On the App's event loop; this thread waits, and a time limit raised in it cancels the coroutine.
             value = aio.run_async(app, job_type.run(payload, ctx))

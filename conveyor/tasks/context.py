@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from conveyor.budgets.base import Budget
 from conveyor.errors import DeliveryFenced, NoDelivery, TransactionalCompletionUnsupported
 from conveyor.tasks import steps
 
@@ -70,11 +71,31 @@ class JobContext:
     delivery: int | None = None
     #: The delivered message (the broker's handle on this delivery); None outside a delivery.
     message: AnyMessage | None = field(default=None, repr=False, compare=False)
+    #: The job's payload (its model); None outside a delivery.
+    payload: Any = field(default=None, repr=False, compare=False)
     _fence: _FenceState = field(default_factory=_FenceState, repr=False, compare=False)
 
     @property
     def last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
+
+    # -- budgets ---------------------------------------------------------------------
+
+    @property
+    def budgets(self) -> tuple[Budget, ...]:
+        """The budgets this job takes from: its queue's and its own (``conveyor.budgets``)."""
+        job_type = self.app.job_types.get(self.job)
+        return job_type.all_budgets(self.app.queues.get(self.queue)) if job_type else ()
+
+    def spend(self, budget: str, amount: float) -> None:
+        """Record ``amount`` of ``budget`` as used now (the tokens a call used, known after it).
+
+        The weight counts in the budget's window from now on, under this job's key, so the
+        jobs that follow wait for it; it is added to whatever the job's admission took.
+        """
+        from conveyor.budgets import spend
+
+        spend(self, self.payload, self.budgets, budget, amount)
 
     # -- exactly-once effects ------------------------------------------------------
 

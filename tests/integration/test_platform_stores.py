@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from conveyor.app import App
+from conveyor.budgets import Take, budget_store
 from conveyor.platform.limits import build_limits
 from conveyor.platform.streams import build_buffer
 from conveyor.settings import Settings
@@ -108,13 +109,14 @@ def test_semaphore_holds_under_contention_from_many_threads(app):
     assert 1 <= peak[0] <= 3
 
 
-def test_rate_limit_refuses_hits_past_the_limit_with_the_wait(app):
-    rate = build_limits(app).rate
-    assert [rate.hit("provider", 3, 600) for _ in range(3)] == [0.0, 0.0, 0.0]
+def test_the_provider_budget_refuses_requests_past_the_limit_with_the_wait(app):
+    store = budget_store(app)  # the llm queue's provider rate limit is a library budget on the broker's store
+    one = Take("provider-requests", 3, 600, 1)
+    assert [store.take([one]) for _ in range(3)] == [[0.0], [0.0], [0.0]]
 
-    wait = rate.hit("provider", 3, 600)
+    (wait,) = store.take([one])
     assert 0 < wait <= 600
-    assert rate.hit("another", 3, 600) == 0.0
+    assert store.take([Take("another", 3, 600, 1)]) == [0.0]
 
 
 def test_a_postgres_slot_is_freed_when_its_holder_process_dies(database_url):

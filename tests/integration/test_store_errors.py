@@ -19,6 +19,7 @@ import redis
 
 from conveyor.app import App
 from conveyor.brokers.fleet import fleet_store
+from conveyor.budgets import Take, budget_store
 from conveyor.db import connect
 from conveyor.errors import BrokerUnreachable, DatabaseRefused, DatabaseUnavailable, StoreUnavailable
 from conveyor.platform import records
@@ -136,13 +137,13 @@ def test_redis_stores_raise_store_unavailable_when_redis_is_killed(make_app, red
     app = make_app()
     buffer, limits, fleet = buffer_for(app), limits_for(app), fleet_store(app)
     assert buffer.append("run_1", 1, "hello")  # all three work while Redis runs
-    assert limits.rate.hit("provider", 10, 60) == 0.0
+    assert budget_store(app).take([Take("provider-requests", 10, 60, 1)]) == [0.0]
     fleet.workers()
     redis_down()
     calls: list[Callable[[], object]] = [
         lambda: buffer.append("run_1", 2, "world"),
         lambda: buffer.read("run_1"),
-        lambda: limits.rate.hit("provider", 10, 60),
+        lambda: budget_store(app).take([Take("provider-requests", 10, 60, 1)]),
         lambda: limits.semaphore.try_acquire("llm", 2),
         fleet.workers,
         lambda: fleet.attempts("job_1"),

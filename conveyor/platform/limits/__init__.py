@@ -1,11 +1,10 @@
-"""Fleet-wide limits over the broker's own store: a counting semaphore and a request rate limit.
+"""Fleet-wide concurrency over the broker's own store: a counting semaphore.
 
-* :class:`Semaphore` — at most N holders across every worker process on
-  every host (the llm queue's global concurrency).
-* :class:`RateLimit` — at most N hits per fixed window (a provider's
-  requests per minute).
+:class:`Semaphore` — at most N holders across every worker process on
+every host (the llm queue's global concurrency). Rate limits (a provider's
+requests per minute) are the library's budgets (``conveyor.budgets``).
 
-Both answer at once and never wait: a job that gets no slot or no hit
+It answers at once and never waits: a job that gets no slot
 raises :class:`~conveyor.errors.RetryLater`, which re-runs it later
 without spending an attempt. One module per store, picked by the broker:
 Redis (``redis.py``), Postgres advisory locks and a counter table
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.appcache import per_app
 from conveyor.errors import ConfigurationError
-from conveyor.platform.limits.base import Limits, RateLimit, Semaphore, Slot  # noqa: F401  (the interface, importable from the package)
+from conveyor.platform.limits.base import Limits, Semaphore, Slot  # noqa: F401  (the interface, importable from the package)
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -39,7 +38,7 @@ def build_limits(app: "App") -> Limits:
             client(settings.redis_url, settings), namespace=settings.redis_namespace, lease=settings.llm_slot_lease
         )
     if store == "postgres":
-        from conveyor.platform.limits.postgres import PostgresRateLimit, PostgresSemaphore
+        from conveyor.platform.limits.postgres import PostgresSemaphore
 
         sessions = app.pool
         if settings.database_pooled:
@@ -53,10 +52,10 @@ def build_limits(app: "App") -> Limits:
             from conveyor.db import open_pool
 
             sessions = open_pool(settings.listen_database_url, max_size=8, name="conveyor-limits")
-        return Limits(PostgresSemaphore(sessions), PostgresRateLimit(app.pool))
-    from conveyor.platform.limits.local import LocalRateLimit, LocalSemaphore
+        return Limits(PostgresSemaphore(sessions))
+    from conveyor.platform.limits.local import LocalSemaphore
 
-    return Limits(LocalSemaphore(), LocalRateLimit())
+    return Limits(LocalSemaphore())
 
 
 limits_for = per_app(build_limits)

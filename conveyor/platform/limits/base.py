@@ -1,4 +1,4 @@
-"""The limits interface: a fleet-wide semaphore and a rate limit (see the package's docstring)."""
+"""The limits interface: a fleet-wide semaphore (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -39,20 +39,11 @@ class Semaphore(ABC):
                 slot.release()
 
 
-class RateLimit(ABC):
-    """At most ``limit`` hits of ``name`` per ``window`` seconds (fixed windows)."""
-
-    @abstractmethod
-    def hit(self, name: str, limit: int, window: float) -> float:
-        """Count one hit; 0.0 if allowed, else the seconds until the window ends (the hit is refused)."""
-
-
 class Limits:
-    """The semaphore and rate limit of one store."""
+    """The semaphore of one store."""
 
-    def __init__(self, semaphore: Semaphore, rate: RateLimit) -> None:
+    def __init__(self, semaphore: Semaphore) -> None:
         self.semaphore = semaphore
-        self.rate = rate
 
     def close(self) -> None:
         """Release connections of their own (the Redis ones)."""

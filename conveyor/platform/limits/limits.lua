@@ -1,5 +1,4 @@
--- Fleet-wide limits. KEYS[1]: the semaphore's sorted set, or the rate limit's key prefix.
--- ARGV[1]: command; ARGV[2]: lease (semaphore) or window (rate limit) in ms.
+-- A fleet-wide semaphore. KEYS[1]: its sorted set. ARGV[1]: command; ARGV[2]: lease in ms.
 local key, command, span = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local t = redis.call("time")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -29,20 +28,6 @@ elseif command == "renew" then
 elseif command == "release" then
     redis.call("zrem", key, ARGV[3])
     return 1
-
--- hit(limit) -> 0 when allowed, else ms until the window ends (the hit is refused).
-elseif command == "hit" then
-    local limit = tonumber(ARGV[3])
-    local index = math.floor(now / span)
-    local counter = key .. ":" .. index
-    local hits = redis.call("incr", counter)
-    if hits == 1 then
-        redis.call("pexpire", counter, span * 2)
-    end
-    if hits > limit then
-        return (index + 1) * span - now
-    end
-    return 0
 end
 
 return redis.error_reply("unknown command " .. command)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import threading
-import time
 from collections import defaultdict
 
-from conveyor.platform.limits.base import RateLimit, Semaphore, Slot
+from conveyor.platform.limits.base import Semaphore, Slot
 
 
 class _LocalSlot(Slot):
@@ -34,24 +32,3 @@ class LocalSemaphore(Semaphore):
                 return None
             self._held[name] += 1
             return _LocalSlot(self, name)
-
-
-class LocalRateLimit(RateLimit):
-    """Fixed windows counted in memory."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._windows: dict[str, tuple[int, int]] = {}
-
-    def hit(self, name: str, limit: int, window: float) -> float:
-        now = time.time()
-        index = math.floor(now / window)
-        with self._lock:
-            current, hits = self._windows.get(name, (index, 0))
-            if current != index:
-                hits = 0
-            if hits >= limit:
-                self._windows[name] = (index, hits)
-                return (index + 1) * window - now
-            self._windows[name] = (index, hits + 1)
-            return 0.0

@@ -4,7 +4,6 @@ The semaphore is N advisory locks: a slot is ``pg_try_advisory_lock(name, i)``
 for some free ``i < N``, held by a connection kept out of the pool for the
 slot's lifetime. A worker that dies loses its session, and Postgres frees
 its slot at once: no lease to expire, nothing to clean up.
-The rate limit counts hits per fixed window in ``rate_windows``.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from conveyor.db import load_queries, wrap_errors
-from conveyor.platform.limits.base import RateLimit, Semaphore, Slot
+from conveyor.platform.limits.base import Semaphore, Slot
 
 if TYPE_CHECKING:
     from psycopg.rows import TupleRow
@@ -67,19 +66,3 @@ class PostgresSemaphore(Semaphore):
             self.pool.putconn(conn)
             return None
         return _AdvisorySlot(self.pool, conn, key, row[0])
-
-
-class PostgresRateLimit(RateLimit):
-    """Fixed-window counters in ``rate_windows``; old windows are pruned when a new one opens."""
-
-    def __init__(self, pool: ConnectionPool) -> None:
-        self.pool = pool
-
-    def hit(self, name: str, limit: int, window: float) -> float:
-        with self.pool.connection() as conn:
-            row = conn.execute(QUERIES["hit"], {"name": name, "window": window}).fetchone()
-            assert row is not None, "an upsert's RETURNING always has its row"
-            hits, remaining = row
-            if hits == 1:
-                conn.execute(QUERIES["prune"], {"name": name})
-        return 0.0 if hits <= limit else max(0.0, float(remaining))

@@ -4,7 +4,7 @@ The semaphore is a sorted set of holders scored by lease expiry; acquiring
 drops expired holders first, so a worker that died holding a slot frees it
 after ``CONVEYOR_LLM_SLOT_LEASE`` seconds. A live holder renews its lease
 from a background thread. Time is Redis's own (``TIME``), so hosts with
-skewed clocks agree. The rate limit is one counter per fixed window.
+skewed clocks agree.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 
 from conveyor.logs import log_event
-from conveyor.platform.limits.base import Limits, RateLimit, Semaphore, Slot
+from conveyor.platform.limits.base import Limits, Semaphore, Slot
 from conveyor.redis_client import wrap_errors
 
 _SCRIPT = (Path(__file__).with_name("limits.lua")).read_text()
@@ -78,25 +78,12 @@ class RedisSemaphore(Semaphore):
         return _LeasedSlot(self, key, holder)
 
 
-class RedisRateLimit(RateLimit):
-    """A counter per name and window, expiring after the window."""
-
-    def __init__(self, client: redis.Redis, namespace: str) -> None:
-        self.client, self.namespace = client, namespace
-        self._script = client.register_script(_SCRIPT)
-
-    @wrap_errors("counting a rate limit hit")
-    def hit(self, name: str, limit: int, window: float) -> float:
-        wait_ms = self._script(keys=[f"{self.namespace}:rate:{name}"], args=["hit", int(window * 1000), limit])
-        return int(wait_ms) / 1000
-
-
 class RedisLimits(Limits):
-    """Both limits on one Redis client (``conveyor.redis_client.client``: the settings' timeouts)."""
+    """The semaphore on its own Redis client (``conveyor.redis_client.client``: the settings' timeouts)."""
 
     def __init__(self, client: redis.Redis, *, namespace: str, lease: float) -> None:
         self.client = client
-        super().__init__(RedisSemaphore(self.client, namespace, lease), RedisRateLimit(self.client, namespace))
+        super().__init__(RedisSemaphore(self.client, namespace, lease))
 
     def close(self) -> None:
         self.client.close()

@@ -3,7 +3,8 @@
 Runs on the llm queue under two fleet-wide limits, both over the broker's
 own store: at most ``CONVEYOR_LLM_GLOBAL_CONCURRENCY`` extractions run at
 once across every worker, and the provider gets at most
-``CONVEYOR_PROVIDER_RATE_LIMIT`` requests per ``CONVEYOR_PROVIDER_RATE_WINDOW``.
+``CONVEYOR_PROVIDER_RATE_LIMIT`` requests per ``CONVEYOR_PROVIDER_RATE_WINDOW``
+(a library :class:`~conveyor.budgets.Budget`, a sliding window).
 A job that finds either exhausted is delayed (``RetryLater``): it does not
 fail and does not spend an attempt.
 
@@ -17,7 +18,8 @@ from __future__ import annotations
 import random
 import re
 
-from conveyor.errors import PermanentError, ProviderRateLimited, RecordNotFound, RetryLater
+from conveyor.budgets import Budget, admit
+from conveyor.errors import PermanentError, RecordNotFound, RetryLater
 from conveyor.logs import log_event
 from conveyor.platform import records
 from conveyor.platform.blueprint import jobs
@@ -30,6 +32,9 @@ from conveyor.tasks.faults import maybe_fail
 
 #: The semaphore every llm-queue job shares.
 LLM_SLOTS = "queue:llm"
+
+#: The budget of provider requests (CONVEYOR_PROVIDER_RATE_LIMIT per CONVEYOR_PROVIDER_RATE_WINDOW).
+PROVIDER_REQUESTS = "provider-requests"
 
 #: A job that found no free slot tries again after this many seconds (jittered up to 2x,
 #: so waiting jobs do not all come back at once). Extractions take seconds, not minutes.
@@ -52,9 +57,11 @@ def extract_memories(payload: MemoryExtraction, ctx: JobContext) -> None:
         if slot is None:
             raise RetryLater("every llm slot is taken fleet-wide", delay=SLOT_RETRY_DELAY * (1 + random.random()))
         if app.settings.provider_rate_limit:
-            wait = limits.rate.hit("provider", app.settings.provider_rate_limit, app.settings.provider_rate_window)
-            if wait:
-                raise ProviderRateLimited("the provider's request budget for this window is spent", delay=wait)
+            # Its limit is a setting, so the budget is built here rather than declared on the queue.
+            requests = Budget(
+                PROVIDER_REQUESTS, limit=app.settings.provider_rate_limit, per=app.settings.provider_rate_window
+            )
+            admit(ctx, payload, [requests])
         _extract(payload, ctx)
 
 
