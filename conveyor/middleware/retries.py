@@ -65,7 +65,21 @@ class Retries(ConveyorMiddleware):
         budget = self._max_attempts(broker, message) + message.options.get("deferrals", 0)
         if attempt > budget:
             error = WorkerLost(f"the worker died during each of the {attempt - 1} earlier attempts")
-            self._fail(broker, message, describe_error(error))
+            try:
+                self._fail(broker, message, describe_error(error))
+            except Exception as exc:
+                # Whatever the claim raised, the body must not run: raising it here would be swallowed
+                # by Dramatiq and the spent job would run again. The broker left the job unsettled
+                # (its claim says so), so it comes back and claims again.
+                log_event(
+                    "error",
+                    level="error",
+                    queue=message.queue_name,
+                    job=message.actor_name,
+                    job_id=message.message_id,
+                    attempt=attempt,
+                    error=f"final-failure claim failed: {type(exc).__name__}",
+                )
             raise SkipMessage(str(error))
 
     def after_process_message(
