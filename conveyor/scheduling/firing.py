@@ -93,10 +93,11 @@ class CronFirer:
     def __init__(self, app: App) -> None:
         self.app = app
         grace, ttl = app.settings.scheduler_misfire_grace, app.settings.dedup_ttl
-        if app.schedules and grace >= ttl:
+        if app.schedules and grace >= min(ttl, app.settings.retention):
+            # A key holds only while its job's record is kept (Redis frees a key whose record is gone).
             raise ConfigurationError(
-                "CONVEYOR_SCHEDULER_MISFIRE_GRACE must be shorter than CONVEYOR_DEDUP_TTL: "
-                "an occurrence's key must outlive the time it may still be fired"
+                "CONVEYOR_SCHEDULER_MISFIRE_GRACE must be shorter than CONVEYOR_DEDUP_TTL and "
+                "CONVEYOR_RETENTION: an occurrence's key must outlive the time it may still be fired"
             )
         self.crons = {name: Cron.parse(s.cron, s.tz) for name, s in app.schedules.items()}
         # Occurrences this firer has seen into the broker (enqueued, or found there): a later pass

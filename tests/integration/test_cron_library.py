@@ -85,3 +85,6 @@ def test_a_schedule_that_cannot_fire_fails_when_the_app_is_built(clean_env):
         Jobs().schedule("61 * * * *", "x", {})
     with pytest.raises(ConfigurationError, match="DEDUP_TTL"):
         CronFirer(App(settings.model_copy(update={"scheduler_misfire_grace": 10, "dedup_ttl": 5}), jobs=[jobs]))
+    # Nor past the records' retention: on Redis a key whose job record is gone is free again.
+    with pytest.raises(ConfigurationError, match="CONVEYOR_RETENTION"):
+        CronFirer(App(settings.model_copy(update={"scheduler_misfire_grace": 10, "retention": 5}), jobs=[jobs]))

@@ -8,7 +8,7 @@
 --   done_at   when, on the server's clock; rows are pruned with their job (the
 --             postgres broker's prune), or after the retention (other brokers)
 
-CREATE TABLE conveyor_job_steps (
+CREATE TABLE IF NOT EXISTS conveyor_job_steps (
     job_id    TEXT NOT NULL,
     step      TEXT NOT NULL CHECK (length(step) BETWEEN 1 AND 200),
     delivery  INTEGER,
@@ -19,4 +19,4 @@ CREATE TABLE conveyor_job_steps (
 -- Pruning by age, a batch at a time. BRIN: rows arrive in done_at order, and a
 -- BRIN entry costs the once-guard's insert next to nothing (a btree would be a
 -- second index write on every step).
-CREATE INDEX conveyor_job_steps_done_at ON conveyor_job_steps USING brin (done_at);
+CREATE INDEX IF NOT EXISTS conveyor_job_steps_done_at ON conveyor_job_steps USING brin (done_at);
