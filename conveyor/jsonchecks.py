@@ -7,6 +7,7 @@ which callers turn into the same "too deep" answer.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -54,7 +55,46 @@ _EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
+#: A ``\uD800``-``\uDFFF`` escape: half of a UTF-16 pair, which Postgres cannot store on its own.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def holds_lone_surrogate(value: Any) -> bool:
+    """Whether a parsed JSON value has a string or key that is not valid Unicode text (a lone surrogate)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def scan_json_bytes(body: bytes, max_depth: int, max_items: int) -> str | None:
+    """What is wrong with a JSON body's bytes (a NUL, a lone surrogate, too deep, too many values), else None.
+
+    A lone surrogate is judged by parsing, only for a body that holds a surrogate escape at all (rare in
+    real text), and only once the depth and value count are known to be within their caps.
+    """
+    verdict = _scan_structure(body, max_depth, max_items)
+    if verdict is None and _SURROGATE_ESCAPE.search(body):
+        try:
+            value = json.loads(body)
+        except (ValueError, RecursionError):
+            return None  # malformed: the route's to refuse
+        if holds_lone_surrogate(value):
+            return "lone UTF-16 surrogates are not allowed (text must be valid Unicode)"
+    return verdict
+
+
+def _scan_structure(body: bytes, max_depth: int, max_items: int) -> str | None:
     """What is wrong with a JSON body's bytes (a NUL, too deep, too many values), else None.
 
     Only these three are judged: malformed JSON passes, for the route to refuse. Whatever ``json.loads``

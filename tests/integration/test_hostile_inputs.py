@@ -157,6 +157,8 @@ def cases(api) -> list[tuple[str, str, str, dict]]:
             nested = "[" * 100_000 + "]" * 100_000
             deep_object = json.dumps(_deep({"content": MARK}, 200))
             out.append((f"{method} {path} body:nul", method, url, {"json": {f: f"{MARK}\x00x" for f in FIELDS}}))
+            surrogates = json.dumps({f: f"{MARK}\ud800x" for f in FIELDS})  # escaped: valid JSON, not storable
+            out.append((f"{method} {path} body:surrogate", method, url, {"content": surrogates, "json_ct": True}))
             out.append((f"{method} {path} body:deep-array", method, url, {"content": nested, "json_ct": True}))
             out.append((f"{method} {path} body:deep-object", method, url, {"content": deep_object, "json_ct": True}))
             out.append((f"{method} {path} body:oversize", method, url, {"json": {"content": MARK * (BODY_CAP // 7)}}))

@@ -52,3 +52,12 @@ def test_the_scan_agrees_with_a_parse_on_random_documents():
             else None
         )
         assert scan_json_bytes(body, 32, 10_000) == expected, body
+
+
+def test_a_lone_surrogate_is_refused_and_a_pair_is_not():
+    """Postgres cannot store half a UTF-16 pair: refused at the door (400), never a 500 at the insert."""
+    lone = rb'{"content": "hi \ud800 there"}'
+    assert scan_json_bytes(lone, 32, 1000) == "lone UTF-16 surrogates are not allowed (text must be valid Unicode)"
+    assert scan_json_bytes(rb'{"content": "\udc00"}', 32, 1000) is not None
+    assert scan_json_bytes(rb'{"content": "\ud83d\ude00"}', 32, 1000) is None  # a pair: one emoji
+    assert scan_json_bytes(rb'{"content": "\\ud800"}', 32, 1000) is None  # an escaped backslash, then text
