@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, cast
 from conveyor.appcache import Closeable
 from conveyor.backends import Backend, backend_for
 from conveyor.blueprints import DEFAULT, Jobs, JobType, Schedule, blueprints_in, compose
-from conveyor.errors import ConfigurationError, InvalidPayload
+from conveyor.errors import ConfigurationError, InvalidPayload, StoreUnavailable
 from conveyor.importing import import_job_module
 from conveyor.logs import log_event
 from conveyor.settings import Settings, get_settings
@@ -229,6 +229,11 @@ class App:
             )
             try:
                 job_type.on_final_failure(payload, error, ctx)
+            except StoreUnavailable as exc:
+                # Not finished, and a retry may well finish it: keep the job owned, so the hooks run again
+                # (a finalize delivery) instead of its nack marking them done with their effect lost.
+                broker.leave_unsettled(message, f"final-failure hook raised {type(exc).__name__}")
+                return
             except Exception as exc:
                 log_event(
                     "error",

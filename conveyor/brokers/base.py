@@ -218,6 +218,15 @@ class ConveyorBroker(Broker):
         """
         raise NotImplementedError
 
+    def leave_unsettled(self, message: AnyMessage, why: str) -> None:
+        """Write no outcome for this delivery: the job stays held and comes back (after a claimed final
+        failure, as a :data:`FINALIZE` delivery that runs the hooks again).
+
+        For a final-failure hook that could not finish (a store was away): its nack would mark the
+        hooks done. A broker that cannot hand a job back (inline) only says so.
+        """
+        log_delivery_error(message, f"final-failure hooks not finished and lost: {why}")
+
     # -- the fence of a job's own effects (JobContext: ctx.delivery, ctx.check_fence) --------
 
     def delivery(self, message: AnyMessage) -> int | None:

@@ -9,7 +9,7 @@ import pytest
 from dramatiq import Message
 
 from conveyor.app import App
-from tests.support.brokers import ALL_BROKERS
+from tests.support.brokers import ALL_BROKERS, SERVER_BROKERS
 from tests.support.harness import make_settings, peak_concurrency, probe_dead, probe_runs, running
 from tests.support.waiting import wait_for
 
@@ -60,6 +60,24 @@ def test_spent_attempts_fail_the_job_and_run_its_hook_once(app, database_url):
     assert [(d["job_id"], d["token"]) for d in dead] == [(ref.id, "doomed")]
     counts = app.broker.queue_counts("nudge")
     assert (counts.failed, counts.failed_total) == (1, 1)
+
+
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
+def test_a_hook_that_finds_a_store_away_runs_again_and_completes_once(broker, clean_env, redis_url, database_url):
+    """A final-failure hook that raised StoreUnavailable did not finish: the job stays owned and its hooks run
+    again (a finalize delivery), instead of the job ending failed with its hook's effect lost."""
+    app = App(make_settings(broker, redis_url, database_url))
+    try:
+        with running(app, "nudge"):
+            ref = app.jobs.enqueue("test.probe.nudge", {"token": "hookblip", "permanent": True, "hook_blips": 1})
+            wait_for(lambda: probe_dead(database_url), timeout=60, message="the hook to complete after its blip")
+            record = wait_for(lambda: finished(app, ref.id), message="the job to end failed")
+        assert record.state == "failed"
+        assert len(probe_runs(database_url, "blip:hookblip")) == 2, "the hook ran once more after the blip"
+        assert [d["job_id"] for d in probe_dead(database_url)] == [ref.id]
+        assert len(probe_runs(database_url, "hookblip")) == 1, "the body never ran again"
+    finally:
+        app.close()
 
 
 def test_permanent_error_fails_at_once_without_retry(app, database_url):

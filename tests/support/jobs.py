@@ -19,7 +19,7 @@ import psycopg
 
 from conveyor.blueprints import Jobs
 from conveyor.brokers.postgres.jobs import storable
-from conveyor.errors import DeliveryFenced, PermanentError
+from conveyor.errors import DatabaseUnavailable, DeliveryFenced, PermanentError
 from conveyor.ledger import credits
 from conveyor.platform.payloads import CreditConsume
 from conveyor.platform.queues import CRITICAL, QUEUES
@@ -39,6 +39,8 @@ class Probe(Payload):
     api_key: str | None = None
     #: Seconds the final-failure hook takes; its runs are recorded in probe_runs as "hook:<token>".
     hook_sleep: float = 0
+    #: The hook's first N runs find the database away (DatabaseUnavailable), recorded as "blip:<token>".
+    hook_blips: int = 0
 
     secret_fields = frozenset({"api_key"})
 
@@ -59,6 +61,12 @@ def probe(payload: Probe, ctx) -> None:
 
 
 def probe_dead(payload: Probe | None, error: str, ctx) -> None:
+    if payload is not None and payload.hook_blips:
+        with ctx.app.pool.connection() as conn:
+            conn.execute(INSERT_RUN, (f"blip:{payload.token}", ctx.job_id, ctx.attempt, os.getpid()))
+            runs = conn.execute("SELECT count(*) FROM probe_runs WHERE token = %s", (f"blip:{payload.token}",))
+            if runs.fetchone()[0] <= payload.hook_blips:
+                raise DatabaseUnavailable("Postgres is unavailable (injected for the test)")
     if payload is not None and payload.hook_sleep:
         with ctx.app.pool.connection() as conn:
             run_id = conn.execute(

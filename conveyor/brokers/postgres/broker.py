@@ -322,6 +322,10 @@ class PostgresBroker(ConveyorBroker, Broker):
     def _proven(self, message: Any, timeout: float) -> bool:
         return self.proofs.wait(message.options.get("pg_proof", PROVEN), timeout) is True
 
+    def leave_unsettled(self, message: AnyMessage, why: str) -> None:
+        if message.options.get("pg_delivery") is not None and not message.options.get(ABANDON):
+            self._abandon(message, why)
+
     def _abandon(self, message: Any, why: str) -> None:
         """Write nothing more for this delivery: the row stays held and the orphan pass hands it out again."""
         message.options[ABANDON] = True

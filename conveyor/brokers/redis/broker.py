@@ -464,6 +464,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             self._refused("final-failure claim", q_name(message.queue_name), message.message_id)
         return claimed == 1
 
+    def leave_unsettled(self, message: AnyMessage, why: str) -> None:
+        """Its nack hands the job back (as after a claim that could not be written); fetch makes the next
+        delivery a finalize one when the final failure was claimed."""
+        message.options["redis_unsettled"] = True
+        log_delivery_error(message, f"job handed back unsettled: {why}", attempt=message.options.get("attempt"))
+
     def hand_back_unknown(self, name: str, rid: str, delivery: int, message: Message[Any], data: bytes) -> None:
         """A fetched job of a type this process does not know: to the delay queue, unattempted (the
         ``retry`` script), marked on its record. Not written: the release pass hands it back."""
