@@ -188,6 +188,12 @@ def find_run_by_user_message(conn: Connection[Any], user_message_id: str) -> str
     return row[0] if row else None
 
 
+def stranded_runs(conn: Connection[Any], *, older_than: float, limit: int) -> list[tuple[str, str, str]]:
+    """(run id, task id, job) of runs queued for longer than ``older_than`` seconds, oldest first."""
+    rows = conn.execute(QUERIES["stranded_runs"], {"older_than": older_than, "limit": limit}).fetchall()
+    return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
 def start_run(conn: Connection[Any], run_id: str) -> int | None:
     """Count an attempt and mark the run running; None when it has already ended."""
     row = conn.execute(QUERIES["start_run"], {"id": run_id}).fetchone()

@@ -157,3 +157,10 @@ SELECT r.id, r.task_id, r.job, r.user_message_id, r.assistant_message_id, r.stat
        r.created_at, r.started_at, r.finished_at, r.finalized_at
 FROM runs r JOIN tasks t ON t.id = r.task_id
 WHERE r.id = %(id)s AND t.user_id = %(user_id)s
+
+-- name: stranded_runs
+-- Runs still queued well after they were created: their enqueue may never have happened (the process
+-- died between the run's commit and its enqueue, or the enqueue's outcome was unknown). Oldest first.
+SELECT id, task_id, job FROM runs
+WHERE status = 'queued' AND created_at < now() - make_interval(secs => %(older_than)s)
+ORDER BY created_at LIMIT %(limit)s

@@ -84,3 +84,28 @@ def start_round(
             records.fail_run(conn, run_id, f"could not be enqueued: {exc}")
             raise
     return StartedRound(run_id, task_id, message_id, run.assistant_message_id, ref.id, created)
+
+
+#: Seconds a run may stay queued before the scheduler enqueues its job again (keyed: a job that is there
+#: already is not doubled). Longer than any enqueue's retries; a run waiting behind a backlog costs one
+#: deduplicated enqueue per pass.
+STRANDED_AFTER = 120
+
+#: Most stranded runs one pass looks at.
+STRANDED_BATCH = 100
+
+
+def requeue_stranded_runs(app: "App", *, older_than: float = STRANDED_AFTER) -> int:
+    """Enqueue (keyed) the job of every run queued for longer than ``older_than``; returns how many were new.
+
+    A run's row commits before its job is enqueued, so a process that died in between, or an enqueue whose
+    outcome was unknown, leaves a run queued with no job: it would wait for good and hold one of its
+    user's active-run places. The key (:func:`run_key`) makes this a no-op for a run whose job exists.
+    """
+    with app.pool.connection() as conn:
+        stranded = records.stranded_runs(conn, older_than=older_than, limit=STRANDED_BATCH)
+    enqueued = 0
+    for run_id, task_id, job in stranded:
+        ref = app.jobs.enqueue(job, {"task_id": task_id, "run_id": run_id}, key=run_key(run_id))
+        enqueued += not ref.deduplicated
+    return enqueued

@@ -227,3 +227,27 @@ def test_a_resource_is_indexed_once_per_version_and_found_by_search(app):
         wait_for(lambda: client.get("/api/resources/doc1").json()["indexed"], timeout=30, message="re-indexing")
         assert client.get("/api/resources/search", params={"q": "kafka"}).json()["results"] == []
         assert client.get("/api/resources/search", params={"q": "zookeeper"}).json()["results"]
+
+
+def test_a_run_left_queued_without_its_job_is_enqueued_once_by_the_scheduler_pass(app):
+    """A run whose enqueue never happened (its process died after the run's commit, or the outcome was
+    unknown) is not left queued for good holding a quota place: the pass enqueues it, keyed, once."""
+    from conveyor.platform import records
+    from conveyor.platform.rounds import requeue_stranded_runs
+
+    make_task(app, "t-stranded", user_id="u-stranded")
+    with app.pool.connection() as conn:
+        records.add_message(conn, id="m-stranded", task_id="t-stranded", role="user", content="hi")
+        records.create_run(
+            conn,
+            id="run-stranded",
+            task_id="t-stranded",
+            job="chat.run",
+            user_message_id="m-stranded",
+            assistant_message_id="a-stranded",
+        )
+    assert requeue_stranded_runs(app, older_than=3600) == 0, "a young run is left to its own enqueue"
+    assert requeue_stranded_runs(app, older_than=0) == 1
+    assert requeue_stranded_runs(app, older_than=0) == 0, "the key makes the next pass a no-op"
+    jobs = app.broker.list_jobs("agent", "waiting")
+    assert [r.payload for r in jobs if r.job == "chat.run"] == [{"task_id": "t-stranded", "run_id": "run-stranded"}]

@@ -38,6 +38,7 @@ from psycopg import Connection
 from conveyor.db import load_queries
 from conveyor.errors import InvalidSchedule
 from conveyor.logs import log_event
+from conveyor.platform.rounds import requeue_stranded_runs
 from conveyor.platform.scheduling.schedules import db_now, pause_schedule
 from conveyor.scheduling.cron import Cron
 from conveyor.tasks.jobqueue import JobRequest
@@ -105,6 +106,17 @@ class Scheduler:
         while not stop.is_set():
             try:
                 self.tick()
+                stranded = requeue_stranded_runs(self.app)
+                if stranded:
+                    log_event(
+                        "stranded_runs_enqueued",
+                        level="warning",
+                        queue=None,
+                        job=None,
+                        job_id=None,
+                        attempt=None,
+                        count=stranded,
+                    )
             except Exception as exc:  # Postgres or the broker away: nothing was committed, try again
                 log_event(
                     "error",
