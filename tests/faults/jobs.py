@@ -12,6 +12,7 @@ off), then in the row; the checker merges the two.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import socket
@@ -36,11 +37,14 @@ HOLD_SECONDS = 45.0
 BAD_TEXTS = {"nul": "bad\x00text", "surrogate": "bad\ud800text", "both": "nul\x00 and \udcff surrogate"}
 
 INSERT_RUN = (
-    "INSERT INTO fault_runs (run_id, job_id, token, attempt, delivery, host, pid) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    "INSERT INTO fault_runs (run_id, job_id, token, attempt, delivery, host, pid, fenced)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
 )
 END_RUN = "UPDATE fault_runs SET ended_at = started_at + make_interval(secs => %s), ok = %s WHERE run_id = %s"
 EFFECT = "UPDATE fault_runs SET effect_at = clock_timestamp() WHERE run_id = %s"
-INSERT_DEAD = "INSERT INTO fault_dead (job_id, token, error, pid) VALUES (%s, %s, %s, %s)"
+INSERT_DEAD = "INSERT INTO fault_dead (job_id, token, error, pid, ended_at) VALUES (%s, %s, %s, %s, %s) RETURNING id"
+END_DEAD = "UPDATE fault_dead SET ended_at = clock_timestamp() WHERE id = %s"
+INSERT_EFFECT = "INSERT INTO fault_effects (run_id, job_id, token, delivery, fenced) VALUES (%s, %s, %s, %s, %s)"
 
 _spool_lock = threading.Lock()
 
@@ -59,6 +63,24 @@ class Work(Payload):
     task_id: str | None = None
     message_id: str | None = None
     total_tokens: int = 0
+    #: Write a row to the effect log when the run succeeds (the campaign's non-idempotent effect).
+    effect: bool = False
+    #: Seconds the final-failure hook takes (the campaign kills workers inside hooks).
+    hook_sleep: float = 0
+    #: Keyed child jobs this body enqueues in one batch (``<token>.k<i>``, key ``child:<token>:<i>``), then
+    #: it lingers 0.3 s before its ack: the campaign kills workers mid-fan-out.
+    children: int = 0
+
+
+#: /proc/uptime counts in hundredths of a second: an elapsed time less this is never longer than the truth.
+UPTIME_RESOLUTION = 0.01
+
+
+def uptime() -> float:
+    """Seconds since boot from /proc/uptime: a real clock libfaketime does not move (the campaign steps
+    workers' clocks, the monotonic one included, and a run's length must stay true)."""
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0])
 
 
 def host() -> str:
@@ -88,13 +110,40 @@ def spool(record: dict) -> None:
         f.write(line)
 
 
+def fenced(ctx) -> bool:
+    """Whether this worker's conveyor can fence a job's own effect (``ctx.once``, issue 18)."""
+    return callable(getattr(ctx, "once", None))
+
+
+def write_effect(ctx, payload: Work, run_id: str, delivery: int | None) -> None:
+    """The effect: one row per application. Fenced, it applies once per job whichever delivery gets there first."""
+    with ctx.app.pool.connection() as conn, conn.transaction():
+        if fenced(ctx):
+            if not ctx.once(conn, "effect"):
+                return
+            conn.execute(INSERT_EFFECT, (run_id, ctx.job_id, payload.token, delivery, True))
+        else:
+            conn.execute(INSERT_EFFECT, (run_id, ctx.job_id, payload.token, delivery, False))
+
+
+def child(token: str, i: int, queue: str) -> dict:
+    """The i-th child job a fan-out body enqueues: keyed, so a rerun of the body adds none."""
+    return {
+        "job": f"fault.work.{queue}",
+        "payload": {"token": f"{token}.k{i}", "sleep": 0.02, "effect": True},
+        "key": f"child:{token}:{i}",
+    }
+
+
 def work(payload: Work, ctx) -> None:
     message = CurrentMessage.get_current_message()
     run_id = str(uuid.uuid4())
+    delivery = delivery_of(message)
     try:
         with ctx.app.pool.connection() as conn:
             conn.execute(
-                INSERT_RUN, (run_id, ctx.job_id, payload.token, ctx.attempt, delivery_of(message), host(), os.getpid())
+                INSERT_RUN,
+                (run_id, ctx.job_id, payload.token, ctx.attempt, delivery, host(), os.getpid(), fenced(ctx)),
             )
     except BaseException:
         # The row may or may not be there (an error at commit): if it is, the run ended as it began.
@@ -103,11 +152,14 @@ def work(payload: Work, ctx) -> None:
     # Counted from the moment the row is known written: its start is the server's clock at the
     # insert, so the end (start + elapsed) is never later than the truth (a wait for a pooled
     # connection or for a cut-off network does not stretch the run).
-    began = time.monotonic()
+    began = uptime()
     ok = False
     try:
         if payload.sleep:
             time.sleep(payload.sleep)
+        if payload.children:
+            ctx.app.jobs.enqueue_many([child(payload.token, i, ctx.queue) for i in range(payload.children)])
+            time.sleep(0.3)
         if payload.user_id:
             with ctx.app.pool.connection() as conn:
                 credits.consume(
@@ -129,11 +181,13 @@ def work(payload: Work, ctx) -> None:
             raise PermanentError(f"fault job {payload.token} can never work {text}")
         if ctx.attempt <= payload.fail_times:
             raise RuntimeError(f"fault job {payload.token} fails on attempt {ctx.attempt} {text}")
+        if payload.effect:
+            write_effect(ctx, payload, run_id, delivery)
         ok = True
     finally:
         # The end is measured before it is written, and spooled first: a write that hangs on a
         # cut-off network must neither stretch the run nor leave its end unknown meanwhile.
-        elapsed = time.monotonic() - began
+        elapsed = max(0.0, uptime() - began - UPTIME_RESOLUTION)
         spool({"run_id": run_id, "elapsed": elapsed, "ok": ok})
         with contextlib.suppress(Exception):
             with ctx.app.pool.connection() as conn:
@@ -143,8 +197,16 @@ def work(payload: Work, ctx) -> None:
 def dead(payload: Work | None, error: str, ctx) -> None:
     # The hook's own table cannot hold a NUL or a lone surrogate: keep a printable copy.
     printable = error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
+    token = payload.token if payload else None
+    if payload is None or not payload.hook_sleep:
+        with ctx.app.pool.connection() as conn:
+            conn.execute(INSERT_DEAD, (ctx.job_id, token, printable, os.getpid(), dt.datetime.now(dt.UTC)))
+        return
     with ctx.app.pool.connection() as conn:
-        conn.execute(INSERT_DEAD, (ctx.job_id, payload.token if payload else None, printable, os.getpid()))
+        row = conn.execute(INSERT_DEAD, (ctx.job_id, token, printable, os.getpid(), None)).fetchone()
+    time.sleep(payload.hook_sleep)  # the campaign may SIGKILL this process now
+    with ctx.app.pool.connection() as conn:
+        conn.execute(END_DEAD, (row[0],))
 
 
 for _queue in WORK_QUEUES:

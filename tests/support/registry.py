@@ -28,6 +28,7 @@ JOB_MODULES = (
     "tests.support.obs_jobs",
     "tests.support.sched_jobs",
     "tests.faults.jobs",
+    "tests.faults.jobs_v2",
     "bench.conveyor_jobs",
 )
 
