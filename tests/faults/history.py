@@ -20,7 +20,8 @@ The rules (issue 18):
   effect applied twice, a final-failure hook completed twice or for a job
   that completed, a charge twice or with the wrong amount, balances off.
 - **overlapping**: two deliveries of a job whose bodies ran at the same
-  time, unless the stale one fenced its effect and that effect rolled back.
+  time, unless the stale one fenced its effect and that effect rolled back
+  (or both fenced and the job's effect applied once: ``ctx.once``).
 - **hook**: a job that failed for good without exactly one completed hook.
 - **stuck**: anything active, waiting, delayed or reserved after the quiet
   period, or a job that is not in a terminal state.
@@ -113,6 +114,9 @@ class History:
     states: dict[str, str]
     #: Queue -> (waiting, delayed, active) at the end.
     leftovers: dict[str, tuple[int, int, int]]
+    #: Broker structures that hold a message for a worker, -> how many still do at the end (Redis: each
+    #: worker's un-settled set ``__acks__.*`` and each queue's message hash ``*.msgs``).
+    reserved: dict[str, int] = dataclasses.field(default_factory=dict)
     #: (reference, user, amount) of every ledger consume entry, and the balances.
     entries: list[tuple[str, str, Decimal]] = dataclasses.field(default_factory=list)
     balances: dict[str, Decimal] = dataclasses.field(default_factory=dict)
@@ -158,10 +162,13 @@ def check(h: History) -> dict[str, list[str]]:
             _check_acked(req, job_id, h, runs_by_job, effects_by_job, hooks_by_job, charged, out)
 
     for job_id, runs in runs_by_job.items():
+        effects = effects_by_job.get(job_id, [])
+        # Both fenced and the job's effect applied at most once (ctx.once): the overlap did no harm.
+        once = len(effects) <= 1 and all(e.fenced for e in effects)
         for a, b in _overlapping(runs):
             stale = a if (a.delivery or 0) <= (b.delivery or 0) else b
-            rolled_back = stale.fenced and not any(e.run_id == stale.run_id for e in effects_by_job.get(job_id, []))
-            if not rolled_back:
+            rolled_back = stale.fenced and not any(e.run_id == stale.run_id for e in effects)
+            if not (rolled_back or (a.fenced and b.fenced and once)):
                 out["overlapping"].append(f"{job_id}: {_show(a)} and {_show(b)}")
                 break
 
@@ -175,6 +182,10 @@ def check(h: History) -> dict[str, list[str]]:
     for queue, (waiting, delayed, active) in sorted(h.leftovers.items()):
         if waiting or delayed or active:
             out["stuck"].append(f"queue {queue}: {waiting} waiting, {delayed} delayed, {active} active at the end")
+
+    for where, n in sorted(h.reserved.items()):
+        if n:
+            out["stuck"].append(f"{where}: {n} message(s) still reserved or stored at the end")
 
     out["ledger"] += _ledger(h, charged)
     return {kind: found for kind, found in out.items() if found}

@@ -116,14 +116,21 @@ def fenced(ctx) -> bool:
 
 
 def write_effect(ctx, payload: Work, run_id: str, delivery: int | None) -> None:
-    """The effect: one row per application. Fenced, it applies once per job whichever delivery gets there first."""
-    with ctx.app.pool.connection() as conn, conn.transaction():
-        if fenced(ctx):
-            if not ctx.once(conn, "effect"):
-                return
-            conn.execute(INSERT_EFFECT, (run_id, ctx.job_id, payload.token, delivery, True))
-        else:
+    """The effect: one row per application. Fenced, it applies once per job whichever delivery gets there
+    first (``ctx.once``) and, on the postgres broker, commits with the job's completion only while this
+    delivery is current (``ctx.transaction``): a paused or cut-off delivery's effect rolls back."""
+    if not fenced(ctx):
+        with ctx.app.pool.connection() as conn:
             conn.execute(INSERT_EFFECT, (run_id, ctx.job_id, payload.token, delivery, False))
+        return
+    if getattr(ctx, "can_complete_in_transaction", False):
+        with ctx.transaction() as conn:
+            if ctx.once(conn, "effect"):
+                conn.execute(INSERT_EFFECT, (run_id, ctx.job_id, payload.token, delivery, True))
+        return
+    with ctx.app.pool.connection() as conn, conn.transaction():
+        if ctx.once(conn, "effect"):
+            conn.execute(INSERT_EFFECT, (run_id, ctx.job_id, payload.token, delivery, True))
 
 
 def child(token: str, i: int, queue: str) -> dict:

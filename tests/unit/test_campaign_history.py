@@ -191,3 +191,35 @@ def test_a_seed_replays_the_same_schedule_and_pending_kinds_stay_out():
     assert one != nemesis.schedule(8, "redis", window=14, faults=6, kinds=kinds)
     assert not {kind for kind, broker in nemesis.FAULTS_PENDING_FIX if broker == "redis"} & set(kinds)
     assert {"pause", "kill-hook"} <= set(nemesis.kinds_for("redis", everything=True))
+
+
+def test_a_message_still_reserved_at_the_end_is_stuck():
+    h = clean()
+    h.reserved = {"conveyor:__acks__.w1.nudge": 0, "conveyor:nudge.msgs": 1}
+    assert check(h) == {"stuck": ["conveyor:nudge.msgs: 1 message(s) still reserved or stored at the end"]}
+
+
+def test_the_ci_seeds_draw_every_fault_kind_ci_runs_on_each_broker():
+    """If this fails after a kind left FAULTS_PENDING_FIX, pick CI seeds that cover every kind again."""
+    from tests.faults.campaign import CI
+    from tests.faults.test_campaign import CI_SEEDS
+
+    for broker in ("redis", "postgres"):
+        kinds = nemesis.kinds_for(broker)
+        drawn = {
+            fault.kind
+            for seed in CI_SEEDS
+            for fault in nemesis.schedule(seed, broker, window=CI.window, faults=CI.faults, kinds=kinds)
+        }
+        assert drawn == set(kinds), (broker, set(kinds) - drawn)
+
+
+def test_overlap_is_allowed_when_both_fenced_and_the_effect_applied_once():
+    h = clean()
+    # The stale delivery wrote its effect (once) before it was paused; the rerun's once-guard wrote none.
+    h.runs[0] = dataclasses.replace(h.runs[0], fenced=True)
+    h.effects[0] = Effect(h.runs[0].run_id, "A", "a", 1, True)
+    h.runs.append(run("A", "a", 2, 0.5, 1.5, fenced=True))
+    assert check(h) == {}
+    h.runs[-1] = dataclasses.replace(h.runs[-1], fenced=False)  # an unfenced rerun: no such promise
+    assert list(check(h)) == ["overlapping"]
