@@ -598,6 +598,11 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         hist.Hook(r[0], r[1], r[2]) for r in _rows(url, "SELECT job_id, token, ended_at IS NOT NULL FROM fault_dead")
     ]
     requests = _merge([item.request for item in items + stage.poisoned])
+    if stage.broker == "postgres":  # the broker's own clock stepped: keys' dedup windows are on it
+        for req in requests:
+            req.clock_stepped = any(
+                began - DEDUP_TTL <= req.last_sent and req.first_sent <= ended for began, ended, _ in stage.pg_steps
+            )
     requests += children(requests, items, runs)
     job_ids = {j for req in requests for j in req.job_ids} | {r.job_id for r in runs}
     states = {}
@@ -781,7 +786,9 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         finally:
             stage.heal()
         producer.wait(timeout=120)
-        settle(stage, items, time.time() + QUIET)
+        # A step of the broker's clock back (the end of a forward step) postpones every delay set meanwhile.
+        stepped = max((a for _, _, a in stage.pg_steps), default=0.0) if broker == "postgres" else 0.0
+        settle(stage, items, time.time() + QUIET + stepped)
         history = gather(stage, items)
         anomalies = hist.check(history)
     finally:

@@ -65,6 +65,9 @@ class Request:
     last_sent: float = 0.0
     #: The stored message was made undecodable on purpose (poison): it must fail, not stay active.
     poison: bool = False
+    #: The broker's server clock stepped while this request's tries went out: its key's dedup window
+    #: (server time) may have passed at once, so a second job of the key is no anomaly.
+    clock_stepped: bool = False
 
 
 @dataclasses.dataclass
@@ -146,7 +149,7 @@ def check(h: History) -> dict[str, list[str]]:
         ran = runs_by_token.get(req.token, [])
         jobs = set(req.job_ids) | {r.job_id for r in ran}
         window = req.last_sent - req.first_sent <= h.dedup_ttl * 0.75
-        if len(jobs) > 1 and (req.key is None or window):
+        if len(jobs) > 1 and (req.key is None or (window and not req.clock_stepped)):
             out["doubled"].append(f"{req.token}: one request became {len(jobs)} jobs {sorted(jobs)} ({req.outcome})")
         if req.outcome == REFUSED:
             if ran:

@@ -105,6 +105,10 @@ def test_a_repeated_key_past_its_dedup_window_may_make_a_second_job():
     h.states["B2"] = "completed"
     req.first_sent, req.last_sent = 100.0, 100.0 + h.dedup_ttl
     assert check(h) == {}
+    req.first_sent, req.last_sent = 100.0, 101.0
+    assert "doubled" in check(h)
+    req.clock_stepped = True  # the server's clock jumped past the key's window meanwhile
+    assert check(h) == {}
 
 
 def test_overlapping_bodies_with_unfenced_effects_are_flagged():
