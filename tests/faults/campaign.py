@@ -60,6 +60,9 @@ QUIET = LEASE + RECOVERY + 40.0
 #: Seconds libfaketime keeps a clock file's value before reading it again.
 CLOCK_CACHE = 1
 
+#: The queue poison is put on (paused for the moment it takes).
+POISON_QUEUE = "nudge"
+
 #: Seconds a worker group that joined for a window (old, skewed) gets to drain before it is SIGKILLed.
 DRAIN_SECONDS = 10.0
 
@@ -477,20 +480,23 @@ class Stage:
             client.config_set("maxmemory", 0)
 
     def _poison(self, fault: nemesis.Fault) -> str:
-        made = []
-        for i in range(int(fault.amount)):
-            token = f"poison-{fault.at}-{i}"
-            req = hist.Request(token=token, job="fault.work.nudge", poison=True, outcome=hist.ACKED)
-            item = Item(req, {"token": token, "effect": True}, delay=2.0)
-            ref = self.cluster.app.jobs.enqueue_many([item.body()])[0]
-            req.job_ids.append(ref.id)
-            req.first_sent = req.last_sent = time.time()
-            if self._make_undecodable(ref.id):
+        """Enqueue jobs on a paused queue and make their stored messages undecodable before it resumes
+        (a delayed message would not do: workers fetch it at once and hold it until it is due)."""
+        broker, made = self.cluster.app.broker, []
+        broker.pause_queue(POISON_QUEUE)
+        try:
+            for i in range(int(fault.amount)):
+                token = f"poison-{fault.at}-{i}"
+                req = hist.Request(token=token, job=f"fault.work.{POISON_QUEUE}", poison=True, outcome=hist.ACKED)
+                item = Item(req, {"token": token, "effect": True})
+                ref = self.cluster.app.jobs.enqueue_many([item.body()])[0]
+                req.job_ids.append(ref.id)
+                req.first_sent = req.last_sent = time.time()
+                req.poison = self._make_undecodable(ref.id)
                 self.poisoned.append(item)
-                made.append(ref.id)
-            else:
-                req.poison = False
-                self.poisoned.append(item)
+                made += [ref.id] if req.poison else []
+        finally:
+            broker.resume_queue(POISON_QUEUE)
         return f"{len(made)} undecodable"
 
     def _make_undecodable(self, job_id: str) -> bool:

@@ -90,6 +90,22 @@ class CampaignRun:
 
 CAMPAIGN: list[CampaignRun] = []
 
+#: (kind, broker) -> seeds the campaign needed to flag the defect of FAULTS_PENDING_FIX on the code
+#: before its fix (``CAMPAIGN_KINDS=<kind> CAMPAIGN_ALL_FAULTS=1 CAMPAIGN_FAULTS=3``, CI size, seeds
+#: 1, 2, ... until the first flagged run), measured on the campaign branch on 2026-12-02.
+SEEDS_TO_FIND = {
+    ("kill-hook", "redis"): 1,
+    ("kill-hook", "postgres"): 1,
+    ("redis-oom", "redis"): 1,
+    ("drop-replies", "redis"): 3,
+    ("poison", "redis"): 1,
+    ("old-worker", "redis"): 2,
+    ("old-worker", "postgres"): 1,
+    ("pause", "redis"): 1,
+    ("pause", "postgres"): 1,
+    ("postgres-clock", "postgres"): 1,
+}
+
 
 def record_campaign(outcome, *, all_faults: bool = False) -> CampaignRun:
     """Sum up a :class:`tests.faults.campaign.Outcome` (and append it to ``FAULT_ROWS``, for the soak)."""
@@ -309,8 +325,11 @@ def render_campaign(runs: list[CampaignRun]) -> list[str]:
         "",
         "### Faults by kind",
         "",
-        "| kind | what | brokers | applied in these runs | in CI |",
-        "|---|---|---|---:|---|",
+        "Seeds to find: how many seeds the campaign needed, drawing from that kind alone, to flag its defect on",
+        "the code before the fix (see `SEEDS_TO_FIND` in tests/faults/report.py).",
+        "",
+        "| kind | what | brokers | applied in these runs | in CI | seeds to find |",
+        "|---|---|---|---:|---|---|",
     ]
     for name, kind in nemesis.KINDS.items():
         pending = [
@@ -319,7 +338,10 @@ def render_campaign(runs: list[CampaignRun]) -> list[str]:
             if (name, b) in nemesis.FAULTS_PENDING_FIX
         ]
         ci = "; ".join(pending) or "yes"
-        lines.append(f"| {name} | {kind.what} | {', '.join(kind.brokers)} | {totals.get(name, 0)} | {ci} |")
+        found = ", ".join(f"{b}: {SEEDS_TO_FIND[(name, b)]}" for b in kind.brokers if (name, b) in SEEDS_TO_FIND)
+        lines.append(
+            f"| {name} | {kind.what} | {', '.join(kind.brokers)} | {totals.get(name, 0)} | {ci} | {found or '-'} |"
+        )
     lines += ["", "### Schedules", ""]
     for r in runs:
         lines.append(f"- seed {r.seed} / {r.broker}: " + "; ".join(r.schedule))
