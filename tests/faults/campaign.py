@@ -1,18 +1,19 @@
 """One campaign run: a world, a seeded workload, the nemesis's schedule, the history, the verdict.
 
 The world: private durable servers that listen on loopback and on a veth
-address (a network namespace is the far worker host), both started under
-libfaketime reading a clock file the nemesis rewrites (a server clock
-step); a reply-dropping proxy between the producer and the broker; two
-worker supervisors (near, and far: in the namespace, its clock steppable
-) and, for a window each, a worker group whose clock is off and steps, and an old worker that
-lacks the v2 job module.
+address (a network namespace is the far worker host), Postgres started
+under libfaketime reading a clock file the nemesis rewrites (a server
+clock step; redis-server cannot run under libfaketime); a reply-dropping
+proxy between the producer and the broker; two worker supervisors (near,
+and far in the namespace) and, for a window each, a worker group whose
+clock is off and steps, and an old worker that lacks the v2 job module.
 
 The workload (drawn from the seed as well): keyed and unkeyed jobs, single
 and batch enqueues, duplicates of keys, delays, retries, slow bodies,
-final failures whose hooks take a while, charges through the real ledger
-(``credit.consume`` and fault jobs that charge), v2 jobs, and every
-successful body writes a row to the effect log. The producer retries a
+final failures with hooks (slow ones when the schedule may kill in a hook),
+charges through the real ledger (``credit.consume`` and fault jobs that
+charge), v2 jobs, fan-out bodies that enqueue a batch of keyed children,
+and every successful body writes a row to the effect log. The producer retries a
 batch refused with "nothing was enqueued", and after an unknown outcome
 only its keyed jobs (what the docs tell a caller to do).
 """

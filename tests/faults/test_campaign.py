@@ -36,6 +36,12 @@ def size() -> campaign.Size:
     )
 
 
+def replay(seed: int) -> str:
+    """The environment that replays ``seed`` as this run drew it."""
+    knobs = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("CAMPAIGN_") and k != "CAMPAIGN_SEED")
+    return " ".join([f"CAMPAIGN_SEED={seed}", *knobs])
+
+
 @pytest.fixture(scope="module")
 def servers():
     made = campaign.Servers()
@@ -56,9 +62,11 @@ def test_campaign_seed_keeps_every_guarantee(servers, tmp_path, broker, seed):
         if not kinds:
             pytest.skip(f"none of {only} applies to {broker}")
     outcome = campaign.run(servers, tmp_path, broker, seed, size(), kinds)
-    report.record_campaign(outcome, all_faults=everything)
+    row = report.record_campaign(outcome, all_faults=everything)
     lines = [
-        f"seed {seed} on {broker}: replay with CAMPAIGN_SEED={seed}" + (" CAMPAIGN_ALL_FAULTS=1" if everything else ""),
+        f"seed {seed} on {broker}: replay with {replay(seed)} .venv/bin/python -m pytest tests/faults/test_campaign.py",
+        f"{row.jobs} jobs acknowledged, {row.unknown} unknown, {row.refused} refused; {row.runs} body runs, "
+        f"{row.effects} effects, {row.hooks} hooks; producer errors {outcome.producer_errors}; {row.seconds:.0f} s",
         "schedule:",
     ]
     lines += [f"  {a.fault}  [{a.note}]" if a.note else f"  {a.fault}" for a in outcome.applied]

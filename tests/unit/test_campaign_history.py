@@ -227,3 +227,16 @@ def test_overlap_is_allowed_when_both_fenced_and_the_effect_applied_once():
     assert check(h) == {}
     h.runs[-1] = dataclasses.replace(h.runs[-1], fenced=False)  # an unfenced rerun: no such promise
     assert list(check(h)) == ["overlapping"]
+
+
+def test_the_soak_summary_names_each_failing_seed_with_its_replay():
+    import dataclasses as dc
+
+    from tests.faults.report import CampaignRun
+    from tests.faults.soak import summarize
+
+    clean_run = CampaignRun(1, "redis", 100, 2, 1, 130, 90, 4, {"kill": 3}, ["t=1 kill(any)"], {}, [], 30.0)
+    failing = dc.replace(clean_run, seed=77, broker="postgres", anomalies={"doubled": 1}, examples=["doubled: x"])
+    text = summarize([dc.asdict(clean_run), dc.asdict(failing)], rounds=1, seconds=120)
+    assert "CAMPAIGN_SEED=77" in text and "on postgres" in text and "doubled 1" in text
+    assert "CAMPAIGN_SEED=1 " not in text
