@@ -22,7 +22,9 @@ The rules (issue 18):
 - **overlapping**: two deliveries of a job whose bodies ran at the same
   time, unless the stale one fenced its effect and that effect rolled back
   (or both fenced and the job's effect applied once: ``ctx.once``).
-- **hook**: a job that failed for good without exactly one completed hook.
+- **hook**: a job that failed for good without exactly one completed hook
+  (hooks run at least once; "completed" is the hook's effect, which the
+  test's hook applies once per job with ``ctx.once`` where it can).
 - **stuck**: anything active, waiting, delayed or reserved after the quiet
   period, or a job that is not in a terminal state.
 """

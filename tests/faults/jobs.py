@@ -202,18 +202,23 @@ def work(payload: Work, ctx) -> None:
 
 
 def dead(payload: Work | None, error: str, ctx) -> None:
+    """The final-failure hook: its effect is a row of ``fault_dead`` with ``ended_at`` set, applied once per
+    job through ``ctx.once`` where the worker has it (hooks are at least once; their effects need not be).
+    A slow hook first logs that it started (``ended_at`` NULL): the campaign kills workers inside it."""
     # The hook's own table cannot hold a NUL or a lone surrogate: keep a printable copy.
     printable = error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
     token = payload.token if payload else None
     if payload is None or not payload.hook_sleep:
-        with ctx.app.pool.connection() as conn:
-            conn.execute(INSERT_DEAD, (ctx.job_id, token, printable, os.getpid(), dt.datetime.now(dt.UTC)))
+        with ctx.app.pool.connection() as conn, conn.transaction():
+            if not fenced(ctx) or ctx.once(conn, "hook"):
+                conn.execute(INSERT_DEAD, (ctx.job_id, token, printable, os.getpid(), dt.datetime.now(dt.UTC)))
         return
     with ctx.app.pool.connection() as conn:
         row = conn.execute(INSERT_DEAD, (ctx.job_id, token, printable, os.getpid(), None)).fetchone()
     time.sleep(payload.hook_sleep)  # the campaign may SIGKILL this process now
-    with ctx.app.pool.connection() as conn:
-        conn.execute(END_DEAD, (row[0],))
+    with ctx.app.pool.connection() as conn, conn.transaction():
+        if not fenced(ctx) or ctx.once(conn, "hook"):
+            conn.execute(END_DEAD, (row[0],))
 
 
 for _queue in WORK_QUEUES:
