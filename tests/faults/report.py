@@ -86,6 +86,8 @@ class CampaignRun:
     examples: list[str]
     seconds: float
     all_faults: bool = False
+    #: Error class -> how many enqueue calls of the producer raised it (each was retried as the docs say).
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 CAMPAIGN: list[CampaignRun] = []
@@ -129,6 +131,7 @@ def record_campaign(outcome, *, all_faults: bool = False) -> CampaignRun:
         examples=[f"{kind}: {found[0][:200]}" for kind, found in outcome.anomalies.items()],
         seconds=round(outcome.seconds, 1),
         all_faults=all_faults,
+        errors=dict(sorted(outcome.producer_errors.items())),
     )
     CAMPAIGN.append(run)
     path = os.environ.get("FAULT_ROWS")
@@ -306,16 +309,22 @@ def render_campaign(runs: list[CampaignRun]) -> list[str]:
         f"run; soak size: {c.SOAK.jobs} jobs, {c.SOAK.faults} faults over {c.SOAK.window:g} s. A failing seed",
         "replays with `CAMPAIGN_SEED=<seed> .venv/bin/python -m pytest tests/faults/test_campaign.py`.",
         "",
-        "| seed | broker | jobs acknowledged | unknown outcome | refused | body runs | effects | hooks "
-        "| faults applied | anomalies | seconds |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        "Per run: requests by final outcome (a request refused or of unknown outcome was retried as the docs say:",
+        "a refused batch whole, an unknown one's keyed jobs only), the enqueue errors the producer met, the run",
+        "log's body runs, the effects and hooks applied, the faults the schedule applied (one with nothing to",
+        "act on is not counted), the anomalies the checker found.",
+        "",
+        "| seed | broker | jobs acknowledged | unknown outcome | refused | enqueue errors | body runs | effects "
+        "| hooks | faults applied | anomalies | seconds |",
+        "|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---:|",
     ]
     for r in runs:
         faults = ", ".join(f"{k} {n}" for k, n in r.faults.items()) or "none"
         anomalies = ", ".join(f"{k} {n}" for k, n in r.anomalies.items()) or "none"
         seed = f"{r.seed}" + (" (all kinds)" if r.all_faults else "")
         lines.append(
-            f"| {seed} | {r.broker} | {r.jobs} | {r.unknown} | {r.refused} | {r.runs} | {r.effects} | {r.hooks} "
+            f"| {seed} | {r.broker} | {r.jobs} | {r.unknown} | {r.refused} "
+            f"| {', '.join(f'{k} {n}' for k, n in r.errors.items()) or 'none'} | {r.runs} | {r.effects} | {r.hooks} "
             f"| {faults} | {anomalies} | {r.seconds:.0f} |"
         )
     totals: Counter[str] = Counter()
