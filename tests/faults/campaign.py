@@ -44,7 +44,7 @@ from conveyor.ledger import credits
 from tests.faults import history as hist
 from tests.faults import nemesis
 from tests.faults.harness import DEDUP_TTL, FAKETIME_LIB, LEASE, RECOVERY, Cluster, fault_settings, utc
-from tests.faults.jobs import WORK_QUEUES, child
+from tests.faults.jobs import WORK_QUEUES, child, uptime
 from tests.faults.netns import NetworkNamespace
 from tests.faults.proxy import ReplyDroppingProxy
 from tests.support.harness import ROOT, env_for
@@ -301,7 +301,7 @@ class Stage:
         self.servers, self.cluster, self.broker, self.proxy = servers, cluster, broker, proxy
         self.rng = random.Random(f"targets:{seed}")
         self.applied: list[Applied] = []
-        #: (real start, real end, seconds) of each Postgres clock step: run-log times are corrected by them.
+        #: (real start, real end, seconds) of each Postgres clock step (keys' windows and delays move with it).
         self.pg_steps: list[tuple[float, float, float]] = []
         self.stopped: set[int] = set()
         self.old_workers: list = []
@@ -553,14 +553,6 @@ def _rows(url: str, query: str) -> list[tuple]:
         return conn.execute(query).fetchall()
 
 
-def _true_time(at: dt.datetime, steps: list[tuple[float, float, float]]) -> dt.datetime:
-    """A time the Postgres server wrote, less the clock step in force when it wrote it."""
-    for began, ended, seconds in steps:
-        if began + seconds - CLOCK_CACHE <= at.timestamp() <= ended + seconds:
-            return at - dt.timedelta(seconds=seconds)
-    return at
-
-
 def self_fenced(cluster: Cluster) -> dict[int, float]:
     """pid -> UNIX time by which a worker that logged ``self_fence`` was gone (see Checker.self_fenced)."""
     from conveyor.tasks.watchdog import LOG_GRACE
@@ -582,21 +574,22 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
                 record = json.loads(line)
                 spooled[record["run_id"]] = record
     fenced_exits = self_fenced(cluster)
+    # Run times on the host's boot clock (every worker shares this kernel): no server clock step or
+    # libfaketime moves it. Shown as UTC through this process's own offset to it.
+    offset = time.time() - uptime()
     runs = []
-    for run_id, job_id, token, delivery, pid, started, ended, ok, fenced in _rows(
-        url, "SELECT run_id, job_id, token, delivery, pid, started_at, ended_at, ok, fenced FROM fault_runs"
+    for run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced in _rows(
+        url, "SELECT run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced FROM fault_runs"
     ):
         run_id = str(run_id)
+        ended = None if ended_up is None else utc(offset + ended_up)
         if ended is None and run_id in spooled:
-            ended, ok = started + dt.timedelta(seconds=spooled[run_id]["elapsed"]), spooled[run_id]["ok"]
+            ended, ok = utc(offset + spooled[run_id]["ended_up"]), spooled[run_id]["ok"]
         elif ended is None and pid in cluster.kills:
             ended, ok = utc(cluster.kills[pid]), False  # it died with its process
         elif ended is None and pid in fenced_exits:
             ended, ok = utc(fenced_exits[pid]), False  # its process fenced itself
-        true_start = _true_time(started, stage.pg_steps)
-        if ended is not None:
-            ended = true_start + (ended - started)
-        runs.append(hist.Run(run_id, job_id, token, delivery, pid, true_start, ended, ok, fenced))
+        runs.append(hist.Run(run_id, job_id, token, delivery, pid, utc(offset + started_up), ended, ok, fenced))
     effects = [
         hist.Effect(str(r[0]), r[1], r[2], r[3], r[4])
         for r in _rows(url, "SELECT run_id, job_id, token, delivery, fenced FROM fault_effects")

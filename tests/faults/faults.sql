@@ -18,7 +18,11 @@ CREATE TABLE fault_runs (
     ended_at    TIMESTAMPTZ,
     ok          BOOLEAN,
     -- The run writes its effect through a fence (ctx.once / completion in its transaction).
-    fenced      BOOLEAN NOT NULL DEFAULT false
+    fenced      BOOLEAN NOT NULL DEFAULT false,
+    -- The host's boot clock (/proc/uptime) before the insert and at the end: every worker of the
+    -- campaign runs on one kernel, and no libfaketime nor server clock step moves this clock.
+    started_up  DOUBLE PRECISION,
+    ended_up    DOUBLE PRECISION
 );
 CREATE INDEX fault_runs_job ON fault_runs (job_id);
 

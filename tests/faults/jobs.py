@@ -37,10 +37,12 @@ HOLD_SECONDS = 45.0
 BAD_TEXTS = {"nul": "bad\x00text", "surrogate": "bad\ud800text", "both": "nul\x00 and \udcff surrogate"}
 
 INSERT_RUN = (
-    "INSERT INTO fault_runs (run_id, job_id, token, attempt, delivery, host, pid, fenced)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+    "INSERT INTO fault_runs (run_id, job_id, token, attempt, delivery, host, pid, fenced, started_up)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
-END_RUN = "UPDATE fault_runs SET ended_at = started_at + make_interval(secs => %s), ok = %s WHERE run_id = %s"
+END_RUN = (
+    "UPDATE fault_runs SET ended_at = started_at + make_interval(secs => %s), ok = %s, ended_up = %s WHERE run_id = %s"
+)
 EFFECT = "UPDATE fault_runs SET effect_at = clock_timestamp() WHERE run_id = %s"
 INSERT_DEAD = "INSERT INTO fault_dead (job_id, token, error, pid, ended_at) VALUES (%s, %s, %s, %s, %s) RETURNING id"
 END_DEAD = "UPDATE fault_dead SET ended_at = clock_timestamp() WHERE id = %s"
@@ -146,15 +148,26 @@ def work(payload: Work, ctx) -> None:
     message = CurrentMessage.get_current_message()
     run_id = str(uuid.uuid4())
     delivery = delivery_of(message)
+    started_up = uptime()  # the host's boot clock, before the row exists: never later than the truth
     try:
         with ctx.app.pool.connection() as conn:
             conn.execute(
                 INSERT_RUN,
-                (run_id, ctx.job_id, payload.token, ctx.attempt, delivery, host(), os.getpid(), fenced(ctx)),
+                (
+                    run_id,
+                    ctx.job_id,
+                    payload.token,
+                    ctx.attempt,
+                    delivery,
+                    host(),
+                    os.getpid(),
+                    fenced(ctx),
+                    started_up,
+                ),
             )
     except BaseException:
         # The row may or may not be there (an error at commit): if it is, the run ended as it began.
-        spool({"run_id": run_id, "elapsed": 0.0, "ok": False})
+        spool({"run_id": run_id, "elapsed": 0.0, "ok": False, "ended_up": uptime() + UPTIME_RESOLUTION})
         raise
     # Counted from the moment the row is known written: its start is the server's clock at the
     # insert, so the end (start + elapsed) is never later than the truth (a wait for a pooled
@@ -194,11 +207,13 @@ def work(payload: Work, ctx) -> None:
     finally:
         # The end is measured before it is written, and spooled first: a write that hangs on a
         # cut-off network must neither stretch the run nor leave its end unknown meanwhile.
-        elapsed = max(0.0, uptime() - began - UPTIME_RESOLUTION)
-        spool({"run_id": run_id, "elapsed": elapsed, "ok": ok})
+        now = uptime()
+        elapsed = max(0.0, now - began - UPTIME_RESOLUTION)
+        ended_up = now + UPTIME_RESOLUTION  # never earlier than the truth
+        spool({"run_id": run_id, "elapsed": elapsed, "ok": ok, "ended_up": ended_up})
         with contextlib.suppress(Exception):
             with ctx.app.pool.connection() as conn:
-                conn.execute(END_RUN, (elapsed, ok, run_id))
+                conn.execute(END_RUN, (elapsed, ok, ended_up, run_id))
 
 
 def dead(payload: Work | None, error: str, ctx) -> None:

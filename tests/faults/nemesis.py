@@ -57,7 +57,9 @@ KINDS = {
             2,
             "a worker group whose clock is off ±30-120 s joins, its clock steps half-way back, it leaves (libfaketime)",
         ),
-        Kind("postgres-clock", BOTH, ("postgres",), (2.0, 6.0), 1, "the Postgres server's clock stepped +60 s"),
+        Kind(
+            "postgres-clock", BOTH, ("postgres",), (2.0, 6.0), 1, "the Postgres server's clock stepped +20 s (and back)"
+        ),
         Kind("partition", BOTH, ("far",), (1.0, LEASE + 3.0), 2, "the far worker host cut off (netns), healed"),
         Kind("drop-replies", BOTH, ("producer",), (0.5, 2.0), 2, "the server's replies to the producer lost"),
         Kind("redis-oom", ("redis",), ("redis",), (1.0, 3.0), 1, "Redis at maxmemory (noeviction) for a window"),
@@ -117,7 +119,7 @@ def schedule(seed: int, broker: str, *, window: float, faults: int, kinds: list[
         if name == "worker-clock":
             amount = rng.choice([-1, 1]) * round(rng.uniform(30, 120))
         elif name == "postgres-clock":
-            amount = 60.0
+            amount = 20.0
         elif name == "poison":
             amount = float(rng.randint(1, 3))
         out.append(
