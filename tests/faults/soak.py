@@ -24,7 +24,7 @@ from pathlib import Path
 from tests.faults import campaign
 from tests.support.harness import ROOT
 
-#: Seeds per pytest run (its servers start once for them).
+#: Seeds per pytest run (its servers start once for them); ``SOAK_SEEDS`` overrides.
 SEEDS_PER_ROUND = 4
 
 
@@ -68,7 +68,8 @@ def main() -> int:
     rounds, worst = 0, 0
     while rounds == 0 or time.monotonic() - started < seconds:
         rounds += 1
-        seeds = [rng.randrange(1_000, 1_000_000) for _ in range(SEEDS_PER_ROUND)]
+        per_round = int(os.environ.get("SOAK_SEEDS", SEEDS_PER_ROUND))
+        seeds = [rng.randrange(1_000, 1_000_000) for _ in range(per_round)]
         env = {
             **os.environ,
             "FAULT_ROWS": str(rows_path),
