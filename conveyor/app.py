@@ -116,6 +116,7 @@ class App:
                 heartbeat_timeout=settings.heartbeat_timeout,
                 retention=settings.retention,
                 settings=settings,
+                on_dead=self.final_failure,
             )
         elif name == "postgres":
             from conveyor.brokers.postgres import PostgresBroker

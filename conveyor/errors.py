@@ -39,7 +39,7 @@ class StoreRefused(ConveyorError):
 
 
 class EnqueueError(ConveyorError):
-    """A job could not be enqueued; nothing was enqueued."""
+    """A job could not be enqueued; nothing was enqueued (but see :class:`EnqueueOutcomeUnknown`)."""
 
 
 class UnknownJob(EnqueueError):
@@ -74,7 +74,7 @@ class PayloadTooLarge(EnqueueError):
 
 
 class BrokerUnavailable(StoreUnavailable, EnqueueError):
-    """The broker could not be reached; the job was not enqueued and its key is free."""
+    """The broker could not be reached, or refused before writing; the job was not enqueued and its key is free."""
 
 
 class TransactionalEnqueueUnsupported(EnqueueError):
@@ -256,4 +256,5 @@ class BrokerRejected(StoreRefused, BrokerError):
 
 
 class EnqueueOutcomeUnknown(EnqueueError):
-    """The connection broke while the enqueue committed: the job may or may not exist. Retry only with a key."""
+    """The enqueue may have been applied and no answer came (the connection broke at COMMIT, Redis never
+    answered): its jobs exist or not, a batch all together. Enqueue them again only with a key."""

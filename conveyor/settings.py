@@ -256,7 +256,11 @@ class Settings(BaseSettings):
         "on checkout; 0 turns the check off.",
     )
     redis_retries: int = Field(
-        3, ge=0, le=20, description="Redis broker: reconnects with backoff a command tries before it fails."
+        3,
+        ge=0,
+        le=20,
+        description="Redis broker: reconnects with backoff a command tries before it fails "
+        "(an enqueue repeats an unanswered call as often; its script recognises a repeat: docs/redis.md).",
     )
     # -- command-line defaults (each also a flag of its command) --------------------
     worker_queues: str | None = Field(

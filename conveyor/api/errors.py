@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 STATUS: dict[type[e.ConveyorError], int] = {
     # A server behind conveyor is down: nothing was done, try again later.
     e.StoreUnavailable: 503,
-    # The connection broke while the enqueue committed: the server's trouble, retried with a key.
+    # The enqueue may have been applied and no answer came: the server's trouble, retried with a key.
     e.EnqueueOutcomeUnknown: 503,
     # The deployment cannot do this as configured (no secret key, say): not the client's fault.
     e.ConfigurationError: 503,
@@ -78,7 +78,7 @@ def detail_for(exc: BaseException) -> str:
     if isinstance(exc, e.UnknownQueue):
         return f"no such queue; queues: {exc.known}" if exc.known else "no such queue"
     if isinstance(exc, e.EnqueueOutcomeUnknown):
-        return "the connection broke while the enqueue committed: the job may exist; send it again with the same key"
+        return "the broker did not answer the enqueue after it may have applied it: the job may exist; send it again with the same key"
     if isinstance(exc, e.StoreUnavailable):
         # The driver's line names the server's address and port: the log has it, the client need not.
         return f"{_UNAVAILABLE.get(type(exc), 'a server conveyor needs')} is unavailable; try again later"

@@ -48,6 +48,12 @@ def log_delivery_error(
     )
 
 
+def malformed_error(exc: BaseException) -> str:
+    """The error a job whose stored message cannot be decoded fails with, the same on every broker."""
+    cause = getattr(exc, "error", None) or exc  # DecodeError wraps the decoder's error
+    return f"MalformedMessage: the stored message cannot be decoded ({describe_error(cause, 500)})"
+
+
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
 

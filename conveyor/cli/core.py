@@ -242,11 +242,12 @@ def _enqueue_batch(app: App, chunk_size: int) -> int:
 
     Nothing is sent if any line is bad. If sending fails part way, the jobs of
     the chunks already sent are enqueued (their lines are printed, the summary
-    counts them) and the rest are not; running the file again is safe for
-    keyed jobs, whose second enqueue is a no-op.
+    counts them) and the rest are not, but for the chunk that failed with
+    EnqueueOutcomeUnknown (``unknown``: enqueued all or none); running the file
+    again is safe for keyed jobs, whose second enqueue is a no-op.
     """
     from conveyor.cli.progress import CommandProgress, is_terminal
-    from conveyor.errors import ConveyorError
+    from conveyor.errors import ConveyorError, EnqueueOutcomeUnknown
     from conveyor.jsonchecks import json_depth_exceeds
     from conveyor.tasks.jobqueue import JobRequest
 
@@ -290,14 +291,18 @@ def _enqueue_batch(app: App, chunk_size: int) -> int:
                     enqueued += sum(not r.deduplicated for r in refs)
                     duplicates += sum(r.deduplicated for r in refs)
                     progress.advance(sending, len(refs))
-            except BaseException:
+            except BaseException as exc:
+                # A chunk whose outcome is unknown is all in or all out: neither counted as sent nor as unsent.
+                unknown = min(chunk_size, len(requests) - start) if isinstance(exc, EnqueueOutcomeUnknown) else 0
                 progress.summary(
-                    f"{enqueued + duplicates} of {len(requests)} jobs sent, then failed",
+                    f"{enqueued + duplicates} of {len(requests)} jobs sent, then failed"
+                    + (f" ({unknown} may have been enqueued)" if unknown else ""),
                     ok=False,
                     jobs=len(requests),
                     enqueued=enqueued,
                     deduplicated=duplicates,
-                    unsent=len(requests) - enqueued - duplicates,
+                    unknown=unknown,
+                    unsent=len(requests) - enqueued - duplicates - unknown,
                 )
                 raise
             progress.summary(

@@ -58,14 +58,16 @@ class JobQueue:
         postgres broker only), the job is enqueued inside that connection's
         transaction: it exists if and only if the transaction commits.
 
-        Raises :class:`~conveyor.errors.EnqueueError` subclasses; when one is raised nothing was enqueued.
+        Raises :class:`~conveyor.errors.EnqueueError` subclasses; when one is raised nothing was enqueued,
+        except :class:`~conveyor.errors.EnqueueOutcomeUnknown`: the job may exist (enqueue it again only
+        with a key, which then returns it).
         """
         return self.enqueue_many([JobRequest(job, payload, key, delay)], connection=connection)[0]
 
     def enqueue_many(
         self, requests: Iterable[JobRequest | Mapping[str, Any]], *, connection: Connection[Any] | None = None
     ) -> list[JobRef]:
-        """Enqueue a batch in one round trip. Every payload is validated before anything is sent."""
+        """Enqueue a batch in one round trip, all of it or none. Every payload is validated before anything is sent."""
         broker = self.app.broker
         if connection is not None and not is_transactional(broker):
             raise TransactionalEnqueueUnsupported(

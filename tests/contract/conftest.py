@@ -28,6 +28,7 @@ from tests.support.brokers import ALL_BROKERS
 #: Capabilities a broker does not have, and why; the only place a contract test is skipped.
 LACKS: dict[str, dict[str, str]] = {
     "inline": {
+        "stored messages": "an inline message never leaves the process that encoded it: it always decodes",
         "recovery": "one process holds every inline job: no worker can die and leave jobs held behind it",
         "fence": "inline deliveries carry no delivery number: a message is handed to one thread of the one process",
         "priority": "a queue is Dramatiq's in-memory FIFO; actor priority orders only a worker's work queue",
@@ -56,6 +57,11 @@ def _declare_actors(broker: Any) -> None:
 
 def _builder(request: pytest.FixtureRequest, name: str) -> Callable[[], Any]:
     """A function that builds one more broker ``name`` on this test's store."""
+    hooks = request.getfixturevalue("final_failures")
+
+    def on_dead(broker: Any, message: Any, error: str) -> None:
+        hooks.append((message.message_id, message.actor_name, error))
+
     if name == "redis":
         from conveyor.brokers.redis import RedisBroker
 
@@ -70,6 +76,7 @@ def _builder(request: pytest.FixtureRequest, name: str) -> Callable[[], Any]:
                 heartbeat_timeout=LEASE,
                 retention=3600,
                 settings=settings,
+                on_dead=on_dead,
             )
 
         return build
@@ -80,7 +87,7 @@ def _builder(request: pytest.FixtureRequest, name: str) -> Callable[[], Any]:
         settings = Settings(
             broker="postgres", database_url=url, pg_lease_seconds=LEASE, pg_poll_seconds=0.2, pg_recovery_seconds=0.1
         )
-        return lambda: PostgresBroker(url, middleware=[], settings=settings)
+        return lambda: PostgresBroker(url, middleware=[], settings=settings, on_dead=on_dead)
     if name == "inline":
         from conveyor.brokers.inline import InlineBroker
 
@@ -94,6 +101,34 @@ SILENCE: dict[str, Callable[[Any], None]] = {
     "redis": lambda broker: None,
     "postgres": lambda broker: broker.listener.stop(),
 }
+
+
+@pytest.fixture
+def final_failures() -> list[tuple[str, str, str]]:
+    """(job id, job, error) of each final-failure hook a broker ran by itself (``on_dead``: recovery, malformed)."""
+    return []
+
+
+def _store_redis(broker: Any, job_id: str, data: bytes) -> None:
+    rid = broker.client.hget(broker.keys.job(job_id), "rid").decode()
+    broker.client.hset(broker.keys.messages(broker.get_job(job_id).queue), rid, data)
+
+
+def _store_postgres(broker: Any, job_id: str, data: bytes) -> None:
+    import psycopg
+
+    with psycopg.connect(broker.database_url) as conn:
+        conn.execute("UPDATE conveyor_jobs SET message = %s::jsonb WHERE id = %s", (data.decode(), job_id))
+
+
+#: How to overwrite the message a job's waiting delivery is stored as (a newer producer's format, say).
+STORE: dict[str, Callable[[Any, str, bytes], None]] = {"redis": _store_redis, "postgres": _store_postgres}
+
+
+@pytest.fixture
+def store_message(broker_name: str) -> Callable[[Any, str, bytes], None]:
+    """``store_message(broker, job_id, data)``: the job's waiting message is now ``data``, as stored bytes."""
+    return STORE[broker_name]
 
 
 @pytest.fixture(params=ALL_BROKERS)

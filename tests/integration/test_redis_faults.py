@@ -16,8 +16,10 @@ import redis
 from dramatiq import Message
 
 from conveyor.app import App
+from conveyor.errors import BrokerUnavailable, EnqueueOutcomeUnknown
 from conveyor.tasks.worker import ProcessWorker
 from tests.support.harness import ROOT, make_settings, probe_dead, probe_runs, running
+from tests.support.proxy import ReplyDroppingProxy
 from tests.support.servers import RedisServer
 from tests.support.waiting import wait_for
 
@@ -45,8 +47,8 @@ def redis_at(durable_redis, clean_env):
 def make_app(redis_at, database_url):
     apps = []
 
-    def make(**overrides) -> App:
-        app = App(make_settings("redis", redis_at.url, database_url, **overrides))
+    def make(redis_url: str | None = None, **overrides) -> App:
+        app = App(make_settings("redis", redis_url or redis_at.url, database_url, **overrides))
         apps.append(app)
         return app
 
@@ -504,3 +506,131 @@ def test_a_supervised_worker_cut_off_from_redis_exits_instead_of_running_beside_
     assert runs[0]["finished_at"] is None, "the cut-off run went on to its end"
     assert any(e.get("exitcode") == 75 for e in worker.events("worker_died"))
     worker.terminate()
+
+
+# -- enqueue outcomes: exact, whatever Redis or the network does --------------------
+
+
+@pytest.fixture
+def proxy(redis_at):
+    """A TCP proxy in front of the test's Redis that can drop Redis's replies (the requests still arrive)."""
+    with ReplyDroppingProxy(redis_at.port) as p:
+        yield p
+
+
+def _waiting(client: redis.Redis, ns: str = "conveyor") -> int:
+    """Jobs waiting in QUEUE, read straight from Redis (not through the proxy); as many messages wait."""
+    jobs, messages = client.zcard(f"{ns}:idx:{QUEUE}:waiting"), client.llen(f"{ns}:{QUEUE}")
+    assert messages == jobs, f"{messages} messages wait for {jobs} jobs: a job was pushed twice"
+    return jobs
+
+
+def test_an_enqueue_whose_reply_is_lost_is_reported_as_unknown_not_as_nothing_enqueued(make_app, proxy, client):
+    app = make_app(redis_url=proxy.url(), redis_socket_timeout=0.5, redis_connect_timeout=0.5, redis_retries=1)
+    app.jobs.enqueue(JOB, {"token": "warm-up"})  # the pooled connection is open before the replies go
+    proxy.drop_replies = True
+    with pytest.raises(EnqueueOutcomeUnknown, match="may have been enqueued"):
+        app.jobs.enqueue(JOB, {"token": "reply-lost"})
+    proxy.drop_replies = False
+    assert proxy.dropped, "the proxy dropped no reply: the test did not lose one"
+    assert _waiting(client) == 2, "Redis applied the enqueue whose reply was lost"
+    # Repeated with a key, an enqueue whose outcome was unknown cannot double.
+    app.jobs.enqueue(JOB, {"token": "warm-up-again"})  # a connection opened while replies flow
+    proxy.drop_replies = True
+    with pytest.raises(EnqueueOutcomeUnknown):
+        app.jobs.enqueue(JOB, {"token": "keyed"}, key="lost-reply:1")
+    proxy.drop_replies = False
+    again = app.jobs.enqueue(JOB, {"token": "keyed"}, key="lost-reply:1")
+    assert again.deduplicated and _waiting(client) == 4
+
+
+def test_an_enqueue_whose_first_reply_is_lost_is_repeated_and_counted_once(make_app, proxy, client):
+    app = make_app(redis_url=proxy.url(), redis_socket_timeout=0.5, redis_connect_timeout=0.5, redis_retries=2)
+    app.jobs.enqueue(JOB, {"token": "warm-up"})
+    proxy.drop_next(1)
+    refs = app.jobs.enqueue_many([{"job": JOB, "payload": {"token": f"repeated-{n}"}} for n in range(5)])
+    assert proxy.dropped == 1
+    assert not any(r.deduplicated for r in refs)
+    assert _waiting(client) == 6, "the repeat of an applied batch enqueued it again"
+
+
+def test_an_enqueue_repeated_after_its_job_ran_and_was_retried_does_not_run_it_again(make_app, client):
+    """The repeat of an applied enqueue may land seconds later (after a socket timeout): by then the job may
+    have run, failed and been retried as a new message. The repeat must still find it, not push it again."""
+    app = make_app()
+    ns = app.settings.redis_namespace
+    ref = app.jobs.enqueue(JOB, {"token": "repeat-after-retry"})
+    rid, data = (v.decode() for v in client.hmget(f"{ns}:job:{ref.id}", "rid", "payload"))
+    consumer = app.broker.consume(QUEUE, prefetch=1, timeout=100)
+    delivered = _next_message(consumer)
+    assert app.broker.start_job(delivered) == 1
+    app.broker.enqueue(delivered.copy(options={"last_error": "failed once"}))  # the retry, written by the ack
+    consumer.ack(delivered)
+    retried = client.hget(f"{ns}:job:{ref.id}", "rid").decode()
+    assert retried != rid
+    # The first enqueue's script call again, exactly as it was sent (its reply was lost).
+    reply = app.broker._call("enqueue", "", 60_000, 1, QUEUE, rid, ref.id, data, JOB, "", "", "")
+    assert [x.decode() if isinstance(x, bytes) else x for x in reply] == [ref.id, 0]
+    assert client.lrange(f"{ns}:{QUEUE}", 0, -1) == [retried.encode()], "the repeat pushed the job again"
+    assert client.hget(f"{ns}:job:{ref.id}", "rid").decode() == retried, "the repeat superseded the retry"
+
+
+def test_a_refused_connection_reports_nothing_enqueued(make_app, proxy, client):
+    app = make_app(redis_url=proxy.url(), redis_socket_timeout=0.5, redis_connect_timeout=0.5, redis_retries=1)
+    proxy.close()  # nothing listens on the proxy's port: no request can reach Redis
+    with pytest.raises(BrokerUnavailable, match="nothing was enqueued"):
+        app.jobs.enqueue(JOB, {"token": "refused"})
+    assert _waiting(client) == 0
+
+
+def test_a_batch_enqueue_at_maxmemory_is_all_or_nothing(make_app, client):
+    app = make_app()
+    app.jobs.enqueue(JOB, {"token": "warm-up"})
+    batch = [{"job": JOB, "payload": {"token": f"oom-{n}-" + "x" * 3000}} for n in range(100)]
+    # Room for the batch as it arrives (its ~300 KB of arguments count while it runs) and for part of
+    # what it stores (each job is its message plus its record, ~6 KB), not for all of it.
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 1000 * 1024)
+    try:
+        outcomes = []
+        for _ in range(3):
+            before = _waiting(client)
+            try:
+                refs = app.jobs.enqueue_many(batch)
+            except BrokerUnavailable as exc:
+                assert "nothing was enqueued" in str(exc)
+                outcomes.append(0)
+                assert _waiting(client) == before, "a batch reported as not enqueued left jobs waiting"
+            else:
+                outcomes.append(len(refs))
+                assert _waiting(client) == before + 100
+            batch = [{**r, "payload": {"token": r["payload"]["token"] + "-again"}} for r in batch]
+        assert 0 in outcomes, "the memory limit was never reached: the test proved nothing"
+    finally:
+        client.config_set("maxmemory", 0)
+
+
+# -- a message the worker cannot decode -----------------------------------------------
+
+
+def test_a_truncated_message_fails_its_job_with_a_clear_error_and_its_hook_runs(make_app, client, database_url):
+    app = make_app()
+    ns = app.settings.redis_namespace
+    bad = app.jobs.enqueue(JOB, {"token": "truncated"})
+    rid = client.hget(f"{ns}:job:{bad.id}", "rid")
+    data = client.hget(f"{ns}:{QUEUE}.msgs", rid)
+    end_of_id = data.index(b'"message_id":"') + len(b'"message_id":"') + len(bad.id) + 1
+    client.hset(f"{ns}:{QUEUE}.msgs", rid, data[: end_of_id + 12])  # the id is readable, the body is cut
+    with running(app, QUEUE):
+        good = app.jobs.enqueue(JOB, {"token": "after-truncated"})
+        wait_for(lambda: app.broker.get_job(good.id).state == "completed", message="the good job")
+        record = wait_for(
+            lambda: (r := app.broker.get_job(bad.id)) and r.state == "failed" and r, message="the truncated job to fail"
+        )
+        wait_for(lambda: probe_dead(database_url), message="the final-failure hook")
+    assert record.error.startswith("MalformedMessage: the stored message cannot be decoded")
+    assert [(d["job_id"], d["token"]) for d in probe_dead(database_url)] == [(bad.id, None)]
+    counts = app.broker.queue_counts(QUEUE)
+    assert (counts.active, counts.failed, counts.completed_total, counts.failed_total) == (0, 1, 1, 1)
+    assert client.zscore(f"{ns}:{QUEUE}.XQ", rid) is not None, "the message is kept in the dead letters"
+    assert not _acks_members(client, ns)
+    assert len(probe_runs(database_url, "truncated")) == 0

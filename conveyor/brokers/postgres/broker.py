@@ -41,8 +41,8 @@ from conveyor.brokers.base import (
     JobRef,
     QueueCounts,
     check_state,
-    describe_error,
     log_delivery_error,
+    malformed_error,
 )
 from conveyor.brokers.postgres.consumer import DELIVERY_OPTIONS, PostgresConsumer
 from conveyor.brokers.postgres.deliveries import Deliveries, Retry
@@ -359,8 +359,7 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def fail_malformed(self, job_id: str, queue: str, job: str, delivery: int, exc: Exception) -> None:
         """A claimed row whose message cannot be decoded fails alone; its hook runs with no payload."""
-        cause = getattr(exc, "error", None) or exc  # DecodeError wraps the decoder's error
-        error = f"MalformedMessage: the stored message cannot be decoded ({describe_error(cause, 500)})"
+        error = malformed_error(exc)
         try:
             claimed = self.jobs.fail_malformed(job_id, delivery, error)
         finally:

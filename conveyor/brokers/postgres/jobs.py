@@ -319,7 +319,7 @@ class Jobs:
                 if committing:
                     raise EnqueueOutcomeUnknown(
                         f"{translate(exc, 'the enqueue')}; the connection broke while "
-                        f"it committed, so the job(s) may have been enqueued"
+                        f"it committed, so the job(s) may have been enqueued; enqueue them again only with a key"
                     ) from exc
                 if attempt == 2 or isinstance(exc, PoolTimeout):
                     raise _enqueue_error(exc) from exc

@@ -32,18 +32,21 @@ from conveyor.brokers.base import (
     AnyMessage,
     ConveyorBroker,
     EnqueueItem,
+    FinalFailure,
     JobRecord,
     JobRef,
     QueueCounts,
     check_state,
     log_delivery_error,
+    malformed_error,
 )
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
 from conveyor.brokers.redis.replies import text
 from conveyor.brokers.redis.scripts import JOBS
-from conveyor.errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable
+from conveyor.brokers.redis.sending import MaybeSent, SendFailed, call_once
+from conveyor.errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable, EnqueueOutcomeUnknown
 from conveyor.logs import log_error, log_event
 from conveyor.redis_client import client as redis_client
 from conveyor.redis_client import is_unavailable, translated
@@ -89,6 +92,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         heartbeat_timeout: float,
         retention: float,
         settings: Settings,
+        on_dead: FinalFailure | None = None,
     ) -> None:
         # The pool is built here, from the settings: Dramatiq's from_url(url) would drop every option.
         client = redis_client(url, settings)
@@ -109,7 +113,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         #: An idle consumer's BLPOP never outlasts half the socket timeout (or it would read as a timeout).
         self.wait_cap = max(0.1, settings.redis_socket_timeout / 2)
         self.keys = Keys(namespace)
+        #: Runs the final-failure hook of a job the broker itself fails (an undecodable message), as on Postgres.
+        self._on_dead = on_dead
         self._jobs = self.client.register_script(JOBS)
+        #: Script calls an enqueue may make: a lost reply's call is repeated (exactly: see _send_enqueue).
+        self.enqueue_attempts = 1 + settings.redis_retries
         self.acks = AckBuffer(self)
         self._lock = threading.Lock()
         self._fetch_locks: dict[str, threading.Lock] = {}
@@ -253,37 +261,71 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return message
 
     def _enqueue_many(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[tuple[Message[Any], JobRef]]:
+        """The whole batch in one script call: all of it is enqueued or none, and the error says which."""
         prepared: list[tuple[Message[Any], EnqueueItem]] = []
+        args: list[Any] = ["enqueue", "", self.broker_id, int(dedup_ttl * _MS), len(items)]
         for item in items:
             message = self._prepare(item.message, item.delay_ms)
             self.emit_before("enqueue", message, item.delay_ms)
             prepared.append((message, item))
-        try:
-            with self.client.pipeline(transaction=False) as pipe:
-                for message, item in prepared:
-                    self._call(
-                        "enqueue",
-                        message.queue_name,
-                        message.options["redis_message_id"],
-                        message.message_id,
-                        message.encode(),
-                        message.actor_name,
-                        item.key or "",
-                        int(dedup_ttl * _MS),
-                        "" if item.delay_ms is None else int(item.delay_ms),
-                        storable(message.options.get("last_error", "")),
-                        client=pipe,
-                    )
-                results = pipe.execute()
-        except redis.RedisError as exc:
-            raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {type(exc).__name__}: {exc}") from exc
+            args += [
+                message.queue_name,
+                message.options["redis_message_id"],
+                message.message_id,
+                message.encode(),
+                message.actor_name,
+                item.key or "",
+                "" if item.delay_ms is None else int(item.delay_ms),
+                storable(message.options.get("last_error", "")),
+            ]
+        results = self._send_enqueue(args, len(items))
         out: list[tuple[Message[Any], JobRef]] = []
-        for (message, item), (job_id, duplicate) in zip(prepared, results):
-            ref = JobRef(text(job_id), bool(duplicate))
+        for i, (message, item) in enumerate(prepared):
+            ref = JobRef(text(results[2 * i]), bool(int(results[2 * i + 1])))
             if not ref.deduplicated:
                 self.emit_after("enqueue", message, item.delay_ms)
             out.append((message, ref))
         return out
+
+    def _send_enqueue(self, args: list[Any], count: int) -> Any:
+        """The enqueue's script call, repeated (up to ``redis_retries`` times) only where that is exact.
+
+        A call that may have reached Redis is repeated as it was: the script
+        finds each job it already wrote by its rid, so a repeat that gets a
+        reply reports the batch exactly, whichever call applied it. A call
+        that cannot have been sent raises BrokerUnavailable; one that may
+        have been applied and was never answered, EnqueueOutcomeUnknown.
+        """
+        maybe: SendFailed | None = None
+        last: SendFailed
+        for attempt in range(self.enqueue_attempts):
+            if attempt:
+                time.sleep(min(2.0, 0.1 * 2 ** (attempt - 1)))
+            try:
+                return call_once(self.client, self._jobs, [self.namespace], args)
+            except SendFailed as exc:
+                last = exc
+                if isinstance(exc, MaybeSent):
+                    maybe = exc
+            except redis.RedisError as exc:
+                # An answer. Refused before any write (OOM, BUSY, LOADING, READONLY: the script writes
+                # nothing before its first write is allowed) is nothing enqueued by this call; anything
+                # else stopped the script part-way, and what it wrote before stays.
+                if maybe is None and (is_unavailable(exc) or isinstance(exc, _REFUSED_BEFORE_WRITING)):
+                    raise BrokerUnavailable(
+                        f"Redis refused the enqueue, nothing was enqueued: {_summary(exc)}"
+                    ) from exc
+                why = "an earlier call was never answered" if maybe else "the script may have stopped part-way"
+                raise EnqueueOutcomeUnknown(
+                    f"Redis answered the enqueue of {count} job(s) with an error ({_summary(exc)}) and {why}: "
+                    f"they may have been enqueued; enqueue them again only with a key"
+                ) from exc
+        if maybe is not None:
+            raise EnqueueOutcomeUnknown(
+                f"Redis did not answer the enqueue of {count} job(s) ({maybe}): the request reached it or may "
+                f"have, so they may have been enqueued; enqueue them again only with a key"
+            ) from maybe.cause
+        raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {last}") from last.cause
 
     def _stash_retry(self, message: Message[Any], delay: int | None) -> Message[Any]:
         """The Retries middleware's retry of a running delivery. It is written by that delivery's ack, in the
@@ -384,6 +426,37 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if claimed == -1:
             self._refused("final-failure claim", q_name(message.queue_name), message.message_id)
         return claimed == 1
+
+    def fail_malformed(self, name: str, rid: str, delivery: int, exc: Exception) -> None:
+        """A fetched message that cannot be decoded goes to the dead letters; its job, if its id could be
+        read, fails with it (counted once) and its final-failure hook runs with no payload, as on Postgres."""
+        error = malformed_error(exc)
+        claimed, job_id, job = self._call("poison", name, rid, delivery, self.retention_ms, storable(error))
+        self._settle(name, [(rid, delivery)])
+        queue = q_name(name)
+        if not job_id:
+            log_error(f"malformed message {rid} moved to the dead letters: {error}", level="error", queue=queue)
+            return
+        job_id, job = text(job_id), text(job)
+        log_event("failed", level="error", queue=queue, job=job or None, job_id=job_id, attempt=None, error=error)
+        if int(claimed) != 1 or self._on_dead is None:
+            return
+        # The hook gets no payload: the message is the one thing that could not be read.
+        message: Message[Any] = Message(
+            queue_name=queue, actor_name=job, args=(), kwargs={}, options={"attempt": 0}, message_id=job_id
+        )
+        try:
+            self._on_dead(self, message, error)
+        except Exception as hook_error:
+            log_event(
+                "error",
+                level="error",
+                queue=queue,
+                job=job or None,
+                job_id=job_id,
+                attempt=0,
+                error=f"final-failure handling raised {type(hook_error).__name__}: {hook_error}",
+            )
 
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
         done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)
@@ -587,6 +660,17 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 def storable(text: str | None) -> str:
     """Any error text as valid UTF-8 (a lone surrogate would make the script call fail); NUL is fine in Redis."""
     return (text or "").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+#: Error replies of a script refused at its first write, before it changed anything (redis-py names them
+#: by class: OOM, READONLY; a LOADING reply is a BusyLoadingError, which is_unavailable counts already).
+_REFUSED_BEFORE_WRITING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+
+
+def _summary(exc: BaseException) -> str:
+    """redis-py's error, first line only (a pipeline's or a script's text names the whole command)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def _fresh(message: Message[Any]) -> Message[Any]:

@@ -220,11 +220,7 @@ class RedisConsumer(Consumer):
         self.cache.append(SafeMessageProxy(message))
 
     def _poison(self, rid: str, delivery: int, exc: Exception) -> None:
-        self.broker._call("poison", self.queue_name, rid)
-        self.broker._settle(self.queue_name, [(rid, delivery)])
-        log_error(
-            f"malformed message {rid} moved to the dead letters: {exc}", level="error", queue=q_name(self.queue_name)
-        )
+        self.broker.fail_malformed(self.queue_name, rid, delivery, exc)
 
     @property
     def outstanding_message_count(self) -> int:

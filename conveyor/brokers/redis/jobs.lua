@@ -13,7 +13,7 @@
 -- conveyor adds job records (one per job id, surviving retries):
 --   $ns:job:$id           hash: queue job state rid delivery attempts key
 --                         payload enqueued_at started_at finished_at error
---                         eta worker final_failure updated_at
+--                         eta worker final_failure updated_at enqueued_rid
 --   $ns:idx:$queue:$state zset of job ids by when they entered the state
 --   $ns:totals:$queue     hash completed / failed, never reset
 --   $ns:dedup:$key        job id that holds the key, with a TTL
@@ -237,34 +237,35 @@ local function ack_buffered(first)
     return refused
 end
 
--- enqueue(rid, id, data, job, key, dedup_ttl_ms, delay_ms, error)
--- Returns {id, deduplicated}. With a key, the key is taken and the
--- message pushed in one step; a key whose job record is gone is free again.
-if command == "enqueue" then
-    local rid, id, data, job, key = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-    local dedup_ttl, delay, err = ARGV[9], ARGV[10], ARGV[11]
+-- One job of an enqueue: returns its id and 1 when a live job held its key
+-- (nothing written), else 0. With a key, the key is taken and the message
+-- pushed in one step; a key whose job record is gone is free again.
+local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err)
     -- A deleted job's message may still come back: drop it. A call repeated
-    -- after a lost reply (same rid) must not push the message twice.
-    if redis.call("exists", ns .. ":deleted:" .. id) == 1 or redis.call("hexists", queue.msgs, rid) == 1
-            or redis.call("hget", job_key(id), "rid") == rid then
-        return {id, 0}
+    -- after a lost reply (same rid) must not push the message twice, even
+    -- if the job ran and was retried as a new message meanwhile (its record
+    -- keeps the rid it was enqueued with).
+    local seen = redis.call("hmget", job_key(id), "rid", "enqueued_rid")
+    if seen[1] == rid or seen[2] == rid or redis.call("hexists", q.msgs, rid) == 1
+            or redis.call("exists", ns .. ":deleted:" .. id) == 1 then
+        return id, 0
     end
     if key ~= "" then
         local dedup_key = ns .. ":dedup:" .. key
         local holder = redis.call("get", dedup_key)
         if holder and redis.call("exists", job_key(holder)) == 1 then
-            return {holder, 1}
+            return holder, 1
         end
         redis.call("set", dedup_key, id, "PX", dedup_ttl)
     end
-    redis.call("hset", queue.msgs, rid, data)
-    redis.call("rpush", queue.list, rid)
-    wake(queue)
+    redis.call("hset", q.msgs, rid, data)
+    redis.call("rpush", q.list, rid)
+    wake(q)
     local record = job_key(id)
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
     redis.call("hsetnx", record, "delivery", 0)
-    redis.call("hset", record, "queue", queue.canonical, "job", job, "rid", rid, "payload", data)
+    redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "enqueued_rid", rid, "payload", data)
     if key ~= "" then
         redis.call("hset", record, "key", key)
     end
@@ -272,13 +273,32 @@ if command == "enqueue" then
         redis.call("hset", record, "error", err)
     end
     redis.call("persist", record)
-    if queue.delay then
+    if q.delay then
         -- Due on the server's clock; each worker holding it waits out what is left on its own.
-        set_state(queue, id, "delayed", {"eta", now + (tonumber(delay) or 0)})
+        set_state(q, id, "delayed", {"eta", now + (tonumber(delay) or 0)})
     else
-        set_state(queue, id, "waiting")
+        set_state(q, id, "waiting")
     end
-    return {id, 0}
+    return id, 0
+end
+
+-- enqueue(dedup_ttl_ms, n, then n times: queue, rid, id, data, job, key,
+-- delay_ms, error) -> {id, deduplicated, ...}, one pair per job in order.
+-- A whole batch is one script call, so it is all or nothing: Redis runs a
+-- script alone, and refuses one over maxmemory (OOM) at its first write,
+-- never after it (a script that has written runs to its end). Repeated
+-- after a lost reply, every job is found by its rid and nothing doubles.
+if command == "enqueue" then
+    local dedup_ttl, count = ARGV[4], tonumber(ARGV[5])
+    local out = {}
+    for i = 0, count - 1 do
+        local b = 6 + 8 * i
+        local id, duplicate = enqueue_one(Q(ARGV[b]), ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
+                                          ARGV[b + 5], dedup_ttl, ARGV[b + 6], ARGV[b + 7])
+        out[#out + 1] = id
+        out[#out + 1] = duplicate
+    end
+    return out
 
 -- fetch(count) -> {rid, data, delivery, note, wait_ms, ...}; nothing from a paused
 -- queue. Each message handed out is a new delivery; a job fetched from
@@ -477,17 +497,44 @@ elseif command == "claim_final" then
     -- The same claim repeated after a lost reply is still this delivery's.
     return redis.call("hget", job_key(id), "final_failure") == delivery and 1 or 0
 
--- poison(rid): a message that cannot even be decoded goes to the dead
--- letters alone; the consumer carries on with the rest.
+-- poison(rid, delivery, retention_ms, error) -> {claimed, id, job}: a
+-- message the worker cannot decode goes to the dead letters alone; the
+-- consumer carries on with the rest. When its job id could be read (the
+-- fetch then handed it out as a delivery) and that delivery is current,
+-- its job fails in the same step, as on Postgres (fail_malformed): state
+-- failed with the error, counted once, and claimed = 1 when this call took
+-- the final-failure claim (again when the same call is repeated), so the
+-- worker runs the job's hook. job is the record's job name ("" if none).
 elseif command == "poison" then
-    local rid = ARGV[4]
-    redis.call("srem", acks_key(worker, queue), rid)
+    local rid, delivery, retention, err = ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7]
+    local held = redis.call("srem", acks_key(worker, queue), rid)
     local data = redis.call("hget", queue.msgs, rid)
     if data then
         dead_letter(queue, rid, data)
     end
-    redis.call("hincrby", queue.totals, "failed", 1)
-    return 1
+    local id = nil
+    if delivery ~= "0" then
+        id = message_id(data or redis.call("hget", queue.xmsgs, rid) or "")
+    end
+    if not id or fence(id, rid, delivery) ~= 1 then
+        if data and held == 1 then
+            redis.call("hincrby", queue.totals, "failed", 1)
+        end
+        return {0, id or "", ""}
+    end
+    local record = job_key(id)
+    if redis.call("hget", record, "state") ~= "failed" then
+        set_state(queue, id, "failed", {"finished_at", now, "error", err})
+        redis.call("hdel", record, "worker")
+        redis.call("pexpire", record, retention)
+        redis.call("hincrby", queue.totals, "failed", 1)
+    end
+    local claimed = 0
+    if redis.call("hsetnx", record, "final_failure", delivery) == 1
+            or redis.call("hget", record, "final_failure") == delivery then
+        claimed = 1
+    end
+    return {claimed, id, redis.call("hget", record, "job") or ""}
 
 -- requeue(rid, delivery, ...) -> ids handed back: messages this worker
 -- holds and will not run (prefetched, or its start could not be written).

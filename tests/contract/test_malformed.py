@@ -1,0 +1,46 @@
+"""A stored message this worker cannot decode: its job fails alone, with a clear error, and its hook runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.contract.drive import JOB, QUEUE, enqueue, eventually, message, record_in
+
+
+def newer_format(job_id: str, payload: dict) -> bytes:
+    """A job's message as a newer producer might write it: one top-level field this version does not know."""
+    fields = json.loads(message(payload).encode())
+    fields.update(message_id=job_id, trace_context={"id": "abc"})
+    return json.dumps(fields, separators=(",", ":")).encode()
+
+
+@pytest.mark.needs("stored messages")
+def test_a_message_that_no_longer_decodes_fails_its_job_and_runs_its_final_failure_hook(
+    broker, pump, store_message, final_failures
+):
+    bad = enqueue(broker, {"n": 1})
+    good = enqueue(broker, {"n": 2})
+    store_message(broker, bad.id, newer_format(bad.id, {"n": 1}))
+    consumer = pump(broker)
+    delivered = consumer.receive()
+    assert delivered.message_id == good.id, "the malformed message was handed to the worker"
+    assert broker.start_job(delivered) == 1
+    consumer.ack(delivered)
+    record_in(broker, good.id, "completed")
+    record = record_in(broker, bad.id, "failed")
+    assert record.error.startswith("MalformedMessage: the stored message cannot be decoded")
+    assert record.finished_at is not None
+    counts = broker.queue_counts(QUEUE)
+    assert (counts.waiting, counts.active, counts.failed, counts.completed_total, counts.failed_total) == (
+        0,
+        0,
+        1,
+        1,
+        1,
+    )
+    assert [r.id for r in broker.list_jobs(QUEUE, "failed")] == [bad.id]
+    eventually(lambda: final_failures, what="the final-failure hook")
+    assert final_failures == [(bad.id, JOB, record.error)]
+    consumer.nothing(within=0.3)
