@@ -146,6 +146,11 @@ class App:
                 self._pool = open_pool(self.database_url)
             return self._pool
 
+    @property
+    def pool_opened(self) -> bool:
+        """Whether :attr:`pool` was opened (this process uses the database), without opening it."""
+        return self._pool is not None
+
     def max_attempts(self, job_type: JobType) -> int:
         """How many starts ``job_type`` gets: its own ``max_attempts``, else its queue's."""
         return job_type.attempts(self.queues.get(job_type.queue))

@@ -104,6 +104,32 @@ class RetryLater(ConveyorError):
         self.delay = delay
 
 
+class EffectError(ConveyorError):
+    """A job's own effect could not be fenced or guarded as asked (``ctx.check_fence``, ``ctx.once``,
+    ``ctx.transaction``). Not a :class:`JobError`: a stale delivery that raises one has not failed, another
+    delivery owns the job."""
+
+
+class DeliveryFenced(EffectError):
+    """This delivery is no longer its job's current one: its worker was paused or cut off past the lease
+    and the job was handed to another delivery (or it ended). Its effects must not apply: raised inside a
+    transaction, the transaction rolls back. The broker ignores the stale delivery's outcome."""
+
+
+class NoDelivery(EffectError):
+    """The context has no delivery to fence (a final-failure hook runs after the job's last delivery)."""
+
+
+class TransactionalCompletionUnsupported(EffectError):
+    """``ctx.transaction()`` / ``ctx.complete_in(conn)`` need the postgres broker: only there is the job a row
+    that the caller's transaction can complete (``ctx.once`` works on every broker)."""
+
+
+class NotInTransaction(EffectError):
+    """``ctx.once`` / ``ctx.complete_in`` were given a connection with no open transaction: the record and the
+    effect would not commit together."""
+
+
 class InjectedFault(JobError):
     """A failure injected on purpose (``CONVEYOR_FAULT_RATE``) to exercise retries."""
 

@@ -141,6 +141,9 @@ class ConveyorBroker(Broker):
     #: True when ``enqueue_jobs`` takes ``connection=``: jobs enqueued in the caller's transaction (postgres).
     transactional_enqueue: bool = False
 
+    #: True when the broker has ``complete_in``: a job completed inside the caller's transaction (postgres).
+    transactional_completion: bool = False
+
     def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
         """Enqueue messages, each atomically with its key: a key held by an existing job returns that job."""
         raise NotImplementedError
@@ -154,6 +157,27 @@ class ConveyorBroker(Broker):
 
     def claim_final_failure(self, message: AnyMessage) -> bool:
         """True exactly once per job: whoever gets it runs the job's final-failure hooks."""
+        raise NotImplementedError
+
+    # -- the fence of a job's own effects (JobContext: ctx.delivery, ctx.check_fence) --------
+
+    def delivery(self, message: AnyMessage) -> int | None:
+        """The fence number of the delivery ``message`` came with; None for a message no consumer handed out.
+
+        It grows with every delivery of the job (and survives a crash of the
+        broker's server), so two deliveries of one job never share it.
+        """
+        raise NotImplementedError
+
+    def is_current(self, message: AnyMessage) -> bool:
+        """Whether ``message``'s delivery is still its job's current one: one read on the broker's server.
+
+        False once the job was taken back (its worker stopped heartbeating
+        for a lease) or handed to another delivery, and when the job is gone.
+        A job this delivery completed stays current for it. The answer may be
+        stale by the time the caller acts on it (a pause right after): only a
+        write that checks the fence itself (:meth:`complete_in`) closes that gap.
+        """
         raise NotImplementedError
 
     def maintain(self) -> dict[str, list[str]]:
@@ -238,6 +262,25 @@ class TransactionalEnqueue(Protocol):
     def enqueue_jobs(
         self, items: list[EnqueueItem], *, dedup_ttl: float, connection: Connection[Any] | None = None
     ) -> list[JobRef]: ...
+
+
+class TransactionalCompletion(Protocol):
+    """A broker whose job can be completed inside the caller's database transaction (postgres)."""
+
+    def complete_in(self, conn: Connection[Any], message: AnyMessage) -> None:
+        """Complete ``message``'s job in ``conn``'s open transaction, only while its delivery is current.
+
+        The completion commits (or rolls back) with the caller's transaction;
+        when the delivery is no longer current it raises
+        :class:`~conveyor.errors.DeliveryFenced` and writes nothing, so the
+        transaction rolls back. The delivery's ordinary ack after a commit
+        changes nothing. ``conn`` must be on the broker's own database.
+        """
+        ...
+
+    def completed_in_transaction(self, message: AnyMessage) -> None:
+        """The caller's transaction that ran :meth:`complete_in` committed: the ack writes nothing."""
+        ...
 
 
 def is_transactional(broker: ConveyorBroker) -> TypeGuard[TransactionalEnqueue]:

@@ -45,6 +45,8 @@ class InlineBroker(ConveyorBroker, StubBroker):
         self._deleted: set[str] = set()
         self._waiting_since: dict[str, float] = {}
         self.paused: set[str] = set()
+        #: job id -> its deliveries so far: the fence number of the latest (``inline_delivery`` on its message).
+        self._deliveries: dict[str, int] = {}
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 100) -> _Consumer:
         consumer = super().consume(queue_name, prefetch, timeout)
@@ -110,6 +112,22 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 return False
             self._final.add(message.message_id)
             return True
+
+    def deliver(self, message: Message[Any]) -> None:
+        """A consumer hands ``message`` out: a new delivery of its job, numbered on its options."""
+        with self._lock:
+            delivery = self._deliveries[message.message_id] = self._deliveries.get(message.message_id, 0) + 1
+        message.options["inline_delivery"] = delivery
+
+    def delivery(self, message: AnyMessage) -> int | None:
+        delivery: int | None = message.options.get("inline_delivery")
+        return delivery
+
+    def is_current(self, message: AnyMessage) -> bool:
+        # One process holds every inline job and nothing takes one back: only a newer delivery supersedes.
+        delivery = message.options.get("inline_delivery")
+        with self._lock:
+            return delivery is not None and self._deliveries.get(message.message_id) == delivery
 
     def finish(self, message: MessageProxy, *, failed: bool) -> None:
         """Called by the consumer on ack (``failed=False``) and nack."""
@@ -199,6 +217,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
             # tombstone makes start_job skip it and enqueue drop it.
             self._deleted.add(job_id)
             del self.records[job_id]
+            self._deliveries.pop(job_id, None)
             self._waiting_since.pop(job_id, None)
             if record.key and self._keys.get(record.key, ("",))[0] == job_id:
                 del self._keys[record.key]
@@ -235,7 +254,11 @@ class _Consumer(Consumer):
             time.sleep(self.inner.timeout / 1000)
             return None
         message = next(self.inner)
-        return SafeMessageProxy(message._message) if message is not None else None
+        if message is None:
+            return None
+        if not self.queue_name.endswith(".DQ"):
+            self.broker.deliver(message._message)
+        return SafeMessageProxy(message._message)
 
     def ack(self, message: MessageProxy) -> None:
         self.inner.ack(message)

@@ -63,6 +63,8 @@ def _runner(job_type: JobType, app: "App") -> Callable[..., Any]:
             attempt=attempt,
             max_attempts=app.max_attempts(job_type),
             app=app,
+            delivery=app.broker.delivery(message) if message else None,
+            message=message,
         )
         return job_type.run(payload, ctx)
 

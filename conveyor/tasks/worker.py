@@ -32,6 +32,10 @@ RESTART_BACKOFF_MAX = 30.0
 #: Seconds before a self-fenced child (exit code 75, see watchdog.py) is restarted.
 SELF_FENCE_RESTART_DELAY = 0.5
 
+#: Seconds between prunes of once-guarded steps (ctx.once) on brokers whose jobs are not Postgres rows
+#: (the postgres broker prunes them with their jobs). The retention is days: no need to hurry.
+STEPS_PRUNE_INTERVAL = 60.0
+
 
 class ProcessWorker:
     """One process's Dramatiq worker for one queue, plus the recovery loop for dead workers."""
@@ -78,8 +82,12 @@ class ProcessWorker:
     def _maintain_loop(self) -> None:
         interval = self.app.settings.maintenance_interval
         wait = 0.0  # the first pass at start-up: jobs of workers that died while none ran come back at once
+        pruned_at = time.monotonic()
         while not self._stop.wait(wait):
             wait = interval
+            if time.monotonic() - pruned_at >= STEPS_PRUNE_INTERVAL:
+                pruned_at = time.monotonic()
+                self._prune_steps()
             try:
                 recovered = self.broker.maintain()
             except Exception as exc:  # the broker may be down for a while: keep trying
@@ -96,6 +104,22 @@ class ProcessWorker:
                         attempt=None,
                         reason="its worker stopped heartbeating; requeued",
                     )
+
+    def _prune_steps(self) -> None:
+        """Once-guarded steps older than the retention go (brokers whose jobs live outside Postgres).
+
+        Only when this process has opened the database: its jobs' ``ctx.once`` writes there; a
+        process that never did has no steps to prune and must not start an embedded server for it.
+        """
+        if self.app.settings.broker_name == "postgres" or not self.app.pool_opened:
+            return
+        from conveyor.tasks import steps
+
+        try:
+            with self.app.pool.connection() as conn:
+                steps.prune(conn, self.app.settings.retention)
+        except Exception as exc:  # the table's migration not applied, Postgres away: next time
+            log_error(f"pruning job steps failed: {type(exc).__name__}: {exc}", queue=self.queue)
 
 
 @dataclass

@@ -30,10 +30,12 @@ LACKS: dict[str, dict[str, str]] = {
     "inline": {
         "stored messages": "an inline message never leaves the process that encoded it: it always decodes",
         "recovery": "one process holds every inline job: no worker can die and leave jobs held behind it",
-        "fence": "inline deliveries carry no delivery number: a message is handed to one thread of the one process",
+        "fence": "no inline delivery is ever superseded: a message is handed to one thread of the one process",
+        "transactional_completion": "inline jobs live in the process's memory, not in a database a transaction spans",
         "priority": "a queue is Dramatiq's in-memory FIFO; actor priority orders only a worker's work queue",
     },
     "redis": {
+        "transactional_completion": "Redis jobs are not rows of the Postgres database the caller's transaction is on",
         "priority": "a queue is one FIFO list; actor priority orders only a worker's work queue (Dramatiq's design)",
     },
 }

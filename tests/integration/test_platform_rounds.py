@@ -10,8 +10,9 @@ import pytest
 
 from conveyor.app import App
 from conveyor.ledger import credits
-from conveyor.platform.payloads import RunFinalize
+from conveyor.platform.payloads import MemoryExtraction, RunFinalize
 from conveyor.platform.processors.finalize import finalize_run
+from conveyor.platform.processors.memory import extract_memories
 from conveyor.platform.providers.base import ChatMessage
 from conveyor.platform.providers.local import reply_chunks
 from conveyor.settings import Settings
@@ -164,6 +165,16 @@ def test_finalize_twice_charges_once_and_enqueues_nothing_new(app):
             assert len(credits.entries(conn, "bob")) == 1
             assert credits.verify(conn) == []
         assert run_status(app, accepted["run_id"]).finalized_at is not None
+
+        # The memory job delivered again (a paused worker resuming, a lost ack): its step is once-guarded,
+        # so nothing is written again, however differently the model would answer the second time.
+        (memory_job,) = app.broker.list_jobs("llm", "completed")
+        with app.pool.connection() as conn:
+            conn.execute("DELETE FROM memories WHERE user_id = 'bob'")
+        again = JobContext("memory.extraction", "llm", memory_job.id, 2, 3, app)
+        extract_memories(MemoryExtraction.model_validate(memory_job.payload), again)
+        with app.pool.connection() as conn:
+            assert conn.execute("SELECT count(*) FROM memories WHERE user_id = 'bob'").fetchone()[0] == 0
 
 
 def test_invalid_and_unknown_ids_get_clear_4xx(redis_url, database_url):

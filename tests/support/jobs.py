@@ -18,7 +18,7 @@ from dataclasses import replace
 import psycopg
 
 from conveyor.brokers.postgres.jobs import storable
-from conveyor.errors import PermanentError
+from conveyor.errors import DeliveryFenced, PermanentError
 from conveyor.ledger import credits
 from conveyor.platform.payloads import CreditConsume
 from conveyor.platform.queues import QUEUES
@@ -146,3 +146,59 @@ def bad_dead(payload: Bad | None, error: str, ctx) -> None:
         "INSERT INTO probe_dead (job_id, token, error) VALUES (%s, %s, %s)",
         (ctx.job_id, payload.token if payload else None, storable(error)),
     )
+
+
+# -- a job's own effects, fenced or not (tests/integration/test_effects.py) ------------------------
+
+INSERT_EFFECT = "INSERT INTO effect_log (token, job_id, delivery, attempt, pid, kind) VALUES (%s, %s, %s, %s, %s, %s)"
+
+
+class Effect(Payload):
+    token: str
+    #: Seconds the first attempt waits between its start and its effects (a test pauses its worker there).
+    hold: float = 0
+    #: Attempts that raise after their effects (the next delivery then meets them).
+    fail_times: int = 0
+
+
+@job("test.effect", queue="nudge", payload=Effect)
+def effect(payload: Effect, ctx) -> None:
+    """Writes one effect four ways: unguarded, once-guarded, with the job's completion (postgres), fence-checked.
+
+    Every step lands in ``effect_log`` (kind: started, naive, once, transactional, rolled_back,
+    fence_raised, ended), so a test sees from outside which delivery applied what.
+    """
+
+    def log(conn, kind: str) -> None:
+        conn.execute(INSERT_EFFECT, (payload.token, ctx.job_id, ctx.delivery, ctx.attempt, os.getpid(), kind))
+
+    with ctx.app.pool.connection() as conn:
+        log(conn, "started")
+    if ctx.attempt == 1 and payload.hold:
+        time.sleep(payload.hold)
+    with ctx.app.pool.connection() as conn:
+        log(conn, "naive")  # no guard: a paused worker that resumes writes it again
+        with conn.transaction():
+            if ctx.once(conn, "effect"):
+                log(conn, "once")
+    if ctx.attempt <= payload.fail_times:
+        raise RuntimeError(f"effect {payload.token} fails on attempt {ctx.attempt}")
+    fenced: DeliveryFenced | None = None
+    if ctx.can_complete_in_transaction:
+        try:
+            with ctx.transaction() as conn:
+                log(conn, "transactional")
+        except DeliveryFenced as exc:
+            fenced = exc
+            with ctx.app.pool.connection() as conn:
+                log(conn, "rolled_back")
+    try:
+        ctx.check_fence()
+    except DeliveryFenced as exc:
+        fenced = exc
+        with ctx.app.pool.connection() as conn:
+            log(conn, "fence_raised")
+    with ctx.app.pool.connection() as conn:
+        log(conn, "ended")
+    if fenced is not None:
+        raise fenced

@@ -13,3 +13,14 @@ CREATE TABLE probe_dead (
     token   TEXT,
     error   TEXT NOT NULL
 );
+-- What test.effect did, one row per step of each of its deliveries (tests/integration/test_effects.py).
+CREATE TABLE effect_log (
+    id        BIGSERIAL PRIMARY KEY,
+    token     TEXT NOT NULL,
+    job_id    TEXT NOT NULL,
+    delivery  INT,
+    attempt   INT NOT NULL,
+    pid       INT NOT NULL,
+    kind      TEXT NOT NULL,
+    at        TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);

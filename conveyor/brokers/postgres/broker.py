@@ -50,7 +50,7 @@ from conveyor.brokers.postgres.durability import PROVEN, ClaimProofs
 from conveyor.brokers.postgres.jobs import POOL_TIMEOUT, Jobs, NewJob, unstorable_path
 from conveyor.brokers.postgres.listen import Listener
 from conveyor.brokers.postgres.recovery import Recovery
-from conveyor.errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, InvalidPayload
+from conveyor.errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, DeliveryFenced, InvalidPayload
 from conveyor.logs import log_error, log_event
 
 if TYPE_CHECKING:
@@ -61,6 +61,9 @@ START_GRACE = 5.0
 
 #: Message option: the final failure of this delivery could not be claimed; write no outcome.
 ABANDON = "pg_abandon"
+
+#: Message option: this delivery completed its job in the caller's transaction (committed); write no outcome.
+COMPLETED = "pg_completed"
 
 
 class PostgresBroker(ConveyorBroker, Broker):
@@ -74,6 +77,7 @@ class PostgresBroker(ConveyorBroker, Broker):
     """
 
     transactional_enqueue = True
+    transactional_completion = True
 
     def __init__(
         self,
@@ -280,6 +284,26 @@ class PostgresBroker(ConveyorBroker, Broker):
                 self._abandon(message, f"its final failure could not be claimed: {type(exc).__name__}: {exc}")
                 return False
 
+    # -- the fence of a job's own effects ------------------------------------------------
+
+    def delivery(self, message: AnyMessage) -> int | None:
+        delivery: int | None = message.options.get("pg_delivery")
+        return delivery
+
+    def is_current(self, message: AnyMessage) -> bool:
+        delivery = message.options.get("pg_delivery")
+        return delivery is not None and self.jobs.is_current(message.message_id, delivery)
+
+    def complete_in(self, conn: psycopg.Connection[Any], message: AnyMessage) -> None:
+        """Complete the job in the caller's transaction (``jobs.sql``'s complete_in_transaction); see the contract."""
+        delivery = message.options.get("pg_delivery")
+        if delivery is None:
+            raise DeliveryFenced("this message came with no delivery of this broker's: nothing to complete")
+        self.jobs.complete_in(conn, message.message_id, delivery)
+
+    def completed_in_transaction(self, message: AnyMessage) -> None:
+        message.options[COMPLETED] = True
+
     def _proven(self, message: Any, timeout: float) -> bool:
         return self.proofs.wait(message.options.get("pg_proof", PROVEN), timeout) is True
 
@@ -308,6 +332,10 @@ class PostgresBroker(ConveyorBroker, Broker):
             return
         if message.options.get(ABANDON):
             self.deliveries.forget(message.message_id, delivery)  # its last outcome: abandoned when decided
+            return
+        if message.options.get(COMPLETED):
+            # Done in the job's own transaction, which committed: nothing to write, and no refusal to report.
+            self.deliveries.forget(message.message_id, delivery)
             return
         if status == "done" and getattr(message, "_exception", None) is not None:
             # It raised, yet no retry was written and it was not failed: something between the run
@@ -433,5 +461,5 @@ class PostgresBroker(ConveyorBroker, Broker):
 
 
 def _without_delivery(message: Message[Any]) -> Message[Any]:
-    options = {k: v for k, v in message.options.items() if k not in (*DELIVERY_OPTIONS, ABANDON)}
+    options = {k: v for k, v in message.options.items() if k not in (*DELIVERY_OPTIONS, ABANDON, COMPLETED)}
     return dataclasses.replace(message, options=options)

@@ -43,12 +43,20 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, TypedDict, overload
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from conveyor.brokers.base import JobRecord, JobRef, QueueCounts
 from conveyor.brokers.postgres.records import LISTS, job_record
 from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, load_queries, translate
-from conveyor.errors import BrokerUnavailable, DatabaseRefused, DatabaseUnavailable, EnqueueOutcomeUnknown
+from conveyor.errors import (
+    BrokerUnavailable,
+    DatabaseRefused,
+    DatabaseUnavailable,
+    DeliveryFenced,
+    EnqueueOutcomeUnknown,
+    NotInTransaction,
+)
 
 QUERIES = load_queries(Path(__file__).with_name("jobs.sql"))
 
@@ -405,6 +413,29 @@ class Jobs:
         moved: int = _single(row, "finish")[0]
         return moved
 
+    def complete_in(self, conn: psycopg.Connection[Any], job_id: str, delivery: int) -> None:
+        """Complete the job in ``conn``'s open transaction while ``delivery`` is current, else DeliveryFenced."""
+        if conn.info.transaction_status != TransactionStatus.INTRANS:
+            raise NotInTransaction(
+                "the job's completion needs an open transaction on the connection, the one its effects are written in"
+            )
+        try:
+            row = conn.execute(
+                QUERIES["complete_in_transaction"], {"id": job_id, "delivery": delivery, "slot": self.slot()}
+            ).fetchone()
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "completing a job in a transaction") from exc
+        if not _single(row, "complete_in_transaction")[0]:
+            raise DeliveryFenced(
+                f"delivery {delivery} of job {job_id} is no longer current (taken back after its lease, "
+                "handed to another delivery, or ended): its transaction rolls back"
+            )
+
+    def is_current(self, job_id: str, delivery: int) -> bool:
+        """Whether ``delivery`` is still the job's current one (one primary-key read)."""
+        current: bool = _single(self._read("is_current", {"id": job_id, "delivery": delivery}, "one"), "is_current")[0]
+        return current
+
     def retry(self, job_id: str, delivery: int, message: str, delay: float, error: str | None) -> None:
         """The delivery failed and the job runs again after ``delay`` s, with its new message."""
         self._execute(
@@ -500,7 +531,13 @@ class Jobs:
         self._execute("forget_dead_workers", {"after": after})
 
     def prune(self, retention: float, limit: int) -> int:
-        return self._execute("prune", {"retention": retention, "limit": limit})
+        """Delete up to ``limit`` jobs finished more than ``retention`` s ago, with their steps; returns how many."""
+        pruned: int = _single(self._execute("prune", {"retention": retention, "limit": limit}, fetch="one"), "prune")[0]
+        return pruned
+
+    def prune_orphan_steps(self, retention: float, limit: int) -> int:
+        """Delete up to ``limit`` once-guarded steps older than ``retention`` s whose job is gone."""
+        return self._execute("prune_orphan_steps", {"retention": retention, "limit": limit})
 
     # -- reads and operator actions ---------------------------------------------------
 

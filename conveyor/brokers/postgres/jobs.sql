@@ -98,6 +98,32 @@ WITH f AS (
 )
 SELECT count(*) FROM moved
 
+-- name: complete_in_transaction
+-- The current delivery completes its job inside the caller's own transaction
+-- (ctx.transaction, ctx.complete_in), with the caller's effects: both commit
+-- or neither. The row stays locked until that transaction ends, so recovery
+-- (SKIP LOCKED) cannot take the job back meanwhile. No row when the delivery
+-- is no longer current (taken back, handed to another delivery, deleted or
+-- ended): the caller raises DeliveryFenced and its transaction rolls back.
+WITH moved AS (
+    UPDATE conveyor_jobs
+    SET status = 'done', error = NULL, completed_at = now(), worker_id = NULL
+    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
+    RETURNING queue
+), totals AS (
+    INSERT INTO conveyor_queue_totals AS t (queue, slot, completed)
+    SELECT queue, %(slot)s, 1 FROM moved
+    ON CONFLICT (queue, slot) DO UPDATE SET completed = t.completed + 1
+)
+SELECT count(*) FROM moved
+
+-- name: is_current
+-- Whether this delivery is still the job's current one (ctx.check_fence): one
+-- primary-key read. A job this delivery completed stays current for it; a job
+-- taken back keeps its delivery number while pending, so the status tells.
+SELECT EXISTS (SELECT 1 FROM conveyor_jobs
+               WHERE id = %(id)s AND delivery = %(delivery)s AND status IN ('in_progress', 'done'))
+
 -- name: retry
 -- The current delivery failed and runs again after `delay` seconds (a
 -- retry's backoff, or RetryLater): back to pending with its new message.
@@ -241,10 +267,28 @@ DELETE FROM conveyor_workers
 WHERE heartbeat_at < now() - make_interval(secs => %(after)s)
 
 -- name: prune
--- Finished jobs older than the retention, a batch at a time.
-DELETE FROM conveyor_jobs WHERE id IN (
-    SELECT id FROM conveyor_jobs
-    WHERE status IN ('done', 'failed') AND completed_at < now() - make_interval(secs => %(retention)s)
+-- Finished jobs older than the retention, a batch at a time, with their
+-- once-guarded steps (conveyor_job_steps: no later delivery can need them).
+WITH gone AS (
+    DELETE FROM conveyor_jobs WHERE id IN (
+        SELECT id FROM conveyor_jobs
+        WHERE status IN ('done', 'failed') AND completed_at < now() - make_interval(secs => %(retention)s)
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id
+), steps AS (
+    DELETE FROM conveyor_job_steps s USING gone WHERE s.job_id = gone.id
+)
+SELECT count(*) FROM gone
+
+-- name: prune_orphan_steps
+-- Steps older than the retention whose job is no row here (deleted by an
+-- operator, or a job of another broker's): a live job keeps its steps.
+DELETE FROM conveyor_job_steps WHERE (job_id, step) IN (
+    SELECT s.job_id, s.step FROM conveyor_job_steps s
+    WHERE s.done_at < now() - make_interval(secs => %(retention)s)
+      AND NOT EXISTS (SELECT 1 FROM conveyor_jobs j WHERE j.id = s.job_id)
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )

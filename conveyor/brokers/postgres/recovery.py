@@ -111,4 +111,7 @@ class Recovery:
             total += count
             if count < BATCH:
                 break
+        for _ in range(BATCHES_PER_PASS):  # once-guarded steps of jobs deleted by hand, or of another broker
+            if self.jobs.prune_orphan_steps(self.retention, BATCH) < BATCH:
+                break
         return total

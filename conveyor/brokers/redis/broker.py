@@ -458,6 +458,22 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 error=f"final-failure handling raised {type(hook_error).__name__}: {hook_error}",
             )
 
+    # -- the fence of a job's own effects -------------------------------------------
+
+    def delivery(self, message: AnyMessage) -> int | None:
+        held = delivery_of(message)
+        return None if held is None else held[1]
+
+    @translated
+    def is_current(self, message: AnyMessage) -> bool:
+        """One HMGET of the job's record: does it still point at this message and this delivery (jobs.lua's fence)?"""
+        held = delivery_of(message)
+        if held is None:
+            return False
+        rid, delivery = held
+        current_rid, current = self.client.hmget(self.keys.job(message.message_id), ["rid", "delivery"])
+        return current_rid is not None and text(current_rid) == rid and current is not None and int(current) == delivery
+
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
         done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)
         self._settle(name, [(rid, delivery)])

@@ -11,6 +11,12 @@ from the same conversation. The buffer ignores chunks it already holds,
 so readers never see one twice; with the deterministic local provider the
 regenerated chunks are the same ones. The stored message is what the
 buffer holds, so it is always exactly what readers saw.
+
+Fenced effects: each chunk is written only after ``ctx.check_fence()``, so a
+delivery whose worker was paused past its lease stops streaming when it
+resumes; the reply and the run's completion are written once whichever
+delivery gets there first (``complete_run`` moves only a live run, the
+once-guard of that write).
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) ->
     generation = provider_for(app).stream(messages)
     try:
         for seq, text in enumerate(generation, 1):
+            # A delivery given up on (its worker paused past the lease) stops streaming: another
+            # one owns the run, and a stale stream could outlast the stored reply.
+            ctx.check_fence()
             buffer.append(run.id, seq, text)
             maybe_fail_mid_stream(ctx, run_key(run.id), seq)
     finally:

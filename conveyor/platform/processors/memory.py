@@ -6,6 +6,10 @@ once across every worker, and the provider gets at most
 ``CONVEYOR_PROVIDER_RATE_LIMIT`` requests per ``CONVEYOR_PROVIDER_RATE_WINDOW``.
 A job that finds either exhausted is delayed (``RetryLater``): it does not
 fail and does not spend an attempt.
+
+The memories of one round are written once (``ctx.once``): a model asked
+twice answers differently, and two deliveries of the job would otherwise
+leave the union of both answers.
 """
 
 from __future__ import annotations
@@ -71,6 +75,18 @@ def _extract(payload: MemoryExtraction, ctx: JobContext) -> None:
     maybe_fail(ctx, f"memory:{payload.message_id}", "after the provider answered")
     found = parse_memories(completion.text)
     with ctx.app.pool.connection() as conn, conn.transaction():
+        # Once per job: a second delivery (a paused worker resuming after another one finished, a
+        # retry after a lost ack) would merge its own, different answer into the user's memories.
+        if not ctx.once(conn, "memories"):
+            log_event(
+                "memories_already_extracted",
+                queue=ctx.queue,
+                job=ctx.job,
+                job_id=ctx.job_id,
+                attempt=ctx.attempt,
+                message_id=payload.message_id,
+            )
+            return
         for key, value in found.items():
             records.upsert_memory(
                 conn,
