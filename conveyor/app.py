@@ -70,12 +70,13 @@ class App:
 
     def build_middleware(self) -> list[Middleware]:
         """The middleware every broker runs, in order (``after_*`` hooks run in reverse)."""
-        from dramatiq.middleware import CurrentMessage, TimeLimit
+        from dramatiq.middleware import CurrentMessage
 
         from conveyor.middleware.events import Events
         from conveyor.middleware.fleet import Fleet
         from conveyor.middleware.metrics import Metrics
         from conveyor.middleware.retries import Retries
+        from conveyor.middleware.time_limit import TimeLimit
         from conveyor.middleware.webhook import FailureWebhook
 
         metrics = Metrics()

@@ -27,6 +27,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from conveyor.errors import DatabaseRefused, DatabaseUnavailable
+from conveyor.interrupts import pooled
 
 _NAME = re.compile(r"^--\s*name:\s*([\w.]+)\s*$", re.MULTILINE)
 
@@ -84,8 +85,19 @@ class wrap_errors(contextlib.ContextDecorator):
             raise translate(exc, self.what) from exc
 
 
-class Pool(ConnectionPool):
-    """psycopg's pool, whose connections' errors are translated when they leave ``with pool.connection()``.
+class ShieldedPool(ConnectionPool):
+    """psycopg's pool whose checkout and return a job's time limit never interrupts (``conveyor.interrupts``):
+    landing in either, it would leak the connection. What runs between them is interrupted as before."""
+
+    @contextlib.contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        with pooled(lambda: self.getconn(timeout), self.putconn) as conn:
+            with conn:  # commit or roll back, as psycopg's pool does; a pool's connection is never closed here
+                yield conn
+
+
+class Pool(ShieldedPool):
+    """The shielded pool, whose connections' errors are translated when they leave ``with pool.connection()``.
 
     The pool itself sees psycopg's error first (it discards a broken
     connection); the caller gets conveyor's.

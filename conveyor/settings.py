@@ -104,6 +104,12 @@ class Settings(BaseSettings):
     )
     retention: float = Field(7 * 24 * 3600, gt=0, description="Seconds finished job records are kept.")
     max_payload_bytes: int = Field(256 * 1024, gt=0, description="Largest encoded payload accepted at enqueue.")
+    unknown_job_delay: float = Field(
+        30,
+        gt=0,
+        description="Seconds before a job of a type this worker does not know (an older worker in a rolling "
+        "deploy) is offered again; it is handed back, never attempted or failed.",
+    )
     pg_poll_seconds: float = Field(5, gt=0, description="Postgres broker: poll interval in case a wake-up was lost.")
     pg_recovery_seconds: float = Field(
         10, gt=0, description="Postgres broker: interval of the dead-worker recovery pass."

@@ -54,6 +54,39 @@ def malformed_error(exc: BaseException) -> str:
     return f"MalformedMessage: the stored message cannot be decoded ({describe_error(cause, 500)})"
 
 
+#: Message option a consumer sets on a delivery that runs only the job's final-failure hooks: the job
+#: failed for good in an earlier delivery whose worker died before its hooks were marked done. Its
+#: body never runs again; the hooks run again (they are at least once). Never stored with the job.
+FINALIZE = "conveyor_finalize"
+
+
+def unknown_job_error(job: str) -> str:
+    """The mark a job of an unknown type carries (its record's error, shown by the dashboard)."""
+    return f"UnknownJob: no worker knows job {job} yet; handed back unattempted until one that does takes it"
+
+
+def announce_unknown_job(broker: Broker, message: AnyMessage, delay: float) -> None:
+    """After a consumer handed back a job of a type this process does not know: a warning, and every
+    middleware's ``after_unknown_job(broker, message)`` (the metric). Never raises."""
+    log_event(
+        "unknown_job",
+        level="warning",
+        queue=q_name(message.queue_name),
+        job=message.actor_name,
+        job_id=message.message_id,
+        attempt=None,
+        delay_s=delay,
+        reason="no worker here knows this job type (an older worker in a rolling deploy?): handed back, not attempted",
+    )
+    for middleware in broker.middleware:
+        hook = getattr(middleware, "after_unknown_job", None)
+        if hook is not None:
+            try:
+                hook(broker, message)
+            except Exception as exc:
+                log_delivery_error(message, f"after_unknown_job of {type(middleware).__name__} raised: {exc!r}")
+
+
 #: The states a job record can be in, as users see them.
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
 
@@ -116,6 +149,17 @@ class JobRecord:
     eta: float | None = None
 
 
+def as_message(message: AnyMessage) -> Message[Any]:
+    """The message itself: a consumer's proxy unwrapped, as Dramatiq's own brokers take either.
+
+    A middleware's ``after_process_message`` gets the proxy, and Dramatiq's
+    stock ``Retries`` (or a user's) passes it straight to ``broker.enqueue``;
+    ``dataclasses.replace`` and ``copy`` need the dataclass under it. The two
+    share one ``options`` dict, so what a middleware wrote there is kept.
+    """
+    return message._message if isinstance(message, MessageProxy) else message
+
+
 class SafeMessageProxy(MessageProxy):
     """A message as Dramatiq's own log lines print it: actor and id, never the payload (it may hold secrets)."""
 
@@ -156,7 +200,14 @@ class ConveyorBroker(Broker):
         raise NotImplementedError
 
     def claim_final_failure(self, message: AnyMessage) -> bool:
-        """True exactly once per job: whoever gets it runs the job's final-failure hooks."""
+        """True when this delivery (the current one only) is to run the job's final-failure hooks.
+
+        The claim names the delivery and keeps the job held; the nack that
+        follows the hooks marks them done and the job ``failed``. If the
+        worker dies in between, recovery hands the job out again as a
+        :data:`FINALIZE` delivery, which claims again and runs only the hooks:
+        they run at least once, and again only after a crash in them.
+        """
         raise NotImplementedError
 
     # -- the fence of a job's own effects (JobContext: ctx.delivery, ctx.check_fence) --------

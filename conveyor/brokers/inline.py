@@ -28,6 +28,7 @@ from conveyor.brokers.base import (
     JobRef,
     QueueCounts,
     SafeMessageProxy,
+    as_message,
     check_state,
 )
 
@@ -54,6 +55,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
         return _Consumer(self, queue_name, consumer)
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+        message = as_message(message)  # a middleware's proxy (Dramatiq's stock Retries passes it)
         with self._lock:
             if message.message_id in self._deleted:
                 return message  # a deleted job coming back from its delay: drop it

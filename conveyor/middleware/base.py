@@ -1,7 +1,8 @@
 """The base of conveyor's middleware: Dramatiq's hooks plus the two conveyor adds, as no-ops.
 
 ``after_enqueue_jobs`` runs once per batch the JobQueue enqueued (what was sent and
-what was a duplicate); ``after_job_dead`` runs once when a job has spent its attempts.
+what was a duplicate); ``after_job_dead`` runs once when a job has spent its attempts;
+``after_unknown_job`` when a consumer hands back a job of a type this process does not know.
 A middleware overrides what it needs; the App and the JobQueue call the hook on every
 :class:`ConveyorMiddleware` (Dramatiq's own middleware has neither hook).
 """
@@ -23,6 +24,9 @@ class ConveyorMiddleware(Middleware):
 
     def after_job_dead(self, broker: ConveyorBroker, message: AnyMessage, error: str) -> None:
         """Called once when ``message``'s job has spent its attempts, after its job type's hook."""
+
+    def after_unknown_job(self, broker: ConveyorBroker, message: AnyMessage) -> None:
+        """Called when a consumer handed back ``message`` unattempted: no actor of its type is declared here."""
 
 
 def conveyor_broker(broker: Broker) -> ConveyorBroker:

@@ -95,6 +95,12 @@ class Metrics(ConveyorMiddleware):
             _LABELS,
             registry=r,
         )
+        self.unknown = Counter(
+            "conveyor_unknown_jobs",
+            "Deliveries handed back unattempted: no worker here knows the job type (a rolling deploy).",
+            _LABELS,
+            registry=r,
+        )
         self.in_flight = Gauge(
             "conveyor_jobs_in_flight", "Jobs running now.", _LABELS, registry=r, multiprocess_mode="livesum"
         )
@@ -185,6 +191,9 @@ class Metrics(ConveyorMiddleware):
 
     def after_job_dead(self, broker: ConveyorBroker, message: AnyMessage, error: str) -> None:
         self.dead.labels(q_name(message.queue_name), message.actor_name).inc()
+
+    def after_unknown_job(self, broker: ConveyorBroker, message: AnyMessage) -> None:
+        self.unknown.labels(q_name(message.queue_name), message.actor_name).inc()
 
     # -- worker threads ----------------------------------------------------------
 

@@ -3,7 +3,13 @@
 Replaces Dramatiq's ``Retries``: attempts are counted by the broker on
 every start (so a job whose worker dies counts too, which Dramatiq's
 redelivery does not), permanent errors fail at once, and when a job has
-spent its attempts its final-failure hooks run exactly once.
+spent its attempts its final-failure hooks run.
+
+Hooks are durable and at least once: the broker's claim names the delivery
+and keeps the job held, the nack after the hooks marks them done. A worker
+that dies in a hook leaves the claim behind; recovery hands the job out
+again as a finalize delivery (``FINALIZE``), which runs the hooks only,
+never the body.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from dramatiq.common import compute_backoff
 from dramatiq.middleware import SkipMessage
 from pydantic import ValidationError
 
-from conveyor.brokers.base import AnyMessage, FinalFailure
+from conveyor.brokers.base import FINALIZE, AnyMessage, FinalFailure
 from conveyor.errors import PermanentError, RetryLater, describe_error
 from conveyor.logs import log_event
 from conveyor.middleware.base import ConveyorMiddleware, conveyor_broker
@@ -41,6 +47,9 @@ class Retries(ConveyorMiddleware):
         return {"max_attempts", "min_backoff", "max_backoff"}
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        if message.options.get(FINALIZE):
+            self._finalize(broker, message)
+            raise SkipMessage("failed for good earlier: only its final-failure hooks ran")
         attempt = conveyor_broker(broker).start_job(message)
         if attempt == 0:
             log_event(
@@ -108,6 +117,48 @@ class Retries(ConveyorMiddleware):
         # declare_actors sets every actor's max_attempts (JobType.attempts).
         attempts: int = broker.get_actor(message.actor_name).options["max_attempts"]
         return attempts
+
+    def _finalize(self, broker: Broker, message: MessageProxy) -> None:
+        """A finalize delivery: run the hooks a dead worker claimed and never marked done.
+
+        Counts no attempt and never raises (Dramatiq would swallow it and run
+        the body): an error text that cannot be read is named as such.
+        """
+        conveyor = conveyor_broker(broker)
+        error = None
+        try:
+            record = conveyor.get_job(message.message_id)
+            error = record.error if record else None
+            message.options["attempt"] = record.attempts if record else 0
+        except Exception as exc:
+            error = f"(the job's error could not be read: {type(exc).__name__})"
+        error = error or "failed"
+        log_event(
+            "hooks_resumed",
+            level="warning",
+            queue=message.queue_name,
+            job=message.actor_name,
+            job_id=message.message_id,
+            attempt=message.options.get("attempt"),
+            reason="the worker running its final-failure hooks died: they run again",
+        )
+        message.fail()
+        message.options["last_error"] = error
+        try:
+            claimed = conveyor.claim_final_failure(message)
+        except Exception as exc:  # the broker handed the job back (its nack does that): it comes again
+            log_event(
+                "error",
+                level="error",
+                queue=message.queue_name,
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=message.options.get("attempt"),
+                error=f"final-failure claim failed: {type(exc).__name__}",
+            )
+            return
+        if claimed:
+            self.on_final_failure(conveyor, message, error)
 
     def _fail(self, broker: Broker, message: MessageProxy, error: str) -> None:
         message.fail()

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from conveyor.brokers.base import FINALIZE
 from tests.contract.conftest import LEASE
 from tests.contract.drive import QUEUE, enqueue, eventually, fail, record_in
 
@@ -105,3 +106,30 @@ def test_the_final_failure_claim_is_won_by_the_current_delivery_only(broker, pee
     assert (record.attempts, record.error) == (2, "RuntimeError: current")
     counts = rescuer.queue_counts(QUEUE)
     assert (counts.failed, counts.failed_total, counts.active) == (1, 1, 0)
+
+
+def test_hooks_claimed_by_a_dead_worker_run_again_in_a_finalize_delivery(broker, peer, pump, hang):
+    """Claimed, never marked done (the worker died in its hooks): the job comes back to run the hooks only."""
+    ref = enqueue(broker, {"n": 1})
+    dying = pump(broker)
+    stale = dying.receive()
+    assert broker.start_job(stale) == 1
+    stale.fail()
+    stale.options["last_error"] = "RuntimeError: broken for good"
+    assert broker.claim_final_failure(stale) is True
+    hang(broker, dying)  # dies in its hooks: no nack
+    record = broker.get_job(ref.id)
+    assert record.state == "active" and broker.queue_counts(QUEUE).failed_total == 0, "not failed before its hooks"
+    rescuer = peer()
+    _recover(rescuer, [ref.id])
+    consumer = pump(rescuer)
+    again = consumer.receive()
+    assert again.options.get(FINALIZE) is True, "the next delivery runs the hooks only"
+    assert rescuer.get_job(ref.id).error == "RuntimeError: broken for good", "the hooks get the job's error"
+    assert broker.claim_final_failure(stale) is False, "the dead worker's delivery no longer holds the claim"
+    assert fail(rescuer, consumer, again, "RuntimeError: broken for good") is True
+    record = record_in(rescuer, ref.id, "failed")
+    assert (record.attempts, record.error) == (1, "RuntimeError: broken for good"), "a finalize delivery is no attempt"
+    counts = rescuer.queue_counts(QUEUE)
+    assert (counts.failed, counts.failed_total, counts.active, counts.waiting) == (1, 1, 0, 0)
+    consumer.nothing(within=0.3)

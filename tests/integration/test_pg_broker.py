@@ -282,15 +282,22 @@ def test_two_replicas_recovering_at_once_take_each_stuck_row_once(make_app, data
         t.join()
 
     requeued = [job_id for result in results.values() for job_id in result.get("nudge", [])]
-    assert sorted(requeued) == sorted(retry), "each stuck row with attempts left is requeued exactly once"
+    assert sorted(requeued) == sorted(spent + retry), "each stuck row is handed back exactly once"
+    rows = sql(database_url, "SELECT id, status, final_failure_at IS NOT NULL FROM conveyor_jobs")
+    states = {i: (status, claimed) for i, status, claimed in rows}
+    assert {states[i] for i in spent} == {("pending", True)}, "a spent row's hooks are claimed, to run in a worker"
+    assert {states[i] for i in retry} == {("pending", False)}
+    assert {states[i][0] for i in alive} == {"in_progress"}, "a live worker's rows are left alone"
+    counts = first.broker.queue_counts("nudge")
+    assert (counts.waiting, counts.active, counts.failed, counts.failed_total) == (50, 10, 0, 0)
+    assert "WorkerLost" in first.broker.get_job(spent[0]).error
+    with running(first, "nudge"):
+        wait_for(lambda: len(probe_dead(database_url)) == len(spent), message="the spent rows' hooks")
+        wait_for(lambda: first.broker.queue_counts("nudge").failed == len(spent), message="spent rows failed")
     dead = probe_dead(database_url)
     assert sorted(d["job_id"] for d in dead) == sorted(spent), "each spent row's hook runs exactly once"
-    states = dict(sql(database_url, "SELECT id, status FROM conveyor_jobs"))
-    assert {states[i] for i in spent} == {"failed"} and {states[i] for i in retry} == {"pending"}
-    assert {states[i] for i in alive} == {"in_progress"}, "a live worker's rows are left alone"
-    counts = first.broker.queue_counts("nudge")
-    assert (counts.waiting, counts.active, counts.failed, counts.failed_total) == (40, 10, 10, 10)
-    assert "WorkerLost" in first.broker.get_job(spent[0]).error
+    assert all("WorkerLost" in d["error"] for d in dead)
+    assert not probe_runs(database_url, "stuck-" + "0"), "a spent row's body never runs again"
 
 
 def test_recovered_job_runs_again_and_completes(make_app, database_url):

@@ -298,10 +298,17 @@ def test_a_superseded_delivery_cannot_claim_the_final_failure(make_app):
     try:
         assert not a.broker.claim_final_failure(old), "the job is not over: B runs it"
         assert b.broker.claim_final_failure(new), "the current delivery's final failure runs the hooks"
-        assert b.broker.get_job(ref.id).state == "failed", "failed in the same write"
+        assert b.broker.get_job(ref.id).state == "active", "held until its hooks are done (the nack)"
         # Asked again by the same delivery (its first reply was lost): still its claim; never the old one's.
         assert b.broker.claim_final_failure(new)
         assert not a.broker.claim_final_failure(old)
+        new.fail()
+        consumer_b.nack(new)
+        b.broker.deliveries.write()
+        assert b.broker.get_job(ref.id).state == "failed", "the nack after the hooks fails it"
+        old.fail()
+        consumer_a.nack(old)
+        a.broker.deliveries.write()
         assert b.broker.queue_counts("indexing").failed_total == 1, "counted once"
     finally:
         consumer_a.close()

@@ -37,6 +37,8 @@ class Probe(Payload):
     permanent: bool = False
     crash_times: int = 0
     api_key: str | None = None
+    #: Seconds the final-failure hook takes; its runs are recorded in probe_runs as "hook:<token>".
+    hook_sleep: float = 0
 
     secret_fields = frozenset({"api_key"})
 
@@ -57,6 +59,14 @@ def probe(payload: Probe, ctx) -> None:
 
 
 def probe_dead(payload: Probe | None, error: str, ctx) -> None:
+    if payload is not None and payload.hook_sleep:
+        with ctx.app.pool.connection() as conn:
+            run_id = conn.execute(
+                INSERT_RUN, (f"hook:{payload.token}", ctx.job_id, ctx.attempt, os.getpid())
+            ).fetchone()
+        time.sleep(payload.hook_sleep)
+        with ctx.app.pool.connection() as conn:
+            conn.execute(FINISH_RUN, (run_id[0],))
     with ctx.app.pool.connection() as conn:
         conn.execute(INSERT_DEAD, (ctx.job_id, payload.token if payload else None, error))
 

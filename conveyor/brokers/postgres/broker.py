@@ -40,9 +40,12 @@ from conveyor.brokers.base import (
     JobRecord,
     JobRef,
     QueueCounts,
+    announce_unknown_job,
+    as_message,
     check_state,
     log_delivery_error,
     malformed_error,
+    unknown_job_error,
 )
 from conveyor.brokers.postgres.consumer import DELIVERY_OPTIONS, PostgresConsumer
 from conveyor.brokers.postgres.deliveries import Deliveries, Retry
@@ -69,8 +72,8 @@ COMPLETED = "pg_completed"
 class PostgresBroker(ConveyorBroker, Broker):
     """Dramatiq broker plus conveyor's job interface, on one Postgres table.
 
-    ``on_dead(broker, message, error)`` runs a job's final failure found by
-    recovery or at claim (undecodable message). The App passes its own
+    ``on_dead(broker, message, error)`` runs a job's final failure found at
+    claim (undecodable message). The App passes its own
     ``App.final_failure`` (the callback its Retries middleware runs too); with
     None such a job is only logged. Passed in, not looked up in the
     middleware, so the broker never imports a middleware.
@@ -92,6 +95,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         self.queues: set[str] = set()
         self.poll_seconds = settings.pg_poll_seconds
         self.lease = settings.pg_lease_seconds
+        self.unknown_job_delay = settings.unknown_job_delay
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.jobs = Jobs(database_url, self.worker_id)
         self.deliveries = Deliveries(self.jobs)
@@ -101,7 +105,6 @@ class PostgresBroker(ConveyorBroker, Broker):
             lease=self.lease,
             interval=settings.pg_recovery_seconds,
             retention=settings.retention,
-            on_dead=self._run_on_dead,
         )
         self._on_dead = on_dead
         self._lock = threading.RLock()
@@ -149,7 +152,11 @@ class PostgresBroker(ConveyorBroker, Broker):
         return PostgresConsumer(self, queue_name, prefetch, timeout)
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-        """Dramatiq's enqueue: a new job, or (for a message of a current delivery) its retry."""
+        """Dramatiq's enqueue: a new job, or (for a message of a current delivery) its retry.
+
+        ``message`` may be the proxy a middleware was handed (Dramatiq's stock Retries passes it).
+        """
+        message = as_message(message)
         if "pg_delivery" in message.options:
             return self._retry(message, delay)
         self.enqueue_jobs([EnqueueItem(message, None, delay)], dedup_ttl=1)
@@ -207,7 +214,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         return refs
 
     def _row(self, item: EnqueueItem) -> NewJob:
-        message = item.message
+        message = as_message(item.message)
         if any(k in message.options for k in DELIVERY_OPTIONS):
             message = _without_delivery(message)
         path = unstorable_path([message.args, message.kwargs])
@@ -262,7 +269,7 @@ class PostgresBroker(ConveyorBroker, Broker):
                 raise SkipMessage("the start could not be recorded") from None
 
     def claim_final_failure(self, message: AnyMessage) -> bool:
-        """True once per job, for its current delivery only; the job is failed in the same durable write.
+        """True for the current delivery only (jobs.sql says why the row stays held until the nack).
 
         When it cannot be written the job must not end: the delivery is
         abandoned (its nack is not written), the row stays held, and the
@@ -270,6 +277,9 @@ class PostgresBroker(ConveyorBroker, Broker):
         """
         delivery = message.options.get("pg_delivery")
         if delivery is None:
+            return False
+        if not self._proven(message, START_GRACE):  # a finalize delivery has no start that waited for it
+            self._abandon(message, "its claim could not be proven durable (Postgres restarted or is away)")
             return False
         deadline = time.monotonic() + START_GRACE
         while True:
@@ -396,6 +406,16 @@ class PostgresBroker(ConveyorBroker, Broker):
         log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=None, error=error)
         if claimed:
             self._run_on_dead(job_id, queue, job, None, 0, error)
+
+    def hand_back_unknown(self, job_id: str, delivery: int, message: Message[Any], text: str) -> None:
+        """A claimed job of a type this process does not know: back to pending after a delay, unattempted,
+        marked on its record. Not written: the row stays held, no longer owned, and the orphan pass hands
+        it out again."""
+        try:
+            self.jobs.retry(job_id, delivery, text, self.unknown_job_delay, unknown_job_error(message.actor_name))
+        finally:
+            self.deliveries.drop(job_id, delivery)
+        announce_unknown_job(self, message, self.unknown_job_delay)
 
     def _run_on_dead(self, job_id: str, queue: str, job: str, text: str | None, attempt: int, error: str) -> None:
         message = None

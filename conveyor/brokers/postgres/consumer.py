@@ -34,7 +34,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
-from conveyor.brokers.base import SafeMessageProxy
+from conveyor.brokers.base import FINALIZE, SafeMessageProxy
 from conveyor.brokers.postgres.durability import PROVEN
 from conveyor.errors import ConveyorError
 from conveyor.logs import log_error
@@ -51,7 +51,7 @@ DUE_MARGIN = 0.005
 CLAIM_BATCH_PART = 4
 
 #: Message options that belong to one delivery, never stored with the job.
-DELIVERY_OPTIONS = ("pg_delivery", "pg_release", "pg_proof", "eta")
+DELIVERY_OPTIONS = ("pg_delivery", "pg_release", "pg_proof", "eta", FINALIZE)
 
 
 class PostgresConsumer(Consumer):
@@ -123,18 +123,24 @@ class PostgresConsumer(Consumer):
         epoch = proofs.epoch_before_claim()
         rows = self.broker.jobs.claim(self.queue, room, synchronous=epoch == 0)
         ticket = proofs.request(epoch) if rows and epoch else PROVEN
-        for job_id, queue, job, delivery, text in rows:
+        for job_id, queue, job, delivery, text, finalize in rows:
             self.broker.deliveries.hold(job_id, delivery)
             try:
                 message = Message.decode(text.encode())
             except DecodeError as exc:
                 self.broker.fail_malformed(job_id, queue, job, delivery, exc)
                 continue
+            if message.actor_name not in self.broker.actors:
+                # A newer producer's job type (a rolling deploy): Dramatiq's worker would fail it for good.
+                self.broker.hand_back_unknown(job_id, delivery, dataclasses.replace(message, message_id=job_id), text)
+                continue
             # The row is the truth about identity and queue; the delivery
             # number goes with the message so its outcome finds this claim.
             options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
             options["pg_delivery"] = delivery
             options["pg_proof"] = ticket  # its job starts once the claim is on disk
+            if finalize:
+                options[FINALIZE] = True
             message = dataclasses.replace(message, message_id=job_id, queue_name=self.queue_name, options=options)
             self.held[job_id] = delivery
             self.ready.append(SafeMessageProxy(message))

@@ -26,9 +26,9 @@ Everything else a worker writes commits asynchronously, because none of it
 can make a number repeat: an outcome or retry lost in a crash leaves the
 row held by its (durable) claim, and the worker's orphan pass or recovery
 hands it out again under a new delivery; a start lost in a crash counts
-one attempt less. Final failures are the exception: they are written with
-their claim of the final-failure hook, synchronously, so that a crash
-cannot undo the failure of a job whose hooks ran.
+one attempt less. A final-failure claim is written synchronously; the
+failure itself comes with the nack after the hooks, so a crash before it
+runs the hooks again (at least once), never the body.
 """
 
 from __future__ import annotations
@@ -39,16 +39,17 @@ import math
 import random
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Literal, TypedDict, overload
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from conveyor.brokers.base import JobRecord, JobRef, QueueCounts
 from conveyor.brokers.postgres.records import LISTS, job_record
-from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, load_queries, translate
+from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, ShieldedPool, load_queries, translate
 from conveyor.errors import (
     BrokerUnavailable,
     DatabaseRefused,
@@ -186,7 +187,7 @@ class Jobs:
         self.database_url = database_url
         self.worker_id = worker_id
         self._lock = threading.Lock()
-        self._pools: dict[bool, ConnectionPool[psycopg.Connection[Any]]] = {}  # fast -> pool
+        self._pools: dict[bool, ShieldedPool] = {}  # fast -> pool
         self._pool_checked = -math.inf
 
     # -- connections -----------------------------------------------------------
@@ -209,7 +210,7 @@ class Jobs:
         with self._lock:
             pool = self._pools.get(fast)
             if pool is None:
-                pool = self._pools[fast] = ConnectionPool(
+                pool = self._pools[fast] = ShieldedPool(
                     self.database_url,
                     min_size=1,
                     max_size=POOL_MAX,
@@ -374,8 +375,9 @@ class Jobs:
 
     # -- one delivery's life ------------------------------------------------------
 
-    def claim(self, queue: str, limit: int, *, synchronous: bool) -> list[tuple[str, str, str, int, str]]:
-        """Claim up to ``limit`` runnable jobs, FIFO within priority: (id, queue, job, delivery, message).
+    def claim(self, queue: str, limit: int, *, synchronous: bool) -> list[tuple[str, str, str, int, str, bool]]:
+        """Claim up to ``limit`` runnable jobs, FIFO within priority: (id, queue, job, delivery, message,
+        finalize). ``finalize``: the job failed for good and its final-failure hooks are to run (only them).
 
         ``synchronous=False``: the caller proves the claim durable before its jobs start (durability.py).
         """
@@ -383,7 +385,7 @@ class Jobs:
             "claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all", fast=not synchronous
         )
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: FIFO within priority
-        return [(r[0], r[1], r[2], r[3], r[6]) for r in rows]
+        return [(r[0], r[1], r[2], r[3], r[6], r[7]) for r in rows]
 
     def next_due(self, queue: str) -> float | None:
         due: float | None = _single(self._execute("next_due", {"queue": queue}, fetch="one", fast=True), "next_due")[0]
@@ -461,10 +463,10 @@ class Jobs:
         return bool(row and row[0])
 
     def claim_final_failure(self, job_id: str, delivery: int, error: str) -> bool:
-        """True once per job, and only for its current delivery, which fails in the same (synchronous) write.
+        """True for the current delivery only: it runs the final-failure hooks (see jobs.sql).
 
-        Failing the row here, not in the nack that follows, means a crash
-        cannot undo the failure of a job whose hooks ran.
+        Written synchronously; the row stays held until the nack after the
+        hooks fails it, so a crash in the hooks leaves them to run again.
         """
         params = {"id": job_id, "delivery": delivery, "error": storable(error), "slot": self.slot()}
         try:
@@ -517,9 +519,19 @@ class Jobs:
     def forget_worker(self) -> None:
         self._execute("forget_worker", {"id": self.worker_id})
 
-    def recover(self, lease: float, limit: int) -> list[Row]:
-        """Take back up to ``limit`` rows of workers dead for a lease (server clock); returns the moved rows."""
-        return self._execute("recover", {"lease": lease, "limit": limit, "slot": self.slot()}, fetch="all")
+    def recover(self, lease: float, limit: int, now: datetime | None = None) -> list[Row]:
+        """Take back up to ``limit`` rows of workers dead for a lease (server clock, or ``now``); returns
+        the moved rows."""
+        return self._execute("recover", {"lease": lease, "limit": limit, "now": now}, fetch="all")
+
+    def server_clock(self, slack: float, now: datetime | None = None) -> tuple[float, int]:
+        """The server's clock (UNIX s), and how many heartbeats ahead of it by over ``slack`` s were brought back."""
+        epoch, clamped = _single(self._execute("server_clock", {"slack": slack, "now": now}, fetch="one"), "clock")
+        return epoch, clamped
+
+    def rearm_recovery(self, lease: float, now: datetime | None = None) -> None:
+        """Nobody is declared dead for ``lease`` s from now (the server's clock was stepped)."""
+        self._execute("rearm_recovery", {"lease": lease, "now": now})
 
     def release_orphans(self, lease: float, owned: set[str]) -> list[tuple[str, str]]:
         """This worker's rows claimed over a lease ago that it no longer knows about: back to pending."""

@@ -51,7 +51,8 @@ WITH picked AS (
 UPDATE conveyor_jobs j
 SET status = 'in_progress', delivery = j.delivery + 1, worker_id = %(worker)s, picked_at = now()
 FROM picked WHERE j.id = picked.id
-RETURNING j.id, j.queue, j.job, j.delivery, j.priority, j.available_at, j.message::text
+RETURNING j.id, j.queue, j.job, j.delivery, j.priority, j.available_at, j.message::text,
+          j.final_failure_at IS NOT NULL
 
 -- name: next_due
 -- Seconds until the queue's next pending job is runnable (NULL: none, or
@@ -157,28 +158,18 @@ WITH old AS (
 SELECT unclaimed FROM moved
 
 -- name: claim_final_failure
--- The current delivery fails for good and claims the final-failure hook, in
--- one synchronous write (the nack that follows then matches nothing). A
--- superseded delivery (its worker was declared dead, another one runs the
--- job) claims nothing: the job is not over. Returns a row when claimed, and
--- again when the same delivery asks again (its first reply was lost), so
--- that the hook still runs.
-WITH moved AS (
-    UPDATE conveyor_jobs
-    SET final_failure_at = now(), final_failure_delivery = %(delivery)s, status = 'failed', error = %(error)s,
-        completed_at = now(), worker_id = NULL
-    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND final_failure_at IS NULL
-    RETURNING id, queue
-), totals AS (
-    INSERT INTO conveyor_queue_totals AS t (queue, slot, failed)
-    SELECT queue, %(slot)s, 1 FROM moved
-    ON CONFLICT (queue, slot) DO UPDATE SET failed = t.failed + 1
-)
-SELECT id FROM moved
-UNION ALL
-SELECT id FROM conveyor_jobs
-WHERE id = %(id)s AND final_failure_delivery = %(delivery)s AND delivery = %(delivery)s AND status = 'failed'
-  AND NOT EXISTS (SELECT 1 FROM moved)
+-- The current delivery claims the final-failure hooks: the claim names the
+-- delivery (synchronously written) and the row stays held. The nack that
+-- follows the hooks marks them done: the row becomes failed (finish). If
+-- the worker dies in between, recovery puts the row back to pending with
+-- its claim kept, and the next claim hands it out as a finalize delivery,
+-- which claims again and runs the hooks only (at least once, never the
+-- body). A superseded delivery claims nothing: another one holds the job.
+-- A repeat after a lost reply claims again.
+UPDATE conveyor_jobs
+SET final_failure_at = coalesce(final_failure_at, now()), final_failure_delivery = %(delivery)s, error = %(error)s
+WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
+RETURNING id
 
 -- name: worker_session
 -- Starts, outcomes and retries commit without waiting for the WAL flush
@@ -213,45 +204,72 @@ DELETE FROM conveyor_workers WHERE id = %(id)s
 
 -- name: recover
 -- Rows held by workers whose heartbeat is older than the lease (or who
--- are gone): back to pending, or failed when their attempts are spent.
--- SKIP LOCKED and the re-check of status and worker under the row lock
--- make concurrent passes take each row once. Nothing is taken until the
+-- are gone) go back to pending as new claims will find them. SKIP LOCKED
+-- and the re-check of status and worker under the row lock make
+-- concurrent passes take each row once. Nothing is taken until the
 -- server has been up for a lease (its own clock): after a restart every
 -- heartbeat is old, and live workers need that long to reconnect and write
--- a fresh one. Returns the moved rows; run_hook marks the failures whose
--- final-failure hook this pass claimed.
-WITH stuck AS (
-    SELECT j.id, j.final_failure_at IS NULL AS unclaimed,
+-- a fresh one. A row whose attempts are spent gets its final-failure claim
+-- (WorkerLost) here; it and a row whose hooks were claimed but never marked
+-- done (its worker died in them) are handed out next as finalize
+-- deliveries, which run the hooks only, in a worker. Returns the moved rows:
+-- finalizing, and lost (this pass failed it). `now` is the server's clock
+-- unless a test passes one. Nothing is taken while a clock step's re-arm
+-- (conveyor_recovery_clock) runs; one more than a lease ahead can only
+-- come from a backward step and is ignored.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), stuck AS (
+    SELECT j.id, j.final_failure_at IS NOT NULL AS claimed,
            coalesce(j.attempt >= j.max_attempts
                     + coalesce((j.message -> 'options' ->> 'deferrals')::int, 0), false) AS spent
     FROM conveyor_jobs j
+    CROSS JOIN t
     WHERE j.status = 'in_progress'
-      AND pg_postmaster_start_time() <= now() - make_interval(secs => %(lease)s)
+      -- A start time in the future: the clock went back (recovery's step check re-arms for a lease).
+      AND (pg_postmaster_start_time() <= t.now - make_interval(secs => %(lease)s)
+           OR pg_postmaster_start_time() > t.now)
+      AND NOT EXISTS (SELECT 1 FROM conveyor_recovery_clock c
+                      WHERE c.resumes_at > t.now AND c.resumes_at <= t.now + make_interval(secs => %(lease)s))
       AND NOT EXISTS (SELECT 1 FROM conveyor_workers w
                       WHERE w.id = j.worker_id
-                        AND w.heartbeat_at >= now() - make_interval(secs => %(lease)s))
+                        AND w.heartbeat_at >= t.now - make_interval(secs => %(lease)s))
     ORDER BY j.picked_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
-), moved AS (
-    UPDATE conveyor_jobs j
-    SET status = CASE WHEN s.spent THEN 'failed' ELSE 'pending' END,
-        error = CASE WHEN s.spent
-                     THEN 'WorkerLost: the worker died (stopped heartbeating) during attempt '
-                          || j.attempt || ', the last one'
-                     ELSE j.error END,
-        completed_at = CASE WHEN s.spent THEN now() END,
-        final_failure_at = CASE WHEN s.spent THEN coalesce(j.final_failure_at, now()) ELSE j.final_failure_at END,
-        worker_id = NULL, picked_at = NULL
-    FROM stuck s WHERE j.id = s.id
-    RETURNING j.id, j.queue, j.job, j.status, s.spent AND s.unclaimed AS run_hook, j.attempt, j.error,
-              j.message::text
-), totals AS (
-    INSERT INTO conveyor_queue_totals AS t (queue, slot, failed)
-    SELECT queue, %(slot)s, count(*) FROM moved WHERE status = 'failed' GROUP BY queue
-    ON CONFLICT (queue, slot) DO UPDATE SET failed = t.failed + EXCLUDED.failed
 )
-SELECT id, queue, job, status, run_hook, attempt, error, message FROM moved
+UPDATE conveyor_jobs j
+SET status = 'pending',
+    error = CASE WHEN s.spent AND NOT s.claimed
+                 THEN 'WorkerLost: the worker died (stopped heartbeating) during attempt '
+                      || j.attempt || ', the last one'
+                 ELSE j.error END,
+    final_failure_at = CASE WHEN s.spent THEN coalesce(j.final_failure_at, now()) ELSE j.final_failure_at END,
+    worker_id = NULL, picked_at = NULL
+FROM stuck s WHERE j.id = s.id
+RETURNING j.id, j.queue, j.job, s.claimed OR s.spent, s.spent AND NOT s.claimed, j.attempt, j.error
+
+-- name: server_clock
+-- The server's clock (or the test's `now`) for recovery's step check, in
+-- UNIX seconds. Heartbeats stamped ahead of it (the clock was stepped back)
+-- are brought back to it, so a dead worker looks alive at most one more
+-- lease, never for as long as the step.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), clamped AS (
+    UPDATE conveyor_workers w SET heartbeat_at = t.now
+    FROM t WHERE w.heartbeat_at > t.now + make_interval(secs => %(slack)s)
+    RETURNING w.id
+)
+SELECT extract(epoch FROM t.now)::float8, (SELECT count(*) FROM clamped) FROM t
+
+-- name: rearm_recovery
+-- The server's clock was stepped: nobody is declared dead for one lease,
+-- counted on the new clock (either way: a re-arm set before a backward
+-- step is re-based too).
+INSERT INTO conveyor_recovery_clock AS c (id, resumes_at)
+VALUES (1, coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s))
+ON CONFLICT (id) DO UPDATE SET resumes_at = EXCLUDED.resumes_at
 
 -- name: release_orphans
 -- Rows this live worker holds but no longer knows about (a claim whose

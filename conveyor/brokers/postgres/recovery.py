@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 from conveyor.brokers.postgres.deliveries import Deliveries
 from conveyor.brokers.postgres.jobs import Jobs
@@ -24,28 +25,32 @@ BATCHES_PER_PASS = 10
 #: Seconds between prune passes (the retention is days; no need to hurry).
 PRUNE_INTERVAL = 60.0
 
+#: Seconds the server's clock may drift from a process's monotonic clock between two of its recovery
+#: passes, beyond the passes' own round trips, before it counts as a step (see :meth:`Recovery.clock_stepped`).
+#: Heartbeats come every third of the lease, so a step recovery misses leaves every live worker's
+#: heartbeat younger than the lease while this stays under two thirds of it.
+STEP_SLACK = 1.0
+
 #: Seconds after which a worker row that stopped heartbeating is forgotten.
 FORGET_WORKERS_AFTER = 24 * 3600.0
-
-#: ``on_dead(job_id, queue, job, message_text_or_None, attempt, error)``: run a final failure's hook.
-OnDead = Callable[[str, str, str, "str | None", int, str], None]
 
 
 class Recovery:
     """``maintain()`` and what it calls, for one worker process."""
 
-    def __init__(
-        self, jobs: Jobs, deliveries: Deliveries, *, lease: float, interval: float, retention: float, on_dead: OnDead
-    ) -> None:
+    def __init__(self, jobs: Jobs, deliveries: Deliveries, *, lease: float, interval: float, retention: float) -> None:
         self.jobs = jobs
         self.deliveries = deliveries
         self.lease = lease
         self.interval = interval
         self.retention = retention
-        self.on_dead = on_dead
         self._running = threading.Lock()
         self._last_recovery = -math.inf
         self._last_prune = -math.inf
+        #: (server clock, monotonic clock, round trip) at this process's previous pass: the step check's base.
+        self._clock_base: tuple[float, float, float] | None = None
+        #: The monotonic clock; tests that pass the server a ``now`` move this one with it.
+        self.monotonic: Callable[[], float] = time.monotonic
 
     def maintain(self, listener: Listener) -> dict[str, list[str]]:
         """Recovery (every ``CONVEYOR_PG_RECOVERY_SECONDS``) and pruning (every minute).
@@ -77,23 +82,59 @@ class Recovery:
         finally:
             self._running.release()
 
-    def recover(self, *, own_rows: bool = True) -> dict[str, list[str]]:
+    def clock_stepped(self, now: datetime | None = None) -> bool:
+        """Whether the server's clock moved by more or less than this process's monotonic clock since its
+        previous pass; if so, no pass (of any process) declares anyone dead for a lease.
+
+        A step forward makes every live worker's heartbeat look old at once (a job would run twice
+        beside itself); a step back makes a dead worker's look young for as long as the step. The
+        Redis scripts guard the same way (a gap between passes). Heartbeats ahead of the server's
+        clock are brought back to it on every pass (``server_clock``).
+        """
+        sent = self.monotonic()
+        server, _ = self.jobs.server_clock(min(STEP_SLACK, self.lease / 6), now)
+        back = self.monotonic()
+        base, self._clock_base = self._clock_base, (server, (sent + back) / 2, back - sent)
+        if base is None:
+            return False
+        drift = (server - base[0]) - ((sent + back) / 2 - base[1])
+        if abs(drift) <= min(STEP_SLACK, self.lease / 6) + (back - sent + base[2]) / 2:
+            return False
+        self.jobs.rearm_recovery(self.lease, now)
+        log_event(
+            "clock_step",
+            level="warning",
+            queue=None,
+            job=None,
+            job_id=None,
+            attempt=None,
+            step_s=round(drift, 3),
+            reason="the database server's clock was stepped: nobody is declared dead for one lease",
+        )
+        return True
+
+    def recover(self, *, own_rows: bool = True, now: datetime | None = None) -> dict[str, list[str]]:
         """One recovery pass now; returns the ids put back to pending, by queue.
+
+        Hooks are never run here: a row whose attempts are spent, or whose
+        final-failure hooks were claimed and never marked done, goes back to
+        pending with its claim, and a worker of its queue runs the hooks as
+        a finalize delivery (fenced and recoverable like any other).
 
         ``own_rows``: also hand back this worker's rows claimed over a lease
         ago that it no longer owns (a claim whose answer was lost with its
         connection, an outcome Postgres refused).
         """
         requeued: dict[str, list[str]] = {}
+        self.clock_stepped(now)  # a step re-arms: the recover statement then takes nothing for a lease
         for _ in range(BATCHES_PER_PASS):
-            rows = self.jobs.recover(self.lease, BATCH)
-            for job_id, queue, job, status, run_hook, attempt, error, text in rows:
-                if status == "pending":
-                    requeued.setdefault(queue, []).append(job_id)
-                    continue
-                log_event("failed", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt, error=error)
-                if run_hook:
-                    self.on_dead(job_id, queue, job, text, attempt, error)
+            rows = self.jobs.recover(self.lease, BATCH, now)
+            for job_id, queue, job, _finalizing, lost, attempt, error in rows:
+                requeued.setdefault(queue, []).append(job_id)
+                if lost:
+                    log_event(
+                        "failed", level="error", queue=queue, job=job, job_id=job_id, attempt=attempt, error=error
+                    )
             if len(rows) < BATCH:
                 break
         if own_rows:

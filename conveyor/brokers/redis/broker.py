@@ -36,9 +36,12 @@ from conveyor.brokers.base import (
     JobRecord,
     JobRef,
     QueueCounts,
+    announce_unknown_job,
+    as_message,
     check_state,
     log_delivery_error,
     malformed_error,
+    unknown_job_error,
 )
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
@@ -107,6 +110,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             dead_message_ttl=int(retention * _MS),
         )
         self.retention_ms = int(retention * _MS)
+        self.unknown_job_delay = settings.unknown_job_delay
         #: A pause between recovery passes (anyone's) longer than this means Redis or every worker was away:
         #: recovery waits a heartbeat timeout before declaring anyone dead (see maintain in jobs.lua).
         self.recovery_gap_ms = int(max(heartbeat_timeout / 2, 3 * settings.maintenance_interval) * _MS)
@@ -243,7 +247,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     # -- enqueue -------------------------------------------------------------
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-        """Dramatiq's enqueue: a new job; a running delivery's retry; or a delay queue's promotion."""
+        """Dramatiq's enqueue: a new job; a running delivery's retry; or a delay queue's promotion.
+
+        ``message`` may be the proxy a middleware was handed (Dramatiq's stock Retries passes it).
+        """
+        message = as_message(message)
         origin = message.options.get("redis_queue")
         if origin is not None and delivery_of(message) is not None:
             if origin.endswith(".DQ") and delay is None:
@@ -255,7 +263,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return [ref for _, ref in self._enqueue_many(items, dedup_ttl=dedup_ttl)]
 
     def _prepare(self, message: Message[Any], delay_ms: int | None) -> Message[Any]:
-        message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
+        message = as_message(message).copy(options={"redis_message_id": str(uuid.uuid4())})
         if delay_ms is not None:
             message = message.copy(queue_name=dq_name(message.queue_name), options={"eta": current_millis() + delay_ms})
         return message
@@ -407,7 +415,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         deadline = time.monotonic() + START_GRACE
         while True:
             try:
-                claimed = int(self._call("claim_final", message.queue_name, rid, message.message_id, delivery))
+                error = storable(message.options.get("last_error") or "")
+                claimed = int(self._call("claim_final", message.queue_name, rid, message.message_id, delivery, error))
                 break
             except Exception as exc:
                 if not is_unavailable(exc) or time.monotonic() >= deadline:
@@ -473,6 +482,28 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         rid, delivery = held
         current_rid, current = self.client.hmget(self.keys.job(message.message_id), ["rid", "delivery"])
         return current_rid is not None and text(current_rid) == rid and current is not None and int(current) == delivery
+
+    def hand_back_unknown(self, name: str, rid: str, delivery: int, message: Message[Any], data: bytes) -> None:
+        """A fetched job of a type this process does not know: to the delay queue, unattempted (the
+        ``retry`` script), marked on its record. Not written: the release pass hands it back."""
+        try:
+            done = self._call(
+                "retry",
+                name,
+                rid,
+                message.message_id,
+                delivery,
+                str(uuid.uuid4()),
+                data,
+                int(self.unknown_job_delay * _MS),
+                storable(unknown_job_error(message.actor_name)),
+            )
+        finally:
+            self._settle(name, [(rid, delivery)])
+        if done == -1:
+            self._refused("hand-back", q_name(name), message.message_id)
+        else:
+            announce_unknown_job(self, message, self.unknown_job_delay)
 
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
         done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)

@@ -21,7 +21,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
-from conveyor.brokers.base import AnyMessage, SafeMessageProxy
+from conveyor.brokers.base import FINALIZE, AnyMessage, SafeMessageProxy
 from conveyor.brokers.redis.replies import text
 from conveyor.errors import BrokerRejected
 from conveyor.logs import log_error, log_event
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from conveyor.brokers.redis.broker import RedisBroker
 
 #: Message options that belong to one delivery, never stored with the job.
-DELIVERY_OPTIONS = ("redis_message_id", "redis_delivery", "redis_queue", "redis_release", "redis_unsettled")
+DELIVERY_OPTIONS = ("redis_message_id", "redis_delivery", "redis_queue", "redis_release", "redis_unsettled", FINALIZE)
 
 #: A finished job's ack waits at most this long (s) for the worker's next start to carry it…
 ACK_FLUSH_SECONDS = 0.05
@@ -198,6 +198,10 @@ class RedisConsumer(Consumer):
         except DecodeError as exc:
             self._poison(rid, delivery, exc)
             return
+        if not self.is_delay and message.actor_name not in self.broker.actors:
+            # A newer producer's job type (a rolling deploy): Dramatiq's worker would fail it for good.
+            self.broker.hand_back_unknown(self.queue_name, rid, delivery, message, data)
+            return
         options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
         # The fetch is the truth about which message and which delivery this is.
         options.update(redis_message_id=rid, redis_delivery=delivery, redis_queue=self.queue_name)
@@ -207,6 +211,8 @@ class RedisConsumer(Consumer):
         message = message.copy(queue_name=self.queue_name)
         message.options.clear()
         message.options.update(options)
+        if note == "finalize":
+            message.options[FINALIZE] = True
         if note == "adopted":
             log_event(
                 "adopted",

@@ -305,7 +305,9 @@ if command == "enqueue" then
 -- its queue reads `active` (claimed, as on Postgres) until it ends or is
 -- handed back. A message without a record (an older producer's) gets one
 -- (note "adopted"); one whose record points at another message, or whose
--- job was deleted, is dropped; an undecodable one comes back with
+-- job was deleted, is dropped; one whose final-failure hooks were claimed
+-- but never marked done (its worker died in them) comes back with note
+-- "finalize"; an undecodable one comes back with
 -- delivery 0 so the worker dead-letters it. wait_ms: from a delay queue,
 -- how long the job is still delayed on the server's clock ("" if unknown),
 -- so a worker whose clock is off still holds it for the right time.
@@ -354,6 +356,9 @@ elseif command == "fetch" then
                     delivery = redis.call("hincrby", record, "delivery", 1)
                     if not queue.delay then
                         set_state(queue, id, "active", {"worker", worker})
+                        if redis.call("hexists", record, "final_failure") == 1 then
+                            note = "finalize" -- failed for good; its hooks never finished: run them only
+                        end
                     else
                         local eta = tonumber(redis.call("hget", record, "eta") or "")
                         if eta then
@@ -484,18 +489,25 @@ elseif command == "promote" then
     end
     return 0
 
--- claim_final(rid, id, delivery) -> 1 exactly once per job, and only for
--- the current delivery: whoever gets it runs the final-failure hooks.
+-- claim_final(rid, id, delivery, error) -> 1 when this delivery runs the
+-- final-failure hooks, -1 when it is superseded. The claim names the
+-- delivery; the nack that follows the hooks marks them done (the record
+-- becomes failed). A worker that dies between the two leaves the claim
+-- on a held message: recovery hands it out again and fetch marks that
+-- delivery "finalize", so it claims again and runs the hooks only, never
+-- the body (hooks are at least once). A repeat after a lost reply claims
+-- again too. The error is kept on the record for that next delivery.
 elseif command == "claim_final" then
-    local rid, id, delivery = ARGV[4], ARGV[5], ARGV[6]
+    local rid, id, delivery, err = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
     if fence(id, rid, delivery) ~= 1 then
         return -1
     end
-    if redis.call("hsetnx", job_key(id), "final_failure", delivery) == 1 then
-        return 1
+    local record = job_key(id)
+    redis.call("hset", record, "final_failure", delivery)
+    if err and err ~= "" then
+        redis.call("hset", record, "error", err)
     end
-    -- The same claim repeated after a lost reply is still this delivery's.
-    return redis.call("hget", job_key(id), "final_failure") == delivery and 1 or 0
+    return 1
 
 -- poison(rid, delivery, retention_ms, error) -> {claimed, id, job}: a
 -- message the worker cannot decode goes to the dead letters alone; the
