@@ -71,16 +71,9 @@ KINDS = {
 #: (kind, broker) -> the finding of issue 18 it shows on today's code and the branch that fixes it.
 #: Kept out of the CI seeds until that branch is merged: the integrator removes the entry then.
 FAULTS_PENDING_FIX: dict[tuple[str, str], str] = {
-    ("kill-hook", "redis"): "finding 1: a final-failure hook dies with its worker (jobfate)",
-    ("kill-hook", "postgres"): "finding 1: a final-failure hook dies with its worker (jobfate)",
-    ("redis-oom", "redis"): "finding 2: a partly applied Redis batch reports 'nothing enqueued' (redisfix)",
-    ("drop-replies", "redis"): "finding 3: a lost Redis reply is reported as 'nothing enqueued' (redisfix)",
-    ("poison", "redis"): "finding 4: Redis leaves an undecodable message active (redisfix)",
-    ("old-worker", "redis"): "finding 5: an unknown job type fails for good (jobfate)",
-    ("old-worker", "postgres"): "finding 5: an unknown job type fails for good (jobfate)",
-    ("pause", "redis"): "finding 6: a paused worker doubles an effect (effects)",
-    ("pause", "postgres"): "finding 6: a paused worker doubles an effect (effects)",
-    ("postgres-clock", "postgres"): "finding 7: a Postgres clock step runs a job twice at once (jobfate)",
+    # Empty: redisfix (findings 2, 3, 4), jobfate (1, 5, 7) and effects (6) are merged, and the CI seeds
+    # run every kind. Before them these were pending: kill-hook (finding 1), redis-oom (2), drop-replies
+    # on Redis (3), poison on Redis (4), old-worker (5), pause (6), postgres-clock on Postgres (7).
 }
 
 

@@ -18,8 +18,9 @@ import pytest
 from tests.faults import campaign, nemesis, report
 from tests.support.brokers import SERVER_BROKERS
 
-#: The CI seeds: each broker runs every one (about 35-60 s each on 2 cores).
-CI_SEEDS = (1, 2, 3)
+#: The CI seeds: each broker runs every one; together they draw every fault kind on both brokers
+#: (tests/unit/test_campaign_history.py checks it) (about 35-60 s each on 2 cores).
+CI_SEEDS = (2, 20, 26)
 
 
 def seeds() -> list[int]:
