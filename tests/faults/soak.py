@@ -6,7 +6,8 @@ on both brokers; the runs are appended as JSON lines (``FAULT_ROWS``) and
 the report is rewritten after every round, so a soak stopped halfway still
 leaves its figures. A failing seed is printed with the command that replays
 it, and the soak goes on (it is a search); the exit code is non-zero if any
-seed failed. ``SOAK_ALL_FAULTS=1`` adds the fault kinds still pending a fix.
+seed failed. ``SOAK_ALL_FAULTS=1`` adds the fault kinds still pending a fix; ``SOAK_TESTS`` repeats
+the named listed scenarios instead (their rows summed as before the campaign).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from tests.faults import campaign
@@ -58,6 +59,37 @@ def summarize(runs: list[dict], rounds: int, seconds: float) -> str:
     return "\n".join(lines + [""])
 
 
+def summarize_rows(rows: list[dict], rounds: int, seconds: float) -> str:
+    """The listed scenarios' rows (``SOAK_TESTS``), summed per fault and broker."""
+    totals: dict[tuple[str, str], dict] = defaultdict(lambda: defaultdict(float))
+    worst: dict[tuple[str, str], float | None] = {}
+    for row in rows:
+        pair = (row["fault"], row["broker"])
+        t = totals[pair]
+        t["rounds"] += 1
+        for field in ("jobs", "lost", "doubled", "overlapping", "stuck", "reruns"):
+            t[field] += row[field]
+        t["errors"] += bool(row["error"])
+        previous = worst.get(pair, 0.0)
+        worst[pair] = None if previous is None or row["recovery"] is None else max(previous, row["recovery"])
+    lines = [
+        f"# Fault suite soak: {rounds} round(s) in {seconds / 60:.0f} min",
+        "",
+        "| fault | broker | rounds | jobs | lost | doubled effects | overlapping runs | stuck | "
+        "worst time to recover | reruns | unfinished rounds |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for pair, t in totals.items():
+        recovery = "never (some round)" if worst[pair] is None else f"{worst[pair]:.1f} s"
+        lines.append(
+            f"| {pair[0]} | {pair[1]} | {t['rounds']:.0f} | {t['jobs']:.0f} | {t['lost']:.0f} | "
+            f"{t['doubled']:.0f} | {t['overlapping']:.0f} | {t['stuck']:.0f} | {recovery} | "
+            f"{t['reruns']:.0f} | {t['errors']:.0f} |"
+        )
+    notes = [f"- {r['fault']} / {r['broker']}: {r['error'] or r['notes']}" for r in rows if r["error"] or r["notes"]]
+    return "\n".join(lines + ["", "## Notes", "", *(notes or ["None: every round was clean."]), ""])
+
+
 def main() -> int:
     seconds = float(os.environ.get("SOAK_SECONDS", "3600"))
     report = Path(os.environ.get("SOAK_REPORT") or Path(tempfile.gettempdir()) / "conveyor-soak-report.md")
@@ -81,12 +113,17 @@ def main() -> int:
         }
         if os.environ.get("SOAK_ALL_FAULTS") == "1":
             env["CAMPAIGN_ALL_FAULTS"] = "1"
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "tests/faults/test_campaign.py"]
+        # SOAK_TESTS names listed scenarios to repeat instead of the campaign (make soak-hosts, where it exists).
+        tests = os.environ.get("SOAK_TESTS", "tests/faults/test_campaign.py").split()
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", *tests]
         code = subprocess.run(argv, cwd=ROOT, env=env).returncode
         worst = max(worst, code)
         lines = rows_path.read_text().splitlines() if rows_path.exists() else []
-        runs = [row["campaign"] for row in map(json.loads, lines) if "campaign" in row]
-        report.write_text(summarize(runs, rounds, time.monotonic() - started))
+        rows = [json.loads(line) for line in lines]
+        runs = [row["campaign"] for row in rows if "campaign" in row]
+        listed = [row for row in rows if "campaign" not in row]
+        text = summarize(runs, rounds, time.monotonic() - started) if runs else ""
+        report.write_text(text + (summarize_rows(listed, rounds, time.monotonic() - started) if listed else ""))
         print(f"soak: round {rounds} (seeds {seeds}) exit {code}; summary in {report}", flush=True)
     return worst
 
