@@ -5,9 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo bench soak lint
+.PHONY: venv test demo bench soak soak-hosts lint
 
-# The venv is (re)installed only when pyproject.toml is newer than the stamp.
+# The venv is (re)installed only when pyproject.toml is newer than the stamp. `make demo` needs
+# conveyor alone; the test tools (pytest, selenium, linters) come with `make test` or `make venv`.
 venv: $(VENV)/.installed
 
 $(BIN)/python:
@@ -17,6 +18,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $@
 
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e .
+	touch $@
+
 $(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed
 	$(BIN)/python -m pip install -e '.[bench]'
 	touch $@
@@ -24,7 +29,7 @@ $(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-demo: venv
+demo: $(VENV)/.installed-base
 	$(BIN)/conveyor demo
 
 bench: $(VENV)/.installed-bench
@@ -36,6 +41,11 @@ SOAK_SECONDS ?= 3600
 SOAK_REPORT ?=
 soak: venv
 	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(SOAK_REPORT) $(BIN)/python -m tests.faults.soak
+
+# The same, for the three-host partition test alone (tests/faults/test_hosts.py, docs/hosts.md).
+soak-hosts: venv
+	SOAK_TESTS=tests/faults/test_hosts.py SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(SOAK_REPORT) \
+		$(BIN)/python -m tests.faults.soak
 
 # The house rules (issue 12): layer contracts, lint, format, types. CI runs it too.
 lint: venv

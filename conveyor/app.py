@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import threading
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, cast
 
 from conveyor.appcache import Closeable
 from conveyor.backends import Backend, backend_for
+from conveyor.blueprints import DEFAULT, Jobs, JobType, Schedule, blueprints_in, compose
+from conveyor.errors import ConfigurationError, InvalidPayload
+from conveyor.importing import import_job_module
 from conveyor.logs import log_event
 from conveyor.settings import Settings, get_settings
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.jobqueue import JobQueue
+from conveyor.tasks.jobqueue import JobQueue, validate_payload
 from conveyor.tasks.queues import queue_specs
-from conveyor.tasks.registry import JobType, check_loaded_settings, load_job_types
 
 if TYPE_CHECKING:
     from dramatiq import Middleware
@@ -30,24 +32,46 @@ R = TypeVar("R", bound=Closeable)
 #: The agent platform's job module, loaded by name like a user's ``CONVEYOR_IMPORTS`` unless
 #: ``CONVEYOR_PLATFORM=false``; the library never imports the platform itself.
 PLATFORM_JOBS = "conveyor.platform.jobs"
-#: The packages whose job types and queues are the platform's (left out when it is switched off).
-PLATFORM_PACKAGES = ("conveyor.platform",)
 
 
 class App:
     """Everything a producer or a worker process needs, created lazily.
 
-    Use one per process: ``App()`` reads the environment; tests pass their own :class:`Settings`.
+    ``jobs``: the blueprints (:class:`~conveyor.blueprints.Jobs`) whose job types and queues this
+    App runs; left out, they come from the environment: the agent platform's (unless
+    ``CONVEYOR_PLATFORM=false``), every blueprint a ``CONVEYOR_IMPORTS`` module holds, and the
+    module-level ``@job``'s. ``middleware``: Dramatiq middleware of the user's, run after conveyor's
+    (a blueprint can bring its own, which a ``conveyor worker`` gets too: ``jobs.add_middleware``).
+    ``App()`` reads the settings from the environment; tests pass their own :class:`Settings`.
     """
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        jobs: Sequence[Jobs] | None = None,
+        middleware: Sequence[Middleware] = (),
+    ) -> None:
         self.settings = settings or get_settings()
-        modules = [*([PLATFORM_JOBS] if self.settings.platform else []), *self.settings.import_modules]
-        exclude = () if self.settings.platform else PLATFORM_PACKAGES
-        job_types, queues = load_job_types(modules, exclude=exclude)
-        check_loaded_settings(self.settings, exclude)
-        self.job_types: dict[str, JobType] = job_types
-        self.queues = queue_specs(self.settings, queues)
+        self.blueprints: list[Jobs] = list(jobs) if jobs is not None else self._blueprints_from_settings()
+        composed = compose(self.blueprints)
+        for check in composed.settings_checks:
+            try:
+                check(self.settings)
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
+        self.job_types: dict[str, JobType] = composed.job_types
+        self.queues = queue_specs(self.settings, composed.queues)
+        #: Cron schedules declared in code (``jobs.schedule(...)``), fired by ``conveyor scheduler``.
+        self.schedules: dict[str, Schedule] = composed.schedules
+        for spec in self.schedules.values():
+            try:
+                validate_payload(spec.job, self.job_types[spec.job].payload, spec.payload)
+            except InvalidPayload as exc:
+                raise ConfigurationError(f"schedule {spec.name!r}: {exc}") from None
+        # The caller's, then each blueprint's (built for this App), after conveyor's own.
+        self.user_middleware = [*middleware, *(make() for b in self.blueprints for make in b.middleware)]
+        for blueprint in self.blueprints:
+            blueprint.app = self  # the App its handles enqueue on: the last one built with it
         self.backend: Backend = backend_for(self.settings)
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Connection[Any]] | None = None
@@ -55,6 +79,14 @@ class App:
         # the App owns them and close() closes them, newest first.
         self._resources: dict[object, Closeable] = {}
         self._resources_lock = threading.RLock()
+
+    def _blueprints_from_settings(self) -> list[Jobs]:
+        """The platform's blueprint (by name), those CONVEYOR_IMPORTS' modules hold, then the default one."""
+        modules = [*([PLATFORM_JOBS] if self.settings.platform else []), *self.settings.import_modules]
+        found: list[Jobs] = []
+        for name in modules:
+            found += vars(import_job_module(name, self.settings.import_paths)).values()
+        return blueprints_in([*found, DEFAULT])
 
     @cached_property
     def database_url(self) -> str:
@@ -88,8 +120,9 @@ class App:
             # After Retries: a message Retries skips never reaches Metrics' before_process_message.
             metrics,
             FailureWebhook(self.settings, self.job_types, metrics),
-            # Last: its before_process_message sees the attempt Retries counted.
+            # Last of conveyor's: its before_process_message sees the attempt Retries counted.
             Fleet(self),
+            *self.user_middleware,
         ]
 
     @cached_property
@@ -106,7 +139,6 @@ class App:
         broker: ConveyorBroker
         if name == "redis":
             from conveyor.brokers.redis import RedisBroker
-            from conveyor.errors import ConfigurationError
 
             if not settings.redis_url:
                 raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
@@ -144,7 +176,7 @@ class App:
             if self._pool is None:
                 from conveyor.db import open_pool
 
-                self._pool = open_pool(self.database_url)
+                self._pool = open_pool(self.database_url, pooled=self.settings.database_pooled)
             return self._pool
 
     @property
@@ -159,6 +191,21 @@ class App:
     def final_failure(self, broker: ConveyorBroker, message: AnyMessage, error: str) -> None:
         """Run once when a job has spent its attempts: its job type's hook, then every middleware's ``after_job_dead``."""
         job_type = self.job_types.get(message.actor_name)
+        if job_type and job_type.store_result:
+            from conveyor.results import mark_failed
+
+            try:
+                mark_failed(self, job_type, message.message_id)
+            except Exception as exc:  # only a wake-up: a reader learns the failure from the broker at its timeout
+                log_event(
+                    "error",
+                    level="warning",
+                    queue=message.queue_name,
+                    job=message.actor_name,
+                    job_id=message.message_id,
+                    attempt=message.options.get("attempt"),
+                    error=f"result readers not woken: {type(exc).__name__}",
+                )
         if job_type and job_type.on_final_failure:
             from conveyor.tasks.actors import load_payload
 
@@ -224,9 +271,12 @@ def run_worker_process(queue: str, threads: int | None = None) -> None:
     then drain and exit. Here, not in tasks/worker.py: the process's App is built by the composition root."""
     import signal
 
+    from conveyor.importing import add_paths
     from conveyor.logs import configure_logging
+    from conveyor.settings import get_settings
     from conveyor.tasks.worker import ProcessWorker
 
+    add_paths(get_settings().import_paths)  # the parent's --path, passed down as CONVEYOR_PATH
     app = App()
     configure_logging(app.settings.log_level)
     stop = threading.Event()
@@ -234,6 +284,15 @@ def run_worker_process(queue: str, threads: int | None = None) -> None:
         signal.signal(sig, lambda *_: stop.set())
     worker = ProcessWorker(app, queue, threads)
     worker.start()
+    cron = None
+    if app.schedules and app.settings.worker_schedules:
+        from conveyor.scheduling.firing import CronFirer
+
+        # Any number of workers may fire: an occurrence's keyed enqueue makes it once.
+        cron = threading.Thread(target=CronFirer(app).run, args=(stop,), name="conveyor-cron", daemon=True)
+        cron.start()
     stop.wait()
+    if cron is not None:
+        cron.join(timeout=app.settings.shutdown_timeout)
     worker.stop()
     app.close()

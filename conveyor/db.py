@@ -109,7 +109,17 @@ class Pool(ShieldedPool):
             yield conn
 
 
-def open_pool(url: str, *, min_size: int = 1, max_size: int = 20, name: str = "conveyor") -> Pool:
+def through_pooler(pooled: bool) -> dict[str, Any]:
+    """Connection options for a URL that goes through a transaction-mode pooler (PgBouncer), or none.
+
+    psycopg prepares a statement on the server once it ran a few times; through
+    a pooler in transaction mode the next transaction may land on another server
+    connection, where the prepared statement does not exist (PgBouncer < 1.21).
+    """
+    return {"prepare_threshold": None} if pooled else {}
+
+
+def open_pool(url: str, *, min_size: int = 1, max_size: int = 20, name: str = "conveyor", pooled: bool = False) -> Pool:
     """An autocommit pool (errors translated: :class:`Pool`); callers open ``conn.transaction()`` where they need one.
 
     No ping on checkout (it would add a round trip to every query): a
@@ -122,7 +132,7 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 20, name: str = "c
         max_size=max_size,
         name=name,
         open=False,
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, **through_pooler(pooled)},
         reconnect_timeout=60,
     )
     try:

@@ -128,6 +128,8 @@ def start_embedded(data_dir: Path) -> str:
     _forget_dead_handles(pgserver, pgdata)
 
     _use_binaries(pgserver, bin_path)
+    # Every process of `conveyor up` finds the server; only the one that started it says so at INFO.
+    was_running = _is_running(pgserver.utils.PostmasterInfo.read_from_pgdata(pgdata))
     try:
         server = pgserver.get_server(pgdata)  # cached per process
         if not _is_running(pgserver.utils.PostmasterInfo.read_from_pgdata(pgdata)):
@@ -141,7 +143,13 @@ def start_embedded(data_dir: Path) -> str:
 
     info = server.get_postmaster_info()
     _ensure_database(_url(info, "postgres"))
-    _log.info("embedded postgres ready: data=%s pid=%s binaries=%s", pgdata, info.pid, bin_path)
+    _log.log(
+        logging.DEBUG if was_running else logging.INFO,
+        "embedded postgres ready: data=%s pid=%s binaries=%s",
+        pgdata,
+        info.pid,
+        bin_path,
+    )
     return _url(info, DATABASE)
 
 

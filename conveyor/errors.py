@@ -19,6 +19,30 @@ class ConfigurationError(ConveyorError):
     """The settings or the environment cannot work as given."""
 
 
+class JobModuleNotFound(ConfigurationError):
+    """A module named in ``CONVEYOR_IMPORTS`` could not be imported from the paths searched (``--path``)."""
+
+
+class ResultError(ConveyorError):
+    """A job's stored result could not be had (``handle.result()``, ``app.jobs.result()``)."""
+
+
+class JobFailed(ResultError):
+    """The job failed for good; ``error`` is its last error, scrubbed of secret values."""
+
+    def __init__(self, job: str, job_id: str, error: str) -> None:
+        super().__init__(f"job {job!r} ({job_id}) failed for good: {error}")
+        self.job, self.job_id, self.error = job, job_id, error
+
+
+class ResultTimeout(ResultError):
+    """The job had no result within the wait; it may still finish (wait again with the same id)."""
+
+
+class ResultNotStored(ResultError):
+    """The job's type does not keep results: register it with ``store_result=True``."""
+
+
 class StoreUnavailable(ConveyorError):
     """A backing store (Redis, Postgres) could not be reached or did not answer in time; a retry may succeed.
 
@@ -244,6 +268,13 @@ class RecordNotFound(PlatformError):
 
 class RecordConflict(PlatformError):
     """The record exists with other content, or is in a state that forbids the change."""
+
+
+class QuotaExceeded(PlatformError):
+    """A user is at one of their limits (active runs, open streams, stream data kept): try again later.
+
+    The message names the limit and its setting, never the request's values.
+    """
 
 
 class ProviderError(JobError):

@@ -17,15 +17,17 @@ The broker's enqueue, fetch and outcome paths decide with
 from __future__ import annotations
 
 import contextlib
+import urllib.parse
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import redis
+import redis.asyncio
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from conveyor.errors import BrokerRejected, BrokerUnreachable
+from conveyor.errors import BrokerRejected, BrokerUnreachable, ConfigurationError
 
 if TYPE_CHECKING:
     from conveyor.settings import Settings
@@ -36,20 +38,91 @@ UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, TimeoutError, Connecti
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
+#: The scheme of a primary found through Redis Sentinel: ``redis+sentinel://host:port,host:port/mymaster[/db]``.
+SENTINEL_SCHEME = "redis+sentinel://"
+
+
+class SentinelURL(NamedTuple):
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+    password: str | None
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """``redis+sentinel://[:password@]host:port[,host:port…]/service[/db]``; a clear error for anything else."""
+    rest = url[len(SENTINEL_SCHEME) :]
+    hosts, _, path = rest.partition("/")
+    password = None
+    if "@" in hosts:
+        auth, _, hosts = hosts.rpartition("@")
+        password = urllib.parse.unquote(auth.partition(":")[2]) or None
+    sentinels = []
+    for part in filter(None, hosts.split(",")):
+        host, _, port = part.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError("REDIS_URL: each sentinel must be host:port (redis+sentinel://h:p,h:p/service)")
+        sentinels.append((host.strip("[]"), int(port)))
+    service, _, db = path.partition("/")
+    if not sentinels or not service or (db and not db.isdigit()):
+        raise ConfigurationError("REDIS_URL: expected redis+sentinel://host:port[,host:port...]/service[/db]")
+    return SentinelURL(sentinels, service, int(db or 0), password)
+
+
+def _options(settings: Settings) -> dict[str, Any]:
+    return {
+        "socket_connect_timeout": settings.redis_connect_timeout,
+        "socket_timeout": settings.redis_socket_timeout,
+        "health_check_interval": int(settings.redis_health_check_interval),
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), settings.redis_retries),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+    }
+
+
 def client(url: str, settings: Settings) -> redis.Redis:
     """A Redis client on ``url`` with the settings' timeouts, health check and retries.
 
     Built here rather than with ``redis.Redis.from_url(url)`` alone, which
-    would wait for a dead server's reply forever.
+    would wait for a dead server's reply forever. A ``redis+sentinel://`` URL
+    gives a client of the service's current primary: after a failover its
+    connections find the new primary through the sentinels (a connection to a
+    demoted primary is dropped at its first READONLY reply, and the call retried).
     """
-    return redis.Redis.from_url(
-        url,
-        socket_connect_timeout=settings.redis_connect_timeout,
-        socket_timeout=settings.redis_socket_timeout,
-        health_check_interval=int(settings.redis_health_check_interval),
-        retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), settings.redis_retries),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-    )
+    if url.startswith("redis+cluster://"):
+        raise ConfigurationError("REDIS_URL: Redis Cluster (redis+cluster://) is not supported yet; see docs/hosts.md")
+    if url.startswith(SENTINEL_SCHEME):
+        found = parse_sentinel_url(url)
+        sentinel = redis.Sentinel(  # type: ignore[no-untyped-call]
+            found.sentinels,
+            sentinel_kwargs={
+                "socket_connect_timeout": settings.redis_connect_timeout,
+                "socket_timeout": settings.redis_socket_timeout,
+            },
+            **_options(settings),
+        )
+        primary: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+            found.service, db=found.db, password=found.password
+        )
+        return primary
+    return redis.Redis.from_url(url, **_options(settings))
+
+
+def async_reader(url: str, settings: Settings) -> redis.asyncio.Redis:
+    """An asyncio client of one connection on ``url`` (a stream's reader), Sentinel URLs included."""
+    options: dict[str, Any] = {
+        "socket_connect_timeout": settings.redis_connect_timeout,
+        "socket_timeout": settings.redis_socket_timeout,
+    }
+    if url.startswith(SENTINEL_SCHEME):
+        from redis.asyncio.sentinel import Sentinel
+
+        found = parse_sentinel_url(url)
+        sentinel = Sentinel(found.sentinels, sentinel_kwargs=options, **options)  # type: ignore[no-untyped-call]
+        reader: redis.asyncio.Redis = sentinel.master_for(
+            found.service, db=found.db, password=found.password, single_connection_client=True
+        )
+        return reader
+    return redis.asyncio.Redis.from_url(url, single_connection_client=True, **options)
 
 
 def is_unavailable(exc: BaseException) -> bool:

@@ -8,6 +8,7 @@ Service URLs keep the names every platform already uses (``REDIS_URL``,
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from decimal import Decimal
 from functools import lru_cache
@@ -67,6 +68,19 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL", "CONVEYOR_DATABASE_URL"),
         description="Postgres for the ledger and the postgres broker.",
     )
+    database_pooled: bool = Field(
+        False,
+        description="DATABASE_URL goes through a transaction-mode pooler (PgBouncer): no prepared "
+        "statements, no session settings (every commit then follows the server's synchronous_commit, "
+        "which must be on), and no LISTEN on it (see listen_database_url).",
+    )
+    listen_database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("LISTEN_DATABASE_URL", "CONVEYOR_LISTEN_DATABASE_URL"),
+        description="A direct connection to Postgres (not through a transaction-mode pooler) for LISTEN: "
+        "wake-ups of the postgres broker's workers and of stream readers. Unset with database_pooled: "
+        "workers poll every pg_poll_seconds instead.",
+    )
     job_failure_webhook_url: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("JOB_FAILURE_WEBHOOK_URL", "CONVEYOR_JOB_FAILURE_WEBHOOK_URL"),
@@ -81,6 +95,9 @@ class Settings(BaseSettings):
         description="Where the embedded Postgres, build artifacts and build work trees live.",
     )
     dedup_ttl: float = Field(24 * 3600, gt=0, description="Seconds a job key makes a second enqueue a no-op.")
+    result_ttl: float = Field(
+        24 * 3600, gt=0, description="Seconds a job's stored result (store_result=True) is kept for readers."
+    )
     heartbeat_timeout: float = Field(
         60, gt=0, description="Seconds without a heartbeat before a worker's jobs are recovered."
     )
@@ -138,6 +155,11 @@ class Settings(BaseSettings):
         None, description="Fernet key(s) for payload secrets, comma-separated: the first encrypts, all decrypt."
     )
     imports: str = Field("", description="Comma-separated modules that register more job types.")
+    path: str = Field(
+        "",
+        description="Directories searched first for CONVEYOR_IMPORTS, separated by os.pathsep "
+        "(`conveyor worker --path DIR`); empty: the working directory.",
+    )
     platform: bool = Field(
         True, description="Load the agent platform's job types and queues; false: only CONVEYOR_IMPORTS' jobs."
     )
@@ -170,6 +192,11 @@ class Settings(BaseSettings):
     )
     # -- schedules and builds ---------------------------------------------------
     scheduler_interval: float = Field(5, gt=0, description="Seconds between the scheduler's passes over due schedules.")
+    worker_schedules: bool = Field(
+        True,
+        description="Worker processes fire the App's code schedules (jobs.schedule) too, each occurrence "
+        "once whatever else fires it; false: only `conveyor scheduler` does.",
+    )
     scheduler_misfire_grace: float = Field(
         60, ge=0, description="Seconds late a cron fire may be and still count as on time (misfire policy 'skip')."
     )
@@ -199,20 +226,46 @@ class Settings(BaseSettings):
     )
     build_cpu_seconds: int = Field(600, gt=0, description="CPU seconds each build-script process may use.")
     build_memory_bytes: int = Field(
-        2 * 1024**3, gt=0, description="Address space each build-script process may map, bytes."
+        2 * 1024**3,
+        gt=0,
+        description="Memory one build may use, bytes: all its processes, its workspace and its /tmp together "
+        "(its memory cgroup); also the address space each of its processes may map.",
     )
     build_max_processes: int = Field(
-        256, gt=0, description="Processes the sandbox user may run at once (build scripts share it)."
+        256, gt=0, description="Processes one build may run at once, its whole tree (its pids cgroup)."
+    )
+    build_cpus: float = Field(1.0, gt=0, description="CPU cores one build may use at once (its cpu cgroup's quota).")
+    build_workspace_bytes: int = Field(
+        1024**3,
+        gt=0,
+        description="Size of a build's workspace (a tmpfs in its sandbox, counted in its memory): past it the "
+        "script gets ENOSPC.",
+    )
+    build_isolation: Literal["cgroup", "rlimits-only"] = Field(
+        "cgroup",
+        description="cgroup: one cgroup per build (memory, processes, CPU), builds refused where the worker "
+        "cannot make one; rlimits-only: per-process limits only, processes counted per sandbox user "
+        "(builds on one worker can starve each other).",
     )
     build_max_file_bytes: int = Field(1024**3, gt=0, description="Largest file a build script may write, bytes.")
     build_tmp_bytes: int = Field(256 * 1024**2, gt=0, description="Size of a build script's private /tmp, bytes.")
     build_network: bool = Field(
         False, description="Give build scripts the host's network; off: a network namespace with loopback only."
     )
-    build_sandbox_uid: int = Field(
-        65534, ge=1, description="User a build script runs as when the worker is root (nobody)."
+    build_sandbox_uids: str = Field(
+        "2100000000-2100065535",
+        pattern=r"^$|^[1-9][0-9]{0,9}-[1-9][0-9]{0,9}$",
+        description="FIRST-LAST: under a root worker each running build gets its own uid (and gid) from this "
+        "range, so what the kernel counts per user is its own; empty: every build runs as "
+        "CONVEYOR_BUILD_SANDBOX_UID.",
     )
-    build_sandbox_gid: int = Field(65534, ge=1, description="Group a build script runs as when the worker is root.")
+    build_sandbox_uid: int = Field(
+        65534,
+        ge=1,
+        description="User every build script runs as under a root worker when CONVEYOR_BUILD_SANDBOX_UIDS is empty "
+        "(nobody).",
+    )
+    build_sandbox_gid: int = Field(65534, ge=1, description="Its group.")
     # -- agent platform ---------------------------------------------------------
     provider: ProviderName = Field(
         "local", description="Model provider: local (deterministic, no network) | openai (OpenAI-compatible HTTP)."
@@ -240,8 +293,22 @@ class Settings(BaseSettings):
     stream_retention: float = Field(
         24 * 3600, gt=0, description="Seconds a run's streamed chunks are kept in Redis after the last one."
     )
-    stream_poll_interval: float = Field(
-        0.1, gt=0, le=5, description="Seconds between an SSE reader's looks for new chunks."
+    # -- per-user quotas of the producer API (429 past each) ------------------------
+    user_max_active_runs: int = Field(
+        10, ge=1, description="Runs a user may have queued or running at once; one more answers 429."
+    )
+    user_max_streams: int = Field(20, ge=1, description="SSE streams a user may hold open at once (429 past it).")
+    user_max_stream_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="Bytes of streamed text of a user's runs kept (those ended within CONVEYOR_STREAM_RETENTION); "
+        "at or past it, a new run answers 429.",
+    )
+    user_stream_lease: float = Field(
+        60,
+        gt=0,
+        description="Seconds an open stream's place in CONVEYOR_USER_MAX_STREAMS outlives an API process that "
+        "died holding it (renewed every third of it while the stream is open).",
     )
     fault_rate: float = Field(
         0, ge=0, le=1, description="Share of first attempts of platform jobs that fail on purpose (demo/chaos)."
@@ -255,6 +322,17 @@ class Settings(BaseSettings):
         10, gt=0, description="Redis broker: seconds a command may wait for its reply before it counts as failed."
     )
     redis_connect_timeout: float = Field(5, gt=0, description="Redis broker: seconds to open a connection.")
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        description="Redis broker: after each enqueue and each claim (the write that hands out a delivery "
+        "number), WAIT until this many replicas have it; 0: no WAIT (a failover may lose writes the primary "
+        "acknowledged but had not replicated yet). An enqueue not acknowledged in time is reported as of "
+        "unknown outcome; a claim is not started and goes back to its queue.",
+    )
+    redis_wait_timeout: float = Field(
+        1.0, gt=0, description="Redis broker: seconds a WAIT (redis_wait_replicas) may take."
+    )
     redis_health_check_interval: float = Field(
         15,
         ge=0,
@@ -291,11 +369,30 @@ class Settings(BaseSettings):
         5, ge=1, description="Wrong admin tokens a client may try per window before sign-in answers 429."
     )
     admin_login_window: float = Field(60, gt=0, description="Seconds of the dashboard sign-in throttle's window.")
+    api_max_json_bytes: int = Field(
+        1024 * 1024,
+        gt=0,
+        description="Largest request body of a route that takes no long text (every JSON body but a "
+        "resource's, and every form); a larger one answers 413. At least CONVEYOR_MAX_PAYLOAD_BYTES.",
+    )
     api_max_body_bytes: int = Field(
-        8 * 1024 * 1024, gt=0, description="Largest request body the API reads; a larger one answers 413."
+        8 * 1024 * 1024,
+        gt=0,
+        description="Largest body of a route that takes a long text (PUT /api/resources/{id}); 413 above.",
+    )
+    api_max_json_items: int = Field(
+        100_000,
+        ge=100,
+        description="Values (objects, arrays, items) a JSON request body may hold, which bounds the memory "
+        "its parse takes; more answer 400.",
     )
     api_max_json_depth: int = Field(
         32, ge=2, le=1000, description="Deepest nesting of a JSON request body (or enqueue --batch line)."
+    )
+    trusted_proxies: str = Field(
+        "",
+        description="Comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto the API believes; empty: none, the peer's address is the client's.",
     )
 
     @field_validator("admin_token")
@@ -313,6 +410,28 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, value: str) -> str:
+        for entry in (part.strip() for part in value.split(",")):
+            if entry:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        "CONVEYOR_TRUSTED_PROXIES: each entry is an IP address or network (10.0.0.0/8)"
+                    ) from None
+        return ",".join(part.strip() for part in value.split(",") if part.strip())
+
+    @model_validator(mode="after")
+    def _payload_fits_a_request(self) -> "Settings":
+        if self.api_max_json_bytes < self.max_payload_bytes:
+            raise ValueError(
+                "api_max_json_bytes: a request body may hold a whole payload, so it must be at least "
+                f"CONVEYOR_MAX_PAYLOAD_BYTES ({self.max_payload_bytes})"
+            )
+        return self
+
     # Which queues and build kinds exist is known to the modules that declare them, not here
     # (settings imports nothing from conveyor): the App checks the names once it loaded them
     # (conveyor.tasks.queues.queue_specs, and the build job's check_settings).
@@ -328,6 +447,15 @@ class Settings(BaseSettings):
         bad = sorted(kind for kind, limit in value.items() if limit <= 0)
         if bad:
             raise ValueError(f"build time limits must be positive: {bad}")
+        return value
+
+    @field_validator("build_sandbox_uids")
+    @classmethod
+    def _uid_range(cls, value: str) -> str:
+        if value:
+            first, last = (int(n) for n in value.split("-"))
+            if not 1 <= first <= last < 2**31 - 1:
+                raise ValueError("give FIRST-LAST with 1 <= FIRST <= LAST < 2147483647")
         return value
 
     @model_validator(mode="after")
@@ -389,6 +517,21 @@ class Settings(BaseSettings):
         return [m.strip() for m in self.imports.split(",") if m.strip()]
 
     @property
+    def sandbox_uid_range(self) -> tuple[int, int] | None:
+        """(first, last) of CONVEYOR_BUILD_SANDBOX_UIDS, or None when every build runs as one user."""
+        if not self.build_sandbox_uids:
+            return None
+        first, last = (int(n) for n in self.build_sandbox_uids.split("-"))
+        return first, last
+
+    @property
+    def import_paths(self) -> list[str]:
+        """CONVEYOR_PATH's directories, absolute; the working directory when it names none."""
+        import os
+
+        return [os.path.abspath(p) for p in self.path.split(os.pathsep) if p.strip()] or [os.getcwd()]
+
+    @property
     def source_roots(self) -> list[Path]:
         """The resolved build source roots (CONVEYOR_BUILD_SOURCE_ROOTS)."""
         return [Path(p.strip()).expanduser().resolve() for p in self.build_source_roots.split(",") if p.strip()]
@@ -406,11 +549,24 @@ def get_settings() -> Settings:
 
 
 def env_help() -> list[tuple[str, str]]:
-    """(variable, description) pairs for ``--help``."""
+    """(variable, description) pairs for ``--help``, each description ending with its default when it has one."""
     rows = []
     for name, field in Settings.model_fields.items():
         alias = field.validation_alias
         first = alias.choices[0] if isinstance(alias, AliasChoices) else None
         env = first if isinstance(first, str) else f"CONVEYOR_{name.upper()}"
-        rows.append((env, field.description or ""))
+        text = field.description or ""
+        default = field.get_default(call_default_factory=True)
+        if default not in (None, "", {}, []) and not isinstance(default, SecretStr):
+            text += f" [default: {_plain(default)}]"
+        rows.append((env, text))
     return rows
+
+
+def _plain(value: object) -> str:
+    """A default as one would write it in the environment: ``true``, ``5``, ``0.25``, a path."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

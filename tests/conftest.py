@@ -8,9 +8,8 @@ Redis and its own database copied from a migrated template, dropped afterwards.
 At import, before any test module, this file removes conveyor's configuration
 (every `CONVEYOR_*` variable, `REDIS_URL`, `DATABASE_URL`,
 `JOB_FAILURE_WEBHOOK_URL`) from the process environment, so no test depends on
-the caller's shell; a test that needs a value sets it through `clean_env`. It
-also loads every job module the tests' Apps name, and fails a test that leaves
-the job registry different from how it found it (see `tests/support/registry.py`).
+the caller's shell; a test that needs a value sets it through `clean_env`. Job
+types live in blueprints, one per job module, so no test can change another's.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import registry
-from tests.support.servers import PostgresServer, RedisServer
+from tests.support.servers import PgBouncerServer, PostgresServer, RedisServer
 from tests.support.waiting import wait_for
 
 #: The migrated database every test database is copied from.
@@ -43,10 +41,6 @@ def is_config_var(name: str) -> bool:
 for _name in [n for n in os.environ if is_config_var(n)]:
     del os.environ[_name]
 
-registry.load_job_modules()
-#: The registry once every job module is loaded: what it must still be after collection.
-LOADED_REGISTRY = registry.snapshot()
-
 
 #: Fixtures that start a server: a unit test (``tests/unit``) may use none of them.
 SERVER_FIXTURES = frozenset({"redis_server", "pg_server"})
@@ -58,17 +52,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if Path(str(item.path)).is_relative_to(unit) and SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             raise pytest.UsageError(f"{item.nodeid} is a unit test but needs a server: it belongs in tests/integration")
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """A test module that registers a job or a queue at import fails the run before any test.
-
-    The per-test guard (``registry_unchanged``) compares around each test, after collection;
-    this catches what a module does while it is collected.
-    """
-    changed = registry.changes(LOADED_REGISTRY, registry.snapshot())
-    if changed:
-        raise pytest.UsageError("a test module changed the global job registry at import: " + "; ".join(changed))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -151,6 +134,13 @@ def pg_template(pg_server: PostgresServer) -> str:
     return TEMPLATE_DB
 
 
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server: PostgresServer) -> Iterator[PgBouncerServer]:
+    """A private PgBouncer (transaction pooling) in front of the session's Postgres: ``pgbouncer.url(dbname)``."""
+    with PgBouncerServer(pg_server) as server:
+        yield server
+
+
 @pytest.fixture
 def make_database(pg_server: PostgresServer) -> Iterator[Callable[..., str]]:
     """Factory: `make_database(template=None) -> url` of a new database.
@@ -214,22 +204,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         if is_config_var(name):
             monkeypatch.delenv(name)
     return monkeypatch
-
-
-# -- the job registry ---------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def registry_unchanged() -> Iterator[None]:
-    """Fail a test that registers, replaces or removes a job type, queue or settings check.
-
-    The registry is the process's: a change would reach every later test's App.
-    """
-    before = registry.snapshot()
-    yield
-    changed = registry.changes(before, registry.snapshot())
-    if changed:
-        pytest.fail("the test changed the global job registry: " + "; ".join(changed), pytrace=False)
 
 
 # -- apps and worker processes, for modules that define a `settings` fixture ---

@@ -3,7 +3,7 @@
 Every route needs the admin token (see :mod:`conveyor.api.auth`). Field
 names are camelCase, as dashboards built on other queues expect
 (``completedTotal``). Routes only render what the read layer
-(:mod:`conveyor.api.inspector`) returns.
+(:mod:`conveyor.inspector`) returns.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic.alias_generators import to_camel
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import CursorQuery, NamePath, NameQuery, inspector
 from conveyor.api.errors import UNAVAILABLE_RESPONSES
-from conveyor.api.inspector import MAX_PAGE, Inspector
+from conveyor.inspector import MAX_PAGE, Inspector
 
 router = APIRouter(
     prefix="/api/admin",
@@ -138,7 +138,12 @@ def queue_metrics(inspect: Inspector = Depends(inspector)) -> dict[str, QueueMet
     return {q.name: QueueMetrics.model_validate(q) for q in inspect.queues()}
 
 
-@router.get("/jobs", response_model=JobList, summary="Jobs of a queue in a state, newest first")
+@router.get(
+    "/jobs",
+    response_model=JobList,
+    summary="Jobs of a queue in a state, newest first",
+    responses={404: {"description": "no such queue (the answer lists the queues)"}},
+)
 def list_jobs(
     queue: NameQuery,
     state: State,

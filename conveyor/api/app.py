@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from conveyor.api import errors
+from conveyor.api import docs, errors
 from conveyor.api.guard import Guard
 
 if TYPE_CHECKING:
@@ -45,8 +45,10 @@ DESCRIPTION = """conveyor's HTTP API. Who may call what:
   when no admin token is configured. No user key opens them.
 - **`/metrics`**: open, as Prometheus scrapes it; it holds counts and names only.
 
-Bad input answers 4xx with `{"detail": [{"loc", "msg"}]}`, naming the field, never echoing its value;
-a body over `CONVEYOR_API_MAX_BODY_BYTES` answers 413 (an upload: over `CONVEYOR_UPLOAD_MAX_BYTES`).
+Bad input answers 4xx with `{"detail": [{"loc", "msg"}]}`, naming the field, never echoing its value.
+A request with a body must carry a live credential (a user's key or the admin token), checked before
+the body is read (401). A body over `CONVEYOR_API_MAX_JSON_BYTES` answers 413 (a resource's text: over
+`CONVEYOR_API_MAX_BODY_BYTES`; an upload's multipart form: over `CONVEYOR_UPLOAD_MAX_BYTES`).
 """
 
 
@@ -70,16 +72,62 @@ def field_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))[:MAX_MSG_CHARS]} for err in errors]
 
 
+def _describe_refusals(schemas: dict[str, Any]) -> None:
+    """Document the 422 as this API answers it: ``{"detail": [{"loc", "msg"}]}`` (never pydantic's ``type``,
+    ``input`` or ``ctx``: :func:`field_errors`), or a sentence when the problem is the request as a whole."""
+    if "ValidationError" in schemas:
+        field = schemas["ValidationError"]
+        field["properties"] = {name: field["properties"][name] for name in ("loc", "msg")}
+        field["required"] = ["loc", "msg"]
+    if "HTTPValidationError" in schemas and "anyOf" not in schemas["HTTPValidationError"]["properties"]["detail"]:
+        detail = schemas["HTTPValidationError"]["properties"]["detail"]
+        listed = {key: detail.pop(key) for key in ("items", "type") if key in detail}
+        detail["anyOf"] = [listed, {"type": "string"}]
+        schemas["HTTPValidationError"]["required"] = ["detail"]
+
+
+#: A refusal's body, as every 4xx of this API has it.
+_PROBLEM = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}}}
+
+
+def _add_common_answers(operation: dict[str, Any]) -> None:
+    """Document on each operation the answers every route may give, unless the route describes them itself:
+    the Guard's refusals (a NUL, a body too large, too deep or without credentials), the credentials' 401,
+    and the 404 of an id in the path that names nothing of the caller's."""
+    responses = operation.setdefault("responses", {})
+    common = {"400": "a NUL in the path, query or body; a JSON body nested too deep or holding too many values"}
+    if operation.get("security"):
+        common["401"] = "no valid credentials for this route"
+    if "requestBody" in operation:
+        common["401"] = "no valid credentials for this route (checked before the body is read)"
+        common["413"] = "the body is larger than this route takes"
+    if any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
+        common["404"] = "nothing of yours by that name or id"
+    for status_code, description in common.items():
+        responses.setdefault(status_code, {"description": description, **_PROBLEM})
+
+
 def create_app(app: "App") -> FastAPI:
     """The HTTP application of ``app``. The caller owns ``app`` and closes it."""
     from conveyor.api.dashboard import STATIC_DIR, STATIC_PATH, StaticAssets
     from conveyor.version import __version__
 
-    api = FastAPI(title="conveyor", version=__version__, description=DESCRIPTION, openapi_tags=TAGS)
+    # The docs page is our own (conveyor.api.docs): Swagger UI from the package, under the one CSP.
+    api = FastAPI(
+        title="conveyor",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        docs_url=None,
+        redoc_url=None,
+    )
     api.state.conveyor = app
-    #: Paths whose body may be larger than CONVEYOR_API_MAX_BODY_BYTES: {path: bytes}. A router's module
-    #: asks for its own with ``body_limits(settings) -> dict[str, int]``, so this module names none of them.
+    #: Upload routes: {path: cap of their multipart body}, far above CONVEYOR_API_MAX_JSON_BYTES. A router's
+    #: module asks for its own with ``body_limits(settings) -> dict[str, int]``, so this module names none.
     api.state.body_limits = {}
+    #: Path prefixes of routes whose JSON body may be a long text (up to CONVEYOR_API_MAX_BODY_BYTES, not
+    #: CONVEYOR_API_MAX_JSON_BYTES): a router's module lists them as ``LONG_TEXT_PREFIXES``.
+    long_text_prefixes: list[str] = []
     for spec in ROUTERS:
         module_name, _, attribute = spec.partition(":")
         module = importlib.import_module(module_name)
@@ -87,9 +135,25 @@ def create_app(app: "App") -> FastAPI:
         limits = getattr(module, "body_limits", None)
         if limits is not None:
             api.state.body_limits.update(limits(app.settings))
+        long_text_prefixes.extend(getattr(module, "LONG_TEXT_PREFIXES", ()))
     # The dashboard's scripts (and any other static file there): same origin, so CSP script-src 'self' allows them.
     api.mount(STATIC_PATH, StaticAssets(directory=STATIC_DIR), name="admin-static")
-    api.add_middleware(Guard, conveyor=app, body_limits=api.state.body_limits)
+    docs.install(api)
+    api.add_middleware(
+        Guard, conveyor=app, body_limits=api.state.body_limits, long_text_prefixes=tuple(long_text_prefixes)
+    )
+
+    document = api.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = document()  # made once and kept by FastAPI; patched here in place (idempotent)
+        _describe_refusals(schema.get("components", {}).get("schemas", {}))
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                _add_common_answers(operation)
+        return schema
+
+    api.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to change the document
 
     @api.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -27,7 +27,7 @@ import enum
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -35,6 +35,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from conveyor import access
 from conveyor.api import sessions
+
+if TYPE_CHECKING:
+    from starlette.types import Scope
+
+    from conveyor.app import App
 
 #: The dashboard's session cookie.
 COOKIE = "conveyor_admin"
@@ -131,7 +136,15 @@ def _bearer(request: Request) -> str | None:
     return credentials if scheme.lower() == "bearer" and credentials else None
 
 
+#: Where a request's scope keeps the user its key was found to belong to (the Guard looks before the body is
+#: read, the route's dependency takes it from there instead of asking the database again).
+_USER_SCOPE_KEY = "conveyor.user_id"
+
+
 async def _user_of(request: Request) -> str | None:
+    if _USER_SCOPE_KEY in request.scope:
+        found: str | None = request.scope[_USER_SCOPE_KEY]
+        return found
     key = _bearer(request)
     if key is None or not key.startswith(access.KEY_PREFIX + "_") or len(key) > 200:
         return None
@@ -141,7 +154,26 @@ async def _user_of(request: Request) -> str | None:
         with app.pool.connection() as conn:
             return access.key_user(conn, key)
 
-    return await run_in_threadpool(look_up)
+    user_id = await run_in_threadpool(look_up)
+    request.scope[_USER_SCOPE_KEY] = user_id
+    return user_id
+
+
+async def authenticated(scope: Scope, app: App) -> bool:
+    """Whether a request carries any live credential: a user's key, the admin token, a dashboard session.
+
+    The Guard asks before it reads a body, so a caller with none never makes the API hold one. Which
+    routes each credential opens is still the routes' own dependencies' to say.
+    """
+    request = Request(scope)
+    given = _bearer(request)
+    if given is not None:
+        token = app.settings.admin_token
+        if token is not None and token.get_secret_value() and same_secret(given, token.get_secret_value()):
+            return True
+        return await _user_of(request) is not None
+    cookie = request.cookies.get(COOKIE)
+    return cookie is not None and await run_in_threadpool(sessions.is_live, app, cookie)
 
 
 def _unauthorized() -> HTTPException:

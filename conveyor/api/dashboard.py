@@ -39,9 +39,9 @@ from starlette.types import Scope
 from conveyor.api import sessions
 from conveyor.api.auth import COOKIE, CSRF_HEADER, CSRF_VALUE, Access, check_access, configured_token, same_secret
 from conveyor.api.deps import CursorQuery, NamePath, inspector
-from conveyor.api.inspector import Inspector
 from conveyor.brokers.base import JOB_STATES
 from conveyor.errors import InvalidQuery, JobNotFound, UnknownQueue
+from conveyor.inspector import Inspector
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
 
@@ -143,7 +143,8 @@ def _gate(request: Request) -> Response | None:
 
 
 def _client(request: Request) -> str:
-    """Whom sign-in failures are counted against: the peer address."""
+    """Whom sign-in failures are counted against: the peer address (a proxy's X-Forwarded-For only when the
+    peer is one of CONVEYOR_TRUSTED_PROXIES: uvicorn is configured so by ``conveyor api``)."""
     return request.client.host if request.client else "unknown"
 
 
@@ -163,17 +164,20 @@ async def login(request: Request) -> Response:
     if not target.startswith("/admin/") or target.startswith("/admin//") or "\\" in target:
         target = "/admin/queues"  # only ever back into the dashboard
     app, client = request.app.state.conveyor, _client(request)
-    if await run_in_threadpool(sessions.throttled, app, client):
-        window = int(app.settings.admin_login_window)
-        return _page(
-            "login.html",
-            429,
-            title="Sign in",
-            next=target,
-            headers={"Retry-After": str(window)},
-            error="Too many wrong tokens from this address: try again in a minute.",
-        )
+    # The right token always signs in, however many wrong ones came from this address before (whoever
+    # shares it, or claims to, can never lock the operator out). Past the throttle a wrong one answers
+    # 429 and is no longer even recorded; the token is too long to find by guessing (see settings).
     if not same_secret(given, token):
+        if await run_in_threadpool(sessions.throttled, app, client):
+            window = int(app.settings.admin_login_window)
+            return _page(
+                "login.html",
+                429,
+                title="Sign in",
+                next=target,
+                headers={"Retry-After": str(window)},
+                error="Too many wrong tokens from this address: try again in a minute.",
+            )
         await run_in_threadpool(sessions.record_failure, app, client)
         return _page("login.html", 401, title="Sign in", next=target, error="That token is not the admin token.")
     cookie = await run_in_threadpool(sessions.open_session, app, client)

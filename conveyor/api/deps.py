@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
 
-from conveyor.api.inspector import Inspector
 from conveyor.app import App
+from conveyor.inspector import Inspector
 
 
 def conveyor_app(request: Request) -> App:

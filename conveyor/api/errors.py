@@ -40,6 +40,7 @@ STATUS: dict[type[e.ConveyorError], int] = {
     e.PlatformError: 400,
     e.RecordNotFound: 404,
     e.RecordConflict: 409,
+    e.QuotaExceeded: 429,
     e.UploadRefused: 422,
     e.UploadTooLarge: 413,
     e.LedgerError: 409,

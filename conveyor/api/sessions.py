@@ -5,7 +5,10 @@ an expiry (``CONVEYOR_ADMIN_SESSION_SECONDS``), so a cookie copied before
 logout stops working the moment logout revokes it, on every API process.
 Wrong tokens are counted per client address over a sliding window: past
 ``CONVEYOR_ADMIN_LOGIN_ATTEMPTS`` failures in ``CONVEYOR_ADMIN_LOGIN_WINDOW``
-seconds, sign-in answers 429 without looking at the token. A session is
+seconds, a wrong token answers 429 (and is not recorded); the right one
+still signs in, so no one sharing or claiming an address locks the operator
+out. The address is the peer's, or what a proxy of
+``CONVEYOR_TRUSTED_PROXIES`` forwarded. A session is
 bound to the admin token that opened it: rotating ``CONVEYOR_ADMIN_TOKEN``
 ends every session of the old one.
 

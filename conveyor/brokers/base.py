@@ -48,12 +48,6 @@ def log_delivery_error(
     )
 
 
-def malformed_error(exc: BaseException) -> str:
-    """The error a job whose stored message cannot be decoded fails with, the same on every broker."""
-    cause = getattr(exc, "error", None) or exc  # DecodeError wraps the decoder's error
-    return f"MalformedMessage: the stored message cannot be decoded ({describe_error(cause, 500)})"
-
-
 #: Message option a consumer sets on a delivery that runs only the job's final-failure hooks: the job
 #: failed for good in an earlier delivery whose worker died before its hooks were marked done. Its
 #: body never runs again; the hooks run again (they are at least once). Never stored with the job.
@@ -85,6 +79,12 @@ def announce_unknown_job(broker: Broker, message: AnyMessage, delay: float) -> N
                 hook(broker, message)
             except Exception as exc:
                 log_delivery_error(message, f"after_unknown_job of {type(middleware).__name__} raised: {exc!r}")
+
+
+def malformed_error(exc: BaseException) -> str:
+    """The error a job whose stored message cannot be decoded fails with, the same on every broker."""
+    cause = getattr(exc, "error", None) or exc  # DecodeError wraps the decoder's error
+    return f"MalformedMessage: the stored message cannot be decoded ({describe_error(cause, 500)})"
 
 
 #: The states a job record can be in, as users see them.

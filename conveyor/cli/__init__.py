@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -11,7 +12,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from pydantic import ValidationError
 
 from conveyor.errors import ConveyorError
+from conveyor.importing import add_paths
 from conveyor.settings import Settings, env_help, get_settings
+from conveyor.version import __version__
 
 if TYPE_CHECKING:
     #: What each command module's ``register`` adds its subcommands to.
@@ -27,6 +30,7 @@ COMMAND_MODULES = (
     "conveyor.cli.schedules",
     "conveyor.cli.bench",
     "conveyor.cli.workers",
+    "conveyor.cli.jobs",
     "conveyor.cli.users",
 )
 
@@ -68,16 +72,33 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"conveyor {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)
     return parser
 
 
+def path_flag(parser: argparse.ArgumentParser) -> None:
+    """``--path DIR`` (repeatable): where CONVEYOR_IMPORTS' modules are looked for first; see :func:`main`."""
+    parser.add_argument(
+        "--path",
+        action="append",
+        metavar="DIR",
+        help="directory to import CONVEYOR_IMPORTS from, before the installed packages; repeatable "
+        "(default: the working directory) [env: CONVEYOR_PATH, separated by os.pathsep]",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        resolve_settings_flags(args, get_settings())
+        if getattr(args, "path", None):
+            # Before the settings are first read: the App, this process's and every child's, sees them.
+            os.environ["CONVEYOR_PATH"] = os.pathsep.join(os.path.abspath(p) for p in args.path)
+        settings = get_settings()
+        add_paths(settings.import_paths)  # spawned children inherit sys.path (and CONVEYOR_PATH) from here
+        resolve_settings_flags(args, settings)
         return int(args.func(args) or 0)
     except ConveyorError as exc:
         print(f"conveyor: error: {exc}", file=sys.stderr)

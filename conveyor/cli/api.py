@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
     import uvicorn
+    from fastapi import FastAPI
 
     from conveyor.cli import Subcommands
 
@@ -29,8 +30,6 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 def run_api(host: str, port: int) -> None:
     """Serve the API until SIGTERM/SIGINT (also the entry point of ``conveyor up``'s API process)."""
-    import uvicorn
-
     from conveyor.api import create_app
     from conveyor.app import App
     from conveyor.logs import configure_logging, log_event
@@ -48,12 +47,31 @@ def run_api(host: str, port: int) -> None:
         broker=app.settings.broker_name,
         admin="token" if app.settings.admin_token else "closed",
     )
-    # Logging stays conveyor's JSON (log_config=None); no access log, as request lines carry no job ids.
-    config = uvicorn.Config(create_app(app), host=host, port=port, log_config=None, access_log=False)
+    config = uvicorn_config(create_app(app), host, port, app.settings.trusted_proxies)
     try:
         _serve(config)
     finally:
         app.close()
+
+
+def uvicorn_config(asgi: FastAPI, host: str, port: int, trusted_proxies: str) -> uvicorn.Config:
+    """How the API is served: X-Forwarded-For/-Proto believed only from ``CONVEYOR_TRUSTED_PROXIES``.
+
+    uvicorn's own default believes them from 127.0.0.1 (and reads FORWARDED_ALLOW_IPS): then anyone on
+    the host could claim any address to the sign-in throttle. Empty: the headers are ignored.
+    """
+    import uvicorn
+
+    # Logging stays conveyor's JSON (log_config=None); no access log, as request lines carry no job ids.
+    return uvicorn.Config(
+        asgi,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        proxy_headers=bool(trusted_proxies),
+        forwarded_allow_ips=trusted_proxies.split(",") if trusted_proxies else [],
+    )
 
 
 def _serve(config: uvicorn.Config) -> None:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Callable, TextIO, TypedDict
 
-from conveyor.cli import env_flag
+from conveyor.cli import env_flag, path_flag
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -29,6 +29,7 @@ def register(sub: Subcommands) -> None:
         type=int,
         help="threads per process (default: the queue's concurrency)",
     )
+    path_flag(p)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("enqueue", help="enqueue a job, or JSON lines from stdin with --batch")
@@ -47,6 +48,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument(
         "--chunk-size", type=int, default=500, help="--batch: jobs per round trip to the broker (default 500)"
     )
+    path_flag(p)
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("status", help="per-queue counts")
@@ -61,6 +63,7 @@ def register(sub: Subcommands) -> None:
     env_flag(p, "--processes", env="CONVEYOR_WORKER_PROCESSES", type=int, help="processes per queue")
     env_flag(p, "--host", env="CONVEYOR_API_HOST", help="API address")
     env_flag(p, "--port", env="CONVEYOR_API_PORT", type=int, help="API port (0: no API)")
+    path_flag(p)
     p.set_defaults(func=cmd_up)
 
 
@@ -137,6 +140,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from conveyor.errors import ConfigurationError
 
         raise ConfigurationError("the inline broker lives inside one process: use `conveyor up` or a real broker")
+    if app.schedules and app.settings.worker_schedules:
+        from conveyor.scheduling.firing import CronFirer
+
+        CronFirer(app)  # a schedule setting that cannot work stops here, not in every child
     if app.backend.queue_in_postgres:
         from conveyor.schema.migrate import migrate
 
@@ -189,15 +196,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         import signal
         import threading
 
+        from conveyor.cli.schedules import firers, run_firers
         from conveyor.tasks.worker import InlineWorkers
 
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        from conveyor.platform.scheduling.scheduler import Scheduler
-
         workers = InlineWorkers(app).start()
-        scheduler = threading.Thread(target=Scheduler(app).run, args=(stop,), name="conveyor-scheduler")
+        scheduler = threading.Thread(target=run_firers, args=(firers(app), stop), name="conveyor-schedulers")
         scheduler.start()
         stop.wait()
         scheduler.join()

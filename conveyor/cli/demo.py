@@ -99,6 +99,14 @@ class Progress:
     index_chunks: int = 0
 
 
+#: What the demo tells a newcomer to try once it has passed.
+NEXT_STEPS = """next:
+  conveyor up                      the whole system on this machine; dashboard at http://127.0.0.1:8000/admin/queues
+                                   (set CONVEYOR_ADMIN_TOKEN first to sign in)
+  conveyor status                  per-queue counts;  conveyor --help  every command and variable
+  your own jobs                    README.md, "Quickstart": a queue, a job, a worker and a result in ten lines"""
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.runs < 1:
         print("conveyor: error: --runs must be at least 1", file=sys.stderr)
@@ -112,7 +120,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     settings = demo_settings(get_settings(), args.fault_rate)
     args.fault_rate = settings.fault_rate
-    console = Console(stderr=False)
+    # A pipe or a CI log is no 80-column terminal: don't hard-wrap the summary there.
+    console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
     app = App(settings)
     configure_logging("WARNING")
     started = time.monotonic()
@@ -436,6 +445,7 @@ class Demo:
         self.console.print(table)
         if all(c.ok for c in checks):
             self.console.print(f"[bold green]all checks passed[/] in {elapsed:.1f}s")
+            self.console.print(NEXT_STEPS)
         else:
             self.console.print(
                 f"[bold red]{sum(not c.ok for c in checks)} check(s) failed[/]"

@@ -19,6 +19,5 @@ SELECT count(*) FROM memories WHERE user_id = %(user_id)s
 
 -- name: indexed
 SELECT count(*) FILTER (WHERE r.indexed_version = r.version),
-       (SELECT count(*) FROM resource_chunks c JOIN resources r2 ON r2.id = c.resource_id
-        WHERE r2.user_id = %(user_id)s)
+       (SELECT count(*) FROM resource_chunks c WHERE c.user_id = %(user_id)s)
 FROM resources r WHERE r.user_id = %(user_id)s

@@ -27,12 +27,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _conn() -> Connection[Any]:
     from conveyor.app import App
-    from conveyor.db import connect
+    from conveyor.db import connect, through_pooler
     from conveyor.schema.migrate import migrate
 
     app = App()
     migrate(app.database_url)
-    return connect(app.database_url, autocommit=True)
+    return connect(app.database_url, autocommit=True, **through_pooler(app.settings.database_pooled))
 
 
 def cmd_balance(args: argparse.Namespace) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from conveyor.cli import env_flag
 
@@ -13,7 +15,11 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("scheduler", help="fire due cron schedules (run as many as you like)")
+    p = sub.add_parser(
+        "scheduler",
+        help="fire due cron schedules: those declared in code (jobs.schedule) and, with the platform, "
+        "its table of them (run as many as you like)",
+    )
     env_flag(
         p, "--interval", env="CONVEYOR_SCHEDULER_INTERVAL", type=float, help="seconds between passes over due schedules"
     )
@@ -61,25 +67,56 @@ def _app() -> App:
     return app
 
 
-def cmd_scheduler(args: argparse.Namespace) -> int:
-    from conveyor.platform.scheduling.scheduler import Scheduler
+#: The job the agent platform's table of schedules fires through: present when the App includes the platform.
+PLATFORM_FIRE_JOB = "schedule.fire"
 
-    app = _app()
+
+class Firer(Protocol):
+    """What fires schedules: the library's code schedules, the platform's table of them."""
+
+    def tick(self) -> Sequence[Any]: ...
+
+    def run(self, stop: threading.Event) -> None: ...
+
+
+def firers(app: App) -> list[Firer]:
+    """Every schedule firer ``app`` needs: its code schedules', and the platform's if it includes it.
+
+    The Postgres tables a firer needs are migrated first (nothing when only code schedules
+    run on the redis or inline broker: no database is needed then).
+    """
+    from conveyor.scheduling.firing import CronFirer
+
+    out: list[Firer] = [CronFirer(app)]
+    if PLATFORM_FIRE_JOB in app.job_types or app.backend.queue_in_postgres:
+        from conveyor.schema.migrate import migrate
+
+        migrate(app.database_url)
+    if PLATFORM_FIRE_JOB in app.job_types:
+        from conveyor.platform.scheduling.scheduler import Scheduler
+
+        out.append(Scheduler(app))
+    return out
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from conveyor.app import App
+    from conveyor.logs import configure_logging
+
+    app = App()
+    configure_logging(app.settings.log_level)
     if args.interval is not None:
         app.settings = app.settings.model_copy(update={"scheduler_interval": args.interval})
-    if args.once:
-        fired = Scheduler(app).tick()
-        print(
-            json.dumps(
-                {
-                    "fired": len([f for f in fired if not f.deduplicated]),
-                    "deduplicated": len([f for f in fired if f.deduplicated]),
-                }
-            )
-        )
+    try:
+        running = firers(app)
+        if args.once:
+            fired = [f for firer in running for f in firer.tick()]
+            new = len([f for f in fired if not f.deduplicated])
+            print(json.dumps({"fired": new, "deduplicated": len(fired) - new}))
+            return 0
+        run_firers(running)
+    finally:
         app.close()
-        return 0
-    _run_until_signal(app)
     return 0
 
 
@@ -90,22 +127,25 @@ def run_scheduler() -> None:
 
     app = App()
     configure_logging(app.settings.log_level)
-    _run_until_signal(app)
-
-
-def _run_until_signal(app: App) -> None:
-    import signal
-    import threading
-
-    from conveyor.platform.scheduling.scheduler import Scheduler
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     try:
-        Scheduler(app).run(stop)
+        run_firers(firers(app))
     finally:
         app.close()
+
+
+def run_firers(running: list[Firer], stop: threading.Event | None = None) -> None:
+    """Run every firer, each in its own thread, until ``stop`` is set (by default: SIGTERM/SIGINT)."""
+    if stop is None:
+        import signal
+
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    threads = [threading.Thread(target=f.run, args=(stop,), name="conveyor-scheduler") for f in running]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def cmd_create(args: argparse.Namespace) -> int:

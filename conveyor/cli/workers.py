@@ -25,8 +25,8 @@ def register(sub: Subcommands) -> None:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    from conveyor.api.inspector import Inspector
     from conveyor.cli.core import _app
+    from conveyor.inspector import Inspector
 
     app = _app()
     try:

@@ -36,8 +36,11 @@ from prometheus_client.registry import Collector
 
 from conveyor.brokers.base import AnyMessage, ConveyorBroker, EnqueueItem, JobRef, QueueCounts
 from conveyor.errors import RetryLater
-from conveyor.logs import log_error
+from conveyor.logs import log_error, log_event
 from conveyor.middleware.base import ConveyorMiddleware
+
+#: Ports a supervisor tries, from the configured one up, when another supervisor on the host has it.
+METRICS_PORT_TRIES = 16
 
 if TYPE_CHECKING:
     from threading import Thread
@@ -374,20 +377,36 @@ class WorkerMetrics:
         self._thread: Thread | None = None
 
     def serve(self, host: str, port: int) -> int | None:
-        """Serve the summed metrics on ``http://host:port/metrics``; returns the port, None when it is taken."""
+        """Serve the summed metrics on ``http://host:port/metrics``; returns the port, None when none was free.
+
+        A second supervisor on the same host finds ``port`` taken and takes the next free one of the
+        :data:`METRICS_PORT_TRIES` after it, and says which in its log (``metrics_served``), so two
+        supervisors never clash and neither runs without metrics.
+        """
         from prometheus_client import start_http_server
         from prometheus_client.multiprocess import MultiProcessCollector
 
         registry = CollectorRegistry(auto_describe=False)
         MultiProcessCollector(registry, path=str(self.path))
-        try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
-
-        except OSError as exc:
-            # Another supervisor on this host has the port: run without, say so once.
-            log_error(f"worker metrics not served on {host}:{port}: {exc}")
-            return None
-        return self._server.server_port
+        for candidate in range(port, port + METRICS_PORT_TRIES):
+            try:
+                self._server, self._thread = start_http_server(candidate, addr=host, registry=registry)
+            except OSError:
+                continue
+            served = self._server.server_port
+            log_event(
+                "metrics_served",
+                level="info" if served == port else "warning",
+                queue=None,
+                job=None,
+                job_id=None,
+                attempt=None,
+                address=f"{host}:{served}",
+                configured_port=port,
+            )
+            return served
+        log_error(f"worker metrics not served: ports {port}-{port + METRICS_PORT_TRIES - 1} on {host} are all taken")
+        return None
 
     def process_died(self, pid: int) -> None:
         """Forget a dead process's live gauges (in-flight, concurrency); its counters keep counting."""

@@ -29,7 +29,7 @@ SHUTDOWN_FLUSH_SECONDS = 10.0
 
 
 class PayloadModelOf(Protocol):
-    """What the webhook needs of a job type (``conveyor.tasks.registry.JobType``): its payload model,
+    """What the webhook needs of a job type (``conveyor.blueprints.JobType``): its payload model,
     which says which fields are secret."""
 
     @property

@@ -68,6 +68,11 @@ class ResourceIndex(Payload):
 
     resource_id: Id
     version: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9]+$")]
+    #: The resource's user: ids are each user's own (migration 0062). None in jobs enqueued before it,
+    #: which find the resource by its id alone.
+    user_id: Id | None = None
 
     def idempotency_key(self) -> str:
-        return f"index:{self.resource_id}:{self.version}"
+        if self.user_id is None:
+            return f"index:{self.resource_id}:{self.version}"
+        return f"index:{self.user_id}:{self.resource_id}:{self.version}"

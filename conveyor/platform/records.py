@@ -89,6 +89,7 @@ class Resource:
 class LockedResource:
     """A resource's text and versions, its row locked until the transaction ends (see :func:`lock_resource`)."""
 
+    user_id: str
     title: str
     body: str
     version: str
@@ -283,7 +284,10 @@ def resource_version(title: str, body: str) -> str:
 
 
 def upsert_resource(conn: Connection[Any], *, id: str, user_id: str, task_id: str | None, title: str, body: str) -> str:
-    """Store a resource's text; returns its version (unchanged text keeps its version and index)."""
+    """Store a resource's text; returns its version (unchanged text keeps its version and index).
+
+    A resource is ``(user_id, id)``: another user's resource of the same id is another resource.
+    """
     version = resource_version(title, body)
     conn.execute(
         QUERIES["upsert_resource"],
@@ -292,33 +296,39 @@ def upsert_resource(conn: Connection[Any], *, id: str, user_id: str, task_id: st
     return version
 
 
-def get_resource(conn: Connection[Any], resource_id: str) -> Resource:
-    row = conn.execute(QUERIES["get_resource"], {"id": resource_id}).fetchone()
+def get_resource(conn: Connection[Any], resource_id: str, user_id: str | None = None) -> Resource:
+    """``user_id``'s resource ``resource_id`` (without a user: the oldest of that id, for jobs enqueued before
+    ids were each user's own)."""
+    row = conn.execute(QUERIES["get_resource"], {"id": resource_id, "user_id": user_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no resource {resource_id!r}")
     return Resource(*row)
 
 
-def lock_resource(conn: Connection[Any], resource_id: str) -> LockedResource:
-    """Lock the resource for this transaction, so two index jobs of one resource take turns."""
-    row = conn.execute(QUERIES["lock_resource"], {"id": resource_id}).fetchone()
+def lock_resource(conn: Connection[Any], resource_id: str, user_id: str | None = None) -> LockedResource:
+    """Lock the resource for this transaction, so two index jobs of one resource take turns (``user_id``: see
+    :func:`get_resource`)."""
+    row = conn.execute(QUERIES["lock_resource"], {"id": resource_id, "user_id": user_id}).fetchone()
     if row is None:
         raise RecordNotFound(f"no resource {resource_id!r}")
     return LockedResource(*row)
 
 
-def replace_chunks(conn: Connection[Any], resource_id: str, version: str, chunks: Sequence[str]) -> None:
+def replace_chunks(
+    conn: Connection[Any], resource_id: str, version: str, chunks: Sequence[str], *, user_id: str
+) -> None:
     """The resource's indexed chunks become ``chunks`` (numbered from 1), all of ``version``."""
-    conn.execute(QUERIES["delete_resource_chunks"], {"id": resource_id})
+    key = {"id": resource_id, "user_id": user_id}
+    conn.execute(QUERIES["delete_resource_chunks"], key)
     with conn.cursor() as cur:
         cur.executemany(
             QUERIES["insert_resource_chunk"],
-            [{"id": resource_id, "seq": n, "version": version, "body": chunk} for n, chunk in enumerate(chunks, 1)],
+            [{**key, "seq": n, "version": version, "body": chunk} for n, chunk in enumerate(chunks, 1)],
         )
 
 
-def mark_indexed(conn: Connection[Any], resource_id: str, version: str) -> None:
-    conn.execute(QUERIES["mark_indexed"], {"id": resource_id, "version": version})
+def mark_indexed(conn: Connection[Any], resource_id: str, version: str, *, user_id: str) -> None:
+    conn.execute(QUERIES["mark_indexed"], {"id": resource_id, "version": version, "user_id": user_id})
 
 
 #: Where ts_headline marks a match (search_resources): control characters, so
@@ -369,23 +379,8 @@ def get_run_of(conn: Connection[Any], run_id: str, user_id: str) -> Run:
 
 
 def get_resource_of(conn: Connection[Any], resource_id: str, user_id: str) -> Resource:
-    resource = get_resource(conn, resource_id)
-    if resource.user_id != user_id:
-        raise RecordNotFound(f"no resource {resource_id!r}")
-    return resource
-
-
-def upsert_own_resource(
-    conn: Connection[Any], *, id: str, user_id: str, task_id: str | None, title: str, body: str
-) -> str:
-    """:func:`upsert_resource` that never touches another user's resource (:class:`RecordNotFound` then)."""
-    version = resource_version(title, body)
-    conn.execute(
-        QUERIES["upsert_own_resource"],
-        {"id": id, "user_id": user_id, "task_id": task_id, "title": title, "body": body, "version": version},
-    )
-    get_resource_of(conn, id, user_id)
-    return version
+    """The user's own resource of that id (resource ids are each user's own: another user's is another)."""
+    return get_resource(conn, resource_id, user_id)
 
 
 def scoped_id(kind: str, user_id: str, client_id: str) -> str:

@@ -102,28 +102,35 @@ SELECT key, value, source_task_id, source_message_id, updated_at
 FROM memories WHERE user_id = %(user_id)s ORDER BY key
 
 -- name: upsert_resource
--- A new version replaces title and body; the same version changes nothing.
+-- A new version replaces title and body; the same version changes nothing. An id is its user's own.
 INSERT INTO resources (id, user_id, task_id, title, body, version)
 VALUES (%(id)s, %(user_id)s, %(task_id)s, %(title)s, %(body)s, %(version)s)
-ON CONFLICT (id) DO UPDATE
+ON CONFLICT (user_id, id) DO UPDATE
     SET title = EXCLUDED.title, body = EXCLUDED.body, version = EXCLUDED.version, updated_at = now()
     WHERE resources.version <> EXCLUDED.version
 
 -- name: get_resource
-SELECT id, user_id, task_id, title, body, version, indexed_version, indexed_at FROM resources WHERE id = %(id)s
+-- Without a user (a job enqueued before ids were each user's, migration 0062): the oldest of that id.
+SELECT id, user_id, task_id, title, body, version, indexed_version, indexed_at FROM resources
+WHERE id = %(id)s AND (%(user_id)s::text IS NULL OR user_id = %(user_id)s::text)
+ORDER BY created_at LIMIT 1
 
 -- name: lock_resource
 -- Held for the indexing transaction, so two index jobs of one resource take turns.
-SELECT title, body, version, indexed_version FROM resources WHERE id = %(id)s FOR UPDATE
+SELECT user_id, title, body, version, indexed_version FROM resources
+WHERE id = %(id)s AND (%(user_id)s::text IS NULL OR user_id = %(user_id)s::text)
+ORDER BY created_at LIMIT 1
+FOR UPDATE
 
 -- name: delete_resource_chunks
-DELETE FROM resource_chunks WHERE resource_id = %(id)s
+DELETE FROM resource_chunks WHERE user_id = %(user_id)s AND resource_id = %(id)s
 
 -- name: insert_resource_chunk
-INSERT INTO resource_chunks (resource_id, seq, version, body) VALUES (%(id)s, %(seq)s, %(version)s, %(body)s)
+INSERT INTO resource_chunks (user_id, resource_id, seq, version, body)
+VALUES (%(user_id)s, %(id)s, %(seq)s, %(version)s, %(body)s)
 
 -- name: mark_indexed
-UPDATE resources SET indexed_version = %(version)s, indexed_at = now() WHERE id = %(id)s
+UPDATE resources SET indexed_version = %(version)s, indexed_at = now() WHERE user_id = %(user_id)s AND id = %(id)s
 
 -- name: search_resources
 -- Best chunks first; a resource appears once per matching chunk.
@@ -133,7 +140,7 @@ SELECT c.resource_id, r.title, c.seq,
            AS snippet,
        ts_rank(c.tsv, q) AS rank
 FROM resource_chunks c
-JOIN resources r ON r.id = c.resource_id,
+JOIN resources r ON r.user_id = c.user_id AND r.id = c.resource_id,
      websearch_to_tsquery('english', %(q)s) AS q
 WHERE c.tsv @@ q AND (%(user_id)s::text IS NULL OR r.user_id = %(user_id)s::text)
 ORDER BY rank DESC, c.resource_id, c.seq
@@ -150,13 +157,3 @@ SELECT r.id, r.task_id, r.job, r.user_message_id, r.assistant_message_id, r.stat
        r.created_at, r.started_at, r.finished_at, r.finalized_at
 FROM runs r JOIN tasks t ON t.id = r.task_id
 WHERE r.id = %(id)s AND t.user_id = %(user_id)s
-
--- name: upsert_own_resource
--- Like upsert_resource, but a resource of another user is left as it is
--- (the caller then finds it is not theirs and answers as if it did not exist).
-INSERT INTO resources (id, user_id, task_id, title, body, version)
-VALUES (%(id)s, %(user_id)s, %(task_id)s, %(title)s, %(body)s, %(version)s)
-ON CONFLICT (id) DO UPDATE
-    SET title = EXCLUDED.title, body = EXCLUDED.body, version = EXCLUDED.version, updated_at = now()
-    WHERE resources.version <> EXCLUDED.version AND resources.user_id = EXCLUDED.user_id
-RETURNING user_id

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conveyor.errors import EnqueueError
-from conveyor.platform import records
+from conveyor.platform import quotas, records
 from conveyor.platform.payloads import run_key
+from conveyor.platform.quotas import RunQuota
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -38,14 +39,18 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def start_round(app: "App", *, task_id: str, content: str, message_id: str | None = None) -> StartedRound:
+def start_round(
+    app: "App", *, task_id: str, content: str, message_id: str | None = None, quota: RunQuota | None = None
+) -> StartedRound:
     """Add the user's message and a queued run, then enqueue its job (keyed by :func:`~conveyor.platform.payloads.run_key`).
 
     With a caller-given ``message_id``, starting the same round again returns
     the first run (``created=False``) and enqueues nothing new: a client may
     retry its POST safely. Raises :class:`~conveyor.errors.RecordNotFound` for
     an unknown task and :class:`~conveyor.errors.RecordConflict` when the
-    message ID is taken by other content.
+    message ID is taken by other content; with a ``quota`` (the API's, per user),
+    :class:`~conveyor.errors.QuotaExceeded` when the task's user has no room for
+    a new run, counted in the transaction that creates it (nothing is kept then).
     """
     message_id = message_id or new_id("msg")
     with app.pool.connection() as conn:
@@ -56,6 +61,8 @@ def start_round(app: "App", *, task_id: str, content: str, message_id: str | Non
             created = found is None
             run_id = found or new_id("run")
             if created:
+                if quota is not None:
+                    quotas.check_new_run(conn, task.user_id, quota)
                 records.create_run(
                     conn,
                     id=run_id,

@@ -1,7 +1,11 @@
 """``conveyor migrate``: apply ``migrations/NNNN_*.sql`` in order, each exactly once.
 
-An advisory lock serialises concurrent runs, so two replicas starting at
-once cannot both apply a migration.
+A transaction-level advisory lock serialises concurrent runs: each
+migration is applied in a transaction of its own that takes the lock and
+looks again whether it was applied, so two replicas starting at once cannot
+both apply one, and no lock outlives its transaction (a session lock would
+stay on whichever server connection a transaction-mode pooler such as
+PgBouncer gave it).
 """
 
 from __future__ import annotations
@@ -42,22 +46,24 @@ def migrate(
     ``conveyor migrate`` draws its progress from them.
     """
     applied_now = []
-    with connect(database_url, autocommit=True) as conn:
-        conn.execute(QUERIES["lock"], {"lock": _LOCK_ID})
-        try:
+    # No prepared statements (they would not survive a transaction-mode pooler); migrations are rare.
+    with connect(database_url, autocommit=True, prepare_threshold=None) as conn:
+        with conn.transaction():
+            conn.execute(QUERIES["lock"], {"lock": _LOCK_ID})
             conn.execute(QUERIES["create_table"])
             done = {row[0] for row in conn.execute(QUERIES["applied"])}
-            pending = [path for path in migration_files() if path.name not in done]
-            if on_pending:
-                on_pending([path.name for path in pending])
-            for path in pending:
-                with conn.transaction():
-                    conn.execute(path.read_text())
-                    conn.execute(QUERIES["record"], {"name": path.name})
-                logger.info("applied migration %s", path.name)
-                applied_now.append(path.name)
-                if on_applied:
-                    on_applied(path.name)
-        finally:
-            conn.execute(QUERIES["unlock"], {"lock": _LOCK_ID})
+        pending = [path for path in migration_files() if path.name not in done]
+        if on_pending:
+            on_pending([path.name for path in pending])
+        for path in pending:
+            with conn.transaction():
+                conn.execute(QUERIES["lock"], {"lock": _LOCK_ID})
+                if conn.execute(QUERIES["is_applied"], {"name": path.name}).fetchone():
+                    continue  # another migrator applied it meanwhile
+                conn.execute(path.read_text())
+                conn.execute(QUERIES["record"], {"name": path.name})
+            logger.info("applied migration %s", path.name)
+            applied_now.append(path.name)
+            if on_applied:
+                on_applied(path.name)
     return applied_now

@@ -1,8 +1,6 @@
 -- name: lock
-SELECT pg_advisory_lock(%(lock)s)
-
--- name: unlock
-SELECT pg_advisory_unlock(%(lock)s)
+-- Held until the end of the transaction that takes it (never a session's: see migrate.py).
+SELECT pg_advisory_xact_lock(%(lock)s)
 
 -- name: create_table
 CREATE TABLE IF NOT EXISTS conveyor_migrations (
@@ -12,6 +10,9 @@ CREATE TABLE IF NOT EXISTS conveyor_migrations (
 
 -- name: applied
 SELECT name FROM conveyor_migrations
+
+-- name: is_applied
+SELECT 1 FROM conveyor_migrations WHERE name = %(name)s
 
 -- name: record
 INSERT INTO conveyor_migrations (name) VALUES (%(name)s)

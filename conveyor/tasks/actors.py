@@ -9,10 +9,11 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 from pydantic import ValidationError
 
+from conveyor.blueprints import JobType
 from conveyor.errors import MalformedMessage
+from conveyor.results import store_result
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.payloads import Payload
-from conveyor.tasks.registry import JobType
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -49,8 +50,8 @@ def load_payload(job_type: JobType, data: Any) -> Payload:
         raise MalformedMessage(f"payload of {job_type.name!r} does not validate: {fields}") from None
 
 
-def _runner(job_type: JobType, app: "App") -> Callable[..., Any]:
-    def run(data: Any = None, *args: Any, **kwargs: Any) -> Any:
+def _runner(job_type: JobType, app: "App") -> Callable[..., None]:
+    def run(data: Any = None, *args: Any, **kwargs: Any) -> None:
         message = CurrentMessage.get_current_message()
         if args or kwargs:
             raise MalformedMessage(f"message for {job_type.name!r} has unexpected arguments")
@@ -66,7 +67,12 @@ def _runner(job_type: JobType, app: "App") -> Callable[..., Any]:
             delivery=app.broker.delivery(message) if message else None,
             message=message,
         )
-        return job_type.run(payload, ctx)
+        value = job_type.run(payload, ctx)
+        if job_type.store_result:
+            # Before the ack: a store that fails fails this attempt, which is retried.
+            store_result(app, job_type, ctx.job_id, value)
+        # Kept only by store_result: Dramatiq would warn of a value no Results middleware takes.
+        return None
 
     run.__name__ = job_type.name.replace(".", "_")
     run.__module__ = job_type.run.__module__

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from psycopg import Connection
 
     from conveyor.app import App
+    from conveyor.inspector import JobView
 
 #: Dramatiq's delay queues keep a message at most 7 days.
 MAX_DELAY_SECONDS = 7 * 24 * 3600
@@ -86,6 +87,23 @@ class JobQueue:
         for middleware in conveyor_middleware(broker):
             middleware.after_enqueue_jobs(broker, items, refs)
         return refs
+
+    def get(self, job_id: str) -> JobView:
+        """The job's state, attempts, errors (scrubbed) and times, with every attempt; JobNotFound if none."""
+        from conveyor.inspector import Inspector
+
+        return Inspector(self.app).job(job_id)
+
+    def result(self, job_id: str, timeout: float = 30.0) -> Any:
+        """The job's stored return value (``store_result=True``), waiting up to ``timeout`` seconds.
+
+        Waits on the store's wake-up, not a polling loop. Raises
+        :class:`~conveyor.errors.JobFailed` if the job failed for good,
+        :class:`~conveyor.errors.ResultTimeout` if it has not finished in time.
+        """
+        from conveyor.results import wait_result
+
+        return wait_result(self.app, job_id, timeout)
 
     def prepare(self, request: JobRequest) -> EnqueueItem:
         """Validate one request and build its message, or raise a clear error naming job and field."""

@@ -1,70 +1,30 @@
-"""Queues: a name and how its jobs run and retry, declared by whoever owns the jobs.
+"""Queues: the environment's overrides of the queues an App's blueprints declare.
 
-A user's job module and the agent platform declare queues the same way,
-with :class:`Queue` passed to :func:`~conveyor.tasks.registry.job` (or
-:func:`declare_queue`). Each queue gets its own worker group, so slow work on
-one never starves another. Every field can be overridden from the environment
+A queue is a value (:class:`~conveyor.blueprints.Queue`) registered on a blueprint by the
+jobs that use it. Each queue gets its own worker group, so slow work on one never starves
+another. Every field can be overridden from the environment
 (``CONVEYOR_QUEUES__<QUEUE>__CONCURRENCY=4``).
 """
 
 from __future__ import annotations
 
-import re
-import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
+
+from conveyor.blueprints import DEFAULT, DEFAULT_MAX_ATTEMPTS, QUEUE_NAME, Queue
 
 if TYPE_CHECKING:
     from conveyor.settings import Settings
 
-#: A queue name: it becomes part of environment variable names and broker keys.
-QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-
-#: Attempts a job gets when neither its job type nor its queue says otherwise.
-DEFAULT_MAX_ATTEMPTS = 3
-
-
-@dataclass(frozen=True)
-class Queue:
-    """One queue: how many jobs run at once per worker process, and how jobs retry.
-
-    Times are in seconds. ``max_attempts`` counts every start of a job:
-    runs that raised and deliveries whose worker died alike.
-    """
-
-    name: str
-    concurrency: int = 4
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    min_backoff: float = 1.0
-    max_backoff: float = 60.0
-    time_limit: float = 10 * 60
-    why: str = ""
-
-    def __post_init__(self) -> None:
-        if not QUEUE_NAME.match(self.name):
-            raise ValueError(f"queue name {self.name!r} must match {QUEUE_NAME.pattern}")
-        if self.concurrency < 1 or self.max_attempts < 1 or self.time_limit <= 0:
-            raise ValueError(f"queue {self.name!r}: concurrency and max_attempts must be >= 1, time_limit > 0")
-
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "QUEUE_NAME", "Queue", "QueueSpec", "declare_queue", "queue_specs"]
 
 #: The earlier name of :class:`Queue`.
 QueueSpec = Queue
 
-#: Every queue declared in this process, in declaration order, and the module that declared it.
-DECLARED: dict[str, Queue] = {}
-OWNERS: dict[str, str] = {}
 
-
-def declare_queue(queue: Queue, *, module: str | None = None) -> Queue:
-    """Declare ``queue`` (again, harmlessly, if it is the same); a second, different queue of that name is an error."""
-    known = DECLARED.get(queue.name)
-    if known is not None:
-        if known != queue:
-            raise ValueError(f"queue {queue.name!r} is declared twice with different settings")
-        return known
-    DECLARED[queue.name] = queue
-    OWNERS[queue.name] = module or sys._getframe(1).f_globals.get("__name__", "")
-    return queue
+def declare_queue(queue: Queue) -> Queue:
+    """Declare ``queue`` on the default blueprint (the module-level ``job``'s); see :meth:`Jobs.queue`."""
+    return DEFAULT.queue(queue)
 
 
 def queue_specs(settings: "Settings", queues: dict[str, Queue]) -> dict[str, Queue]:

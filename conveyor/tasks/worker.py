@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Callable
 
+import setproctitle
 from dramatiq import Worker
 
 from conveyor.logs import log_error, log_event
@@ -159,6 +160,7 @@ class Supervisor:
         restart_backoff: float = 0.25,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
+        self.worker = worker
         self.children = [_Child(q, worker, (q, threads)) for q in queues for _ in range(processes)]
         self.children += [_Child(name, target, args) for name, target, args in services]
         self.shutdown_timeout = shutdown_timeout
@@ -170,6 +172,8 @@ class Supervisor:
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code (0 after a clean drain)."""
+        queues = ",".join(dict.fromkeys(c.name for c in self.children if c.target is self.worker))
+        setproctitle.setproctitle(f"conveyor supervisor: {queues or '-'}")
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stopping.set())
         from conveyor.middleware.metrics import WorkerMetrics
@@ -223,7 +227,11 @@ class Supervisor:
         return self._shutdown()
 
     def _spawn(self, child: _Child) -> None:
-        child.process = self.ctx.Process(target=child.target, args=child.args, name=f"conveyor-{child.name}")
+        role = "worker" if child.target is self.worker else "service"
+        title = f"conveyor {role}: {child.name}"
+        child.process = self.ctx.Process(
+            target=_titled, args=(title, child.target, child.args), name=f"conveyor-{child.name}"
+        )
         child.process.start()
         child.started = time.monotonic()
 
@@ -242,6 +250,12 @@ class Supervisor:
         for process in live:
             self.metrics.process_died(_pid(process))
         return 1 if stuck else 0
+
+
+def _titled(title: str, target: Callable[..., None], args: tuple[object, ...]) -> None:
+    """A child's entry point: name the process for ps and top (not ``python -c from multiprocessing...``), then run."""
+    setproctitle.setproctitle(title)
+    target(*args)
 
 
 def _pid(process: BaseProcess) -> int:

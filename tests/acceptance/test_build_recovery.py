@@ -17,7 +17,7 @@ from tests.support.build_sources import (  # noqa: F401
     KEY,
     StoreReads,
     build,
-    claim_dir,
+    gate_started,
     make_tree,
     make_zip,
     open_gate,
@@ -76,7 +76,7 @@ def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_
         )
         assert first.claim == 1
         wait_for(
-            lambda: (claim_dir(app, ticket.build_id, 1) / "started").exists(),
+            lambda: gate_started("recovery"),
             timeout=30,
             message="the build script to start",
         )
@@ -93,12 +93,12 @@ def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_
         assert second.worker != first.worker
         # The dead worker's sandbox died with it (bwrap --die-with-parent); the new claim runs its own.
         wait_for(
-            lambda: (claim_dir(app, ticket.build_id, 2) / "started").exists(),
+            lambda: gate_started("recovery"),
             timeout=30,
             message="the second build script",
         )
         assert len(sandboxed("recovery")) > 0
-        open_gate(app, ticket.build_id, 2)
+        open_gate("recovery")
         done = wait_for(
             lambda: (r := store.get(ticket.build_id)) and r.status in ("succeeded", "failed") and r,
             timeout=60,

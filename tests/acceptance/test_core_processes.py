@@ -13,6 +13,7 @@ import subprocess
 import sys
 from decimal import Decimal
 
+import psutil
 import psycopg
 import pytest
 
@@ -38,7 +39,10 @@ def ledger(database_url):
 
 def test_sigkilled_worker_job_completes_elsewhere_and_charges_once(app, workers, database_url):
     first = workers("critical")
-    wait_for(lambda: first.child_pids(), message="the first worker to start")
+    child = wait_for(lambda: first.child_pids(), message="the first worker to start")[0]
+    # ps and top name each process for its role and queues, not `python -c from multiprocessing...`.
+    assert psutil.Process(child).cmdline()[0].startswith("conveyor worker: critical")
+    assert psutil.Process(first.proc.pid).cmdline()[0].startswith("conveyor supervisor: critical")
     ref = app.jobs.enqueue(
         "test.slow_credit",
         {"user_id": "u1", "task_id": "t1", "message_id": "m1", "total_tokens": 1000, "sleep": 2.0},

@@ -357,3 +357,27 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
         if supervisor is not None:
             supervisor.stop()
         app.close()
+
+
+def test_api_docs_render_offline_under_the_strict_policy(browser, redis_url):
+    """/docs draws every route from the package's own Swagger UI: no CDN, no inline script (the CSP above)."""
+    from selenium.webdriver.common.by import By
+
+    app = redis_app(redis_url)
+    try:
+        with _strict_api_server(app) as base:
+            browser.get(f"{base}/docs")
+            wait_for(
+                lambda: len(browser.find_elements(By.CSS_SELECTOR, ".opblock")) > 10,
+                timeout=20,
+                message="Swagger UI to draw the routes",
+            )
+            _screenshot(browser, "api-docs")
+            sources = [
+                e.get_attribute("src") or e.get_attribute("href")
+                for e in browser.find_elements(By.CSS_SELECTOR, "script, link")
+            ]
+            assert sources and all(s.startswith(base) for s in sources), sources
+            assert "/api/admin/queue-metrics" in browser.page_source
+    finally:
+        app.close()

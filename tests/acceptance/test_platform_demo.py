@@ -37,6 +37,9 @@ def test_demo_on_redis_completes_and_passes_its_own_checks(clean_env, redis_url,
     assert "runs completed" in result.stdout and "6/6" in result.stdout
     assert "FAIL" not in result.stdout
     assert elapsed < 90
+    # It ends by saying what to run next, on lines a pipe gets whole (no 80-column wrapping).
+    assert "next:\n  conveyor up " in result.stdout
+    assert any("dashboard at http://127.0.0.1:8000/admin/queues" in line for line in result.stdout.splitlines())
 
 
 def test_demo_exits_non_zero_when_a_check_fails(clean_env, database_url):

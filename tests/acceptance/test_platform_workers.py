@@ -104,7 +104,7 @@ def test_a_run_whose_worker_is_killed_mid_stream_is_finished_by_another(clean_en
         pg_recovery_seconds=0.3,
         pg_lease_seconds=2,  # Postgres's counterpart of heartbeat_timeout (the default 15 s lease)
     )
-    app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url, stream_poll_interval=0.02))
+    app = App(Settings(broker=broker, redis_url=redis_url, database_url=database_url))
     make_task(app, "t1", user_id="frank")
     content = "Draft the incident review for the outage on tuesday"
     expected = reply_chunks([ChatMessage("user", content)])

@@ -42,6 +42,11 @@ LACKS: dict[str, dict[str, str]] = {
     },
 }
 
+#: The postgres broker again, through a private PgBouncer in transaction pooling mode
+#: (CONVEYOR_DATABASE_POOLED, LISTEN on a direct connection): it lacks what postgres lacks.
+PGBOUNCER = "postgres+pgbouncer"
+LACKS[PGBOUNCER] = LACKS.get("postgres", {})
+
 #: Seconds without a heartbeat before a worker's jobs may be recovered (Redis timeout, Postgres lease).
 LEASE = 1.0
 
@@ -92,6 +97,22 @@ def _builder(request: pytest.FixtureRequest, name: str) -> Callable[[], Any]:
             broker="postgres", database_url=url, pg_lease_seconds=LEASE, pg_poll_seconds=0.2, pg_recovery_seconds=0.1
         )
         return lambda: PostgresBroker(url, middleware=[], settings=settings, on_dead=on_dead)
+    if name == PGBOUNCER:
+        from conveyor.brokers.postgres import PostgresBroker
+
+        direct = request.getfixturevalue("database_url")
+        bouncer = request.getfixturevalue("pgbouncer")
+        url = bouncer.url(direct.rsplit("/", 1)[1])
+        settings = Settings(
+            broker="postgres",
+            database_url=url,
+            database_pooled=True,
+            listen_database_url=direct,
+            pg_lease_seconds=LEASE,
+            pg_poll_seconds=0.2,
+            pg_recovery_seconds=0.1,
+        )
+        return lambda: PostgresBroker(url, middleware=[], settings=settings, on_dead=on_dead)
     if name == "inline":
         from conveyor.brokers.inline import InlineBroker
 
@@ -104,6 +125,7 @@ def _builder(request: pytest.FixtureRequest, name: str) -> Callable[[], Any]:
 SILENCE: dict[str, Callable[[Any], None]] = {
     "redis": lambda broker: None,
     "postgres": lambda broker: broker.listener.stop(),
+    PGBOUNCER: lambda broker: broker.listener.stop(),
 }
 
 
@@ -126,7 +148,11 @@ def _store_postgres(broker: Any, job_id: str, data: bytes) -> None:
 
 
 #: How to overwrite the message a job's waiting delivery is stored as (a newer producer's format, say).
-STORE: dict[str, Callable[[Any, str, bytes], None]] = {"redis": _store_redis, "postgres": _store_postgres}
+STORE: dict[str, Callable[[Any, str, bytes], None]] = {
+    "redis": _store_redis,
+    "postgres": _store_postgres,
+    PGBOUNCER: _store_postgres,
+}
 
 
 @pytest.fixture
@@ -135,7 +161,7 @@ def store_message(broker_name: str) -> Callable[[Any, str, bytes], None]:
     return STORE[broker_name]
 
 
-@pytest.fixture(params=ALL_BROKERS)
+@pytest.fixture(params=[*ALL_BROKERS, PGBOUNCER])
 def broker_name(request: pytest.FixtureRequest) -> str:
     name = request.param
     for marker in request.node.iter_markers("needs"):

@@ -24,6 +24,7 @@ from dramatiq.middleware import CurrentMessage
 
 from conveyor.errors import PermanentError
 from conveyor.ledger import credits
+from conveyor.platform.queues import QUEUES
 from conveyor.tasks.payloads import Payload
 from conveyor.tasks.registry import job, on_final_failure
 
@@ -237,5 +238,5 @@ def dead(payload: Work | None, error: str, ctx) -> None:
 
 
 for _queue in WORK_QUEUES:
-    job(f"fault.work.{_queue}", queue=_queue, payload=Work)(work)
+    job(f"fault.work.{_queue}", queue=QUEUES[_queue], payload=Work)(work)
     on_final_failure(f"fault.work.{_queue}")(dead)

@@ -121,12 +121,18 @@ def test_a_user_sees_and_changes_only_their_own_records(app):
             ).status_code
             == 202
         )
-        assert client.get("/api/resources/note", headers=bob).status_code == 404
-        replaced = client.put("/api/resources/note", json={"title": "mine", "body": "bob's text"}, headers=bob)
-        assert replaced.status_code == 404 and replaced.json()["detail"] == "no such resource"
+        # Resource ids are each user's own: alice's "note" answers bob as a free id does (no oracle) ...
+        a, b = client.get("/api/resources/note", headers=bob), client.get("/api/resources/free", headers=bob)
+        assert a.status_code == b.status_code == 404 and a.json() == b.json() == {"detail": "no such resource"}
+        # ... and his PUT of "note" makes his own, as of a free id, and never replaces hers.
+        for rid in ("note", "free"):
+            mine = client.put(f"/api/resources/{rid}", json={"title": "mine", "body": "bob's text"}, headers=bob)
+            assert mine.status_code == 202 and mine.json()["deduplicated"] is False, mine.text
+            assert client.get(f"/api/resources/{rid}", headers=bob).json()["title"] == "mine"
         assert client.get("/api/resources/note", headers=alice).json()["title"] == "Passwords"  # untouched
         with app.pool.connection() as conn:
-            assert records.get_resource(conn, "note").body == "hunter2 is the password"
+            assert records.get_resource(conn, "note", "alice").body == "hunter2 is the password"
+            assert records.get_resource(conn, "note", "bob").body == "bob's text"
         assert (
             client.put("/api/resources/other", json={"user_id": "alice", "body": "x"}, headers=bob).status_code == 422
         )
@@ -136,8 +142,8 @@ def test_a_user_sees_and_changes_only_their_own_records(app):
         # Search is always the caller's own: asking for alice's finds nothing.
         with app.pool.connection() as conn:
             conn.execute(
-                "INSERT INTO resource_chunks (resource_id, seq, version, body) "
-                "SELECT id, 1, version, body FROM resources WHERE id = 'note'"
+                "INSERT INTO resource_chunks (user_id, resource_id, seq, version, body) "
+                "SELECT user_id, id, 1, version, body FROM resources WHERE id = 'note' AND user_id = 'alice'"
             )
         assert client.get("/api/resources/search", params={"q": "password"}, headers=alice).json()["results"]
         assert client.get("/api/resources/search", params={"q": "password"}, headers=bob).json()["results"] == []
@@ -160,10 +166,15 @@ def test_a_user_sees_and_changes_only_their_own_records(app):
         a, b = client.get(f"/api/builds/{build_id}", headers=bob), client.get("/api/builds/b-none", headers=bob)
         assert a.status_code == b.status_code == 404
         assert client.get(f"/api/builds/{build_id}", headers=ADMIN).status_code == 200
-        foreign = client.post(
+        # Agent ids are each user's own: bob's "agent-alice" is another agent, and no answer tells him hers exists.
+        his = client.post(
             "/api/builds", headers=bob, json={"kind": "rollback", "agent_id": "agent-alice", "target_version": "v1"}
         )
-        assert foreign.status_code == 404 and foreign.json()["detail"] == "no such agent"
+        assert his.status_code == 202, his.text
+        with app.pool.connection() as conn:
+            owners = dict(conn.execute("SELECT owner_id, agent_id FROM builds WHERE agent_id IS NOT NULL").fetchall())
+            agents = dict(conn.execute("SELECT id, owner_id FROM agents").fetchall())
+        assert owners["alice"] != owners["bob"] and agents == {owners["alice"]: "alice", owners["bob"]: "bob"}
         assert (
             client.post(
                 "/api/builds",
@@ -187,7 +198,8 @@ def test_search_snippets_are_escaped_text_with_the_matches_in_bold(app):
         access.create_user(conn, "carol")
         version = records.upsert_resource(conn, id="xss", user_id="carol", task_id=None, title="t", body=body)
         conn.execute(
-            "INSERT INTO resource_chunks (resource_id, seq, version, body) VALUES ('xss', 1, %s, %s)", (version, body)
+            "INSERT INTO resource_chunks (user_id, resource_id, seq, version, body) VALUES ('carol', 'xss', 1, %s, %s)",
+            (version, body),
         )
         [hit] = records.search_resources(conn, "password", user_id="carol")
     assert "<img" not in hit.snippet and "<svg" not in hit.snippet and "<b onmouseover" not in hit.snippet
@@ -232,14 +244,15 @@ def _sign_in(client, token=TOKEN):
     return client.post("/admin/login", data={"token": token, "next": "/admin/queues"})
 
 
-def test_sign_in_is_throttled_per_client(app):
+def test_wrong_tokens_are_throttled_per_client_and_the_right_one_still_signs_in(app):
     with serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
         for _ in range(5):
             assert _sign_in(client, "wrong-guess").status_code == 401
         throttled = _sign_in(client, "wrong-guess")
         assert throttled.status_code == 429 and throttled.headers["retry-after"] == "60"
-        assert _sign_in(client).status_code == 429  # even the right token, until the window passes
         assert COOKIE not in client.cookies
+        assert _sign_in(client).status_code == 303  # the right token is never refused for earlier failures
+        assert COOKIE in client.cookies
 
 
 def test_sessions_end_at_logout_and_expire(app):

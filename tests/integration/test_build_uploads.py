@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from conveyor.platform import records
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     ADMIN_AUTH,
     StoreReads,
@@ -172,8 +173,9 @@ def test_oversize_non_zip_and_bad_forms_are_refused_and_nothing_is_stored(build_
 
 
 def test_a_users_key_uploads_for_that_user_only_and_the_upload_route_has_its_own_body_cap(build_app, workdir):  # noqa: F811
-    # The API's body cap is far below the upload's: the upload route is allowed its own (Guard.body_limits).
-    app = build_app(upload_max_bytes=256 * 1024, api_max_body_bytes=16 * 1024)
+    # The API's JSON cap is far below the upload's: the upload route is allowed its own for its multipart
+    # form (Guard.body_limits); the JSON cap may be no smaller than a payload, so that is lowered too.
+    app = build_app(upload_max_bytes=256 * 1024, api_max_json_bytes=16 * 1024, max_payload_bytes=16 * 1024)
     data = Path(app.settings.data_dir)
     store = StoreReads(app)
     alice, bob = user_key(app, "alice-up"), user_key(app, "bob-up")
@@ -187,7 +189,9 @@ def test_a_users_key_uploads_for_that_user_only_and_the_upload_route_has_its_own
         mine = client.post(ROUTE, headers=alice, data={"agent_id": "ag-alice"}, files={"file": ("a.zip", zipped)})
         assert mine.status_code == 202, mine.text
         build_id = mine.json()["build_id"]
-        assert store.get(build_id).owner_id == "alice-up" and store.target("agent", "ag-alice").owner_id == "alice-up"
+        ag_alice = records.scoped_id("agent", "alice-up", "ag-alice")  # her "ag-alice", nobody else's
+        assert store.get(build_id).owner_id == "alice-up" and store.target("agent", ag_alice).owner_id == "alice-up"
+        assert store.get(build_id).agent_id == ag_alice
         assert client.get(f"/api/builds/{build_id}", headers=alice).status_code == 200
         assert client.get(f"/api/builds/{build_id}", headers=bob).status_code == 404  # another's: as missing
         kept = leftovers(data)
@@ -197,12 +201,21 @@ def test_a_users_key_uploads_for_that_user_only_and_the_upload_route_has_its_own
             ROUTE, headers=bob, data={"agent_id": "ag-bob", "owner_id": "alice-up"}, files={"file": ("a.zip", zipped)}
         )
         assert owner.status_code == 422 and "owner_id" in owner.text
-        # ... and another user's agent answers 404, as one that does not exist; neither upload is kept.
+        # ... and another user's agent (the admin token naming raw ids) answers 404, as one that does not
+        # exist (checked in the build's own transaction); neither upload is kept.
         foreign = client.post(
-            ROUTE, headers=bob, data={"agent_id": "ag-alice", "kind": "update"}, files={"file": ("a.zip", zipped)}
+            ROUTE,
+            headers=AUTH,
+            data={"agent_id": ag_alice, "owner_id": "bob-up", "kind": "update"},
+            files={"file": ("a.zip", zipped)},
         )
-        assert foreign.status_code == 404, foreign.text
-        assert leftovers(data) == kept and store.target("agent", "ag-alice").owner_id == "alice-up"
+        assert foreign.status_code == 404 and foreign.json()["detail"] == "no such agent", foreign.text
+        assert leftovers(data) == kept and store.target("agent", ag_alice).owner_id == "alice-up"
+        # Bob's own "ag-alice" is his: another agent, and hers is untouched.
+        his = client.post(ROUTE, headers=bob, data={"agent_id": "ag-alice"}, files={"file": ("a.zip", zipped)})
+        assert his.status_code == 202, his.text
+        assert store.get(his.json()["build_id"]).agent_id == records.scoped_id("agent", "bob-up", "ag-alice")
+        assert store.target("agent", ag_alice).owner_id == "alice-up"
         # The admin token still names the owner.
         unowned = client.post(ROUTE, headers=AUTH, data={"agent_id": "ag-admin"}, files={"file": ("a.zip", zipped)})
         assert unowned.status_code == 422 and "owner_id" in unowned.text

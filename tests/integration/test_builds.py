@@ -18,9 +18,9 @@ from tests.support.build_sources import (  # noqa: F401 (fixtures)
     StoreReads,
     build,
     build_app,
-    claim_dir,
     commit_change,
     finished,
+    gate_started,
     make_repo,
     make_tgz,
     make_tree,
@@ -83,7 +83,7 @@ def test_every_build_variant_runs_and_records_its_outcome(build_app, workers, wo
     second_commit = commit_change(repo, "agent.py", "print('v2')\n")
     reclone = build(app, "update", {"owner_id": "u1", "agent_id": "agent-1", "changelog": "v2 logic"})
     from_dir = build(
-        app, "update", {"owner_id": "u2", "agent_id": "agent-2", "source_dir": str(plain), "new_version": "2.0"}
+        app, "update", {"owner_id": "u1", "agent_id": "agent-2", "source_dir": str(plain), "new_version": "2.0"}
     )
     standalone = build(
         app, "standalone_build", {"owner_id": "u1", "agent_id": "agent-1", "git_url": f"file://{repo}", "ref": "main"}
@@ -177,14 +177,15 @@ def test_a_build_that_fails_for_good_drives_its_target_to_a_terminal_state_once(
                 "connector_id": "conn-slow",
                 "source": {"type": "archive", "path": str(make_tgz(waits("mcp"), workdir / "w.tgz"))},
             },
+            env={"MARK": "slow-mcp"},
         )
         failed, timed_out = finished(store, fails.build_id, slow_upload.build_id)
         wait_for(
-            lambda: (claim_dir(app, slow_mcp.build_id) / "started").exists(),
+            lambda: gate_started("slow-mcp"),
             timeout=30,
             message="the mcp build script to start",
         )
-        open_gate(app, slow_mcp.build_id)
+        open_gate("slow-mcp")
         (mcp,) = finished(store, slow_mcp.build_id)
         wait_for(lambda: len(_events(caplog, "build_failed")) == 2, timeout=10, message="final-failure hooks ran")
 
@@ -226,10 +227,8 @@ def test_a_running_build_heartbeats_and_a_duplicate_delivery_neither_builds_twic
     workers(app)
     tree = make_tree(workdir / "src", {"a.py": "x\n"}, "echo started; " + GATED)
     fields = {"owner_id": "u", "agent_id": "ag-hb", "archive_path": str(make_zip(tree, workdir / "s.zip"))}
-    ticket = build(app, "upload", fields)
-    wait_for(
-        lambda: (claim_dir(app, ticket.build_id) / "started").exists(), timeout=30, message="the build script to start"
-    )
+    ticket = build(app, "upload", fields, env={"MARK": "heartbeat"})
+    wait_for(lambda: gate_started("heartbeat"), timeout=30, message="the build script to start")
     beat = store.get(ticket.build_id).heartbeat_at
     running = wait_for(
         lambda: (r := store.get(ticket.build_id)).heartbeat_at > beat and r, timeout=10, message="a later heartbeat"
@@ -239,10 +238,12 @@ def test_a_running_build_heartbeats_and_a_duplicate_delivery_neither_builds_twic
     # The same build delivered again while the first worker is alive and beating (no key: a broker's redelivery),
     # and the same build requested again: neither starts a second build.
     duplicate = app.jobs.enqueue("agent.build", app.broker.get_job(ticket.job_id).payload)
-    assert build(app, "upload", fields, build_id=ticket.build_id) == type(ticket)(ticket.build_id, ticket.job_id, True)
+    assert build(app, "upload", fields, build_id=ticket.build_id, env={"MARK": "heartbeat"}) == type(ticket)(
+        ticket.build_id, ticket.job_id, True
+    )
     wait_for(lambda: _events(caplog, "retry"), timeout=10, message="the duplicate to defer itself")
     assert store.get(ticket.build_id).claim == 1
-    open_gate(app, ticket.build_id)
+    open_gate("heartbeat")
     (done,) = finished(store, ticket.build_id)
     # The duplicate comes back once the heartbeat would be stale, reads the outcome, and ends.
     wait_for(

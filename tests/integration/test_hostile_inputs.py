@@ -206,6 +206,7 @@ def api(redis_url, database_url):
             database_url=database_url,
             admin_token=TOKEN,
             api_max_body_bytes=BODY_CAP,
+            api_max_json_bytes=BODY_CAP,
         )
     )
     make_task(app, "t1", user_id="mallory")

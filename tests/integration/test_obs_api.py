@@ -346,8 +346,8 @@ def test_errors_are_scrubbed_of_payload_and_settings_secrets(app):
     """A processor that puts a secret into its exception: the API and alerts still never show it."""
     from dramatiq import Message
 
-    from conveyor.api.inspector import Inspector
     from conveyor.brokers.base import JobRecord
+    from conveyor.inspector import Inspector
     from conveyor.middleware.webhook import FailureWebhook
 
     record = JobRecord(

@@ -32,7 +32,6 @@ def app(request, redis_url, database_url):
             redis_url=redis_url,
             database_url=database_url,
             local_chunk_delay=0.03,
-            stream_poll_interval=0.02,
         )
     )
     yield app

@@ -13,9 +13,16 @@ from conveyor.settings import Settings
 from tests.support.brokers import ALL_BROKERS
 
 
-@pytest.fixture(params=ALL_BROKERS)
+@pytest.fixture(params=[*ALL_BROKERS, "postgres+pgbouncer"])
 def app(request, redis_url, database_url):
-    app = App(Settings(broker=request.param, redis_url=redis_url, database_url=database_url))
+    if request.param == "postgres+pgbouncer":  # through a transaction-mode pooler, LISTEN and slots direct
+        through = request.getfixturevalue("pgbouncer").url(database_url.rsplit("/", 1)[1])
+        settings = Settings(
+            broker="postgres", database_url=through, database_pooled=True, listen_database_url=database_url
+        )
+    else:
+        settings = Settings(broker=request.param, redis_url=redis_url, database_url=database_url)
+    app = App(settings)
     yield app
     app.close()
 

@@ -11,8 +11,8 @@ import pytest
 
 from conveyor.errors import InvalidSchedule, ScheduleNotFound
 from conveyor.platform.scheduling import schedules
-from conveyor.platform.scheduling.cron import Cron
 from conveyor.platform.scheduling.scheduler import Scheduler, fire_key
+from conveyor.scheduling.cron import Cron
 from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import running
 from tests.support.sched_jobs import any_broker_app, make_app, runs  # noqa: F401 (fixture)

@@ -16,6 +16,7 @@ from cryptography.fernet import Fernet
 
 from conveyor.app import App
 from conveyor.platform.builds import store
+from conveyor.platform.builds.cgroups import detect
 from conveyor.platform.builds.requests import BuildTicket, request_build
 from conveyor.settings import QueueOverride, Settings
 from tests.support.harness import running
@@ -118,6 +119,9 @@ def build_app(database_url, redis_url, workdir):
         )
         # Host-path sources may come from the test's own directory only.
         settings["build_source_roots"] = str(workdir)
+        if detect()[0] is None:
+            # A host that can make no build cgroup (a non-root run): the weaker mode, said explicitly.
+            settings["build_isolation"] = "rlimits-only"
         settings.update(overrides)
         app = App(Settings(**settings))
         made.append(app)
@@ -183,17 +187,35 @@ def build(app: App, kind: str, fields: dict, **kwargs) -> BuildTicket:
 
 
 #: A build script that says it started and waits for the test to open its gate. Both files live in the
-#: claim's workspace, outside the packaged tree: a sandboxed script can write nowhere else.
+#: sandbox's workspace (/tmp/build), outside the packaged tree: a sandboxed script can write nowhere else.
+#: The build's env must hold MARK=<marker>: the test finds its sandbox by that.
 GATED = "touch ../started; while [ ! -e ../open ]; do sleep 0.05; done\n"
 
 
-def claim_dir(app: App, build_id: str, claim: int = 1) -> Path:
-    """The workspace of one claim of a build (the sandbox's /tmp/build)."""
-    return Path(app.settings.data_dir).resolve() / "builds" / build_id / str(claim)
+def sandbox_workspace(marker: str) -> Path | None:
+    """The workspace (/tmp/build) of the running build script whose env holds MARK=<marker>, as the host reaches
+    it through the sandbox's root (it is a tmpfs in the sandbox's own mount namespace); None while none runs."""
+    for proc in sandboxed(marker):
+        try:
+            if proc.cmdline()[:2] == ["sh", ".conveyor-build"]:
+                return Path(f"/proc/{proc.pid}/root/tmp/build")
+        except psutil.Error:
+            pass
+    return None
 
 
-def open_gate(app: App, build_id: str, claim: int = 1) -> None:
-    (claim_dir(app, build_id, claim) / "open").touch()
+def gate_started(marker: str) -> bool:
+    workspace = sandbox_workspace(marker)
+    try:
+        return workspace is not None and (workspace / "started").exists()
+    except OSError:
+        return False
+
+
+def open_gate(marker: str) -> None:
+    workspace = sandbox_workspace(marker)
+    assert workspace is not None, f"no build script with MARK={marker} runs"
+    (workspace / "open").touch()
 
 
 def sandboxed(marker: str, uid: int | None = None) -> list[psutil.Process]:

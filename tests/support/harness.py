@@ -98,6 +98,12 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
     )
     if settings.redis_url:
         env["REDIS_URL"] = settings.redis_url
+    if settings.redis_wait_replicas:
+        env["CONVEYOR_REDIS_WAIT_REPLICAS"] = str(settings.redis_wait_replicas)
+    if settings.database_pooled:
+        env["CONVEYOR_DATABASE_POOLED"] = "true"
+    if settings.listen_database_url:
+        env["CONVEYOR_LISTEN_DATABASE_URL"] = settings.listen_database_url
     for queue, override in settings.queues.items():
         for field, value in override.model_dump(exclude_none=True).items():
             env[f"CONVEYOR_QUEUES__{queue.upper()}__{field.upper()}"] = str(value)

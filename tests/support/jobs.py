@@ -17,13 +17,13 @@ from dataclasses import replace
 
 import psycopg
 
+from conveyor.blueprints import Jobs
 from conveyor.brokers.postgres.jobs import storable
 from conveyor.errors import DeliveryFenced, PermanentError
 from conveyor.ledger import credits
 from conveyor.platform.payloads import CreditConsume
-from conveyor.platform.queues import QUEUES
+from conveyor.platform.queues import CRITICAL, QUEUES
 from conveyor.tasks.payloads import Payload
-from conveyor.tasks.registry import JOB_TYPES, job, load_job_types, on_final_failure
 
 INSERT_RUN = "INSERT INTO probe_runs (token, job_id, attempt, pid) VALUES (%s, %s, %s, %s) RETURNING id"
 FINISH_RUN = "UPDATE probe_runs SET finished_at = clock_timestamp() WHERE id = %s"
@@ -71,16 +71,19 @@ def probe_dead(payload: Probe | None, error: str, ctx) -> None:
         conn.execute(INSERT_DEAD, (ctx.job_id, payload.token if payload else None, error))
 
 
-for _queue in QUEUES:
-    job(f"test.probe.{_queue}", queue=_queue, payload=Probe)(probe)
-    on_final_failure(f"test.probe.{_queue}")(probe_dead)
+#: This module's blueprint: an App whose CONVEYOR_IMPORTS names the module includes it.
+jobs = Jobs()
+
+for _queue in QUEUES.values():
+    jobs.job(f"test.probe.{_queue.name}", queue=_queue, payload=Probe)(probe)
+    jobs.on_final_failure(f"test.probe.{_queue.name}")(probe_dead)
 
 
 class SlowCredit(CreditConsume):
     sleep: float = 0
 
 
-@job("test.slow_credit", queue="critical", payload=SlowCredit)
+@jobs.job("test.slow_credit", queue=CRITICAL, payload=SlowCredit)
 def slow_credit(payload: SlowCredit, ctx) -> None:
     """A charge that takes a while, so a test can kill its worker mid-job."""
     with ctx.app.pool.connection() as conn:
@@ -103,15 +106,17 @@ def flaky(task_id: str, percent: int) -> bool:
 
 _PERCENT = int(os.environ.get("TEST_FLAKY_CREDIT_PERCENT", "0"))
 if _PERCENT:
-    load_job_types(["conveyor.platform.jobs"])
-    _real = JOB_TYPES["credit.consume"]
+    from conveyor.platform.jobs import jobs as platform_jobs
+
+    _real = platform_jobs.job_types["credit.consume"]
 
     def _flaky_consume(payload, ctx):
         if ctx.attempt == 1 and flaky(payload.task_id, _PERCENT):
             raise ConnectionError(f"injected transient failure for task {payload.task_id}")
         return _real.run(payload, ctx)
 
-    JOB_TYPES["credit.consume"] = replace(_real, run=_flaky_consume)
+    # Only in the worker subprocesses this variable is set for: the platform blueprint is theirs.
+    platform_jobs.job_types["credit.consume"] = replace(_real, run=_flaky_consume)
 
 
 # -- texts Postgres cannot store as they are (tests/integration/test_pg_faults.py) ----------------
@@ -135,7 +140,7 @@ def _write(database_url: str, query: str, params: tuple) -> None:
         conn.execute(query, params)
 
 
-@job("test.pg.bad", queue="critical", payload=Bad)
+@jobs.job("test.pg.bad", queue=CRITICAL, payload=Bad)
 def bad(payload: Bad, ctx) -> None:
     """Records its start, then raises an error with a NUL and lone surrogates (or the forbidden word)."""
     _write(
@@ -149,7 +154,7 @@ def bad(payload: Bad, ctx) -> None:
         raise RuntimeError(ERRORS[payload.error])
 
 
-@on_final_failure("test.pg.bad")
+@jobs.on_final_failure("test.pg.bad")
 def bad_dead(payload: Bad | None, error: str, ctx) -> None:
     _write(
         ctx.app.settings.database_url,
@@ -171,7 +176,7 @@ class Effect(Payload):
     fail_times: int = 0
 
 
-@job("test.effect", queue="nudge", payload=Effect)
+@jobs.job("test.effect", queue=QUEUES["nudge"], payload=Effect)
 def effect(payload: Effect, ctx) -> None:
     """Writes one effect four ways: unguarded, once-guarded, with the job's completion (postgres), fence-checked.
 

@@ -10,10 +10,14 @@ import os
 import time
 from typing import ClassVar
 
+from conveyor.blueprints import Jobs
 from conveyor.errors import JobError
+from conveyor.platform.queues import INDEXING
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.payloads import Payload
-from conveyor.tasks.registry import job
+
+#: This module's blueprint: an App whose CONVEYOR_IMPORTS names the module includes it.
+jobs = Jobs()
 
 
 class ObsWork(Payload):
@@ -30,7 +34,7 @@ class ObsWork(Payload):
     sleep: float = 0
 
 
-@job("obs.work", queue="indexing", payload=ObsWork, max_attempts=3)
+@jobs.job("obs.work", queue=INDEXING, payload=ObsWork, max_attempts=3)
 def work(payload: ObsWork, ctx: JobContext) -> None:
     if payload.sleep:
         time.sleep(payload.sleep)
@@ -48,7 +52,7 @@ class ObsLeak(Payload):
     fail_first: int = 99
 
 
-@job("obs.leak", queue="indexing", payload=ObsLeak, max_attempts=2)
+@jobs.job("obs.leak", queue=INDEXING, payload=ObsLeak, max_attempts=2)
 def leak(payload: ObsLeak, ctx: JobContext) -> None:
     if ctx.attempt <= payload.fail_first:
         _call_the_provider(payload.api_key, ctx.attempt)

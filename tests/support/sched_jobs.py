@@ -5,12 +5,16 @@ from __future__ import annotations
 import pytest
 from psycopg.types.json import Jsonb
 
+from conveyor.blueprints import Jobs
+from conveyor.platform.queues import INDEXING
 from conveyor.tasks.payloads import Id, Payload
-from conveyor.tasks.registry import job
 from tests.support.brokers import ALL_BROKERS
 
 #: The table the job writes to; tests create it with RECORDS_DDL.
 RECORDS_DDL = "CREATE TABLE IF NOT EXISTS test_job_runs (id BIGSERIAL PRIMARY KEY, job_id TEXT, payload JSONB)"
+
+#: This module's blueprint: an App whose CONVEYOR_IMPORTS names the module includes it.
+jobs = Jobs()
 
 
 class Note(Payload):
@@ -19,7 +23,7 @@ class Note(Payload):
     note: Id
 
 
-@job("test.record", queue="indexing", payload=Note)
+@jobs.job("test.record", queue=INDEXING, payload=Note)
 def record(payload: Note, ctx) -> None:
     with ctx.app.pool.connection() as conn:
         conn.execute(

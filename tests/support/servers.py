@@ -617,3 +617,90 @@ def _is_alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in (b"Z", b"X")
+
+
+class PgBouncerServer(_Server):
+    """A private PgBouncer in transaction pooling mode on a free loopback port, in front of ``upstream``.
+
+    Every database of the upstream cluster is reachable under its own name
+    (``* =`` fallback), as user ``postgres`` without a password (trust on
+    both hops). As root it runs as the ``postgres`` system user, as the
+    server does (PgBouncer refuses to run as root).
+    """
+
+    name = "pgbouncer"
+
+    def __init__(
+        self,
+        upstream: PostgresServer,
+        tmpdir: str | os.PathLike[str] | None = None,
+        *,
+        pool_size: int = 20,
+        system_user: str = "postgres",
+    ) -> None:
+        super().__init__(tmpdir or tempfile.mkdtemp(prefix="conveyor-pgbouncer-"))
+        self.upstream = upstream
+        self.pool_size = pool_size
+        self.executable = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        self._user_kwargs: dict = {}
+        try:
+            if not os.access(self.executable, os.X_OK):
+                raise ServerStartError("pgbouncer not found; install it (Debian: apt-get install pgbouncer)")
+            if os.geteuid() == 0:
+                entry = pwd.getpwnam(system_user)
+                self._user_kwargs = {
+                    "user": entry.pw_uid,
+                    "group": entry.pw_gid,
+                    "extra_groups": os.getgrouplist(system_user, entry.pw_gid),
+                }
+                os.chown(self.tmpdir, entry.pw_uid, entry.pw_gid)
+            self._start_first_time()
+        except BaseException:
+            self.close()
+            raise
+
+    def url(self, dbname: str = "postgres") -> str:
+        """`postgresql://postgres@127.0.0.1:PORT/dbname`, through the pooler."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def _write_config(self) -> Path:
+        users = self.tmpdir / "users.txt"
+        users.write_text('"postgres" ""\n')
+        config = self.tmpdir / "pgbouncer.ini"
+        config.write_text(
+            "\n".join(
+                [
+                    "[databases]",
+                    f"* = host=127.0.0.1 port={self.upstream.port}",
+                    "[pgbouncer]",
+                    "listen_addr = 127.0.0.1",
+                    f"listen_port = {self.port}",
+                    "unix_socket_dir =",
+                    "auth_type = trust",
+                    f"auth_file = {users}",
+                    "pool_mode = transaction",
+                    f"default_pool_size = {self.pool_size}",
+                    "max_client_conn = 1000",
+                    "ignore_startup_parameters = extra_float_digits",
+                    f"pidfile = {self.tmpdir / 'pgbouncer.pid'}",
+                    "",
+                ]
+            )
+        )
+        if self._user_kwargs:
+            for path in (users, config):
+                os.chown(path, self._user_kwargs["user"], self._user_kwargs["group"])
+        return config
+
+    def _spawn_and_wait(self) -> None:
+        config = self._write_config()
+        self._proc = self._popen([self.executable, str(config)], cwd=self.tmpdir, **self._user_kwargs)
+        self._wait_until(self._accepts_queries, "accepting queries")
+
+    def _accepts_queries(self) -> bool:
+        try:
+            with psycopg.connect(self.url(), connect_timeout=2, autocommit=True, prepare_threshold=None) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            return False

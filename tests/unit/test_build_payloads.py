@@ -164,3 +164,16 @@ def test_keys_rotate_and_a_value_that_no_longer_decrypts_is_dropped_with_a_warni
     with pytest.raises(SecretKeyError, match="entry 2 is not a Fernet key") as caught:
         SecretBox.from_settings(Settings(secret_key=f"{KEY_NEW},not-a-key-zzz"))
     assert "not-a-key-zzz" not in str(caught.value)
+
+
+def test_variables_that_steer_the_loader_or_libc_are_refused_by_name_never_by_value():
+    token = Fernet(Fernet.generate_key()).encrypt(b"/tmp/build/src/evil.so").decode()
+    fields = {"kind": "rollback", "build_id": "b1", "owner_id": "u", "agent_id": "a", "target_version": "v1"}
+    unsafe = ["LD_PRELOAD", "LD_AUDIT", "ld_library_path", "GCONV_PATH", "LOCPATH", "MALLOC_CHECK_", "HOSTALIASES"]
+    unsafe += ["NLSPATH", "RESOLV_HOST_CONF", "GLIBC_TUNABLES", "TMPDIR", "TZDIR"]
+    for name in unsafe:
+        with pytest.raises(InvalidPayload) as refused:
+            validate_payload("agent.build", BuildPayload, {**fields, "env": {name: token, "FINE": token}})
+        assert name in str(refused.value) and "FINE" not in str(refused.value) and token not in str(refused.value)
+    ok = validate_payload("agent.build", BuildPayload, {**fields, "env": {"API_KEY": token, "OLD_LD": token}})
+    assert set(ok.root.env) == {"API_KEY", "OLD_LD"}

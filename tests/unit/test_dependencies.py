@@ -19,6 +19,7 @@ IMPORT_NAMES = {
     "prometheus-client": "prometheus_client",
     "pydantic-settings": "pydantic_settings",
     "dramatiq-postgres": "dramatiq_postgres",
+    "swagger-ui-bundle-v2": "swagger_ui_bundle",
 }
 
 #: Used without an import statement, and what for.

@@ -8,9 +8,9 @@ from dramatiq import Message
 
 from conveyor import App, Payload, Queue
 from conveyor.appcache import per_app
+from conveyor.blueprints import JobType
 from conveyor.middleware.base import ConveyorMiddleware
 from conveyor.settings import Settings
-from conveyor.tasks.registry import JobType
 
 
 class Closes:

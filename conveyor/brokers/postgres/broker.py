@@ -97,7 +97,12 @@ class PostgresBroker(ConveyorBroker, Broker):
         self.lease = settings.pg_lease_seconds
         self.unknown_job_delay = settings.unknown_job_delay
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.jobs = Jobs(database_url, self.worker_id)
+        self.jobs = Jobs(
+            database_url,
+            self.worker_id,
+            pooled=settings.database_pooled,
+            listen_url=settings.listen_database_url,
+        )
         self.deliveries = Deliveries(self.jobs)
         self.recovery = Recovery(
             self.jobs,
@@ -114,7 +119,7 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def _new_listener(self) -> Listener:
         return Listener(
-            connect=self.jobs.connect,
+            connect=self.jobs.connect_listener,
             on_connect=self.jobs.listen,
             heartbeat=self._heartbeat,
             heartbeat_interval=self.lease / 3,

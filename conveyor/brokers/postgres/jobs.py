@@ -49,7 +49,7 @@ from psycopg_pool import PoolTimeout
 
 from conveyor.brokers.base import JobRecord, JobRef, QueueCounts
 from conveyor.brokers.postgres.records import LISTS, job_record
-from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, ShieldedPool, load_queries, translate
+from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, ShieldedPool, load_queries, through_pooler, translate
 from conveyor.errors import (
     BrokerUnavailable,
     DatabaseRefused,
@@ -183,9 +183,18 @@ def _sync_worker_commits() -> bool:
 class Jobs:
     """Data access for the jobs table: pools, queries, error translation. Thread-safe."""
 
-    def __init__(self, database_url: str, worker_id: str) -> None:
+    def __init__(
+        self, database_url: str, worker_id: str, *, pooled: bool = False, listen_url: str | None = None
+    ) -> None:
         self.database_url = database_url
         self.worker_id = worker_id
+        #: database_url goes through a transaction-mode pooler: no prepared statements, no session settings.
+        self.pooled = pooled
+        #: Where the listener connects: a direct URL when given (LISTEN needs a session), else database_url.
+        self.listen_url = listen_url or database_url
+        #: False when the only way in is a transaction-mode pooler: notifications would be lost, poll instead.
+        self.listens = bool(listen_url) or not pooled
+        self._options: dict[str, Any] = {**CONNECTION, **through_pooler(pooled)}
         self._lock = threading.Lock()
         self._pools: dict[bool, ShieldedPool] = {}  # fast -> pool
         self._pool_checked = -math.inf
@@ -193,9 +202,17 @@ class Jobs:
     # -- connections -----------------------------------------------------------
 
     def connect(self) -> psycopg.Connection[Any]:
-        """A connection of its own (the listener's)."""
+        """A connection of its own (the claim prover's)."""
         try:
-            return psycopg.connect(self.database_url, autocommit=True, **CONNECTION)
+            return psycopg.connect(self.database_url, autocommit=True, **self._options)
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "connecting") from exc
+
+    def connect_listener(self) -> psycopg.Connection[Any]:
+        """The listener's connection: direct to Postgres when a listen URL is set (LISTEN needs a session)."""
+        options = {**CONNECTION, **through_pooler(self.pooled and self.listen_url == self.database_url)}
+        try:
+            return psycopg.connect(self.listen_url, autocommit=True, **options)
         except STATEMENT_ERRORS as exc:
             raise translate(exc, "connecting") from exc
 
@@ -206,7 +223,9 @@ class Jobs:
 
         ``fast`` connections commit asynchronously (see the module docstring).
         """
-        fast = fast and not _sync_worker_commits()
+        # Through a transaction-mode pooler a session setting would stick to whichever server
+        # connection ran it: one pool, no settings, the server's synchronous_commit for everything.
+        fast = fast and not _sync_worker_commits() and not self.pooled
         with self._lock:
             pool = self._pools.get(fast)
             if pool is None:
@@ -215,11 +234,11 @@ class Jobs:
                     min_size=1,
                     max_size=POOL_MAX,
                     open=False,
-                    kwargs={"autocommit": True, **CONNECTION},
+                    kwargs={"autocommit": True, **self._options},
                     name="conveyor-pg-worker" if fast else "conveyor-pg-broker",
                     timeout=POOL_TIMEOUT,
                     reconnect_timeout=60,
-                    configure=_worker_session if fast else _durable_session,
+                    configure=None if self.pooled else _worker_session if fast else _durable_session,
                 )
                 pool.open(wait=False)
         with pool.connection() as conn:
@@ -477,8 +496,9 @@ class Jobs:
 
     # -- workers, recovery, pruning -------------------------------------------------
 
-    @staticmethod
-    def prover_session(conn: psycopg.Connection[Any]) -> None:
+    def prover_session(self, conn: psycopg.Connection[Any]) -> None:
+        if self.pooled:
+            return  # no session settings through a pooler: the server's synchronous_commit (on) holds
         try:
             conn.execute(QUERIES["prover_session"])
         except STATEMENT_ERRORS as exc:
@@ -492,8 +512,9 @@ class Jobs:
         except STATEMENT_ERRORS as exc:
             raise translate(exc, "proving claims") from exc
 
-    @staticmethod
-    def listen(conn: psycopg.Connection[Any]) -> None:
+    def listen(self, conn: psycopg.Connection[Any]) -> None:
+        if not self.listens:
+            return  # through a transaction-mode pooler: the consumers poll (pg_poll_seconds)
         try:
             conn.execute(QUERIES["listen"])
         except STATEMENT_ERRORS as exc:

@@ -53,7 +53,7 @@ class Listener(threading.Thread):
 
     ``connect()`` returns a new autocommit connection; ``on_connect(conn)``
     runs the LISTEN; ``heartbeat(conn)`` writes this worker's heartbeat
-    (``Jobs.connect``, ``Jobs.listen``, ``Jobs.heartbeat``); ``notifications(conn, timeout)``
+    (``Jobs.connect_listener``, ``Jobs.listen``, ``Jobs.heartbeat``); ``notifications(conn, timeout)``
     waits for the queues named by notifications (``Jobs.notifications``).
     """
 

@@ -120,6 +120,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         #: Runs the final-failure hook of a job the broker itself fails (an undecodable message), as on Postgres.
         self._on_dead = on_dead
         self._jobs = self.client.register_script(JOBS)
+        #: (replicas, timeout ms) each enqueue and claim WAITs for; None: no WAIT (redis_wait_replicas = 0).
+        self.replicas = (
+            (settings.redis_wait_replicas, int(settings.redis_wait_timeout * _MS))
+            if settings.redis_wait_replicas
+            else None
+        )
         #: Script calls an enqueue may make: a lost reply's call is repeated (exactly: see _send_enqueue).
         self.enqueue_attempts = 1 + settings.redis_retries
         self.acks = AckBuffer(self)
@@ -129,6 +135,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self._retries: dict[tuple[str, int], _Retry] = {}  # (job id, delivery) -> its retry, written at its ack
         self._consumed: set[str] = set()
         self._config_warnings: dict[str, str] | None = None
+        #: A queue's consumer and its delay queue's start at once: one of them reads the config and logs.
+        self._config_lock = threading.Lock()
         #: monotonic time a script call that heartbeats (see HEARTBEATS) was sent, of the last that succeeded.
         self._beat_at: float | None = None
 
@@ -192,7 +200,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
         """Fetch up to ``room`` messages; each is held from the same critical section the release pass uses."""
         with self._fetch_lock(name):
-            rows = self._call("fetch", name, room)
+            rows = self._call("fetch", name, room) if self.replicas is None else self._fetch_replicated(name, room)
             out = []
             with self._lock:
                 held = self._held.setdefault(name, {})
@@ -211,6 +219,24 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                         )
                     )
         return out
+
+    def _fetch_replicated(self, name: str, room: int) -> Any:
+        """The claim, then WAIT on the same connection: a claim replicas lack is not started.
+
+        Its rows are not recorded as held, so this worker's orphan pass hands
+        them back (under a new delivery number), and the error restarts the consumer.
+        """
+        assert self.replicas is not None
+        sent = time.monotonic()
+        with self.client.pipeline(transaction=False) as pipe:
+            self._jobs(keys=[self.namespace], args=["fetch", name, self.broker_id, room], client=pipe)
+            pipe.execute_command("WAIT", *self.replicas)  # type: ignore[no-untyped-call]
+            rows, acked = pipe.execute()
+        with self._lock:
+            self._beat_at = sent if self._beat_at is None else max(self._beat_at, sent)
+        if int(acked) < self.replicas[0]:
+            raise redis.TimeoutError(f"WAIT: {acked} of {self.replicas[0]} replica(s) had the claim in time")
+        return rows
 
     def _held_count(self, name: str) -> int:
         return len(self._held.get(name, ()))
@@ -310,7 +336,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             if attempt:
                 time.sleep(min(2.0, 0.1 * 2 ** (attempt - 1)))
             try:
-                return call_once(self.client, self._jobs, [self.namespace], args)
+                return call_once(self.client, self._jobs, [self.namespace], args, replicas=self.replicas)
             except SendFailed as exc:
                 last = exc
                 if isinstance(exc, MaybeSent):
@@ -436,6 +462,44 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             self._refused("final-failure claim", q_name(message.queue_name), message.message_id)
         return claimed == 1
 
+    def hand_back_unknown(self, name: str, rid: str, delivery: int, message: Message[Any], data: bytes) -> None:
+        """A fetched job of a type this process does not know: to the delay queue, unattempted (the
+        ``retry`` script), marked on its record. Not written: the release pass hands it back."""
+        try:
+            done = self._call(
+                "retry",
+                name,
+                rid,
+                message.message_id,
+                delivery,
+                str(uuid.uuid4()),
+                data,
+                int(self.unknown_job_delay * _MS),
+                storable(unknown_job_error(message.actor_name)),
+            )
+        finally:
+            self._settle(name, [(rid, delivery)])
+        if done == -1:
+            self._refused("hand-back", q_name(name), message.message_id)
+        else:
+            announce_unknown_job(self, message, self.unknown_job_delay)
+
+    # -- the fence of a job's own effects -------------------------------------------
+
+    def delivery(self, message: AnyMessage) -> int | None:
+        held = delivery_of(message)
+        return None if held is None else held[1]
+
+    @translated
+    def is_current(self, message: AnyMessage) -> bool:
+        """One HMGET of the job's record: does it still point at this message and this delivery (jobs.lua's fence)?"""
+        held = delivery_of(message)
+        if held is None:
+            return False
+        rid, delivery = held
+        current_rid, current = self.client.hmget(self.keys.job(message.message_id), ["rid", "delivery"])
+        return current_rid is not None and text(current_rid) == rid and current is not None and int(current) == delivery
+
     def fail_malformed(self, name: str, rid: str, delivery: int, exc: Exception) -> None:
         """A fetched message that cannot be decoded goes to the dead letters; its job, if its id could be
         read, fails with it (counted once) and its final-failure hook runs with no payload, as on Postgres."""
@@ -466,44 +530,6 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 attempt=0,
                 error=f"final-failure handling raised {type(hook_error).__name__}: {hook_error}",
             )
-
-    # -- the fence of a job's own effects -------------------------------------------
-
-    def delivery(self, message: AnyMessage) -> int | None:
-        held = delivery_of(message)
-        return None if held is None else held[1]
-
-    @translated
-    def is_current(self, message: AnyMessage) -> bool:
-        """One HMGET of the job's record: does it still point at this message and this delivery (jobs.lua's fence)?"""
-        held = delivery_of(message)
-        if held is None:
-            return False
-        rid, delivery = held
-        current_rid, current = self.client.hmget(self.keys.job(message.message_id), ["rid", "delivery"])
-        return current_rid is not None and text(current_rid) == rid and current is not None and int(current) == delivery
-
-    def hand_back_unknown(self, name: str, rid: str, delivery: int, message: Message[Any], data: bytes) -> None:
-        """A fetched job of a type this process does not know: to the delay queue, unattempted (the
-        ``retry`` script), marked on its record. Not written: the release pass hands it back."""
-        try:
-            done = self._call(
-                "retry",
-                name,
-                rid,
-                message.message_id,
-                delivery,
-                str(uuid.uuid4()),
-                data,
-                int(self.unknown_job_delay * _MS),
-                storable(unknown_job_error(message.actor_name)),
-            )
-        finally:
-            self._settle(name, [(rid, delivery)])
-        if done == -1:
-            self._refused("hand-back", q_name(name), message.message_id)
-        else:
-            announce_unknown_job(self, message, self.unknown_job_delay)
 
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
         done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)
@@ -583,6 +609,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return list(self.config_warning_reasons().values())
 
     def config_warning_reasons(self) -> dict[str, str]:
+        with self._config_lock:
+            return self._read_config_warnings()
+
+    def _read_config_warnings(self) -> dict[str, str]:
         if self._config_warnings is not None:
             return dict(self._config_warnings)
         try:

@@ -38,11 +38,15 @@ class MaybeSent(SendFailed):
     """The call was (perhaps partly) written, then the connection failed or timed out: it may have run."""
 
 
-def call_once(client: redis.Redis, script: Any, keys: list[Any], args: list[Any]) -> Any:
+def call_once(
+    client: redis.Redis, script: Any, keys: list[Any], args: list[Any], *, replicas: tuple[int, int] | None = None
+) -> Any:
     """Run ``script`` (a registered redis-py Script) once: its reply, or NotSent / MaybeSent, never a silent repeat.
 
     NOSCRIPT (Redis restarted, the script cache is empty) ran nothing: the
     script is loaded and the call sent again, on the same connection.
+    ``replicas=(n, timeout_ms)``: then ``WAIT n timeout_ms`` on that connection;
+    fewer replicas in time is MaybeSent (the primary has it, a failover may not).
     """
     pool = client.connection_pool
     reader: Any = client  # redis-py's connection-level calls are unannotated
@@ -59,7 +63,13 @@ def call_once(client: redis.Redis, script: Any, keys: list[Any], args: list[Any]
         for _ in range(2):
             try:
                 conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args, check_health=False)
-                return reader.parse_response(conn, "EVALSHA")
+                reply = reader.parse_response(conn, "EVALSHA")
+                if replicas:
+                    conn.send_command("WAIT", *replicas, check_health=False)
+                    acked = int(reader.parse_response(conn, "WAIT"))
+                    if acked < replicas[0]:
+                        raise MaybeSent(redis.TimeoutError(f"WAIT: {acked} of {replicas[0]} replica(s) in time"))
+                return reply
             except NoScriptError:
                 script.sha = client.script_load(script.script)
             except redis.BusyLoadingError:  # a reply (LOADING), though redis-py makes it a ConnectionError

@@ -15,14 +15,19 @@ naming a host path (``archive_path``, ``source_dir``, a local repository)
 is refused here: that is for operators' own code, under configured roots.
 
 A user's API key builds only that user's own agents and connectors (the
-build's ``owner_id`` is the key's user; another user's target answers 404,
-as a missing one) and reads only that user's builds; the admin token may
-build and read any. The upload route is no exception.
+build's ``owner_id`` is the key's user) and reads only that user's builds;
+the admin token may build and read any. The upload route is no exception.
+Agent and connector ids are each user's own (:func:`scoped_target_id`): two
+users may both have an ``a1``, and no answer tells one whether the other
+has. That a target is the build owner's is checked in the build's own
+transaction (``store.create_build``), never before it: a target of another
+owner (an admin's request naming raw ids) answers 404, as a missing one.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
@@ -102,21 +107,36 @@ def create_build(
 
 
 def _own(app: App, fields: dict[str, Any], user_id: str) -> None:
-    """A user's build is owned by that user (422 naming ``owner_id`` if another is given), for a target of theirs."""
+    """A user's build is owned by that user (422 naming ``owner_id`` if another is given), for a target of theirs.
+
+    The agent or connector id the user gives is theirs alone (:func:`scoped_target_id`); that the target is
+    the owner's is checked again in the build's own transaction (``store.create_build``: 404 otherwise).
+    """
     if fields.setdefault("owner_id", user_id) != user_id:
         raise HTTPException(422, [{"loc": ["body", "owner_id"], "msg": "a build belongs to the key's user"}])
-    _refuse_foreign_target(app, fields, user_id)
-
-
-def _refuse_foreign_target(app: App, fields: dict[str, Any], user_id: str) -> None:
-    """404 when the build is for an agent or connector of another user (as if there were none)."""
     for kind, field in (("agent", "agent_id"), ("connector", "connector_id")):
         target_id = fields.get(field)
-        if isinstance(target_id, str) and len(target_id) <= 200:
-            with app.pool.connection() as conn:
-                target = store.get_target(conn, kind, target_id)
-            if target is not None and target.owner_id != user_id:
-                raise not_found(kind)
+        if isinstance(target_id, str) and ID.fullmatch(target_id):  # else the payload's check names the field
+            fields[field] = scoped_target_id(app, kind, user_id, target_id)
+
+
+#: An id a user may give (conveyor.tasks.payloads.Id): only such an id is scoped, a bad one is refused as it is.
+ID = re.compile(r"[A-Za-z0-9_.:@\-]{1,128}")
+
+
+def scoped_target_id(app: App, kind: str, user_id: str, target_id: str) -> str:
+    """The stored id of a user's agent or connector: one user's ``a1`` is not another's (see
+    :func:`~conveyor.platform.records.scoped_id`), so no answer tells whether another user has an ``a1``,
+    and nobody can take a name before its owner does.
+
+    A target its owner made under the bare id before ids were scoped keeps that id: nobody else can
+    reach it, and its owner still does (a user cannot make a bare id any more; the admin token can).
+    """
+    with app.pool.connection() as conn:
+        target = store.get_target(conn, kind, target_id)
+    if target is not None and target.owner_id == user_id:
+        return target_id
+    return records.scoped_id(kind, user_id, target_id)
 
 
 @router.get("/builds/{build_id}")

@@ -6,9 +6,10 @@ indexing (202); the same text again is a no-op. ``GET
 chunks, best first; snippets are HTML-escaped text with the matches in
 ``<b>``, never markup from a resource's body.
 
-Every route needs a user's API key and touches only that user's resources:
-another user's resource answers 404 as if it did not exist, and is never
-replaced.
+Every route needs a user's API key and touches only that user's resources.
+A resource id is the user's own (migration 0062): two users may both have a
+``doc1``, each their own, so no answer tells one whether the other has it,
+and nobody can take an id before its owner does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from conveyor.platform.payloads import ResourceIndex
 from conveyor.tasks.payloads import Id
 
 router = APIRouter(prefix="/api/resources", tags=["resources"], responses=UNAVAILABLE_RESPONSES)
+#: A resource's text (up to 5,000,000 characters) may be a longer JSON body than other routes take:
+#: up to CONVEYOR_API_MAX_BODY_BYTES (conveyor.api.app reads this).
+LONG_TEXT_PREFIXES = ("/api/resources/",)
 
 
 class PutResource(BaseModel):
@@ -92,7 +96,7 @@ def search(
     response_model=ResourceAccepted,
     responses={
         **AUTH_RESPONSES,
-        404: {"description": "the resource, or its task, is another user's"},
+        404: {"description": "no such task of yours"},
         422: {"description": "user_id is not you"},
         503: {"description": "the broker is unavailable; stored but not yet indexed"},
     },
@@ -110,10 +114,10 @@ def put_resource(
     with app.pool.connection() as conn:
         if body.task_id is not None:
             records.get_task_of(conn, body.task_id, user_id)
-        version = records.upsert_own_resource(
+        version = records.upsert_resource(
             conn, id=resource_id, user_id=user_id, task_id=body.task_id, title=body.title, body=body.body
         )
-    payload = ResourceIndex(resource_id=resource_id, version=version)
+    payload = ResourceIndex(resource_id=resource_id, version=version, user_id=user_id)
     ref = app.jobs.enqueue("resource.index", payload, key=payload.idempotency_key())  # BrokerUnavailable: 503
     response.headers["Location"] = f"/api/resources/{resource_id}"
     return ResourceAccepted(resource_id=resource_id, version=version, job_id=ref.id, deduplicated=ref.deduplicated)

@@ -11,6 +11,12 @@ and sees only that user's tasks and runs: another user's id answers 404
 with the same body as an id that does not exist. A client-chosen
 ``message_id`` is the user's own (:func:`~conveyor.platform.records.scoped_message_id`).
 
+Per-user quotas (:mod:`conveyor.platform.quotas`) answer 429 naming the
+limit: runs queued or running (``CONVEYOR_USER_MAX_ACTIVE_RUNS``), stream
+data kept (``CONVEYOR_USER_MAX_STREAM_BYTES``), open streams
+(``CONVEYOR_USER_MAX_STREAMS``). An open stream waits on a wake-up from the
+stream store, not a timer.
+
 The routers need the conveyor :class:`~conveyor.app.App` in
 ``request.app.state.conveyor`` (see :func:`conveyor.api.deps.conveyor_app`).
 """
@@ -31,7 +37,9 @@ from pydantic import BaseModel, Field
 from conveyor.api.auth import UserId
 from conveyor.api.deps import ConveyorApp
 from conveyor.api.errors import UNAVAILABLE_RESPONSES
-from conveyor.platform import records
+from conveyor.errors import DatabaseUnavailable
+from conveyor.platform import quotas, records
+from conveyor.platform.quotas import RunQuota
 from conveyor.platform.rounds import start_round
 from conveyor.platform.streams import buffer_for
 from conveyor.tasks.payloads import Id
@@ -107,6 +115,7 @@ def stream_url(run_id: str) -> str:
         **AUTH_RESPONSES,
         404: {"description": "no such task of yours"},
         409: {"description": "you used this message ID for other content"},
+        429: {"description": "you have as many runs going, or as much stream data kept, as you may"},
     },
 )
 def post_run(task_id: IdPath, body: StartRun, response: Response, app: ConveyorApp, user_id: UserId) -> RunAccepted:
@@ -115,7 +124,9 @@ def post_run(task_id: IdPath, body: StartRun, response: Response, app: ConveyorA
     # Not found, a conflict, the broker away: conveyor.api.errors' table answers (404, 409, 503).
     with app.pool.connection() as conn:
         records.get_task_of(conn, task_id, user_id)  # another user's task is as missing as none
-    started = start_round(app, task_id=task_id, content=body.content, message_id=message_id)
+    started = start_round(
+        app, task_id=task_id, content=body.content, message_id=message_id, quota=RunQuota.of(app.settings)
+    )
     status_url = f"/api/runs/{started.run_id}"
     response.headers["Location"] = status_url
     return RunAccepted(
@@ -155,6 +166,7 @@ def get_run(run_id: IdPath, app: ConveyorApp, user_id: UserId) -> RunStatus:
         400: {"description": "Last-Event-ID is not a chunk number"},
         **AUTH_RESPONSES,
         404: {"description": "no such run of yours"},
+        429: {"description": "you have as many streams open as you may (CONVEYOR_USER_MAX_STREAMS)"},
     },
 )
 async def get_run_stream(
@@ -178,43 +190,79 @@ async def get_run_stream(
             raise HTTPException(400, "Last-Event-ID must be the number of the last chunk received")
         start = int(text)
     await run_in_threadpool(_load_run, app, run_id, user_id)
+    lease_id = await run_in_threadpool(_open_stream, app, user_id, run_id)
     return StreamingResponse(
-        _events(app, run_id, start, user_id),
+        _events(app, run_id, start, user_id, lease_id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
-async def _events(app: App, run_id: str, after: int, user_id: str) -> AsyncIterator[str]:
+async def _events(app: App, run_id: str, after: int, user_id: str, lease_id: str) -> AsyncIterator[str]:
     buffer = buffer_for(app)
-    poll = app.settings.stream_poll_interval
-    yield "retry: 1000\n\n"
-    last_sent = last_status_check = time.monotonic()
-    terminal_seen = False
-    while True:
-        entries = await run_in_threadpool(buffer.read, run_id, after)
-        for entry in entries:
-            after = entry.seq
-            if entry.kind == "end":
-                yield _event(entry.seq, "end", {"status": entry.data})
-                return
-            yield _event(entry.seq, "chunk", {"text": entry.data})
-        now = time.monotonic()
-        if entries:
-            last_sent = now
-            continue
-        if now - last_status_check >= STATUS_CHECK_SECONDS:
-            last_status_check = now
-            run = await run_in_threadpool(_load_run, app, run_id, user_id)
-            # Seen ended twice with nothing new in between: no end entry is coming (expired stream).
-            if run.terminal and terminal_seen:
-                yield _event(after + 1, "end", {"status": run.status})
-                return
-            terminal_seen = run.terminal
-        if now - last_sent >= KEEPALIVE_SECONDS:
-            last_sent = now
-            yield ": keep-alive\n\n"
-        await asyncio.sleep(poll)
+    lease = app.settings.user_stream_lease
+    # The longest wait for a chunk: then the run's status is looked at, and the stream's place renewed.
+    wait = min(STATUS_CHECK_SECONDS, lease / 3)
+    try:
+        async with buffer.follow(run_id) as follower:
+            yield "retry: 1000\n\n"
+            last_sent = last_status_check = last_renewal = time.monotonic()
+            terminal_seen = False
+            while True:
+                entries = await follower.entries(after, wait)  # a wake-up from the store, not a timer
+                for entry in entries:
+                    after = entry.seq
+                    if entry.kind == "end":
+                        yield _event(entry.seq, "end", {"status": entry.data})
+                        return
+                    yield _event(entry.seq, "chunk", {"text": entry.data})
+                now = time.monotonic()
+                if now - last_renewal >= lease / 3:
+                    last_renewal = now
+                    if not await run_in_threadpool(_renew_stream, app, lease_id, lease):
+                        return  # its place ran out (the database was away): the client reconnects and asks again
+                if entries:
+                    last_sent = now
+                    continue
+                if now - last_status_check >= STATUS_CHECK_SECONDS:
+                    last_status_check = now
+                    run = await run_in_threadpool(_load_run, app, run_id, user_id)
+                    # Seen ended twice with nothing new in between: no end entry is coming (expired stream).
+                    if run.terminal and terminal_seen:
+                        yield _event(after + 1, "end", {"status": run.status})
+                        return
+                    terminal_seen = run.terminal
+                if now - last_sent >= KEEPALIVE_SECONDS:
+                    last_sent = now
+                    yield ": keep-alive\n\n"
+    finally:
+        # Also when the client went away (this generator cancelled): the place is given back now.
+        await asyncio.shield(run_in_threadpool(_close_stream, app, lease_id))
+
+
+def _open_stream(app: App, user_id: str, run_id: str) -> str:
+    """A place among the user's open streams (QuotaExceeded: 429 when they hold them all)."""
+    settings = app.settings
+    with app.pool.connection() as conn:
+        return quotas.open_stream(
+            conn, user_id, run_id, limit=settings.user_max_streams, lease=settings.user_stream_lease
+        )
+
+
+def _renew_stream(app: App, lease_id: str, lease: float) -> bool:
+    try:
+        with app.pool.connection() as conn:
+            return quotas.renew_stream(conn, lease_id, lease=lease)
+    except DatabaseUnavailable:
+        return True  # not lost yet: the lease has slack for the next try
+
+
+def _close_stream(app: App, lease_id: str) -> None:
+    try:
+        with app.pool.connection() as conn:
+            quotas.close_stream(conn, lease_id)
+    except DatabaseUnavailable:
+        pass  # its lease runs out on its own
 
 
 def _event(seq: int, name: str, data: dict[str, Any]) -> str:

@@ -9,8 +9,9 @@
   Only local git repositories are cloned: this builder never reaches the network.
 - **Build script**: if the tree has a ``.conveyor-build`` file at its root,
   ``sh .conveyor-build`` runs in the sandbox (:mod:`conveyor.platform.builds.sandbox`)
-  with the build's decrypted env and nothing else, its output going to the
-  build log with every secret value scrubbed.
+  on a copy of the tree in a capped workspace, with the build's decrypted env and
+  nothing else, its output going to the build log with every secret value
+  scrubbed; what it leaves there replaces the tree, checked like an archive.
 - **Artifacts**: a reproducible ``.tar.gz`` (sorted entries, zeroed times and
   owners, ``.git`` left out), stored as ``artifacts/sha256/<digest>.tar.gz``:
   the same tree is stored once, whoever builds it.
@@ -74,8 +75,6 @@ class LocalBuilder(Builder):
         self.roots = settings.source_roots
         self.caps = Caps(settings.build_max_source_bytes, settings.build_max_source_files)
         self.sandbox = Sandbox(settings)
-        #: Set once a build script ran: the packaged tree must then be the sandbox user's only.
-        self._script_ran = False
 
     @contextmanager
     def workspace(self, build_id: str, claim: int) -> Iterator[Path]:
@@ -155,8 +154,7 @@ class LocalBuilder(Builder):
             log.write(f"no {BUILD_SCRIPT}: packaging the source as it is")
             return
         log.write(f"running {BUILD_SCRIPT} in the sandbox" + (f" with env {', '.join(sorted(env))}" if env else ""))
-        self._script_ran = True
-        code = self.sandbox.run(tree.parent, tree.name, ["sh", BUILD_SCRIPT], env, deadline, log, BUILD_SCRIPT)
+        code = self.sandbox.run(tree, ["sh", BUILD_SCRIPT], env, deadline, log, BUILD_SCRIPT)
         if code != 0:
             raise BuildFailed(f"{BUILD_SCRIPT} exited with status {_status(code)}: {log.tail(5)}")
 
@@ -166,7 +164,6 @@ class LocalBuilder(Builder):
         self.artifacts.mkdir(parents=True, exist_ok=True)
         tmp = self.artifacts / f".tmp-{uuid.uuid4().hex}"
         files = entries = total = 0
-        owner = self.sandbox.uid if self._script_ran else None
         try:
             with (
                 open(tmp, "wb") as raw,
@@ -176,10 +173,9 @@ class LocalBuilder(Builder):
                 for path in _walk(tree):
                     deadline.check()
                     rel = path.relative_to(tree).as_posix()
+                    # A tree a script ran on is the worker's own unpack of what the sandbox gave back
+                    # (no host file can be linked into it): the checks are the caps.
                     info = tar.gettarinfo(str(path), arcname=rel)
-                    if owner is not None and path.lstat().st_uid != owner:
-                        # A hard link to a host file, say: the artifact holds only what the build made.
-                        raise BuildFailed(f"the build tree holds {rel!r}, which the build script did not make")
                     entries += 1
                     total += info.size if info.isfile() else 0
                     if entries > self.caps.max_files or total > self.caps.max_bytes:

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from conveyor.platform.builds.envnames import unsafe_names
 from conveyor.platform.builds.paths import SafeName
 from conveyor.platform.builds.uploads import UploadId
 from conveyor.secrets import looks_encrypted
@@ -69,6 +70,17 @@ class BuildVariant(BaseModel):
     build_id: SafeName
     owner_id: Id
     env: dict[EnvName, str] = Field(default_factory=dict, max_length=200)
+
+    @field_validator("env")
+    @classmethod
+    def _safe_names(cls, env: dict[str, str]) -> dict[str, str]:
+        refused = unsafe_names(env)
+        if refused:
+            # The names are the request's own; the values are never quoted.
+            raise ValueError(
+                f"{', '.join(refused)}: variables that steer the dynamic loader or the C library are not accepted"
+            )
+        return env
 
     @field_validator("env")
     @classmethod

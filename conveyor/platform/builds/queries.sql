@@ -2,10 +2,18 @@
 -- query each per operation; the store picks by the build's target kind.
 
 -- name: agent_ensure
-INSERT INTO agents (id, owner_id) VALUES (%(id)s, %(owner_id)s) ON CONFLICT (id) DO NOTHING
+-- Creates the target or locks it until the build's transaction ends, in one statement; no row when
+-- it is another owner's (the row is locked either way, so the answer holds until commit).
+INSERT INTO agents (id, owner_id) VALUES (%(id)s, %(owner_id)s)
+ON CONFLICT (id) DO UPDATE SET owner_id = agents.owner_id WHERE agents.owner_id = EXCLUDED.owner_id
+RETURNING id
 
 -- name: connector_ensure
-INSERT INTO connectors (id, owner_id) VALUES (%(id)s, %(owner_id)s) ON CONFLICT (id) DO NOTHING
+-- Creates the target or locks it until the build's transaction ends, in one statement; no row when
+-- it is another owner's (the row is locked either way, so the answer holds until commit).
+INSERT INTO connectors (id, owner_id) VALUES (%(id)s, %(owner_id)s)
+ON CONFLICT (id) DO UPDATE SET owner_id = connectors.owner_id WHERE connectors.owner_id = EXCLUDED.owner_id
+RETURNING id
 
 -- name: agent_lock
 SELECT id, owner_id, status, status_reason, repo_url, repo_branch FROM agents WHERE id = %(id)s FOR UPDATE
@@ -25,7 +33,7 @@ UPDATE agents
        repo_url = coalesce(%(repo_url)s::text, repo_url),
        repo_branch = CASE WHEN %(repo_url)s::text IS NULL THEN repo_branch ELSE %(repo_branch)s::text END,
        updated_at = now()
- WHERE id = %(id)s
+ WHERE id = %(id)s AND owner_id = %(owner_id)s
 
 -- name: connector_set_status
 UPDATE connectors
@@ -33,7 +41,7 @@ UPDATE connectors
        repo_url = coalesce(%(repo_url)s::text, repo_url),
        repo_branch = CASE WHEN %(repo_url)s::text IS NULL THEN repo_branch ELSE %(repo_branch)s::text END,
        updated_at = now()
- WHERE id = %(id)s
+ WHERE id = %(id)s AND owner_id = %(owner_id)s
 
 -- name: build_insert
 INSERT INTO builds (id, kind, agent_id, connector_id, owner_id)
@@ -77,7 +85,7 @@ RETURNING id
 -- name: build_fail
 UPDATE builds SET status = 'failed', error = %(error)s, heartbeat_at = NULL, finished_at = now()
  WHERE id = %(id)s AND status IN ('queued', 'building')
-RETURNING claim, kind, agent_id, connector_id
+RETURNING claim, kind, agent_id, connector_id, owner_id
 
 -- name: build_get
 SELECT id, kind, agent_id, connector_id, owner_id, status, version, artifact_sha256, log, error, claim,

@@ -69,6 +69,10 @@ def request_build(
         # A JSON body may carry a lone surrogate ("\\ud800"), which no UTF-8 encoder (nor Fernet) takes.
         # Neither the value nor its name is quoted: both are the request's.
         raise InvalidPayload(JOB, [{"loc": ("env",), "msg": "every value must be UTF-8 text"}])
+    if env and any("\0" in value for value in env.values()):
+        # No environment can carry it (and the sandbox refuses it): name the variables, not the values.
+        names = sorted(name for name, value in env.items() if "\0" in value)
+        raise InvalidPayload(JOB, [{"loc": ("env", name), "msg": "a value may not hold a NUL byte"} for name in names])
     data = {**fields, "kind": kind, "build_id": build_id or new_build_id(), "env": encrypt_env(app.settings, env or {})}
     payload = validate_payload(JOB, BuildPayload, data)
     request = payload.root

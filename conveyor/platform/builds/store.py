@@ -21,7 +21,7 @@ from typing import Any
 from psycopg import Connection
 
 from conveyor.db import load_queries
-from conveyor.errors import BuildFailed
+from conveyor.errors import BuildFailed, RecordNotFound
 from conveyor.platform.builds.payloads import BuildVariant
 
 QUERIES = load_queries(Path(__file__).with_name("queries.sql"))
@@ -102,11 +102,16 @@ class Outcome:
 def create_build(conn: Connection[Any], request: BuildVariant) -> bool:
     """The build's row and its target, moved to ``building`` when the build deploys.
 
-    Once per build id: False (and nothing changed) when the build exists already.
+    Once per build id: False (and nothing changed) when the build exists already. The target is
+    created for the build's owner, or locked if it is theirs, in the same transaction as the
+    build's row: :class:`RecordNotFound` (404, as a missing target) when it is another owner's,
+    and nothing is written. Two users racing on one new id cannot both pass.
     """
     kind = request.target_kind
     with conn.transaction():
-        conn.execute(QUERIES[f"{kind}_ensure"], {"id": request.target_id, "owner_id": request.owner_id})
+        own = {"id": request.target_id, "owner_id": request.owner_id}
+        if conn.execute(QUERIES[f"{kind}_ensure"], own).fetchone() is None:
+            raise RecordNotFound(f"no {kind} {request.target_id!r}")
         created = (
             conn.execute(
                 QUERIES["build_insert"],
@@ -121,7 +126,7 @@ def create_build(conn: Connection[Any], request: BuildVariant) -> bool:
             is not None
         )
         if created and request.deploys:
-            _set_target_status(conn, kind, request.target_id, "building")
+            _set_target_status(conn, kind, request.target_id, request.owner_id, "building")
         return created
 
 
@@ -176,8 +181,11 @@ def record_success(conn: Connection[Any], request: BuildVariant, claim: int, out
     try:
         with conn.transaction():
             # Serialises builds of one target, so two cannot take the same next version.
-            if conn.execute(QUERIES[f"{kind}_lock"], {"id": target_id}).fetchone() is None:
+            target = conn.execute(QUERIES[f"{kind}_lock"], {"id": target_id}).fetchone()
+            if target is None:
                 raise BuildFailed(f"{kind} {target_id} no longer exists")
+            if target[1] != request.owner_id:  # a build recorded before the owner was checked with its row
+                raise BuildFailed(f"{kind} {target_id} is not the build owner's")
             key = {"kind": kind, "id": target_id}
             version = outcome.version or _next_version(conn, kind, target_id)
             if outcome.new_version:
@@ -200,7 +208,13 @@ def record_success(conn: Connection[Any], request: BuildVariant, claim: int, out
                     {**key, "version": version, "artifact": outcome.artifact_sha256, "build_id": request.build_id},
                 )
                 _set_target_status(
-                    conn, kind, target_id, "active", repo_url=outcome.repo_url, repo_branch=outcome.repo_branch
+                    conn,
+                    kind,
+                    target_id,
+                    request.owner_id,
+                    "active",
+                    repo_url=outcome.repo_url,
+                    repo_branch=outcome.repo_branch,
                 )
             done = conn.execute(
                 QUERIES["build_succeed"],
@@ -226,10 +240,12 @@ def fail_build(conn: Connection[Any], build_id: str, error: str) -> bool:
         row = conn.execute(QUERIES["build_fail"], {"id": build_id, "error": error}).fetchone()
         if row is None:
             return False
-        claim, _, agent_id, connector_id = row
+        claim, _, agent_id, connector_id, owner_id = row
         _event(conn, build_id, claim, "failed", error)
         kind, target_id = ("agent", agent_id) if agent_id else ("connector", connector_id)
-        _set_target_status(conn, kind, target_id, "failed", reason=f"build {build_id} failed: {error}"[:2000])
+        # Only the owner's target: a build recorded against another user's agent never marks it failed.
+        reason = f"build {build_id} failed: {error}"[:2000]
+        _set_target_status(conn, kind, target_id, owner_id, "failed", reason=reason)
         return True
 
 
@@ -275,16 +291,25 @@ def _set_target_status(
     conn: Connection[Any],
     kind: str,
     target_id: str,
+    owner_id: str,
     status: str,
     *,
     reason: str | None = None,
     repo_url: str | None = None,
     repo_branch: str | None = None,
 ) -> None:
-    """A target's status (and reason); a ``repo_url`` given replaces the one it is rebuilt from."""
+    """A target's status (and reason), when it is ``owner_id``'s; a ``repo_url`` given replaces the one it is
+    rebuilt from."""
     conn.execute(
         QUERIES[f"{kind}_set_status"],
-        {"id": target_id, "status": status, "reason": reason, "repo_url": repo_url, "repo_branch": repo_branch},
+        {
+            "id": target_id,
+            "owner_id": owner_id,
+            "status": status,
+            "reason": reason,
+            "repo_url": repo_url,
+            "repo_branch": repo_branch,
+        },
     )
 
 

@@ -41,7 +41,19 @@ def build_limits(app: "App") -> Limits:
     if store == "postgres":
         from conveyor.platform.limits.postgres import PostgresRateLimit, PostgresSemaphore
 
-        return Limits(PostgresSemaphore(app.pool), PostgresRateLimit(app.pool))
+        sessions = app.pool
+        if settings.database_pooled:
+            # The semaphore's slots are session advisory locks: a transaction-mode pooler would
+            # hand them to whichever client runs next on that server connection.
+            if not settings.listen_database_url:
+                raise ConfigurationError(
+                    "CONVEYOR_DATABASE_POOLED needs CONVEYOR_LISTEN_DATABASE_URL (a direct connection) for the "
+                    "concurrency limits' advisory locks"
+                )
+            from conveyor.db import open_pool
+
+            sessions = open_pool(settings.listen_database_url, max_size=8, name="conveyor-limits")
+        return Limits(PostgresSemaphore(sessions), PostgresRateLimit(app.pool))
     from conveyor.platform.limits.local import LocalRateLimit, LocalSemaphore
 
     return Limits(LocalSemaphore(), LocalRateLimit())

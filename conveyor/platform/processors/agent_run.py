@@ -28,6 +28,7 @@ from psycopg import Connection
 from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.payloads import ChatRun, RunFinalize, TaskRun, run_key
 from conveyor.platform.providers import ChatMessage, provider_for
 from conveyor.platform.providers.base import Role, estimate_usage
@@ -35,19 +36,18 @@ from conveyor.platform.queues import AGENT
 from conveyor.platform.streams import buffer_for
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.faults import maybe_fail_mid_stream
-from conveyor.tasks.registry import job, on_final_failure
 
 #: What task.run tells the model before the task's own instructions.
 TASK_PREAMBLE = "You are an agent carrying out a task for the user."
 
 
-@job("task.run", queue=AGENT, payload=TaskRun)
+@jobs.job("task.run", queue=AGENT, payload=TaskRun)
 def task_run(payload: TaskRun, ctx: JobContext) -> None:
     """A task round: the task's instructions and the user's latest message."""
     run_round(payload, ctx, whole_conversation=False)
 
 
-@job("chat.run", queue=AGENT, payload=ChatRun)
+@jobs.job("chat.run", queue=AGENT, payload=ChatRun)
 def chat_run(payload: ChatRun, ctx: JobContext) -> None:
     """A chat round: the whole conversation up to the user's message."""
     run_round(payload, ctx, whole_conversation=True)
@@ -122,8 +122,8 @@ def _enqueue_finalize(ctx: JobContext, run: records.Run) -> None:
     ctx.app.jobs.enqueue("run.finalize", payload, key=payload.idempotency_key())
 
 
-@on_final_failure("task.run")
-@on_final_failure("chat.run")
+@jobs.on_final_failure("task.run")
+@jobs.on_final_failure("chat.run")
 def run_failed(payload: TaskRun | None, error: str, ctx: JobContext) -> None:
     """A run that spent its attempts ends ``failed``, and so does its stream: no reader waits forever."""
     if payload is None:

@@ -33,8 +33,10 @@ from psycopg_pool import ConnectionPool
 
 from conveyor.errors import BuildFailed, BuildTimeout, JobError, PermanentError, RetryLater
 from conveyor.logs import log_event
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.builds import store
 from conveyor.platform.builds.builder import BuildLog, Deadline
+from conveyor.platform.builds.cgroups import detect
 from conveyor.platform.builds.executors import EXECUTORS, BuildContext
 from conveyor.platform.builds.local import LocalBuilder
 from conveyor.platform.builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINUTE, BuildPayload, BuildVariant
@@ -44,7 +46,6 @@ from conveyor.redaction import Scrubber
 from conveyor.secrets import decrypt_env
 from conveyor.settings import Settings
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.registry import check_settings, job, on_final_failure
 
 #: The longest a variant's limit may be set to: the job's own limit minus time to record the outcome.
 MAX_VARIANT_LIMIT = HARD_TIME_LIMIT - 5 * MINUTE
@@ -55,7 +56,7 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@check_settings
+@jobs.check_settings
 def known_build_kinds(settings: Settings) -> None:
     """``CONVEYOR_BUILD_TIME_LIMITS__<KIND>`` names only kinds that exist (a typo would be silently ignored)."""
     unknown = sorted(set(settings.build_time_limits) - set(BUILD_KINDS))
@@ -63,7 +64,26 @@ def known_build_kinds(settings: Settings) -> None:
         raise ValueError(f"CONVEYOR_BUILD_TIME_LIMITS: unknown build kind(s) {unknown}; known: {sorted(BUILD_KINDS)}")
 
 
-@job("agent.build", queue=AGENT, payload=BuildPayload, time_limit=HARD_TIME_LIMIT)
+@jobs.check_settings
+def build_isolation(settings: Settings) -> None:
+    """Say at start how builds will be isolated on this host: never silently weaker than asked."""
+    ids: dict[str, Any] = dict(queue=None, job=None, job_id=None, attempt=None)
+    if settings.build_isolation == "rlimits-only":
+        log_event("build_isolation_weak", level="warning", **ids, mode="rlimits-only")
+        return
+    hierarchy, why_not = detect()
+    if hierarchy is None:
+        # Not a settings error (the API and the scheduler run no builds): this host's workers refuse them.
+        log_event(
+            "build_isolation_unavailable",
+            level="error",
+            **ids,
+            reason=why_not,
+            effect="builds are refused; CONVEYOR_BUILD_ISOLATION=rlimits-only runs them with per-process limits only",
+        )
+
+
+@jobs.job("agent.build", queue=AGENT, payload=BuildPayload, time_limit=HARD_TIME_LIMIT)
 def run_build(payload: BuildPayload, ctx: JobContext) -> None:
     request = payload.root
     settings = ctx.app.settings
@@ -146,7 +166,7 @@ def _finish_unclaimed(conn: Connection[Any], build_id: str, stale_after: float, 
         raise RetryLater(f"build {build_id} is being built by {record.worker}", delay=stale_after)
 
 
-@on_final_failure("agent.build")
+@jobs.on_final_failure("agent.build")
 def build_failed_for_good(payload: BuildPayload | None, error: str, ctx: JobContext) -> None:
     """End the build ``failed`` and drive its agent or connector to ``failed``, so nothing waits on it."""
     ids: dict[str, Any] = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)

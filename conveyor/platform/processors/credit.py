@@ -5,13 +5,13 @@ from __future__ import annotations
 from conveyor.ledger import credits
 from conveyor.logs import log_event
 from conveyor.middleware.metrics import record_ledger_consumption
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.payloads import CreditConsume
 from conveyor.platform.queues import CRITICAL
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.registry import job
 
 
-@job("credit.consume", queue=CRITICAL, payload=CreditConsume)
+@jobs.job("credit.consume", queue=CRITICAL, payload=CreditConsume)
 def consume_credits(payload: CreditConsume, ctx: JobContext) -> None:
     with ctx.app.pool.connection() as conn:
         result = credits.consume(

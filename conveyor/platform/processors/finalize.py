@@ -12,12 +12,12 @@ from __future__ import annotations
 from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.payloads import CreditConsume, MemoryExtraction, ResourceIndex, RunFinalize
 from conveyor.platform.queues import CRITICAL
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.faults import maybe_fail
 from conveyor.tasks.jobqueue import JobRequest
-from conveyor.tasks.registry import job
 
 
 def round_resource_id(message_id: str) -> str:
@@ -26,7 +26,7 @@ def round_resource_id(message_id: str) -> str:
 
 
 # On critical: a round's charge must not wait behind slow agent runs.
-@job("run.finalize", queue=CRITICAL, payload=RunFinalize)
+@jobs.job("run.finalize", queue=CRITICAL, payload=RunFinalize)
 def finalize_run(payload: RunFinalize, ctx: JobContext) -> dict[str, int] | None:
     """Enqueue the round's charge, memory extraction and indexing; returns how many were new."""
     with ctx.app.pool.connection() as conn:
@@ -56,7 +56,7 @@ def finalize_run(payload: RunFinalize, ctx: JobContext) -> dict[str, int] | None
         user_id=task.user_id, task_id=task.id, message_id=reply.id, total_tokens=run.total_tokens or 0
     )
     memory = MemoryExtraction(user_id=task.user_id, task_id=task.id, message_id=reply.id)
-    index = ResourceIndex(resource_id=resource_id, version=version)
+    index = ResourceIndex(resource_id=resource_id, version=version, user_id=task.user_id)
     refs = ctx.app.jobs.enqueue_many(
         [
             JobRequest("credit.consume", charge, key=charge.idempotency_key()),

@@ -13,11 +13,11 @@ import re
 from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.payloads import ResourceIndex
 from conveyor.platform.queues import INDEXING
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.faults import maybe_fail
-from conveyor.tasks.registry import job
 
 #: Words per chunk, and words shared with the previous chunk so a phrase cut
 #: at a boundary is still found whole in one of the two.
@@ -25,12 +25,12 @@ CHUNK_WORDS = 120
 CHUNK_OVERLAP = 20
 
 
-@job("resource.index", queue=INDEXING, payload=ResourceIndex)
+@jobs.job("resource.index", queue=INDEXING, payload=ResourceIndex)
 def index_resource(payload: ResourceIndex, ctx: JobContext) -> None:
     maybe_fail(ctx, payload.idempotency_key(), "before indexing")
     with ctx.app.pool.connection() as conn, conn.transaction():
         try:
-            resource = records.lock_resource(conn, payload.resource_id)
+            resource = records.lock_resource(conn, payload.resource_id, payload.user_id)
         except RecordNotFound as exc:
             raise PermanentError(str(exc)) from None
         version = resource.version
@@ -47,8 +47,8 @@ def index_resource(payload: ResourceIndex, ctx: JobContext) -> None:
             return
         # The current version is indexed, even when a newer one arrived after this job was enqueued.
         chunks = chunk_text(f"{resource.title}\n{resource.body}" if resource.title else resource.body)
-        records.replace_chunks(conn, payload.resource_id, version, chunks)
-        records.mark_indexed(conn, payload.resource_id, version)
+        records.replace_chunks(conn, payload.resource_id, version, chunks, user_id=resource.user_id)
+        records.mark_indexed(conn, payload.resource_id, version, user_id=resource.user_id)
     log_event(
         "indexed",
         queue=ctx.queue,

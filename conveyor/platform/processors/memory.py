@@ -20,13 +20,13 @@ import re
 from conveyor.errors import PermanentError, ProviderRateLimited, RecordNotFound, RetryLater
 from conveyor.logs import log_event
 from conveyor.platform import records
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.limits import limits_for
 from conveyor.platform.payloads import MemoryExtraction
 from conveyor.platform.providers import ChatMessage, provider_for
 from conveyor.platform.queues import LLM
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.faults import maybe_fail
-from conveyor.tasks.registry import job
 
 #: The semaphore every llm-queue job shares.
 LLM_SLOTS = "queue:llm"
@@ -44,7 +44,7 @@ EXTRACTION_PROMPT = (
 )
 
 
-@job("memory.extraction", queue=LLM, payload=MemoryExtraction)
+@jobs.job("memory.extraction", queue=LLM, payload=MemoryExtraction)
 def extract_memories(payload: MemoryExtraction, ctx: JobContext) -> None:
     app = ctx.app
     limits = limits_for(app)

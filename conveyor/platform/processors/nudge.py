@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.logs import log_event
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.queues import NUDGE
 from conveyor.platform.scheduling import nudges
 from conveyor.platform.scheduling.followups import defer_if_early, enqueue_follow_up
 from conveyor.platform.scheduling.payloads import NudgeFire
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.registry import job
 
 
-@job("nudge.fire", queue=NUDGE, payload=NudgeFire)
+@jobs.job("nudge.fire", queue=NUDGE, payload=NudgeFire)
 def fire_nudge(payload: NudgeFire, ctx: JobContext) -> None:
     ids: dict[str, Any] = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
     with ctx.app.pool.connection() as conn, conn.transaction():

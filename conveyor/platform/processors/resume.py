@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.logs import log_event
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.queues import SCHEDULING
 from conveyor.platform.records import TERMINAL
 from conveyor.platform.scheduling import pauses
 from conveyor.platform.scheduling.followups import defer_if_early, enqueue_follow_up
 from conveyor.platform.scheduling.payloads import WaitAndResume
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.registry import job
 
 
-@job("wait_and_resume", queue=SCHEDULING, payload=WaitAndResume)
+@jobs.job("wait_and_resume", queue=SCHEDULING, payload=WaitAndResume)
 def wait_and_resume(payload: WaitAndResume, ctx: JobContext) -> None:
     ids: dict[str, Any] = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
     with ctx.app.pool.connection() as conn, conn.transaction():

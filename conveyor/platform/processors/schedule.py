@@ -6,15 +6,15 @@ from typing import Any
 
 from conveyor.errors import InvalidPayload, UnknownJob
 from conveyor.logs import log_event
+from conveyor.platform.blueprint import jobs
 from conveyor.platform.queues import SCHEDULING
 from conveyor.platform.scheduling import schedules
 from conveyor.platform.scheduling.payloads import ScheduleFire
 from conveyor.platform.scheduling.scheduler import fire_key
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.registry import job
 
 
-@job("schedule.fire", queue=SCHEDULING, payload=ScheduleFire)
+@jobs.job("schedule.fire", queue=SCHEDULING, payload=ScheduleFire)
 def fire_schedule(payload: ScheduleFire, ctx: JobContext) -> None:
     ids: dict[str, Any] = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
     with ctx.app.pool.connection() as conn:

@@ -38,8 +38,8 @@ from psycopg import Connection
 from conveyor.db import load_queries
 from conveyor.errors import InvalidSchedule
 from conveyor.logs import log_event
-from conveyor.platform.scheduling.cron import Cron
 from conveyor.platform.scheduling.schedules import db_now, pause_schedule
+from conveyor.scheduling.cron import Cron
 from conveyor.tasks.jobqueue import JobRequest
 
 if TYPE_CHECKING:

@@ -26,11 +26,11 @@ from psycopg.types.json import Jsonb
 
 from conveyor.db import load_queries
 from conveyor.errors import EnqueueError, InvalidSchedule, ScheduleNotFound, UnknownJob
-from conveyor.platform.scheduling.cron import Cron
+from conveyor.scheduling.cron import Cron
 from conveyor.tasks.jobqueue import validate_payload
 
 if TYPE_CHECKING:
-    from conveyor.tasks.registry import JobType
+    from conveyor.blueprints import JobType
 
 QUERIES = load_queries(Path(__file__).with_name("schedules.sql"))
 

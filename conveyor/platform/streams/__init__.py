@@ -12,6 +12,10 @@ Chunks are keyed by ``seq`` (1, 2, ...). Appending a seq the buffer already
 holds changes nothing, so an attempt that re-runs after a crash and
 regenerates the same chunks cannot duplicate one for the reader. ``end``
 appends a final entry once, carrying the run's status.
+
+A reader (the SSE route) follows a stream with ``async with
+buffer.follow(run_id)``: it waits on a wake-up from the store (``XREAD
+BLOCK``, ``LISTEN``, an in-process event), never on a timer.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.appcache import per_app
 from conveyor.errors import ConfigurationError
-from conveyor.platform.streams.base import READ_BATCH, StreamBuffer, StreamEntry  # noqa: F401  (the interface, importable from the package)
+from conveyor.platform.streams.base import READ_BATCH, Follower, StreamBuffer, StreamEntry  # noqa: F401  (the interface, importable from the package)
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -32,19 +36,22 @@ def build_buffer(app: "App") -> StreamBuffer:
     store = app.backend.store
     if store == "redis":
         from conveyor.platform.streams.redis import RedisStreamBuffer
-        from conveyor.redis_client import client
+        from conveyor.redis_client import async_reader, client
 
         if not settings.redis_url:
             raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
+        url = settings.redis_url
         return RedisStreamBuffer(
-            client(settings.redis_url, settings),
+            client(url, settings),
             namespace=settings.redis_namespace,
             retention=settings.stream_retention,
+            reader=lambda: async_reader(url, settings),
+            socket_timeout=settings.redis_socket_timeout,
         )
     if store == "postgres":
         from conveyor.platform.streams.postgres import PostgresStreamBuffer
 
-        return PostgresStreamBuffer(app.pool)
+        return PostgresStreamBuffer(app.pool, listen_url=settings.listen_database_url, pooled=settings.database_pooled)
     from conveyor.platform.streams.memory import MemoryStreamBuffer
 
     return MemoryStreamBuffer()

@@ -1,10 +1,11 @@
-"""The read layer of the admin API and dashboard: plain dataclasses, no HTTP.
+"""The read layer: jobs, queues and workers as plain dataclasses, no HTTP.
 
 It asks the broker (any :class:`~conveyor.brokers.base.ConveyorBroker`)
 and returns what people may see: payload secrets redacted, errors
-scrubbed of secret values. The routes in ``admin.py`` and ``dashboard.py``
-only render what it returns; operator actions go through it too, so the
-HTTP side never touches the broker.
+scrubbed of secret values. The admin API and dashboard routes
+(``api/admin.py``, ``api/dashboard.py``) only render what it returns, and
+the library's ``app.jobs.get(job_id)`` returns its :class:`JobView`;
+operator actions go through it too, so the HTTP side never touches the broker.
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ class JobView:
         if self.enqueued_at and self.started_at and self.started_at >= self.enqueued_at:
             return self.started_at - self.enqueued_at
         return None
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which jobs a bulk action touches: one queue and state, optionally one job type and a minimum age."""
+
+    queue: str
+    state: str
+    job: str | None = None
+    #: Only jobs that entered their state (finished, or were enqueued) at least this many seconds ago.
+    older_than: float | None = None
 
 
 @dataclass(frozen=True)
@@ -293,6 +305,32 @@ class Inspector:
         order = {"alive": 0, "late": 0, "gone": 1}
         views.sort(key=lambda v: (order[v.state], -(v.gone_at or 0), v.host, v.pid))
         return views
+
+    def select(self, where: Where) -> list[JobView]:
+        """Every job ``where`` matches, newest first: what a bulk action would touch, counted before it acts.
+
+        A snapshot: the action then goes job by job and the broker re-checks each one's state, so a job
+        that moved on meanwhile is skipped, never acted on in its new state.
+        """
+        self._check_queue(where.queue)
+        check_state(where.state)
+        cutoff = time.time() - where.older_than if where.older_than is not None else None
+        found: list[JobView] = []
+        seen: set[str] = set()  # a job that moved while we paged may show up twice
+        offset = 0
+        while True:
+            records = self.broker.list_jobs(where.queue, where.state, limit=MAX_PAGE, offset=offset)
+            for record in records:
+                if record.id in seen or (where.job and record.job != where.job):
+                    continue
+                entered = record.finished_at or record.enqueued_at
+                if cutoff is not None and (entered is None or entered > cutoff):
+                    continue
+                seen.add(record.id)
+                found.append(self._view(record))
+            if len(records) < MAX_PAGE:
+                return found
+            offset += len(records)
 
     # -- acting ------------------------------------------------------------------
 

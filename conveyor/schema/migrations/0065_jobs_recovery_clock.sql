@@ -4,7 +4,7 @@
 -- previous pass (the clock was stepped) sets resumes_at a lease ahead: until
 -- then no pass declares anyone dead, since every live worker's heartbeat was
 -- stamped on the old clock. One row, shared by every worker process.
-CREATE TABLE conveyor_recovery_clock (
+CREATE TABLE IF NOT EXISTS conveyor_recovery_clock (
     id          INTEGER PRIMARY KEY CHECK (id = 1),
     resumes_at  TIMESTAMPTZ NOT NULL
 );

@@ -1,0 +1,369 @@
+"""Blueprints: the job types, queues and final-failure hooks a package brings, as one object.
+
+A job module makes a :class:`Jobs` and registers on it; an :class:`~conveyor.app.App` is built from
+a list of them (``App(jobs=[jobs])``), so two Apps in one process see disjoint job types and
+nothing is registered process-wide (procrastinate's ``blueprints.py``). The agent platform is one
+blueprint among others. The module-level :func:`~conveyor.job` registers on :data:`DEFAULT`, the
+blueprint for the simplest case, which an App built from the environment includes::
+
+    jobs = Jobs()
+    EMAILS = Queue("emails", concurrency=8)
+
+    @jobs.job("email.send", queue=EMAILS, payload=SendEmail)
+    def send_email(payload: SendEmail, ctx: JobContext) -> None: ...
+
+    app = App(jobs=[jobs])
+    ref = send_email.enqueue({"to": "a@example.com"}, key="welcome:a")
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, cast
+
+from pydantic import BaseModel
+
+from conveyor.errors import ConfigurationError, ConveyorError
+
+if TYPE_CHECKING:
+    from dramatiq import Middleware
+    from psycopg import Connection
+
+    from conveyor.app import App
+    from conveyor.brokers.base import JobRef
+    from conveyor.inspector import JobView
+    from conveyor.settings import Settings
+    from conveyor.tasks.context import JobContext
+    from conveyor.tasks.payloads import Payload
+
+#: A queue name: it becomes part of environment variable names and broker keys.
+QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+#: Attempts a job gets when neither its job type nor its queue says otherwise.
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One queue: how many jobs run at once per worker process, and how jobs retry.
+
+    A value: a blueprint registers it when a job uses it (or :meth:`Jobs.queue` declares it).
+    Times are in seconds. ``max_attempts`` counts every start of a job: runs that raised and
+    deliveries whose worker died alike. Every field can be overridden from the environment
+    (``CONVEYOR_QUEUES__<QUEUE>__CONCURRENCY=4``).
+    """
+
+    name: str
+    concurrency: int = 4
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    min_backoff: float = 1.0
+    max_backoff: float = 60.0
+    time_limit: float = 10 * 60
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if not QUEUE_NAME.match(self.name):
+            raise ValueError(f"queue name {self.name!r} must match {QUEUE_NAME.pattern}")
+        if self.concurrency < 1 or self.max_attempts < 1 or self.time_limit <= 0:
+            raise ValueError(f"queue {self.name!r}: concurrency and max_attempts must be >= 1, time_limit > 0")
+
+
+Processor = Callable[[Any, "JobContext"], Any]
+FinalFailureHook = Callable[[Any, str, "JobContext"], None]
+SettingsCheck = Callable[["Settings"], None]
+
+#: A job's payload model (a Payload, or any pydantic model such as a root union) and what its processor returns.
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R")
+#: A final-failure hook: ``hook(payload or None, error, ctx)``.
+H = TypeVar("H", bound=FinalFailureHook)
+
+
+@dataclass(frozen=True)
+class JobType:
+    """One kind of job. ``time_limit`` and ``max_attempts`` override the queue's when set.
+
+    ``store_result``: the processor's JSON return value is kept for ``CONVEYOR_RESULT_TTL``
+    seconds, for :meth:`JobHandle.result` to read.
+    """
+
+    name: str
+    queue: str
+    payload: type[Payload]
+    run: Processor
+    on_final_failure: FinalFailureHook | None = None
+    time_limit: float | None = None
+    max_attempts: int | None = None
+    module: str = ""
+    store_result: bool = False
+
+    def attempts(self, queue: Queue | None) -> int:
+        """How many starts this job gets: its own ``max_attempts``, else its queue's, else the default."""
+        return self.max_attempts or (queue.max_attempts if queue else DEFAULT_MAX_ATTEMPTS)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A cron schedule declared in code (:meth:`Jobs.schedule`): ``job`` with ``payload`` at each occurrence.
+
+    ``name`` keys its fires (``cron:<name>:<fire time>``), so it must stay the same across
+    deploys for an occurrence to fire once; it defaults to ``<job>@<cron>@<tz>``.
+    """
+
+    name: str
+    cron: str
+    job: str
+    payload: dict[str, Any]
+    tz: str = "UTC"
+
+
+@dataclass(eq=False)
+class Jobs:
+    """A blueprint: job types, the queues they use, final-failure hooks, schedules, middleware; no globals.
+
+    Compared by identity: two blueprints with the same contents are still two.
+
+    ``app`` is the last :class:`~conveyor.app.App` built with this blueprint: the one a
+    handle's :meth:`JobHandle.enqueue` and :meth:`JobHandle.result` go through.
+    """
+
+    job_types: dict[str, JobType] = field(default_factory=dict)
+    queues: dict[str, Queue] = field(default_factory=dict)
+    settings_checks: list[SettingsCheck] = field(default_factory=list)
+    schedules: list[Schedule] = field(default_factory=list)
+    #: Factories of Dramatiq middleware every App with this blueprint adds (a worker started by
+    #: ``conveyor worker`` too): called once per App, so no instance is shared between brokers.
+    middleware: list[Callable[[], Middleware]] = field(default_factory=list)
+    app: App | None = field(default=None, repr=False, compare=False)
+
+    def queue(self, queue: Queue | str, **fields: Any) -> Queue:
+        """Declare a queue (a :class:`Queue`, or a name and its fields) and return it.
+
+        Declaring the same queue again is harmless; another queue of the same name is an error.
+        """
+        spec = queue if isinstance(queue, Queue) else Queue(queue, **fields)
+        known = self.queues.get(spec.name)
+        if known is not None and known != spec:
+            raise ValueError(f"queue {spec.name!r} is declared twice with different settings")
+        self.queues.setdefault(spec.name, spec)
+        return spec
+
+    def job(
+        self,
+        name: str,
+        *,
+        queue: Queue | str,
+        payload: type[P],
+        time_limit: float | None = None,
+        max_attempts: int | None = None,
+        store_result: bool = False,
+    ) -> Callable[[Callable[[P, JobContext], R]], JobHandle[P, R]]:
+        """Register the decorated function as the processor of job ``name`` on ``queue``; returns its handle.
+
+        ``queue`` is a :class:`Queue` (registered on this blueprint) or the name of a queue another
+        blueprint of the App declares; a name none declares fails when the App is built.
+        """
+        if isinstance(queue, Queue):
+            spec: Queue | None = self.queue(queue)
+        elif isinstance(queue, str) and queue:
+            spec = None
+        else:
+            raise ValueError(f"job {name!r}: queue must be a Queue or a queue name")
+
+        def register(fn: Callable[[P, JobContext], R]) -> JobHandle[P, R]:
+            previous = self.job_types.get(name)
+            self.job_types[name] = JobType(
+                name,
+                spec.name if spec is not None else str(queue),
+                # A root-model payload (the builds' union) is not a Payload subclass but has its
+                # interface: load() and secret_fields, which is all the library calls.
+                cast("type[Payload]", payload),
+                fn,
+                previous.on_final_failure if previous else None,
+                time_limit,
+                max_attempts,
+                getattr(fn, "__module__", ""),
+                store_result,
+            )
+            return JobHandle(self, name, fn)
+
+        return register
+
+    def on_final_failure(self, job: str | JobHandle[Any, Any]) -> Callable[[H], H]:
+        """Register the decorated function to run once when ``job`` has spent its attempts.
+
+        It drives the job's target to a terminal state (a build to ``failed``, say).
+        The payload is None when the message could not be read at all.
+        """
+        name = job if isinstance(job, str) else job.name
+
+        def register(fn: H) -> H:
+            self.job_types[name] = replace(self.job_types[name], on_final_failure=fn)
+            return fn
+
+        return register
+
+    def schedule(
+        self,
+        cron: str,
+        job: str | JobHandle[Any, Any],
+        payload: BaseModel | dict[str, Any] | None = None,
+        *,
+        tz: str = "UTC",
+        name: str | None = None,
+    ) -> Schedule:
+        """Enqueue ``job`` with ``payload`` at each occurrence of ``cron`` in zone ``tz``.
+
+        ``conveyor scheduler`` fires it (any number of them: each occurrence is enqueued once,
+        keyed); the job may come from any blueprint of the App, which checks the payload when
+        it is built. A bad cron expression or zone fails here.
+        """
+        from conveyor.scheduling.cron import Cron
+
+        try:
+            Cron.parse(cron, tz)
+        except ConveyorError as exc:
+            raise ValueError(str(exc)) from None
+        job_name = job if isinstance(job, str) else job.name
+        data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload or {})
+        spec = Schedule(name or f"{job_name}@{cron}@{tz}", cron, job_name, data, tz)
+        self.schedules.append(spec)
+        return spec
+
+    def add_middleware(self, factory: Callable[[], Middleware]) -> None:
+        """Have every App built with this blueprint run ``factory()`` (a Middleware class, say) after conveyor's."""
+        self.middleware.append(factory)
+
+    def check_settings(self, fn: SettingsCheck) -> SettingsCheck:
+        """Register ``fn(settings)``: it raises ``ValueError`` when the settings this blueprint reads cannot work."""
+        self.settings_checks.append(fn)
+        return fn
+
+    def bound_app(self, job: str) -> App:
+        if self.app is None:
+            raise ConfigurationError(f"job {job!r} belongs to no App yet: build App(jobs=[...]) with its blueprint")
+        return self.app
+
+
+class JobHandle(Generic[P, R]):
+    """What ``@jobs.job`` returns: enqueue the job, read its results; still callable as the function."""
+
+    def __init__(self, blueprint: Jobs, name: str, fn: Callable[[P, JobContext], R]) -> None:
+        self.blueprint = blueprint
+        self.name = name
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<job {self.name}>"
+
+    def __call__(self, payload: P, ctx: JobContext) -> R:
+        return self.fn(payload, ctx)
+
+    @property
+    def job_type(self) -> JobType:
+        return self.blueprint.job_types[self.name]
+
+    def enqueue(
+        self,
+        payload: P | dict[str, Any],
+        *,
+        key: str | None = None,
+        delay: float | None = None,
+        connection: Connection[Any] | None = None,
+    ) -> Enqueued[R]:
+        """Enqueue this job on its App; the payload is checked against the job's model first."""
+        app = self.blueprint.bound_app(self.name)
+        ref = app.jobs.enqueue(self.name, payload, key=key, delay=delay, connection=connection)
+        return Enqueued(ref.id, ref.deduplicated, self.name, app)
+
+    def get(self, job_id: str) -> JobView:
+        """The job's state, attempts, errors and times."""
+        return self.blueprint.bound_app(self.name).jobs.get(job_id)
+
+    def result(self, job: str | Enqueued[R] | JobRef, timeout: float = 30.0) -> R:
+        """The job's stored return value (``store_result=True``), waiting up to ``timeout`` seconds.
+
+        Raises :class:`~conveyor.errors.JobFailed` if the job failed for good,
+        :class:`~conveyor.errors.ResultTimeout` if it has not finished in time.
+        """
+        job_id = job if isinstance(job, str) else job.id
+        return cast(R, self.blueprint.bound_app(self.name).jobs.result(job_id, timeout=timeout))
+
+
+@dataclass(frozen=True)
+class Enqueued(Generic[R]):
+    """A job a handle enqueued: its id, whether it was a duplicate of an earlier keyed one, and its result."""
+
+    id: str
+    deduplicated: bool
+    job: str
+    app: App = field(repr=False, compare=False)
+
+    def get(self) -> JobView:
+        """The job's state, attempts, errors and times."""
+        return self.app.jobs.get(self.id)
+
+    def result(self, timeout: float = 30.0) -> R:
+        """The job's stored return value once it succeeded (see :meth:`JobHandle.result`)."""
+        return cast(R, self.app.jobs.result(self.id, timeout=timeout))
+
+
+#: The blueprint of the module-level :func:`~conveyor.job`, for the simplest case: an App built from
+#: the environment (``App()``, ``conveyor worker``) includes it after the platform and CONVEYOR_IMPORTS'.
+DEFAULT = Jobs()
+
+
+def blueprints_in(namespace: Iterable[object]) -> list[Jobs]:
+    """The :class:`Jobs` among ``namespace``'s values (a module's globals), once each, in order."""
+    out: list[Jobs] = []
+    for value in namespace:
+        if isinstance(value, Jobs) and not any(value is b for b in out):
+            out.append(value)
+    return out
+
+
+@dataclass(frozen=True)
+class Composed:
+    """What an App's blueprints bring together."""
+
+    job_types: dict[str, JobType]
+    queues: dict[str, Queue]
+    settings_checks: list[SettingsCheck]
+    schedules: dict[str, Schedule]
+
+
+def compose(blueprints: Iterable[Jobs]) -> Composed:
+    """The job types, queues, settings checks and schedules of ``blueprints`` together.
+
+    A job name two blueprints both define, a queue name they declare differently, or a schedule
+    name used twice is a :class:`~conveyor.errors.ConfigurationError`; so is a job on a queue
+    none declares, and a schedule of a job none defines.
+    """
+    job_types: dict[str, JobType] = {}
+    queues: dict[str, Queue] = {}
+    checks: list[SettingsCheck] = []
+    schedules: dict[str, Schedule] = {}
+    for blueprint in blueprints:
+        for queue in blueprint.queues.values():
+            if queues.setdefault(queue.name, queue) != queue:
+                raise ConfigurationError(f"queue {queue.name!r} is declared twice with different settings")
+        for name, job_type in blueprint.job_types.items():
+            if job_types.setdefault(name, job_type) is not job_type:
+                raise ConfigurationError(f"job {name!r} is defined by two blueprints")
+        checks.extend(c for c in blueprint.settings_checks if c not in checks)
+        for spec in blueprint.schedules:
+            if schedules.setdefault(spec.name, spec) is not spec:
+                raise ConfigurationError(f"schedule {spec.name!r} is declared twice: give one another name=")
+    undeclared = sorted(f"{t.name} (queue {t.queue!r})" for t in job_types.values() if t.queue not in queues)
+    if undeclared:
+        raise ConfigurationError(
+            f"job(s) on a queue no blueprint declares: {', '.join(undeclared)}; "
+            f"declare it with jobs.job(..., queue=Queue(name))"
+        )
+    unknown = sorted(f"{s.name} (job {s.job!r})" for s in schedules.values() if s.job not in job_types)
+    if unknown:
+        raise ConfigurationError(f"schedule(s) of a job no blueprint defines: {', '.join(unknown)}")
+    return Composed(job_types, queues, checks, schedules)

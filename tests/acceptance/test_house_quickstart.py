@@ -1,0 +1,90 @@
+"""The README's quickstart, pasted verbatim into an empty directory, works (issue 19.7).
+
+The fenced blocks under ``## Quickstart`` are taken from README.md as they are: each Python
+block that starts with ``# <file>`` is written to that file, and the shell block runs as one
+bash script, its worker in the background as written. No platform, no PYTHONPATH: only the
+installed conveyor, and the test's private servers in place of the embedded Postgres.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.brokers import SERVER_BROKERS
+from tests.support.harness import ROOT, env_for, make_settings
+from tests.support.waiting import wait_for
+
+FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
+
+
+def quickstart() -> tuple[dict[str, str], str]:
+    """The quickstart's files ({name: text}) and its shell script."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
+    files, script = {}, ""
+    for language, body in FENCE.findall(section):
+        if language == "python":
+            name = body.splitlines()[0].removeprefix("# ").strip()
+            files[name] = body
+        elif language == "sh":
+            script += body
+    return files, script
+
+
+def test_the_readme_has_a_short_quickstart():
+    files, script = quickstart()
+    assert list(files) == ["tasks.py"] and "conveyor worker" in script
+    lines = [line for text in [*files.values(), script] for line in text.splitlines() if line.strip()]
+    assert len(lines) <= 20, "about ten lines: a queue, a job, a worker, an enqueue, a result"
+
+
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
+def test_the_quickstart_pasted_into_an_empty_directory_runs(broker, clean_env, redis_url, database_url, tmp_path):
+    files, script = quickstart()
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    env = env_for(make_settings(broker, redis_url, database_url, queues={}, imports=""))
+    del env["PYTHONPATH"]
+    env.pop("CONVEYOR_IMPORTS")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python`, `conveyor`
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        shell = subprocess.Popen(
+            ["bash", "-c", script], cwd=tmp_path, env=env, stdout=stdout, stderr=stderr, start_new_session=True
+        )
+    try:
+        assert shell.wait(timeout=120) == 0, err.read_text()[-3000:]
+        assert out.read_text().split() == ["5"], err.read_text()[-3000:]
+    finally:
+        _stop_group(shell.pid)
+    assert "Traceback" not in err.read_text()
+
+
+def _stop_group(pgid: int) -> None:
+    """SIGTERM the script's process group (the background worker), then wait for it to drain."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+
+    def gone() -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    try:
+        wait_for(gone, timeout=60, message="the quickstart's worker to stop")
+    finally:
+        if not gone():
+            os.killpg(pgid, signal.SIGKILL)
+            time.sleep(0.1)
