@@ -210,7 +210,10 @@ def _check_acked(req, job_id, h, runs_by_job, effects_by_job, hooks_by_job, char
         return
     completed_hooks = [x for x in hooks_by_job.get(job_id, []) if x.completed]
     if req.expect == "completed":
-        if req.logged and not any(r.ok for r in runs_by_job.get(job_id, [])):
+        # A fenced effect commits with the job's completion (ctx.transaction): a run killed right after
+        # that commit reached its end as far as the job is concerned.
+        done = any(r.ok for r in runs_by_job.get(job_id, [])) or any(e.fenced for e in effects_by_job.get(job_id, []))
+        if req.logged and not done:
             out["lost"].append(f"{req.token} ({job_id}) is completed but no run reached its end")
         if req.logged and not effects_by_job.get(job_id):
             out["lost"].append(f"{req.token} ({job_id}) is completed but its effect is missing")

@@ -240,3 +240,11 @@ def test_the_soak_summary_names_each_failing_seed_with_its_replay():
     text = summarize([dc.asdict(clean_run), dc.asdict(failing)], rounds=1, seconds=120)
     assert "CAMPAIGN_SEED=77" in text and "on postgres" in text and "doubled 1" in text
     assert "CAMPAIGN_SEED=1 " not in text
+
+
+def test_a_run_killed_after_its_transactional_completion_counts_as_ended():
+    h = clean()
+    h.runs[0] = dataclasses.replace(h.runs[0], ok=False, fenced=True)
+    assert any("no run reached its end" in x for x in check(h)["lost"])  # its effect was not fenced
+    h.effects[0] = Effect(h.runs[0].run_id, "A", "a", 1, True)
+    assert check(h) == {}
