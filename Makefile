@@ -35,8 +35,8 @@ demo: $(VENV)/.installed-base
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench
 
-# The fault suite (tests/faults) round after round for SOAK_SECONDS (default 3600);
-# sums in SOAK_REPORT (default /tmp/conveyor-soak-report.md). See docs/reliability.md.
+# The fault campaign (tests/faults/test_campaign.py) on random seeds, soak size, for SOAK_SECONDS
+# (default 3600); sums and failing seeds in SOAK_REPORT (default /tmp/conveyor-soak-report.md).
 SOAK_SECONDS ?= 3600
 SOAK_REPORT ?=
 soak: venv

@@ -20,6 +20,7 @@ import redis as redis_lib
 
 from tests.faults import report
 from tests.faults.harness import Cluster, fault_settings
+from tests.faults.netns import NetworkNamespace
 from tests.support.servers import PostgresServer, RedisServer
 
 TEMPLATE = "conveyor_fault_template"
@@ -42,8 +43,8 @@ def fault_report():
     """Writes docs/reliability.md once the session's fault tests are over (see report.write)."""
     started = time.monotonic()
     yield
-    if report.ROWS:
-        path = report.write(report.ROWS, elapsed=time.monotonic() - started)
+    if report.ROWS or report.CAMPAIGN:
+        path = report.write(report.ROWS, elapsed=time.monotonic() - started, campaign=report.CAMPAIGN)
         if path:
             print(f"\nfault suite: wrote {path}")
 
@@ -120,3 +121,35 @@ def world(request, fault_pg, fault_redis, tmp_path):
             if not pg.is_running:
                 pg.start()
             pg.drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def namespace():
+    """A worker host of its own (see netns.py), removed after the module."""
+    ns = NetworkNamespace()
+    try:
+        yield ns
+    finally:
+        ns.close()
+
+
+@pytest.fixture(scope="module")
+def ns_servers(namespace):
+    """Durable servers that listen on loopback and on the veth address."""
+    pg = PostgresServer(
+        tempfile.mkdtemp(prefix="conveyor-fault-pg-ns-"),
+        settings={**PostgresServer.DURABLE, "listen_addresses": f"127.0.0.1,{namespace.host_address}"},
+    )
+    try:
+        pg.trust(f"{namespace.ns_address}/32")
+        redis = RedisServer(
+            tempfile.mkdtemp(prefix="conveyor-fault-redis-ns-"),
+            durable=True,
+            bind=("127.0.0.1", namespace.host_address),
+        )
+        try:
+            yield pg, redis
+        finally:
+            redis.close()
+    finally:
+        pg.close()

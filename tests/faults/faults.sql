@@ -16,7 +16,13 @@ CREATE TABLE fault_runs (
     started_at  TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
     effect_at   TIMESTAMPTZ,
     ended_at    TIMESTAMPTZ,
-    ok          BOOLEAN
+    ok          BOOLEAN,
+    -- The run writes its effect through a fence (ctx.once / completion in its transaction).
+    fenced      BOOLEAN NOT NULL DEFAULT false,
+    -- The host's boot clock (/proc/uptime) before the insert and at the end: every worker of the
+    -- campaign runs on one kernel, and no libfaketime nor server clock step moves this clock.
+    started_up  DOUBLE PRECISION,
+    ended_up    DOUBLE PRECISION
 );
 CREATE INDEX fault_runs_job ON fault_runs (job_id);
 
@@ -28,5 +34,20 @@ CREATE TABLE fault_dead (
     token   TEXT,
     error   TEXT NOT NULL,
     pid     INT NOT NULL,
-    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    -- Set when the hook reached its end (a hook killed midway leaves NULL).
+    ended_at TIMESTAMPTZ
+);
+
+-- The campaign's effect log: one row per applied effect of a job body, never
+-- deduplicated. A fenced effect commits only while its delivery is current
+-- (or once per job), so a stale delivery's fenced effect leaves no row.
+CREATE TABLE fault_effects (
+    id          BIGSERIAL PRIMARY KEY,
+    run_id      UUID NOT NULL,
+    job_id      TEXT NOT NULL,
+    token       TEXT NOT NULL,
+    delivery    BIGINT,
+    fenced      BOOLEAN NOT NULL,
+    at          TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );

@@ -159,8 +159,8 @@ class Cluster:
         """SIGKILL one worker process; returns (and records) when."""
         at = time.time()
         os.kill(pid, signal.SIGKILL)
-        self.kills[pid] = at
-        return at
+        self.kills.setdefault(pid, at)  # a second SIGKILL to a dead, unreaped process changes nothing
+        return self.kills[pid]
 
     def close(self) -> None:
         try:

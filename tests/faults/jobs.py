@@ -12,6 +12,7 @@ off), then in the row; the checker merges the two.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import socket
@@ -37,11 +38,16 @@ HOLD_SECONDS = 45.0
 BAD_TEXTS = {"nul": "bad\x00text", "surrogate": "bad\ud800text", "both": "nul\x00 and \udcff surrogate"}
 
 INSERT_RUN = (
-    "INSERT INTO fault_runs (run_id, job_id, token, attempt, delivery, host, pid) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    "INSERT INTO fault_runs (run_id, job_id, token, attempt, delivery, host, pid, fenced, started_up)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
-END_RUN = "UPDATE fault_runs SET ended_at = started_at + make_interval(secs => %s), ok = %s WHERE run_id = %s"
+END_RUN = (
+    "UPDATE fault_runs SET ended_at = started_at + make_interval(secs => %s), ok = %s, ended_up = %s WHERE run_id = %s"
+)
 EFFECT = "UPDATE fault_runs SET effect_at = clock_timestamp() WHERE run_id = %s"
-INSERT_DEAD = "INSERT INTO fault_dead (job_id, token, error, pid) VALUES (%s, %s, %s, %s)"
+INSERT_DEAD = "INSERT INTO fault_dead (job_id, token, error, pid, ended_at) VALUES (%s, %s, %s, %s, %s) RETURNING id"
+END_DEAD = "UPDATE fault_dead SET ended_at = clock_timestamp() WHERE id = %s"
+INSERT_EFFECT = "INSERT INTO fault_effects (run_id, job_id, token, delivery, fenced) VALUES (%s, %s, %s, %s, %s)"
 
 _spool_lock = threading.Lock()
 
@@ -60,6 +66,24 @@ class Work(Payload):
     task_id: str | None = None
     message_id: str | None = None
     total_tokens: int = 0
+    #: Write a row to the effect log when the run succeeds (the campaign's non-idempotent effect).
+    effect: bool = False
+    #: Seconds the final-failure hook takes (the campaign kills workers inside hooks).
+    hook_sleep: float = 0
+    #: Keyed child jobs this body enqueues in one batch (``<token>.k<i>``, key ``child:<token>:<i>``), then
+    #: it lingers 0.3 s before its ack: the campaign kills workers mid-fan-out.
+    children: int = 0
+
+
+#: /proc/uptime counts in hundredths of a second: an elapsed time less this is never longer than the truth.
+UPTIME_RESOLUTION = 0.01
+
+
+def uptime() -> float:
+    """Seconds since boot from /proc/uptime: a real clock libfaketime does not move (the campaign steps
+    workers' clocks, the monotonic one included, and a run's length must stay true)."""
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0])
 
 
 def host() -> str:
@@ -89,26 +113,74 @@ def spool(record: dict) -> None:
         f.write(line)
 
 
+def fenced(ctx) -> bool:
+    """Whether this worker's conveyor can fence a job's own effect (``ctx.once``, issue 18)."""
+    return callable(getattr(ctx, "once", None))
+
+
+def write_effect(ctx, payload: Work, run_id: str, delivery: int | None) -> None:
+    """The effect: one row per application. Fenced, it applies once per job whichever delivery gets there
+    first (``ctx.once``) and, on the postgres broker, commits with the job's completion only while this
+    delivery is current (``ctx.transaction``): a paused or cut-off delivery's effect rolls back."""
+    if not fenced(ctx):
+        with ctx.app.pool.connection() as conn:
+            conn.execute(INSERT_EFFECT, (run_id, ctx.job_id, payload.token, delivery, False))
+        return
+    if getattr(ctx, "can_complete_in_transaction", False):
+        with ctx.transaction() as conn:
+            if ctx.once(conn, "effect"):
+                conn.execute(INSERT_EFFECT, (run_id, ctx.job_id, payload.token, delivery, True))
+        return
+    with ctx.app.pool.connection() as conn, conn.transaction():
+        if ctx.once(conn, "effect"):
+            conn.execute(INSERT_EFFECT, (run_id, ctx.job_id, payload.token, delivery, True))
+
+
+def child(token: str, i: int, queue: str) -> dict:
+    """The i-th child job a fan-out body enqueues: keyed, so a rerun of the body adds none."""
+    return {
+        "job": f"fault.work.{queue}",
+        "payload": {"token": f"{token}.k{i}", "sleep": 0.02, "effect": True},
+        "key": f"child:{token}:{i}",
+    }
+
+
 def work(payload: Work, ctx) -> None:
     message = CurrentMessage.get_current_message()
     run_id = str(uuid.uuid4())
+    delivery = delivery_of(message)
+    started_up = uptime()  # the host's boot clock, before the row exists: never later than the truth
     try:
         with ctx.app.pool.connection() as conn:
             conn.execute(
-                INSERT_RUN, (run_id, ctx.job_id, payload.token, ctx.attempt, delivery_of(message), host(), os.getpid())
+                INSERT_RUN,
+                (
+                    run_id,
+                    ctx.job_id,
+                    payload.token,
+                    ctx.attempt,
+                    delivery,
+                    host(),
+                    os.getpid(),
+                    fenced(ctx),
+                    started_up,
+                ),
             )
     except BaseException:
         # The row may or may not be there (an error at commit): if it is, the run ended as it began.
-        spool({"run_id": run_id, "elapsed": 0.0, "ok": False})
+        spool({"run_id": run_id, "elapsed": 0.0, "ok": False, "ended_up": uptime() + UPTIME_RESOLUTION})
         raise
     # Counted from the moment the row is known written: its start is the server's clock at the
     # insert, so the end (start + elapsed) is never later than the truth (a wait for a pooled
     # connection or for a cut-off network does not stretch the run).
-    began = time.monotonic()
+    began = uptime()
     ok = False
     try:
         if payload.sleep:
             time.sleep(payload.sleep)
+        if payload.children:
+            ctx.app.jobs.enqueue_many([child(payload.token, i, ctx.queue) for i in range(payload.children)])
+            time.sleep(0.3)
         if payload.user_id:
             with ctx.app.pool.connection() as conn:
                 credits.consume(
@@ -130,22 +202,39 @@ def work(payload: Work, ctx) -> None:
             raise PermanentError(f"fault job {payload.token} can never work {text}")
         if ctx.attempt <= payload.fail_times:
             raise RuntimeError(f"fault job {payload.token} fails on attempt {ctx.attempt} {text}")
+        if payload.effect:
+            write_effect(ctx, payload, run_id, delivery)
         ok = True
     finally:
         # The end is measured before it is written, and spooled first: a write that hangs on a
         # cut-off network must neither stretch the run nor leave its end unknown meanwhile.
-        elapsed = time.monotonic() - began
-        spool({"run_id": run_id, "elapsed": elapsed, "ok": ok})
+        now = uptime()
+        elapsed = max(0.0, now - began - UPTIME_RESOLUTION)
+        ended_up = now + UPTIME_RESOLUTION  # never earlier than the truth
+        spool({"run_id": run_id, "elapsed": elapsed, "ok": ok, "ended_up": ended_up})
         with contextlib.suppress(Exception):
             with ctx.app.pool.connection() as conn:
-                conn.execute(END_RUN, (elapsed, ok, run_id))
+                conn.execute(END_RUN, (elapsed, ok, ended_up, run_id))
 
 
 def dead(payload: Work | None, error: str, ctx) -> None:
+    """The final-failure hook: its effect is a row of ``fault_dead`` with ``ended_at`` set, applied once per
+    job through ``ctx.once`` where the worker has it (hooks are at least once; their effects need not be).
+    A slow hook first logs that it started (``ended_at`` NULL): the campaign kills workers inside it."""
     # The hook's own table cannot hold a NUL or a lone surrogate: keep a printable copy.
     printable = error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
+    token = payload.token if payload else None
+    if payload is None or not payload.hook_sleep:
+        with ctx.app.pool.connection() as conn, conn.transaction():
+            if not fenced(ctx) or ctx.once(conn, "hook"):
+                conn.execute(INSERT_DEAD, (ctx.job_id, token, printable, os.getpid(), dt.datetime.now(dt.UTC)))
+        return
     with ctx.app.pool.connection() as conn:
-        conn.execute(INSERT_DEAD, (ctx.job_id, payload.token if payload else None, printable, os.getpid()))
+        row = conn.execute(INSERT_DEAD, (ctx.job_id, token, printable, os.getpid(), None)).fetchone()
+    time.sleep(payload.hook_sleep)  # the campaign may SIGKILL this process now
+    with ctx.app.pool.connection() as conn, conn.transaction():
+        if not fenced(ctx) or ctx.once(conn, "hook"):
+            conn.execute(END_DEAD, (row[0],))
 
 
 for _queue in WORK_QUEUES:

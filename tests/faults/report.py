@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import os
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 from tests.support.harness import ROOT
@@ -24,23 +25,14 @@ DOC = ROOT / "docs" / "reliability.md"
 
 #: (fault, broker) pairs of the whole suite, in the table's order.
 SCENARIOS = [
-    ("worker SIGKILL mid-job", "redis"),
-    ("worker SIGKILL mid-job", "postgres"),
     ("worker SIGKILL after its effect, before its ack", "redis"),
     ("worker SIGKILL after its effect, before its ack", "postgres"),
     ("worker SIGKILL after a charge, before its ack", "redis"),
     ("worker SIGKILL after a charge, before its ack", "postgres"),
     ("SIGTERM drain under load", "redis"),
     ("SIGTERM drain under load", "postgres"),
-    ("Redis SIGKILL + restart (appendfsync always)", "redis"),
     ("Redis paused longer than the client timeout (CLIENT PAUSE)", "redis"),
-    ("Postgres crash (immediate) + restart, fsync on", "redis"),
-    ("Postgres crash (immediate) + restart, fsync on", "postgres"),
     ("Postgres crash (SIGKILL postmaster) + restart, fsync on", "postgres"),
-    ("worker host cut off (netns), reconnected", "redis"),
-    ("worker host cut off (netns), reconnected", "postgres"),
-    ("worker clock 120 s behind (libfaketime)", "redis"),
-    ("worker clock 120 s behind (libfaketime)", "postgres"),
     ("error texts with NUL and lone surrogates", "redis"),
     ("error texts with NUL and lone surrogates", "postgres"),
     ("message from an older producer, fields missing", "redis"),
@@ -73,6 +65,82 @@ class Row:
 ROWS: list[Row] = []
 
 
+@dataclasses.dataclass
+class CampaignRun:
+    """One campaign run's figures (tests/faults/test_campaign.py)."""
+
+    seed: int
+    broker: str
+    #: Requests acknowledged / with an unknown outcome / refused ("nothing was enqueued").
+    jobs: int
+    unknown: int
+    refused: int
+    runs: int
+    effects: int
+    hooks: int
+    #: Fault kind -> how many the schedule applied (a fault with no target to act on is not counted).
+    faults: dict[str, int]
+    schedule: list[str]
+    #: Anomaly kind -> how many (see tests/faults/history.py).
+    anomalies: dict[str, int]
+    examples: list[str]
+    seconds: float
+    all_faults: bool = False
+    #: Error class -> how many enqueue calls of the producer raised it (each was retried as the docs say).
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+CAMPAIGN: list[CampaignRun] = []
+
+#: (kind, broker) -> seeds the campaign needed to flag the defect of FAULTS_PENDING_FIX on the code
+#: before its fix (``CAMPAIGN_KINDS=<kind> CAMPAIGN_ALL_FAULTS=1 CAMPAIGN_FAULTS=3``, CI size, seeds
+#: 1, 2, ... until the first flagged run), measured on the campaign branch on 2026-12-02.
+SEEDS_TO_FIND = {
+    ("kill-hook", "redis"): 1,
+    ("kill-hook", "postgres"): 1,
+    ("redis-oom", "redis"): 1,
+    ("drop-replies", "redis"): 3,
+    ("poison", "redis"): 1,
+    ("old-worker", "redis"): 2,
+    ("old-worker", "postgres"): 1,
+    ("pause", "redis"): 1,
+    ("pause", "postgres"): 1,
+    ("postgres-clock", "postgres"): 1,
+}
+
+
+def record_campaign(outcome, *, all_faults: bool = False) -> CampaignRun:
+    """Sum up a :class:`tests.faults.campaign.Outcome` (and append it to ``FAULT_ROWS``, for the soak)."""
+    from tests.faults import history
+
+    h = outcome.history
+    outcomes = [r.outcome for r in h.requests]
+    applied = [a for a in outcome.applied if not a.note.startswith(("no target", "nemesis error"))]
+    run = CampaignRun(
+        seed=outcome.seed,
+        broker=outcome.broker,
+        jobs=outcomes.count(history.ACKED),
+        unknown=outcomes.count(history.UNKNOWN),
+        refused=outcomes.count(history.REFUSED),
+        runs=len(h.runs),
+        effects=len(h.effects),
+        hooks=len(h.hooks),
+        faults=dict(sorted(Counter(a.fault.kind for a in applied).items())),
+        schedule=[f"{a.fault}" + (f" [{a.note}]" if a.note else "") for a in outcome.applied],
+        anomalies={kind: len(found) for kind, found in outcome.anomalies.items()},
+        examples=[f"{kind}: {found[0][:200]}" for kind, found in outcome.anomalies.items()],
+        seconds=round(outcome.seconds, 1),
+        all_faults=all_faults,
+        errors=dict(sorted(outcome.producer_errors.items())),
+    )
+    CAMPAIGN.append(run)
+    path = os.environ.get("FAULT_ROWS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"campaign": dataclasses.asdict(run)}) + "\n")
+    return run
+
+
 def record(row: Row) -> None:
     ROWS.append(row)
     path = os.environ.get("FAULT_ROWS")
@@ -98,7 +166,7 @@ def _git(*args: str) -> str:
         return ""
 
 
-def render(rows: list[Row], *, elapsed: float | None = None) -> str:
+def render(rows: list[Row], *, elapsed: float | None = None, campaign: list[CampaignRun] | None = None) -> str:
     from tests.faults.checker import DRAIN_ALLOWANCE
     from tests.faults.harness import DEDUP_TTL, LEASE, RECOVERY
 
@@ -114,6 +182,12 @@ def render(rows: list[Row], *, elapsed: float | None = None) -> str:
         + (f", {elapsed:.0f} s for the whole suite" if elapsed else "")
         + ". Do not edit by hand: run",
         "`make test` (or `.venv/bin/python -m pytest tests/faults`) and commit the file it writes.",
+        "",
+        *render_campaign(campaign or []),
+        "## Listed scenarios",
+        "",
+        "Faults the campaign does not generate (an exact instant, a kind of input), one per test",
+        "(tests/faults/test_*.py, besides test_campaign.py).",
         "",
         "Each row is one fault injected while a mixed workload runs on real `conveyor worker` processes",
         "against private servers (Redis with `appendonly yes` + `appendfsync always`, Postgres with",
@@ -175,27 +249,116 @@ def render(rows: list[Row], *, elapsed: float | None = None) -> str:
         "",
         "## Soak",
         "",
-        "`make soak` runs the same faults again and again for `SOAK_SECONDS` (default 3600) and writes",
-        "the sums over every round to `SOAK_REPORT` (default `/tmp/conveyor-soak-report.md`, not committed):",
+        "`make soak` runs campaign seeds drawn at random (soak size: more jobs and faults per run, every",
+        "fault kind) for `SOAK_SECONDS` (default 3600), then the listed scenarios once, and writes the sums",
+        "to `SOAK_REPORT` (default `/tmp/conveyor-soak-report.md`, not committed):",
         "",
         "    make soak SOAK_SECONDS=14400",
         "",
-        "Each round is a full `pytest tests/faults` run with its own servers; the soak stops at the first",
-        "round that finds a defect (its rows say which) unless `SOAK_KEEP_GOING=1`.",
+        "Every failing seed is printed with the command that replays it; the soak goes on after a",
+        "failing seed (it is a search) and exits non-zero if any failed.",
         "",
     ]
     return "\n".join(lines)
 
 
-def write(rows: list[Row], *, elapsed: float | None = None) -> Path | None:
+def campaign_complete(runs: list[CampaignRun]) -> bool:
+    """Whether ``runs`` are the CI seeds on every broker (what the committed document shows)."""
+    from tests.faults.test_campaign import CI_SEEDS
+    from tests.support.brokers import SERVER_BROKERS
+
+    done = {(r.seed, r.broker) for r in runs if not r.all_faults}
+    return all((seed, broker) in done for seed in CI_SEEDS for broker in SERVER_BROKERS)
+
+
+def write(rows: list[Row], *, elapsed: float | None = None, campaign: list[CampaignRun] | None = None) -> Path | None:
     """Write the document where it belongs; returns the path, None when this run was partial."""
     target = os.environ.get("FAULT_REPORT")
     covered = {(r.fault, r.broker) for r in rows}
     if target:
         path = Path(target)
-    elif all(pair in covered for pair in SCENARIOS):
+    elif all(pair in covered for pair in SCENARIOS) and campaign_complete(campaign or []):
         path = DOC
     else:
         return None
-    path.write_text(render(rows, elapsed=elapsed))
+    path.write_text(render(rows, elapsed=elapsed, campaign=campaign))
     return path
+
+
+def render_campaign(runs: list[CampaignRun]) -> list[str]:
+    """The campaign's section: its runs, faults by kind, anomalies, the kinds still pending a fix."""
+    from tests.faults import campaign as c
+    from tests.faults import nemesis
+
+    if not runs:
+        return ["## The fault campaign", "", "Not run in the session that wrote this file.", ""]
+    lines = [
+        "## The fault campaign",
+        "",
+        "The main tool (tests/faults/test_campaign.py, Jepsen's nemesis and checker): each seed draws a",
+        "workload and a schedule of faults from `random.Random(seed)`, runs them on real `conveyor worker`",
+        "processes (a near host and a far one in a network namespace) against private durable servers",
+        "(Redis `appendfsync always`; Postgres `fsync` on, under libfaketime), and checks the recorded",
+        "history (tests/faults/history.py): every acknowledged enqueue ran as planned; a refused one",
+        "('nothing was enqueued') never ran; one with an unknown outcome became at most one job; no two",
+        "deliveries' bodies overlapped unless the stale one's fenced effect rolled back; fenced effects",
+        "applied once; one completed hook per failed job; nothing active, waiting, delayed or left over",
+        "after a quiet period; the ledger exact (`conveyor ledger verify` too).",
+        "",
+        f"CI size: {c.CI.jobs} planned jobs (plus repeated keys), {c.CI.faults} faults over {c.CI.window:g} s per",
+        f"run; soak size: {c.SOAK.jobs} jobs, {c.SOAK.faults} faults over {c.SOAK.window:g} s. A failing seed",
+        "replays with `CAMPAIGN_SEED=<seed> .venv/bin/python -m pytest tests/faults/test_campaign.py`.",
+        "",
+        "Per run: requests by final outcome (a request refused or of unknown outcome was retried as the docs say:",
+        "a refused batch whole, an unknown one's keyed jobs only), the enqueue errors the producer met, the run",
+        "log's body runs, the effects and hooks applied, the faults the schedule applied (one with nothing to",
+        "act on is not counted), the anomalies the checker found.",
+        "",
+        "| seed | broker | jobs acknowledged | unknown outcome | refused | enqueue errors | body runs | effects "
+        "| hooks | faults applied | anomalies | seconds |",
+        "|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---:|",
+    ]
+    for r in runs:
+        faults = ", ".join(f"{k} {n}" for k, n in r.faults.items()) or "none"
+        anomalies = ", ".join(f"{k} {n}" for k, n in r.anomalies.items()) or "none"
+        seed = f"{r.seed}" + (" (all kinds)" if r.all_faults else "")
+        lines.append(
+            f"| {seed} | {r.broker} | {r.jobs} | {r.unknown} | {r.refused} "
+            f"| {', '.join(f'{k} {n}' for k, n in r.errors.items()) or 'none'} | {r.runs} | {r.effects} | {r.hooks} "
+            f"| {faults} | {anomalies} | {r.seconds:.0f} |"
+        )
+    totals: Counter[str] = Counter()
+    for r in runs:
+        totals.update(r.faults)
+    lines += [
+        "",
+        "### Faults by kind",
+        "",
+        "Seeds to find: how many seeds the campaign needed, drawing from that kind alone, to flag its defect on",
+        "the code before the fix (see `SEEDS_TO_FIND` in tests/faults/report.py).",
+        "",
+        "| kind | what | brokers | applied in these runs | in CI | seeds to find |",
+        "|---|---|---|---:|---|---|",
+    ]
+    for name, kind in nemesis.KINDS.items():
+        pending = [
+            f"{b}: pending ({nemesis.FAULTS_PENDING_FIX[(name, b)]})"
+            for b in kind.brokers
+            if (name, b) in nemesis.FAULTS_PENDING_FIX
+        ]
+        ci = "; ".join(pending) or "yes"
+        found = ", ".join(f"{b}: {SEEDS_TO_FIND[(name, b)]}" for b in kind.brokers if (name, b) in SEEDS_TO_FIND)
+        lines.append(
+            f"| {name} | {kind.what} | {', '.join(kind.brokers)} | {totals.get(name, 0)} | {ci} | {found or '-'} |"
+        )
+    lines += ["", "### Schedules", ""]
+    for r in runs:
+        lines.append(f"- seed {r.seed} / {r.broker}: " + "; ".join(r.schedule))
+    lines += ["", "### Anomalies", ""]
+    found = [r for r in runs if r.anomalies]
+    if not found:
+        lines.append("None in these runs.")
+    for r in found:
+        lines.append(f"- seed {r.seed} / {r.broker}: " + " | ".join(r.examples))
+    lines.append("")
+    return lines

@@ -1,27 +1,66 @@
-"""``make soak``: the fault suite round after round for ``SOAK_SECONDS``, summed up in ``SOAK_REPORT``.
+"""``make soak``: campaign seeds drawn at random for ``SOAK_SECONDS``, summed up in ``SOAK_REPORT``.
 
-Each round is a whole ``pytest tests/faults`` run (its own servers, its own
-databases); its rows are appended as JSON lines (``FAULT_ROWS``) and the
-report sums them per fault and broker after every round, so a soak stopped
-halfway still leaves its figures. It stops at the first round that fails
-unless ``SOAK_KEEP_GOING=1``; the exit code is that of the worst round.
+Each round is one ``pytest tests/faults/test_campaign.py`` with four random
+seeds (``CAMPAIGN_SEED``) at soak size (tests/faults/campaign.py ``SOAK``)
+on both brokers; the runs are appended as JSON lines (``FAULT_ROWS``) and
+the report is rewritten after every round, so a soak stopped halfway still
+leaves its figures. A failing seed is printed with the command that replays
+it, and the soak goes on (it is a search); the exit code is non-zero if any
+seed failed. ``SOAK_ALL_FAULTS=1`` adds the fault kinds still pending a fix; ``SOAK_TESTS`` repeats
+the named listed scenarios instead (their rows summed as before the campaign).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
+from tests.faults import campaign
 from tests.support.harness import ROOT
 
+#: Seeds per pytest run (its servers start once for them); ``SOAK_SEEDS`` overrides.
+SEEDS_PER_ROUND = 4
 
-def summarize(rows: list[dict], rounds: int, seconds: float) -> str:
+
+def summarize(runs: list[dict], rounds: int, seconds: float) -> str:
+    faults: Counter[str] = Counter()
+    anomalies: Counter[str] = Counter()
+    for run in runs:
+        faults.update(run["faults"])
+        anomalies.update(run["anomalies"])
+    failing = [r for r in runs if r["anomalies"]]
+    lines = [
+        f"# Fault campaign soak: {rounds} round(s), {len(runs)} run(s) in {seconds / 60:.0f} min",
+        "",
+        f"- jobs acknowledged: {sum(r['jobs'] for r in runs)}; unknown outcomes: {sum(r['unknown'] for r in runs)};"
+        f" refused: {sum(r['refused'] for r in runs)}; body runs: {sum(r['runs'] for r in runs)}",
+        f"- faults applied: {sum(faults.values())} (" + ", ".join(f"{k} {n}" for k, n in sorted(faults.items())) + ")",
+        "- anomalies: " + (", ".join(f"{k} {n}" for k, n in sorted(anomalies.items())) or "none"),
+        "",
+        "## Failing seeds",
+        "",
+    ]
+    for r in failing:
+        extra = " CAMPAIGN_ALL_FAULTS=1" if r["all_faults"] else ""
+        lines.append(
+            f"- `CAMPAIGN_SEED={r['seed']}{extra} CAMPAIGN_JOBS={campaign.SOAK.jobs} "
+            f"CAMPAIGN_FAULTS={campaign.SOAK.faults} CAMPAIGN_WINDOW={campaign.SOAK.window:g}` on {r['broker']}: "
+            + " | ".join(r["examples"])
+        )
+    if not failing:
+        lines.append("None.")
+    return "\n".join(lines + [""])
+
+
+def summarize_rows(rows: list[dict], rounds: int, seconds: float) -> str:
+    """The listed scenarios' rows (``SOAK_TESTS``), summed per fault and broker."""
     totals: dict[tuple[str, str], dict] = defaultdict(lambda: defaultdict(float))
     worst: dict[tuple[str, str], float | None] = {}
     for row in rows:
@@ -54,22 +93,38 @@ def summarize(rows: list[dict], rounds: int, seconds: float) -> str:
 def main() -> int:
     seconds = float(os.environ.get("SOAK_SECONDS", "3600"))
     report = Path(os.environ.get("SOAK_REPORT") or Path(tempfile.gettempdir()) / "conveyor-soak-report.md")
-    keep_going = os.environ.get("SOAK_KEEP_GOING") == "1"
     workdir = Path(tempfile.mkdtemp(prefix="conveyor-soak-"))
     rows_path = workdir / "rows.jsonl"
+    rng = random.SystemRandom()
     started = time.monotonic()
     rounds, worst = 0, 0
     while rounds == 0 or time.monotonic() - started < seconds:
         rounds += 1
-        env = {**os.environ, "FAULT_ROWS": str(rows_path), "FAULT_REPORT": str(workdir / f"round-{rounds}.md")}
-        tests = os.environ.get("SOAK_TESTS", "tests/faults").split()  # make soak-hosts: the three-host test alone
-        code = subprocess.run([sys.executable, "-m", "pytest", "-q", *tests], cwd=ROOT, env=env).returncode
+        per_round = int(os.environ.get("SOAK_SEEDS", SEEDS_PER_ROUND))
+        seeds = [rng.randrange(1_000, 1_000_000) for _ in range(per_round)]
+        env = {
+            **os.environ,
+            "FAULT_ROWS": str(rows_path),
+            "FAULT_REPORT": str(workdir / f"round-{rounds}.md"),
+            "CAMPAIGN_SEED": ",".join(map(str, seeds)),
+            "CAMPAIGN_JOBS": str(campaign.SOAK.jobs),
+            "CAMPAIGN_FAULTS": str(campaign.SOAK.faults),
+            "CAMPAIGN_WINDOW": str(campaign.SOAK.window),
+        }
+        if os.environ.get("SOAK_ALL_FAULTS") == "1":
+            env["CAMPAIGN_ALL_FAULTS"] = "1"
+        # SOAK_TESTS names listed scenarios to repeat instead of the campaign (make soak-hosts, where it exists).
+        tests = os.environ.get("SOAK_TESTS", "tests/faults/test_campaign.py").split()
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", *tests]
+        code = subprocess.run(argv, cwd=ROOT, env=env).returncode
         worst = max(worst, code)
-        rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
-        report.write_text(summarize(rows, rounds, time.monotonic() - started))
-        print(f"soak: round {rounds} exit {code}; summary in {report}", flush=True)
-        if code and not keep_going:
-            break
+        lines = rows_path.read_text().splitlines() if rows_path.exists() else []
+        rows = [json.loads(line) for line in lines]
+        runs = [row["campaign"] for row in rows if "campaign" in row]
+        listed = [row for row in rows if "campaign" not in row]
+        text = summarize(runs, rounds, time.monotonic() - started) if runs else ""
+        report.write_text(text + (summarize_rows(listed, rounds, time.monotonic() - started) if listed else ""))
+        print(f"soak: round {rounds} (seeds {seeds}) exit {code}; summary in {report}", flush=True)
     return worst
 
 

@@ -1,6 +1,6 @@
 """A worker that cannot heartbeat exits before its lease runs out; its job then runs once, elsewhere.
 
-The worker host is cut off (network namespace, as in test_partition.py)
+The worker host is cut off (network namespace, the ``namespace`` fixture)
 while it runs a job that outlasts the lease several times. Its watchdog
 must end the process (exit code 75, conveyor.tasks.watchdog) before
 recovery can hand the job to the worker that still sees the servers: the
@@ -18,7 +18,6 @@ import pytest
 from conveyor.tasks.watchdog import SELF_FENCE_EXIT
 from tests.faults.checker import Checker
 from tests.faults.harness import LEASE, open_runs
-from tests.faults.test_partition import namespace, ns_servers  # noqa: F401  (fixtures)
 from tests.faults.workload import Producer, long_jobs
 from tests.support.brokers import SERVER_BROKERS
 from tests.support.waiting import wait_for
@@ -37,9 +36,9 @@ def _ts(event: dict) -> float:
 def test_a_cut_off_worker_exits_before_its_lease_and_its_job_runs_once_elsewhere(
     world,
     broker,
-    namespace,  # noqa: F811
+    namespace,
     ns_servers,
-):  # noqa: F811
+):
     pg, redis = ns_servers
     cluster = world(broker, FAULT, pg=pg, redis=redis)
     address = namespace.host_address

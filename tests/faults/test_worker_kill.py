@@ -1,4 +1,4 @@
-"""Worker processes SIGKILLed while the workload runs: mid-job, and after a job's effect but before its ack.
+"""Worker processes SIGKILLed after a job's effect but before its ack (the campaign kills at random instants).
 
 The supervisor restarts a killed process; the killed process's jobs must
 come back after the lease (heartbeat timeout) and run to their end once
@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 
 from tests.faults.checker import Checker
-from tests.faults.harness import kill_holders, open_runs
-from tests.faults.workload import Producer, holding_charges, holding_jobs, long_jobs, mixed
+from tests.faults.harness import kill_holders
+from tests.faults.workload import Producer, holding_charges, holding_jobs, mixed
 from tests.support.brokers import SERVER_BROKERS
-from tests.support.waiting import wait_for
 
 
 def start_two_groups(cluster):
@@ -21,22 +20,6 @@ def start_two_groups(cluster):
     for group in groups:
         group.wait_ready()
     return groups
-
-
-@pytest.mark.parametrize("broker", SERVER_BROKERS)
-def test_worker_sigkill_mid_job(world, broker):
-    cluster = world(broker, "worker SIGKILL mid-job")
-    start_two_groups(cluster)
-    plan = mixed(60, "midjob") + long_jobs(6, "long", sleep=1.5)
-    producer = Producer(cluster.app, plan, spread=2.0)
-    producer.start()
-    token, pid, job_id = wait_for(
-        lambda: next(iter(open_runs(cluster, "long-")), None), timeout=60, message="a long job to be running"
-    )
-    killed_at = cluster.kill(pid)
-    checker = Checker(cluster, plan, fault="worker SIGKILL mid-job")
-    checker.check(killed_at, producer=producer)
-    assert len([r for r in checker.runs() if r.job_id == job_id]) >= 2, "the killed run's job ran again"
 
 
 @pytest.mark.parametrize("broker", SERVER_BROKERS)

@@ -83,6 +83,9 @@ class _Server:
     #: The signal of a clean shutdown.
     STOP_SIGNAL = signal.SIGTERM
 
+    #: Extra environment of the server process (the fault campaign preloads libfaketime); set before start.
+    env: dict[str, str] = {}
+
     def __init__(self, tmpdir: str | os.PathLike[str] | None = None) -> None:
         self.tmpdir = Path(tmpdir or tempfile.mkdtemp(prefix=f"conveyor-{self.name}-"))
         self.tmpdir.mkdir(parents=True, exist_ok=True)
@@ -181,7 +184,7 @@ class _Server:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_clean_env(),
+                env={**_clean_env(), **self.env},
                 # Its own process group: a Ctrl-C in the terminal reaches
                 # pytest, whose teardown stops the server in order.
                 start_new_session=True,

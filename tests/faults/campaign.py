@@ -1,0 +1,803 @@
+"""One campaign run: a world, a seeded workload, the nemesis's schedule, the history, the verdict.
+
+The world: private durable servers that listen on loopback and on a veth
+address (a network namespace is the far worker host), Postgres started
+under libfaketime reading a clock file the nemesis rewrites (a server
+clock step; redis-server cannot run under libfaketime); a reply-dropping
+proxy between the producer and the broker; two worker supervisors (near,
+and far in the namespace) and, for a window each, a worker group whose
+clock is off and steps, and an old worker that lacks the v2 job module.
+
+The workload (drawn from the seed as well): keyed and unkeyed jobs, single
+and batch enqueues, duplicates of keys, delays, retries, slow bodies,
+final failures with hooks (slow ones when the schedule may kill in a hook),
+charges through the real ledger (``credit.consume`` and fault jobs that
+charge), v2 jobs, fan-out bodies that enqueue a batch of keyed children,
+and every successful body writes a row to the effect log. The producer retries a
+batch refused with "nothing was enqueued", and after an unknown outcome
+only its keyed jobs (what the docs tell a caller to do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+import redis as redis_lib
+
+from conveyor.app import App
+from conveyor.errors import ConveyorError, EnqueueOutcomeUnknown
+from conveyor.ledger import credits
+from tests.faults import history as hist
+from tests.faults import nemesis
+from tests.faults.harness import DEDUP_TTL, FAKETIME_LIB, LEASE, RECOVERY, Cluster, fault_settings, utc
+from tests.faults.jobs import WORK_QUEUES, child, uptime
+from tests.faults.netns import NetworkNamespace
+from tests.faults.proxy import ReplyDroppingProxy
+from tests.support.harness import ROOT, env_for
+from tests.support.servers import PostgresServer, RedisServer
+
+#: The job modules of a current worker and of the producer; an old worker has only the first.
+IMPORTS_NEW = "tests.faults.jobs,tests.faults.jobs_v2"
+IMPORTS_OLD = "tests.faults.jobs"
+
+#: Seconds of quiet after the last fault healed for every acknowledged job to end (lease, recovery,
+#: retries' backoff, a loaded CI machine).
+QUIET = LEASE + RECOVERY + 40.0
+
+#: Seconds libfaketime keeps a clock file's value before reading it again.
+CLOCK_CACHE = 1
+
+#: The queue poison is put on (paused for the moment it takes).
+POISON_QUEUE = "nudge"
+
+#: Seconds a worker group that joined for a window (old, skewed) gets to drain before it is SIGKILLed.
+DRAIN_SECONDS = 10.0
+
+#: Seconds a skewed worker runs after its clock stepped, before it leaves.
+WORKER_STEP_SECONDS = 2.0
+
+#: The Redis client timeout of the campaign (producer and workers): short, so a lost reply shows soon.
+REDIS_TIMEOUT = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """How big a run is: jobs, faults, and the window the faults are drawn over."""
+
+    jobs: int
+    faults: int
+    window: float
+
+
+CI = Size(jobs=240, faults=5, window=14.0)
+SOAK = Size(jobs=1500, faults=14, window=45.0)
+
+
+class Clock:
+    """A libfaketime clock file: ``LD_PRELOAD`` + ``FAKETIME_TIMESTAMP_FILE`` for the processes it moves."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.path = directory / f"{name}.faketime"
+        self.offset = 0.0
+        self.set(0)
+        self.path.chmod(0o644)
+
+    def set(self, seconds: float) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(f"{seconds:+.0f}\n")
+        tmp.chmod(0o644)
+        os.replace(tmp, self.path)
+        self.offset = seconds
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "LD_PRELOAD": FAKETIME_LIB,
+            "FAKETIME_TIMESTAMP_FILE": str(self.path),
+            "FAKETIME_CACHE_DURATION": str(CLOCK_CACHE),
+        }
+
+
+class Servers:
+    """The campaign's durable servers, on loopback and the namespace's veth address, clocks steppable."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="conveyor-campaign-"))
+        self.dir.chmod(0o755)
+        self.namespace = NetworkNamespace()
+        self.closers: list = [self.namespace.close]
+        try:
+            self.pg_clock = Clock(self.dir, "postgres")
+            self.worker_clock = Clock(self.dir, "far")
+            address = self.namespace.host_address
+            pg_env = self.pg_clock.env
+
+            class ClockedPostgres(PostgresServer):
+                env = pg_env
+
+            self.pg = ClockedPostgres(
+                tempfile.mkdtemp(prefix="conveyor-campaign-pg-"),
+                settings={**PostgresServer.DURABLE, "listen_addresses": f"127.0.0.1,{address}"},
+            )
+            self.closers.append(self.pg.close)
+            self.pg.trust(f"{self.namespace.ns_address}/32")
+            # Redis is not clocked: redis-server under libfaketime dies at start (jemalloc's first
+            # clock_gettime recurses into libfaketime's initialisation).
+            self.redis = RedisServer(
+                tempfile.mkdtemp(prefix="conveyor-campaign-redis-"), durable=True, bind=("127.0.0.1", address)
+            )
+            self.closers.append(self.redis.close)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - close the rest
+                pass
+        self.closers.clear()
+
+
+@dataclasses.dataclass
+class Item:
+    """One planned request and its record."""
+
+    request: hist.Request
+    payload: dict
+    delay: float | None = None
+    #: The index of the request whose key this one repeats.
+    duplicate: bool = False
+
+    def body(self) -> dict:
+        return {"job": self.request.job, "payload": self.payload, "key": self.request.key, "delay": self.delay}
+
+
+def plan(seed: int, n: int, price: Decimal, *, slow_hooks: bool) -> list[Item]:
+    """``n`` jobs of every kind (and a duplicate request for a quarter of the keyed ones), from the seed.
+
+    With ``slow_hooks`` final-failure hooks take 0.5-1.5 s (for the kill-hook fault to land in); without,
+    they are one insert, so that kills meant for bodies seldom land in a hook.
+    """
+    rng = random.Random(f"workload:{seed}")
+    items: list[Item] = []
+    for i in range(n):
+        token = f"c{seed}-{i}"
+        queue = WORK_QUEUES[i % len(WORK_QUEUES)]
+        kind = rng.choices(
+            ["quick", "slow", "fail_once", "permanent", "charge", "consume", "delayed", "v2", "fanout"],
+            weights=[28, 14, 12, 6, 12, 8, 12, 8, 4],
+        )[0]
+        payload: dict = {"token": token, "effect": True}
+        req = hist.Request(token=token, job=f"fault.work.{queue}")
+        item = Item(req, payload)
+        if kind in ("quick", "v2"):
+            payload["sleep"] = round(rng.uniform(0.01, 0.1), 3)
+            if kind == "v2":
+                req.job = f"fault.v2.{queue}"
+        elif kind == "slow":
+            payload["sleep"] = round(rng.uniform(1.0, 2.0), 3)
+        elif kind == "fail_once":
+            payload.update(fail_times=1, sleep=0.02)
+        elif kind == "permanent":
+            hook_sleep = round(rng.uniform(0.5, 1.5), 2)
+            payload.update(permanent=True, hook_sleep=hook_sleep if slow_hooks else 0)
+            req.expect = "failed"
+        elif kind == "fanout":
+            payload.update(children=rng.randint(3, 8), sleep=0.05)
+        elif kind == "delayed":
+            payload["sleep"] = 0.02
+            item.delay = round(rng.uniform(0.3, 3.0), 2)
+        else:
+            user, task, message = f"c{seed}-u{i % 7}", f"c{seed}-t{i}", f"m{i}"
+            tokens = rng.randint(1, 5000)
+            charge = {"user_id": user, "task_id": task, "message_id": message, "total_tokens": tokens}
+            req.charge = (credits.consume_reference(task, message), user, credits.cost(tokens, price))
+            req.key = f"credit:{task}:{message}"
+            if kind == "consume":
+                req.job, req.logged, item.payload = "credit.consume", False, charge
+                req.token = req.key
+            else:
+                req.job = "fault.work.critical"
+                payload.update(charge, sleep=round(rng.uniform(0.01, 0.3), 3), fail_times=int(rng.random() < 0.3))
+        if req.key is None and rng.random() < 0.3:
+            req.key = f"job:{token}"
+        items.append(item)
+    for item in list(items):
+        if item.request.key and rng.random() < 0.25:
+            # The same request again (same token and key): it must get the first job back.
+            at = min(len(items), items.index(item) + rng.randint(1, 6))
+            items.insert(at, dataclasses.replace(item, duplicate=True))
+    return items
+
+
+class Producer(threading.Thread):
+    """Enqueues the plan in batches of 1-16 over ``spread`` seconds, through whatever fault is going on."""
+
+    #: Tries of a batch refused with a definite "nothing was enqueued", and of keyed jobs after an unknown outcome.
+    TRIES = 4
+
+    def __init__(self, app: App, items: list[Item], seed: int, spread: float) -> None:
+        super().__init__(name="campaign-producer", daemon=True)
+        self.app, self.items, self.spread = app, items, spread
+        self.rng = random.Random(f"producer:{seed}")
+        self.errors: Counter[str] = Counter()
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        try:
+            batches, i = [], 0
+            while i < len(self.items):
+                size = self.rng.choice([1, 1, 2, 5, 8, 16])
+                batches.append(self.items[i : i + size])
+                i += size
+            pause = self.spread / max(len(batches), 1)
+            for batch in batches:
+                self._send(batch)
+                time.sleep(pause)
+        finally:
+            self.finished.set()
+
+    def _send(self, batch: list[Item]) -> None:
+        pending = list(batch)
+        for attempt in range(self.TRIES):
+            if not pending:
+                return
+            now = time.time()
+            for item in pending:
+                req = item.request
+                req.first_sent = req.first_sent or now
+                req.last_sent = now
+            try:
+                refs = self.app.jobs.enqueue_many([item.body() for item in pending])
+            except EnqueueOutcomeUnknown as exc:
+                self.errors[type(exc).__name__] += 1
+                for item in pending:
+                    if item.request.outcome != hist.ACKED:
+                        item.request.outcome = hist.UNKNOWN
+                pending = [item for item in pending if item.request.key]  # only a key makes a retry safe
+            except ConveyorError as exc:  # a definite "nothing was enqueued": the whole batch again
+                self.errors[type(exc).__name__] += 1
+            else:
+                for item, ref in zip(pending, refs):
+                    item.request.outcome = hist.ACKED
+                    if ref.id not in item.request.job_ids:
+                        item.request.job_ids.append(ref.id)
+                return
+            time.sleep(0.2 * (attempt + 1))
+
+    def wait(self, timeout: float) -> None:
+        if not self.finished.wait(timeout):
+            raise AssertionError(f"the producer did not finish within {timeout:g}s")
+
+
+@dataclasses.dataclass
+class Applied:
+    fault: nemesis.Fault
+    started: float
+    ended: float
+    note: str = ""
+
+
+class Stage:
+    """The world one run's nemesis acts on."""
+
+    def __init__(self, servers: Servers, cluster: Cluster, broker: str, proxy: ReplyDroppingProxy, seed: int) -> None:
+        self.servers, self.cluster, self.broker, self.proxy = servers, cluster, broker, proxy
+        self.rng = random.Random(f"targets:{seed}")
+        self.applied: list[Applied] = []
+        #: (real start, real end, seconds) of each Postgres clock step (keys' windows and delays move with it).
+        self.pg_steps: list[tuple[float, float, float]] = []
+        self.stopped: set[int] = set()
+        self.old_workers: list = []
+        self.poisoned: list[Item] = []
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._threads: list[threading.Thread] = []
+
+    # -- running a schedule ---------------------------------------------------------
+
+    def run(self, schedule: list[nemesis.Fault], started: float) -> None:
+        for fault in schedule:
+            delay = started + fault.at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            thread = threading.Thread(target=self._apply, args=(fault,), name=f"nemesis-{fault.kind}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        for thread in self._threads:
+            thread.join(120)
+
+    def _apply(self, fault: nemesis.Fault) -> None:
+        lock = self._locks[fault.target if fault.target not in ("body", "any", "slow-body", "hook") else "procs"]
+        with lock:
+            began = time.time()
+            try:
+                note = getattr(self, "_" + fault.kind.replace("-", "_"))(fault) or ""
+            except Exception as exc:  # noqa: BLE001 - the nemesis records what it could not do
+                note = f"nemesis error: {type(exc).__name__}: {exc}"[:200]
+            self.applied.append(Applied(fault, began, time.time(), note))
+
+    def heal(self) -> None:
+        """Undo whatever is still in force (an error in the nemesis must not leave the world broken)."""
+        for pid in list(self.stopped):
+            _signal(pid, signal.SIGCONT)
+        self.servers.namespace.heal()
+        for clock in (self.servers.pg_clock, self.servers.worker_clock):
+            clock.set(0)
+        for server in (self.servers.pg, self.servers.redis):
+            if not server.is_running:
+                server.start()
+        if self.broker == "redis":
+            self._redis().config_set("maxmemory", 0)
+        for group in self.old_workers:
+            if group.proc.poll() is None:
+                self._leave(group, DRAIN_SECONDS)
+
+    # -- targets ----------------------------------------------------------------------
+
+    def _worker_pids(self) -> list[int]:
+        """Live worker processes (one killed but not yet reaped by its supervisor is not)."""
+        gone = self.stopped | set(self.cluster.kills)
+        return [pid for s in self.cluster.supervisors for pid in s.child_pids() if pid not in gone]
+
+    def _open(self, table: str, extra: str = "") -> list[int]:
+        end = "ended_at IS NULL"
+        query = f"SELECT DISTINCT pid FROM {table} WHERE {end} {extra}"
+        with psycopg.connect(self.cluster.settings.database_url, autocommit=True, connect_timeout=3) as conn:
+            return [r[0] for r in conn.execute(query).fetchall()]
+
+    def _target_pid(self, target: str, wait: float = 4.0) -> int | None:
+        live = set(self._worker_pids())
+        deadline = time.time() + wait
+        while True:
+            try:
+                if target == "any":
+                    candidates = sorted(live)
+                elif target == "hook":
+                    candidates = sorted(set(self._open("fault_dead")) & live)
+                elif target in ("slow-body", "fanout"):
+                    marked = f"AND token IN (SELECT token FROM fault_marks WHERE mark = '{target}')"
+                    candidates = sorted(set(self._open("fault_runs", marked)) & live)
+                else:
+                    candidates = sorted(set(self._open("fault_runs")) & live)
+            except psycopg.Error:
+                candidates = []
+            if candidates:
+                return self.rng.choice(candidates)
+            if time.time() > deadline:
+                return None
+            time.sleep(0.05)
+            live = set(self._worker_pids())
+
+    # -- the kinds ----------------------------------------------------------------------
+
+    def _kill(self, fault: nemesis.Fault) -> str:
+        pid = self._target_pid(fault.target)
+        if pid is None:
+            return "no target"
+        self.cluster.kill(pid)
+        return f"pid {pid}"
+
+    _kill_hook = _kill
+
+    def _pause(self, fault: nemesis.Fault) -> str:
+        pid = self._target_pid(fault.target)
+        if pid is None:
+            return "no target"
+        self.stopped.add(pid)
+        _signal(pid, signal.SIGSTOP)
+        time.sleep(fault.duration)
+        _signal(pid, signal.SIGCONT)
+        self.stopped.discard(pid)
+        return f"pid {pid}"
+
+    def _redis_crash(self, fault: nemesis.Fault) -> None:
+        self.servers.redis.kill()
+        time.sleep(fault.duration)
+        self.servers.redis.start()
+
+    def _postgres_crash(self, fault: nemesis.Fault) -> None:
+        self.servers.pg.crash_immediate()
+        time.sleep(fault.duration)
+        self.servers.pg.start()
+
+    def _step(self, clock: Clock, fault: nemesis.Fault) -> None:
+        clock.set(fault.amount)
+        time.sleep(fault.duration)
+        clock.set(0)
+
+    def _leave(self, group, timeout: float) -> str:
+        """Drain a group that joined for a window; a process SIGKILLed because it did not drain in time is
+        recorded as killed then (its runs ended with it)."""
+        pids = group.child_pids()
+        code = group.terminate(timeout=timeout)
+        if code is None:
+            at = time.time()
+            for pid in pids:
+                self.cluster.kills.setdefault(pid, at)
+            return "SIGKILLed: it did not drain in time"
+        return f"drained, exit {code}"
+
+    def _worker_clock(self, fault: nemesis.Fault) -> str:
+        """A worker group whose clock is off by ``amount`` joins for the window, its clock steps back
+        half-way midway, and it leaves (drained; SIGKILLed if it does not drain in time).
+
+        Only for a window, never the standing workers: under libfaketime a timed wait on a lock (the
+        Postgres pool's, after a server crash) can hang for good, which is libfaketime's defect, not
+        conveyor's (seen with the far host preloaded: jobs active until their time limit).
+        """
+        clock = self.servers.worker_clock
+        clock.set(fault.amount)
+        skewed = self.cluster.start_workers("skewed", wait=False, **clock.env)
+        self.old_workers.append(skewed)
+        try:
+            time.sleep(fault.duration)
+            clock.set(fault.amount / 2)
+            time.sleep(WORKER_STEP_SECONDS)
+        finally:
+            note = self._leave(skewed, DRAIN_SECONDS)
+            clock.set(0)
+        return note
+
+    def _postgres_clock(self, fault: nemesis.Fault) -> None:
+        began = time.time()
+        self._step(self.servers.pg_clock, fault)
+        self.pg_steps.append((began, time.time() + CLOCK_CACHE, fault.amount))
+
+    def _partition(self, fault: nemesis.Fault) -> None:
+        self.servers.namespace.cut()
+        try:
+            time.sleep(fault.duration)
+        finally:
+            self.servers.namespace.heal()
+
+    def _drop_replies(self, fault: nemesis.Fault) -> str:
+        before = self.proxy.dropped_bytes
+        self.proxy.drop(fault.duration)
+        return f"{self.proxy.dropped_bytes - before} bytes of replies lost"
+
+    def _redis_oom(self, fault: nemesis.Fault) -> None:
+        client = self._redis()
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", used + 64 * 1024)
+        try:
+            time.sleep(fault.duration)
+        finally:
+            client.config_set("maxmemory", 0)
+
+    def _poison(self, fault: nemesis.Fault) -> str:
+        """Enqueue jobs on a paused queue and make their stored messages undecodable before it resumes
+        (a delayed message would not do: workers fetch it at once and hold it until it is due)."""
+        broker, made = self.cluster.app.broker, []
+        broker.pause_queue(POISON_QUEUE)
+        try:
+            for i in range(int(fault.amount)):
+                token = f"poison-{fault.at}-{i}"
+                req = hist.Request(token=token, job=f"fault.work.{POISON_QUEUE}", poison=True, outcome=hist.ACKED)
+                item = Item(req, {"token": token, "effect": True})
+                ref = self.cluster.app.jobs.enqueue_many([item.body()])[0]
+                req.job_ids.append(ref.id)
+                req.first_sent = req.last_sent = time.time()
+                req.poison = self._make_undecodable(ref.id)
+                self.poisoned.append(item)
+                made += [ref.id] if req.poison else []
+        finally:
+            broker.resume_queue(POISON_QUEUE)
+        return f"{len(made)} undecodable"
+
+    def _make_undecodable(self, job_id: str) -> bool:
+        """Give the stored message a top-level field no decoder knows (a newer producer's format)."""
+        if self.broker == "postgres":
+            with psycopg.connect(self.cluster.settings.database_url, autocommit=True) as conn:
+                return bool(
+                    conn.execute(
+                        "UPDATE conveyor_jobs SET message = message || '{\"format_v9\": true}'::jsonb"
+                        " WHERE id = %s AND status = 'pending'",
+                        (job_id,),
+                    ).rowcount
+                )
+        client, ns, changed = self._redis(), self.cluster.settings.redis_namespace, False
+        for key in client.scan_iter(f"{ns}:*.msgs"):
+            data = client.hget(key, job_id)
+            for rid, raw in [(job_id, data)] if data else client.hgetall(key).items():
+                message = json.loads(raw)
+                if message.get("message_id") == job_id:
+                    message["format_v9"] = True
+                    client.hset(key, rid, json.dumps(message, separators=(",", ":")))
+                    changed = True
+        record = f"{ns}:job:{job_id}"  # the message is kept in the job's record too (promotion reads it)
+        data = client.hget(record, "payload")
+        if changed and data:
+            message = json.loads(data)
+            message["format_v9"] = True
+            client.hset(record, "payload", json.dumps(message, separators=(",", ":")))
+        return changed
+
+    def _old_worker(self, fault: nemesis.Fault) -> str:
+        old = self.cluster.start_workers("old", wait=False, CONVEYOR_IMPORTS=IMPORTS_OLD)
+        self.old_workers.append(old)
+        time.sleep(fault.duration)
+        return self._leave(old, DRAIN_SECONDS)
+
+    def _redis(self) -> redis_lib.Redis:
+        return redis_lib.Redis.from_url(self.servers.redis.url, socket_timeout=5)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+# -- gathering the history ---------------------------------------------------------------
+
+
+def _rows(url: str, query: str) -> list[tuple]:
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        return conn.execute(query).fetchall()
+
+
+def self_fenced(cluster: Cluster) -> dict[int, float]:
+    """pid -> UNIX time by which a worker that logged ``self_fence`` was gone (see Checker.self_fenced)."""
+    from conveyor.tasks.watchdog import LOG_GRACE
+
+    out: dict[int, float] = {}
+    for supervisor in cluster.supervisors:
+        for event in supervisor.events("self_fence"):
+            at = dt.datetime.strptime(event["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+            out[event["pid"]] = at.timestamp() + 0.001 + LOG_GRACE
+    return out
+
+
+def gather(stage: Stage, items: list[Item]) -> hist.History:
+    cluster, url = stage.cluster, stage.cluster.settings.database_url
+    spooled: dict[str, dict] = {}
+    for path in cluster.spool.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                spooled[record["run_id"]] = record
+    fenced_exits = self_fenced(cluster)
+    # Run times on the host's boot clock (every worker shares this kernel): no server clock step or
+    # libfaketime moves it. Shown as UTC through this process's own offset to it.
+    offset = time.time() - uptime()
+    runs = []
+    for run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced in _rows(
+        url, "SELECT run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced FROM fault_runs"
+    ):
+        run_id = str(run_id)
+        ended = None if ended_up is None else utc(offset + ended_up)
+        if ended is None and run_id in spooled:
+            ended, ok = utc(offset + spooled[run_id]["ended_up"]), spooled[run_id]["ok"]
+        elif ended is None and pid in cluster.kills:
+            ended, ok = utc(cluster.kills[pid]), False  # it died with its process
+        elif ended is None and pid in fenced_exits:
+            ended, ok = utc(fenced_exits[pid]), False  # its process fenced itself
+        runs.append(hist.Run(run_id, job_id, token, delivery, pid, utc(offset + started_up), ended, ok, fenced))
+    effects = [
+        hist.Effect(str(r[0]), r[1], r[2], r[3], r[4])
+        for r in _rows(url, "SELECT run_id, job_id, token, delivery, fenced FROM fault_effects")
+    ]
+    hooks = [
+        hist.Hook(r[0], r[1], r[2]) for r in _rows(url, "SELECT job_id, token, ended_at IS NOT NULL FROM fault_dead")
+    ]
+    requests = _merge([item.request for item in items + stage.poisoned])
+    if stage.broker == "postgres":  # the broker's own clock stepped: keys' dedup windows are on it
+        for req in requests:
+            req.clock_stepped = any(
+                began - DEDUP_TTL <= req.last_sent and req.first_sent <= ended for began, ended, _ in stage.pg_steps
+            )
+    requests += children(requests, items, runs)
+    job_ids = {j for req in requests for j in req.job_ids} | {r.job_id for r in runs}
+    states = {}
+    for job_id in job_ids:
+        record = cluster.app.broker.get_job(job_id)
+        states[job_id] = record.state if record else "missing"
+    leftovers = {}
+    for queue in WORK_QUEUES:
+        counts = cluster.app.broker.queue_counts(queue)
+        leftovers[queue] = (counts.waiting, counts.delayed, counts.active)
+    reserved: dict[str, int] = {}
+    if stage.broker == "redis":
+        client, ns = stage._redis(), cluster.settings.redis_namespace
+        try:
+            for key in client.scan_iter(f"{ns}:__acks__.*"):
+                reserved[key.decode()] = int(client.scard(key))
+            for key in client.scan_iter(f"{ns}:*.msgs"):
+                if not key.endswith(b".XQ.msgs"):  # the dead letters are kept on purpose
+                    reserved[key.decode()] = int(client.hlen(key))
+        finally:
+            client.close()
+    entries = [
+        (r[0], r[1], r[2])
+        for r in _rows(url, "SELECT reference_id, user_id, amount FROM credit_entries WHERE kind = 'consume'")
+    ]
+    balances = {r[0]: r[1] for r in _rows(url, "SELECT user_id, balance FROM credit_accounts")}
+    return hist.History(
+        requests=requests,
+        runs=runs,
+        effects=effects,
+        hooks=hooks,
+        states=states,
+        leftovers=leftovers,
+        reserved=reserved,
+        entries=entries,
+        balances=balances,
+        verify=ledger_verify(cluster, len(entries)),
+        dedup_ttl=DEDUP_TTL,
+    )
+
+
+def children(requests: list[hist.Request], items: list[Item], runs: list[hist.Run]) -> list[hist.Request]:
+    """The child jobs of fan-out bodies: acknowledged once a run of their parent reached its end."""
+    parents_done = {r.token for r in runs if r.ok}
+    job_ids: dict[str, set[str]] = defaultdict(set)
+    for r in runs:
+        job_ids[r.token].add(r.job_id)
+    out = []
+    for item in items:
+        if item.duplicate or not item.payload.get("children"):
+            continue
+        for i in range(item.payload["children"]):
+            spec = child(item.request.token, i, item.request.job.rsplit(".", 1)[1])
+            token = spec["payload"]["token"]
+            req = hist.Request(token=token, job=spec["job"], key=spec["key"], outcome=hist.REFUSED)
+            if item.request.token in parents_done:
+                req.outcome = hist.ACKED
+            elif job_ids.get(token):
+                req.outcome = hist.UNKNOWN  # the parent died after its enqueue, before its end
+            req.job_ids = sorted(job_ids.get(token, ()))
+            out.append(req)
+    return out
+
+
+def _merge(requests: list[hist.Request]) -> list[hist.Request]:
+    """One request per token: a duplicate's answers join the original's (one logical job)."""
+    out: dict[str, hist.Request] = {}
+    for req in requests:
+        first = out.get(req.token)
+        if first is None:
+            out[req.token] = dataclasses.replace(req, job_ids=list(req.job_ids))
+            continue
+        first.job_ids += [j for j in req.job_ids if j not in first.job_ids]
+        rank = {hist.ACKED: 2, hist.UNKNOWN: 1, hist.REFUSED: 0}
+        if rank[req.outcome] > rank[first.outcome]:
+            first.outcome = req.outcome
+        first.first_sent = min((x for x in (first.first_sent, req.first_sent) if x), default=0.0)
+        first.last_sent = max(first.last_sent, req.last_sent)
+    return list(out.values())
+
+
+def ledger_verify(cluster: Cluster, entries: int) -> str:
+    verify = subprocess.run(
+        [sys.executable, "-m", "conveyor", "ledger", "verify"],
+        env=env_for(cluster.settings),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if verify.returncode == 0 and f"{entries} entries, 0 mismatches" in verify.stdout:
+        return ""
+    return f"rc={verify.returncode} {verify.stdout.strip()[-200:]} {verify.stderr.strip()[-200:]}"
+
+
+def settle(stage: Stage, items: list[Item], deadline: float) -> None:
+    """Wait (until ``deadline``) for every acknowledged job to end and the queues to be idle."""
+    broker = stage.cluster.app.broker
+    ended: set[str] = set()
+    while time.time() < deadline:
+        ids = {j for item in items + stage.poisoned for j in item.request.job_ids[:1]} - ended
+        for job_id in ids:
+            record = broker.get_job(job_id)
+            if record and record.state in hist.TERMINAL:
+                ended.add(job_id)
+        if ids <= ended and all(
+            not (c.waiting or c.delayed or c.active) for c in (broker.queue_counts(q) for q in WORK_QUEUES)
+        ):
+            return
+        time.sleep(0.3)
+
+
+@dataclasses.dataclass
+class Outcome:
+    seed: int
+    broker: str
+    schedule: list[nemesis.Fault]
+    applied: list[Applied]
+    history: hist.History
+    anomalies: dict[str, list[str]]
+    producer_errors: dict[str, int]
+    seconds: float
+
+    @property
+    def jobs(self) -> int:
+        return sum(1 for r in self.history.requests if r.outcome == hist.ACKED)
+
+
+def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kinds: list[str]) -> Outcome:
+    """One campaign run on ``broker``: the world, the workload and the schedule of ``seed``, the verdict."""
+    from tests.faults.conftest import ensure_template
+
+    t0 = time.monotonic()
+    schedule = nemesis.schedule(seed, broker, window=size.window, faults=size.faults, kinds=kinds)
+    pg, redis = servers.pg, servers.redis
+    name = f"campaign_{seed}_{broker}"[:60]
+    pg.drop_database(name)
+    pg.create_database(name, template=ensure_template(pg))
+    client = redis_lib.Redis.from_url(redis.url)
+    try:
+        client.flushall()
+        client.config_set("maxmemory", 0)
+    finally:
+        client.close()
+    overrides = {"imports": IMPORTS_NEW, "redis_socket_timeout": REDIS_TIMEOUT}
+    settings = fault_settings(broker, redis.url if broker == "redis" else None, pg.url(name), **overrides)
+    env = {"CONVEYOR_IMPORTS": IMPORTS_NEW, "CONVEYOR_REDIS_SOCKET_TIMEOUT": str(REDIS_TIMEOUT)}
+    cluster = Cluster(settings, workdir / f"{broker}-{seed}", env)
+    upstream = ("127.0.0.1", redis.port) if broker == "redis" else ("127.0.0.1", pg.port)
+    proxy = ReplyDroppingProxy(*upstream)
+    via = settings.model_copy(
+        update={"redis_url": proxy.url_for(settings.redis_url)}
+        if broker == "redis"
+        else {"database_url": proxy.url_for(settings.database_url)}
+    )
+    producer_app = App(via)
+    stage = Stage(servers, cluster, broker, proxy, seed)
+    try:
+        address = servers.namespace.host_address
+        remote = settings.model_copy(
+            update={
+                "database_url": pg.url_on(address, name),
+                "redis_url": redis.url_on(address) if broker == "redis" else None,
+            }
+        )
+        near = cluster.start_workers("near", wait=False)
+        far = cluster.start_workers("far", prefix=servers.namespace.prefix, settings=remote, wait=False)
+        near.wait_ready()
+        far.wait_ready()
+        items = plan(seed, size.jobs, settings.price_per_1k_tokens, slow_hooks="kill-hook" in kinds)
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE fault_marks (token TEXT, mark TEXT, PRIMARY KEY (token, mark))")
+            marks = [(i.request.token, "slow-body") for i in items if i.payload.get("sleep", 0) >= 1.0]
+            marks += [(i.request.token, "fanout") for i in items if i.payload.get("children")]
+            conn.cursor().executemany("INSERT INTO fault_marks VALUES (%s, %s) ON CONFLICT DO NOTHING", marks)
+        producer = Producer(producer_app, items, seed, spread=size.window)
+        started = time.time()
+        producer.start()
+        try:
+            stage.run(schedule, started)
+        finally:
+            stage.heal()
+        producer.wait(timeout=120)
+        # A step of the broker's clock back (the end of a forward step) postpones every delay set meanwhile.
+        stepped = max((a for _, _, a in stage.pg_steps), default=0.0) if broker == "postgres" else 0.0
+        settle(stage, items, time.time() + QUIET + stepped)
+        history = gather(stage, items)
+        anomalies = hist.check(history)
+    finally:
+        try:
+            stage.heal()
+        finally:
+            proxy.close()
+            producer_app.close()
+            cluster.close()
+    return Outcome(
+        seed, broker, schedule, stage.applied, history, anomalies, dict(producer.errors), time.monotonic() - t0
+    )

@@ -1,0 +1,250 @@
+"""The campaign's checker (tests/faults/history.py) on synthetic histories: each rule fires, a clean one passes."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from decimal import Decimal
+
+from tests.faults import nemesis
+from tests.faults.history import ACKED, REFUSED, UNKNOWN, Effect, History, Hook, Request, Run, check
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def run(job: str, token: str, delivery: int, start: float, end: float | None, ok=True, fenced=False, rid=None):
+    return Run(
+        rid or f"r-{job}-{delivery}-{start}",
+        job,
+        token,
+        delivery,
+        100 + delivery,
+        at(start),
+        None if end is None else at(end),
+        ok,
+        fenced,
+    )
+
+
+def clean() -> History:
+    """Two jobs that completed once each, one that failed with its hook, one charge; nothing left."""
+    charge = ("consume:t:m", "u", Decimal("0.004"))
+    reqs = [
+        Request("a", "fault.work.nudge", outcome=ACKED, job_ids=["A"]),
+        Request("b", "fault.work.nudge", key="job:b", outcome=ACKED, job_ids=["B"]),
+        Request("c", "fault.work.nudge", expect="failed", outcome=ACKED, job_ids=["C"]),
+        Request(
+            "credit:t:m", "credit.consume", key="credit:t:m", logged=False, charge=charge, outcome=ACKED, job_ids=["D"]
+        ),
+    ]
+    runs = [run("A", "a", 1, 0, 1), run("B", "b", 1, 0, 1), run("C", "c", 1, 0, 0.5, ok=False)]
+    effects = [Effect(runs[0].run_id, "A", "a", 1, False), Effect(runs[1].run_id, "B", "b", 1, False)]
+    return History(
+        requests=reqs,
+        runs=runs,
+        effects=effects,
+        hooks=[Hook("C", "c", True)],
+        states={"A": "completed", "B": "completed", "C": "failed", "D": "completed"},
+        leftovers={"nudge": (0, 0, 0)},
+        entries=[("consume:t:m", "u", Decimal("-0.004"))],
+        balances={"u": Decimal("-0.004")},
+    )
+
+
+def test_a_clean_history_has_no_anomaly():
+    assert check(clean()) == {}
+
+
+def test_an_acknowledged_job_that_never_ended_is_stuck_and_one_gone_is_lost():
+    h = clean()
+    h.states["A"] = "active"
+    h.states["B"] = "missing"
+    found = check(h)
+    assert any("A" in x and "active" in x for x in found["stuck"])
+    assert any("(B) ended missing" in x for x in found["lost"])
+
+
+def test_a_completed_job_without_its_effect_is_lost():
+    h = clean()
+    h.effects = h.effects[1:]
+    assert any("effect is missing" in x for x in check(h)["lost"])
+
+
+def test_a_refused_enqueue_that_ran_anyway_is_flagged():
+    h = clean()
+    h.requests.append(Request("e", "fault.work.nudge", outcome=REFUSED))
+    h.runs.append(run("E", "e", 1, 2, 3))
+    assert list(check(h)) == ["refused-ran"]
+
+
+def test_a_request_that_became_two_jobs_is_doubled():
+    h = clean()
+    # An unkeyed request retried after a "nothing was enqueued" that was in fact applied (a lost reply).
+    h.requests[0].job_ids = ["A", "A2"]
+    h.states["A2"] = "completed"
+    assert any("became 2 jobs" in x for x in check(h)["doubled"])
+
+
+def test_an_unknown_outcome_may_run_once_but_not_twice():
+    h = clean()
+    h.requests.append(Request("u", "fault.work.nudge", outcome=UNKNOWN))
+    h.runs.append(run("U1", "u", 1, 2, 3))
+    assert check(h) == {}
+    h.runs.append(run("U2", "u", 1, 4, 5))
+    assert any("u: one request became 2 jobs" in x for x in check(h)["doubled"])
+
+
+def test_a_repeated_key_past_its_dedup_window_may_make_a_second_job():
+    h = clean()
+    req = h.requests[1]
+    req.job_ids = ["B", "B2"]
+    h.states["B2"] = "completed"
+    req.first_sent, req.last_sent = 100.0, 100.0 + h.dedup_ttl
+    assert check(h) == {}
+    req.first_sent, req.last_sent = 100.0, 101.0
+    assert "doubled" in check(h)
+    req.clock_stepped = True  # the server's clock jumped past the key's window meanwhile
+    assert check(h) == {}
+
+
+def test_overlapping_bodies_with_unfenced_effects_are_flagged():
+    h = clean()
+    # A paused delivery 1 resumes after delivery 2 started and writes its effect too.
+    h.runs.append(run("A", "a", 2, 0.5, 1.5))
+    h.effects.append(Effect(h.runs[-1].run_id, "A", "a", 2, False))
+    assert list(check(h)) == ["overlapping"]
+
+
+def test_overlap_is_allowed_when_the_stale_delivery_fenced_and_rolled_back():
+    h = clean()
+    h.runs[0] = dataclasses.replace(h.runs[0], fenced=True)
+    h.effects[0] = Effect("r-new", "A", "a", 2, True)  # only the current delivery's effect committed
+    h.runs.append(run("A", "a", 2, 0.5, 1.5, fenced=True, rid="r-new"))
+    assert check(h) == {}
+
+
+def test_a_run_whose_end_was_never_learnt_overlaps_everything_after_it():
+    h = clean()
+    h.runs[0] = dataclasses.replace(h.runs[0], ended=None, ok=None)
+    h.runs.append(run("A", "a", 2, 30, 31))
+    assert list(check(h)) == ["overlapping"]
+
+
+def test_a_fenced_effect_applied_twice_is_doubled():
+    h = clean()
+    h.effects = [Effect("r1", "A", "a", 1, True), Effect("r2", "A", "a", 2, True), h.effects[1]]
+    assert any("fenced effect applied 2 times" in x for x in check(h)["doubled"])
+
+
+def test_hooks_must_complete_exactly_once_per_failed_job():
+    h = clean()
+    h.hooks = [Hook("C", "c", False)]  # killed midway, never run again
+    assert any("0 completed hook(s) of 1 started" in x for x in check(h)["hook"])
+    h.hooks = [Hook("C", "c", False), Hook("C", "c", True)]  # killed, re-run to its end: fine
+    assert check(h) == {}
+    h.hooks = [Hook("C", "c", True), Hook("C", "c", True)]
+    assert "doubled" in check(h)
+    h.hooks = [Hook("C", "c", True), Hook("A", "a", True)]  # a hook for a job that completed
+    assert any("completed, yet its final-failure hook ran" in x for x in check(h)["doubled"])
+
+
+def test_an_undecodable_message_must_end_failed_not_active():
+    h = clean()
+    h.requests.append(Request("p", "fault.work.nudge", outcome=ACKED, job_ids=["P"], poison=True))
+    h.states["P"] = "active"
+    assert any("P" in x for x in check(h)["stuck"])
+    h.states["P"] = "failed"
+    assert check(h) == {}
+
+
+def test_work_left_in_a_queue_is_stuck():
+    h = clean()
+    h.leftovers["nudge"] = (0, 1, 0)
+    assert any("1 delayed" in x for x in check(h)["stuck"])
+
+
+def test_the_ledger_must_be_exact():
+    h = clean()
+    h.entries.append(("consume:t:m", "u", Decimal("-0.004")))
+    assert any("charged 2 times" in x for x in check(h)["ledger"])
+    h = clean()
+    h.balances["u"] = Decimal("-0.008")
+    assert any("balance" in x for x in check(h)["ledger"])
+    h = clean()
+    h.entries, h.balances = [], {}
+    assert any("charge is missing" in x for x in check(h)["lost"])
+    h = clean()
+    h.verify = "rc=1 1 entries, 1 mismatches"
+    assert "ledger" in check(h)
+
+
+def test_a_refused_charge_must_not_be_in_the_ledger():
+    h = clean()
+    h.requests[3].outcome = REFUSED
+    assert "refused-ran" in check(h)
+
+
+def test_a_seed_replays_the_same_schedule_and_pending_kinds_stay_out():
+    kinds = nemesis.kinds_for("redis")
+    one = nemesis.schedule(7, "redis", window=14, faults=6, kinds=kinds)
+    assert one == nemesis.schedule(7, "redis", window=14, faults=6, kinds=kinds)
+    assert one != nemesis.schedule(8, "redis", window=14, faults=6, kinds=kinds)
+    assert not {kind for kind, broker in nemesis.FAULTS_PENDING_FIX if broker == "redis"} & set(kinds)
+    assert {"pause", "kill-hook"} <= set(nemesis.kinds_for("redis", everything=True))
+
+
+def test_a_message_still_reserved_at_the_end_is_stuck():
+    h = clean()
+    h.reserved = {"conveyor:__acks__.w1.nudge": 0, "conveyor:nudge.msgs": 1}
+    assert check(h) == {"stuck": ["conveyor:nudge.msgs: 1 message(s) still reserved or stored at the end"]}
+
+
+def test_the_ci_seeds_draw_every_fault_kind_ci_runs_on_each_broker():
+    """If this fails after a kind left FAULTS_PENDING_FIX, pick CI seeds that cover every kind again."""
+    from tests.faults.campaign import CI
+    from tests.faults.test_campaign import CI_SEEDS
+
+    for broker in ("redis", "postgres"):
+        kinds = nemesis.kinds_for(broker)
+        drawn = {
+            fault.kind
+            for seed in CI_SEEDS
+            for fault in nemesis.schedule(seed, broker, window=CI.window, faults=CI.faults, kinds=kinds)
+        }
+        assert drawn == set(kinds), (broker, set(kinds) - drawn)
+
+
+def test_overlap_is_allowed_when_both_fenced_and_the_effect_applied_once():
+    h = clean()
+    # The stale delivery wrote its effect (once) before it was paused; the rerun's once-guard wrote none.
+    h.runs[0] = dataclasses.replace(h.runs[0], fenced=True)
+    h.effects[0] = Effect(h.runs[0].run_id, "A", "a", 1, True)
+    h.runs.append(run("A", "a", 2, 0.5, 1.5, fenced=True))
+    assert check(h) == {}
+    h.runs[-1] = dataclasses.replace(h.runs[-1], fenced=False)  # an unfenced rerun: no such promise
+    assert list(check(h)) == ["overlapping"]
+
+
+def test_the_soak_summary_names_each_failing_seed_with_its_replay():
+    import dataclasses as dc
+
+    from tests.faults.report import CampaignRun
+    from tests.faults.soak import summarize
+
+    clean_run = CampaignRun(1, "redis", 100, 2, 1, 130, 90, 4, {"kill": 3}, ["t=1 kill(any)"], {}, [], 30.0)
+    failing = dc.replace(clean_run, seed=77, broker="postgres", anomalies={"doubled": 1}, examples=["doubled: x"])
+    text = summarize([dc.asdict(clean_run), dc.asdict(failing)], rounds=1, seconds=120)
+    assert "CAMPAIGN_SEED=77" in text and "on postgres" in text and "doubled 1" in text
+    assert "CAMPAIGN_SEED=1 " not in text
+
+
+def test_a_run_killed_after_its_transactional_completion_counts_as_ended():
+    h = clean()
+    h.runs[0] = dataclasses.replace(h.runs[0], ok=False, fenced=True)
+    assert any("no run reached its end" in x for x in check(h)["lost"])  # its effect was not fenced
+    h.effects[0] = Effect(h.runs[0].run_id, "A", "a", 1, True)
+    assert check(h) == {}
