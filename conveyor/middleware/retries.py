@@ -71,15 +71,7 @@ class Retries(ConveyorMiddleware):
                 # Whatever the claim raised, the body must not run: raising it here would be swallowed
                 # by Dramatiq and the spent job would run again. The broker left the job unsettled
                 # (its claim says so), so it comes back and claims again.
-                log_event(
-                    "error",
-                    level="error",
-                    queue=message.queue_name,
-                    job=message.actor_name,
-                    job_id=message.message_id,
-                    attempt=attempt,
-                    error=f"final-failure claim failed: {type(exc).__name__}",
-                )
+                _claim_failed(message, exc)
             raise SkipMessage(str(error))
 
     def after_process_message(
@@ -161,15 +153,7 @@ class Retries(ConveyorMiddleware):
         try:
             claimed = conveyor.claim_final_failure(message)
         except Exception as exc:  # the broker handed the job back (its nack does that): it comes again
-            log_event(
-                "error",
-                level="error",
-                queue=message.queue_name,
-                job=message.actor_name,
-                job_id=message.message_id,
-                attempt=message.options.get("attempt"),
-                error=f"final-failure claim failed: {type(exc).__name__}",
-            )
+            _claim_failed(message, exc)
             return
         if claimed:
             self.on_final_failure(conveyor, message, error)
@@ -189,3 +173,15 @@ class Retries(ConveyorMiddleware):
         conveyor = conveyor_broker(broker)
         if conveyor.claim_final_failure(message):
             self.on_final_failure(conveyor, message, error)
+
+
+def _claim_failed(message: MessageProxy, exc: Exception) -> None:
+    log_event(
+        "error",
+        level="error",
+        queue=message.queue_name,
+        job=message.actor_name,
+        job_id=message.message_id,
+        attempt=message.options.get("attempt"),
+        error=f"final-failure claim failed: {type(exc).__name__}",
+    )
