@@ -6,14 +6,19 @@ and its body is the same :func:`bench.probe.hit` every peer runs.
 
 from __future__ import annotations
 
+from conveyor.blueprints import Jobs
+from conveyor.platform.queues import AGENT
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.payloads import Payload
-from conveyor.tasks.registry import job
 
 from . import probe
 
 #: The queue the no-op runs on: its concurrency is replaced by the harness's thread count.
-QUEUE = "agent"
+QUEUE = AGENT.name
+
+#: Its own blueprint (the App includes it through CONVEYOR_IMPORTS), so importing this module
+#: registers nothing on the process-wide default one.
+jobs = Jobs()
 
 
 class Tick(Payload):
@@ -23,6 +28,6 @@ class Tick(Payload):
     t: float = 0.0
 
 
-@job("bench.noop", queue=QUEUE, payload=Tick)
+@jobs.job("bench.noop", queue=AGENT, payload=Tick)
 def noop(payload: Tick, ctx: JobContext) -> None:
     probe.hit({"i": payload.i, "t": payload.t})
