@@ -132,7 +132,7 @@ class Checker:
             for r in _rows(
                 self.url,
                 "SELECT run_id, job_id, token, attempt, delivery, host, pid, "
-                "started_at, effect_at, ended_at, ok FROM fault_runs",
+                "started_at, effect_at, ended_at, ok FROM fault_runs ORDER BY started_at, delivery",
             )
         ]
         spooled: dict[str, dict] = {}
