@@ -605,10 +605,12 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
             )
     requests += children(requests, items, runs)
     job_ids = {j for req in requests for j in req.job_ids} | {r.job_id for r in runs}
-    states = {}
+    states, why = {}, {}
     for job_id in job_ids:
         record = cluster.app.broker.get_job(job_id)
         states[job_id] = record.state if record else "missing"
+        if record is not None:
+            why[job_id] = f"attempts {record.attempts}, error {(record.error or '')[:300]!r}"
     leftovers = {}
     for queue in WORK_QUEUES:
         counts = cluster.app.broker.queue_counts(queue)
@@ -641,6 +643,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         balances=balances,
         verify=ledger_verify(cluster, len(entries)),
         dedup_ttl=DEDUP_TTL,
+        why=why,
     )
 
 

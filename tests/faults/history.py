@@ -129,6 +129,8 @@ class History:
     verify: str = ""
     #: Seconds a key deduplicates.
     dedup_ttl: float = 4.0
+    #: Job id -> "attempts N, error …" from the broker's record: why a job ended as it did.
+    why: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def check(h: History) -> dict[str, list[str]]:
@@ -206,7 +208,9 @@ def _check_acked(req, job_id, h, runs_by_job, effects_by_job, hooks_by_job, char
             out["lost"].append(f"{req.token} ({job_id}): an undecodable message ended {state}, not failed")
         return
     if state != req.expect:
-        out["lost"].append(f"{req.token} ({job_id}) ended {state}, expected {req.expect}")
+        runs = " ".join(_show(r) for r in sorted(runs_by_job.get(job_id, []), key=lambda r: r.started))
+        why = f" ({h.why.get(job_id, 'no record')}; runs {runs or 'none'})"
+        out["lost"].append(f"{req.token} ({job_id}) ended {state}, expected {req.expect}{why}")
         return
     completed_hooks = [x for x in hooks_by_job.get(job_id, []) if x.completed]
     if req.expect == "completed":
