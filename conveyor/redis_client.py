@@ -92,7 +92,7 @@ def client(url: str, settings: Settings) -> redis.Redis:
         raise ConfigurationError("REDIS_URL: Redis Cluster (redis+cluster://) is not supported yet; see docs/hosts.md")
     if url.startswith(SENTINEL_SCHEME):
         found = parse_sentinel_url(url)
-        sentinel = redis.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = redis.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
             found.sentinels,
             sentinel_kwargs={
                 "socket_connect_timeout": settings.redis_connect_timeout,
@@ -100,7 +100,7 @@ def client(url: str, settings: Settings) -> redis.Redis:
             },
             **_options(settings),
         )
-        primary: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        primary: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call,unused-ignore]
             found.service, db=found.db, password=found.password
         )
         return primary
@@ -117,7 +117,7 @@ def async_reader(url: str, settings: Settings) -> redis.asyncio.Redis:
         from redis.asyncio.sentinel import Sentinel
 
         found = parse_sentinel_url(url)
-        sentinel = Sentinel(found.sentinels, sentinel_kwargs=options, **options)  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(found.sentinels, sentinel_kwargs=options, **options)  # type: ignore[no-untyped-call,unused-ignore]
         reader: redis.asyncio.Redis = sentinel.master_for(
             found.service, db=found.db, password=found.password, single_connection_client=True
         )

@@ -110,3 +110,31 @@ def test_no_step_no_rearm(app, database_url):
     clock.t += LEASE + 1
     assert recovery.recover(own_rows=False, now=base + timedelta(seconds=LEASE + 1)) == {"nudge": [job_id]}
     assert sql(database_url, "SELECT count(*) FROM conveyor_recovery_clock")[0][0] == 0
+
+
+def test_a_process_that_starts_after_a_step_declares_nobody_dead_for_a_lease(app, database_url):
+    """Its first check has no earlier one to compare with: a step just before it is one it cannot see."""
+    recovery, clock = app.broker.recovery, Monotonic()
+    recovery.monotonic = clock
+    base = _server_now(database_url)
+    job_id = _held(app, database_url, "live-worker", base)
+    # The server's clock was stepped a minute ahead just before this process's first pass.
+    assert recovery.recover(own_rows=False, now=base + timedelta(seconds=61)) == {}, "a live worker's job stays"
+    clock.t += LEASE / 2
+    assert recovery.recover(own_rows=False, now=base + timedelta(seconds=61 + LEASE / 2)) == {}
+    # The live worker died without a beat on the new clock: once this process has watched for a lease, it is.
+    clock.t += LEASE / 2 + 0.1
+    recovered = recovery.recover(own_rows=False, now=base + timedelta(seconds=61 + LEASE + 0.1))
+    assert recovered == {"nudge": [job_id]}
+
+
+def test_a_recover_statement_on_another_clock_takes_nothing(app, database_url):
+    """The step check and the statement may run on different connections (a failover, a server whose
+    clock some sessions see stepped before others): the statement acts only on the clock just checked."""
+    base = _server_now(database_url)
+    job_id = _held(app, database_url, "dead-worker", base)
+    later = base + timedelta(seconds=LEASE + 5)
+    jobs = app.broker.jobs
+    assert jobs.recover(LEASE, 10, later, clock=(base.timestamp(), 0.5)) == []
+    rows = jobs.recover(LEASE, 10, later, clock=(later.timestamp(), 0.5))
+    assert [r[0] for r in rows] == [job_id]

@@ -540,10 +540,15 @@ class Jobs:
     def forget_worker(self) -> None:
         self._execute("forget_worker", {"id": self.worker_id})
 
-    def recover(self, lease: float, limit: int, now: datetime | None = None) -> list[Row]:
+    def recover(
+        self, lease: float, limit: int, now: datetime | None = None, *, clock: tuple[float, float] | None = None
+    ) -> list[Row]:
         """Take back up to ``limit`` rows of workers dead for a lease (server clock, or ``now``); returns
-        the moved rows."""
-        return self._execute("recover", {"lease": lease, "limit": limit, "now": now}, fetch="all")
+        the moved rows. ``clock``: (UNIX s, tolerance s): take nothing unless the statement's clock is
+        within the tolerance of that reading (the one recovery's step check made)."""
+        checked, within = clock if clock is not None else (None, None)
+        params = {"lease": lease, "limit": limit, "now": now, "checked": checked, "within": within}
+        return self._execute("recover", params, fetch="all")
 
     def server_clock(self, slack: float, now: datetime | None = None) -> tuple[float, int]:
         """The server's clock (UNIX s), and how many heartbeats ahead of it by over ``slack`` s were brought back."""

@@ -216,7 +216,10 @@ DELETE FROM conveyor_workers WHERE id = %(id)s
 -- finalizing, and lost (this pass failed it). `now` is the server's clock
 -- unless a test passes one. Nothing is taken while a clock step's re-arm
 -- (conveyor_recovery_clock) runs; one more than a lease ahead can only
--- come from a backward step and is ignored.
+-- come from a backward step and is ignored. Nothing is taken either when
+-- this statement's clock is not the one the step check just read
+-- (`checked` UNIX s, give or take `within` s): a connection to a server
+-- whose clock differs.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), stuck AS (
@@ -226,6 +229,8 @@ WITH t AS (
     FROM conveyor_jobs j
     CROSS JOIN t
     WHERE j.status = 'in_progress'
+      AND (%(checked)s::float8 IS NULL
+           OR abs(extract(epoch FROM t.now) - %(checked)s::float8) <= %(within)s::float8)
       -- A start time in the future: the clock went back (recovery's step check re-arms for a lease).
       AND (pg_postmaster_start_time() <= t.now - make_interval(secs => %(lease)s)
            OR pg_postmaster_start_time() > t.now)

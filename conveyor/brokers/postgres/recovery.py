@@ -49,6 +49,8 @@ class Recovery:
         self._last_prune = -math.inf
         #: (server clock, monotonic clock, round trip) at this process's previous pass: the step check's base.
         self._clock_base: tuple[float, float, float] | None = None
+        #: This process's monotonic clock at its first step check: every step since then is seen.
+        self._watching_since: float | None = None
         #: The monotonic clock; tests that pass the server a ``now`` move this one with it.
         self.monotonic: Callable[[], float] = time.monotonic
 
@@ -91,15 +93,21 @@ class Recovery:
         Redis scripts guard the same way (a gap between passes). Heartbeats ahead of the server's
         clock are brought back to it on every pass (``server_clock``).
         """
+        return self._check_clock(now)[0]
+
+    def _check_clock(self, now: datetime | None) -> tuple[bool, float]:
+        """The step check; returns (stepped, the server's clock it read, UNIX s)."""
         sent = self.monotonic()
-        server, _ = self.jobs.server_clock(min(STEP_SLACK, self.lease / 6), now)
+        server, _ = self.jobs.server_clock(self._slack, now)
         back = self.monotonic()
         base, self._clock_base = self._clock_base, (server, (sent + back) / 2, back - sent)
+        if self._watching_since is None:
+            self._watching_since = sent
         if base is None:
-            return False
+            return False, server
         drift = (server - base[0]) - ((sent + back) / 2 - base[1])
-        if abs(drift) <= min(STEP_SLACK, self.lease / 6) + (back - sent + base[2]) / 2:
-            return False
+        if abs(drift) <= self._slack + (back - sent + base[2]) / 2:
+            return False, server
         self.jobs.rearm_recovery(self.lease, now)
         log_event(
             "clock_step",
@@ -111,7 +119,11 @@ class Recovery:
             step_s=round(drift, 3),
             reason="the database server's clock was stepped: nobody is declared dead for one lease",
         )
-        return True
+        return True, server
+
+    @property
+    def _slack(self) -> float:
+        return min(STEP_SLACK, self.lease / 6)
 
     def recover(self, *, own_rows: bool = True, now: datetime | None = None) -> dict[str, list[str]]:
         """One recovery pass now; returns the ids put back to pending, by queue.
@@ -126,9 +138,19 @@ class Recovery:
         connection, an outcome Postgres refused).
         """
         requeued: dict[str, list[str]] = {}
-        self.clock_stepped(now)  # a step re-arms: the recover statement then takes nothing for a lease
-        for _ in range(BATCHES_PER_PASS):
-            rows = self.jobs.recover(self.lease, BATCH, now)
+        # A step re-arms: the recover statement then takes nothing for a lease.
+        _, checked = self._check_clock(now)
+        checked_at = time.monotonic()
+        # Nobody is declared dead until this process has watched the server's clock for a lease: a step
+        # just before its first check (a process started or restarted then) is one it cannot see, and
+        # by a lease later every live worker has heartbeated on the new clock.
+        watching = self._watching_since
+        passes = BATCHES_PER_PASS if watching is not None and self.monotonic() - watching >= self.lease else 0
+        for _ in range(passes):
+            # The statement takes nothing unless its clock is the one just checked (another pooled
+            # connection may reach a server whose clock differs: a failover, a step not yet seen).
+            clock = (checked, time.monotonic() - checked_at + self._slack)
+            rows = self.jobs.recover(self.lease, BATCH, now, clock=clock)
             for job_id, queue, job, _finalizing, lost, attempt, error in rows:
                 requeued.setdefault(queue, []).append(job_id)
                 if lost:
