@@ -187,6 +187,36 @@ def stop_embedded(data_dir: Path) -> None:
     _log.info("embedded postgres stopped: data=%s", pgdata)
 
 
+def running_embedded(data_dir: Path) -> str | None:
+    """The DATABASE_URL of the embedded Postgres of ``data_dir`` if it is running now, else None.
+
+    Starts nothing and registers no handle, so the caller's exit never stops
+    the server (a read-only command such as ``conveyor status`` looks in on the
+    server that ``conveyor up`` or a worker runs, and leaves it as it found it).
+    Reads ``postmaster.pid`` itself: importing pgserver costs half a second.
+    The server counts as running once it says ``ready`` there and its pid is a
+    live process (not a zombie).
+    """
+    pgdata = _pgdata(data_dir)
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    # pid, data directory, start time, port, socket directory, listen address, shared memory, status
+    if len(lines) < 8 or lines[7].strip() != "ready" or not lines[0].strip().isdigit() or not lines[4].strip():
+        return None
+    import psutil
+
+    try:
+        if psutil.Process(int(lines[0])).status() == psutil.STATUS_ZOMBIE:
+            return None
+    except psutil.Error:
+        return None
+    host = quote(lines[4].strip(), safe="")
+    port = lines[3].strip() if lines[3].strip().isdigit() else "5432"
+    return f"postgresql://postgres@/{DATABASE}?host={host}&port={port}"
+
+
 #: pgserver's own bin directory (inside the venv), read once before we repoint it.
 _PGSERVER_BIN: Path | None = None
 

@@ -6,17 +6,16 @@ import argparse
 import importlib
 import os
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from pydantic import ValidationError
-
 from conveyor.errors import ConveyorError
-from conveyor.importing import add_paths
-from conveyor.settings import Settings, env_help, get_settings
 from conveyor.version import __version__
 
+# The settings (pydantic) are imported when a command runs, not to build the parser: `conveyor --help`
+# and `--version` stay well under a third of a second (see conveyor.cli.envhelp for --help's epilog).
 if TYPE_CHECKING:
+    from conveyor.settings import Settings
+
     #: What each command module's ``register`` adds its subcommands to.
     Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -35,11 +34,19 @@ COMMAND_MODULES = (
 )
 
 
-@dataclass(frozen=True)
 class FromSettings:
-    """A flag's default: the value of setting ``name``, read when the command runs (see :func:`main`)."""
+    """A flag's default: the value of setting ``name``, read when the command runs (see :func:`main`).
 
-    name: str
+    A plain class, not a dataclass: building the parser must not import ``dataclasses`` (and ``inspect``).
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"FromSettings({self.name!r})"
 
 
 def env_flag(parser: argparse.ArgumentParser, *flags: str, env: str, help: str, **kwargs: Any) -> None:
@@ -50,9 +57,9 @@ def env_flag(parser: argparse.ArgumentParser, *flags: str, env: str, help: str, 
     """
     if "default" in kwargs:
         raise TypeError(f"{env}: the default of a settings flag is the Settings field's")
+    # That it names a field is checked when a command runs (resolve_settings_flags) and, for every
+    # flag at once, by tests/unit/test_cli_help.py: checking here would import the settings for --help.
     name = env.removeprefix("CONVEYOR_").lower()
-    if name not in Settings.model_fields:
-        raise TypeError(f"{env} is no setting: add the field to conveyor.settings.Settings")
     parser.add_argument(*flags, default=FromSettings(name), help=f"{help} [env: {env}]", **kwargs)
 
 
@@ -60,20 +67,34 @@ def resolve_settings_flags(args: argparse.Namespace, settings: Settings) -> argp
     """Replace every flag left at its default by its setting's value."""
     for dest, value in vars(args).items():
         if isinstance(value, FromSettings):
+            if value.name not in type(settings).model_fields:
+                raise TypeError(
+                    f"CONVEYOR_{value.name.upper()} is no setting: add the field to conveyor.settings.Settings"
+                )
             setattr(args, dest, getattr(settings, value.name))
     return args
 
 
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: its epilog, every setting with its default, is made only when help is shown."""
+
+    def format_help(self) -> str:
+        if self.epilog is None:
+            from conveyor.cli.envhelp import environment_help
+
+            self.epilog = environment_help()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    epilog = "environment:\n" + "\n".join(f"  {name:<34} {text}" for name, text in env_help())
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="conveyor",
         description="Celery-style distributed jobs for AI-agent platforms.",
-        epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"conveyor {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # Plain parsers below: a subcommand's --help shows its own flags, not the environment section.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=argparse.ArgumentParser)
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)
     return parser
@@ -92,6 +113,11 @@ def path_flag(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from pydantic import ValidationError
+
+    from conveyor.importing import add_paths
+    from conveyor.settings import get_settings
+
     try:
         if getattr(args, "path", None):
             # Before the settings are first read: the App, this process's and every child's, sees them.

@@ -74,8 +74,17 @@ def register(sub: Subcommands) -> None:
     path_flag(p)
     p.set_defaults(func=cmd_enqueue)
 
-    p = sub.add_parser("status", help="per-queue counts")
+    p = sub.add_parser(
+        "status",
+        help="per-queue counts (on the embedded default: of the server `conveyor up` or a worker runs; "
+        "exit 3 if none runs)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--start",
+        action="store_true",
+        help="embedded default: when no server runs, start it for this call (and stop it after) to read the counts",
+    )
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
@@ -156,7 +165,7 @@ def _selected_queues(app: App, text: str | None) -> list[str]:
 def cmd_worker(args: argparse.Namespace) -> int:
     from conveyor.app import run_worker_process
     from conveyor.tasks.health import broker_check
-    from conveyor.tasks.worker import Supervisor
+    from conveyor.tasks.worker import Supervisor, fleet_reaper
 
     app = _app()
     queues = _selected_queues(app, args.queues)
@@ -183,6 +192,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         broker_check=broker_check(app),
         max_jobs=args.max_jobs_per_process,
         max_memory=int(args.max_memory_per_process),
+        on_worker_died=fleet_reaper(app),
         **_metrics_options(app.settings),
     ).run()
 
@@ -226,7 +236,7 @@ def _metrics_options(settings: Settings) -> MetricsOptions:
 def cmd_up(args: argparse.Namespace) -> int:
     from conveyor.app import run_worker_process
     from conveyor.schema.migrate import migrate
-    from conveyor.tasks.worker import Supervisor
+    from conveyor.tasks.worker import Supervisor, fleet_reaper
 
     app = _app()
     broker = app.settings.broker_name
@@ -273,6 +283,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         max_jobs=app.settings.worker_max_jobs_per_process,
         max_memory=int(app.settings.worker_max_memory_per_process),
         services=services,
+        on_worker_died=fleet_reaper(app),
         **_metrics_options(app.settings),
     ).run()
 
@@ -390,8 +401,36 @@ def _lines_ahead(stream: TextIO) -> int | None:
         return None
 
 
+#: `conveyor status`'s exit code when the embedded default's server is not running (as LSB's `status`).
+NOT_RUNNING = 3
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    from conveyor.settings import get_settings
+
+    settings = get_settings()
+    url = None
+    if settings.broker_name == "postgres" and not settings.database_url and not args.start:
+        # The embedded default: look in on the server `conveyor up` or a worker runs; never start one
+        # (a start and a stop per call took ~3 s, and would stop nothing an operator had running).
+        # Before the App is built: "nothing runs" needs neither the job modules nor the broker.
+        from conveyor.embedded import running_embedded
+
+        url = running_embedded(settings.data_dir)
+        if url is None:
+            print(
+                f"conveyor: nothing is running: the embedded Postgres of {settings.data_dir} is stopped, so no "
+                "worker is either (`conveyor up` or `conveyor worker` start it); `conveyor status --start` "
+                "starts it for this call to show the counts of the jobs it keeps",
+                file=sys.stderr,
+            )
+            return NOT_RUNNING
     app = _app()
+    if url is not None:
+        from conveyor.schema.migrate import migrate
+
+        migrate(url)  # as App.database_url does for the embedded default: a no-op once up to date
+        app.database_url = url
     counts = [app.broker.queue_counts(q) for q in app.queues]
     if args.json:
         print(json.dumps([{**c.__dict__, "prefetched": c.prefetched} for c in counts]))

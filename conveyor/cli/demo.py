@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from conveyor.cli import env_flag
 
 if TYPE_CHECKING:
+    import subprocess
+
     import psycopg
     from psycopg.rows import TupleRow
     from rich.console import Console, Group
@@ -78,25 +76,28 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-@dataclass
-class Check:
+class Check(NamedTuple):
     name: str
     ok: bool
     detail: str
 
 
-@dataclass
 class Progress:
-    """What the live view and the checks read; refreshed from the database and the broker."""
+    """What the live view and the checks read; refreshed from the database and the broker.
 
-    #: Run id -> (id, status, attempts, assistant message id, finalized): demo.sql's ``runs`` row.
-    runs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-    chunks: int = 0
-    charges: int = 0
-    extractions: int = 0
-    memories: int = 0
-    indexed: int = 0
-    index_chunks: int = 0
+    A plain class, not a dataclass: ``dataclasses`` (and ``inspect`` with it) would be imported
+    to build the parser of every ``conveyor`` command.
+    """
+
+    def __init__(self) -> None:
+        #: Run id -> (id, status, attempts, assistant message id, finalized): demo.sql's ``runs`` row.
+        self.runs: dict[str, tuple[Any, ...]] = {}
+        self.chunks = 0
+        self.charges = 0
+        self.extractions = 0
+        self.memories = 0
+        self.indexed = 0
+        self.index_chunks = 0
 
 
 #: What the demo tells a newcomer to try once it has passed.
@@ -170,6 +171,9 @@ def worker_env(settings: Settings) -> dict[str, str]:
 
 class Demo:
     def __init__(self, app: App, args: argparse.Namespace, console: Console) -> None:
+        import tempfile
+        import uuid
+
         self.app, self.args, self.console = app, args, console
         self.id = f"demo-{uuid.uuid4().hex[:8]}"
         self.user_id = f"{self.id}-user"
@@ -196,6 +200,8 @@ class Demo:
             self.inline = InlineWorkers(self.app).start()
             self.console.print("workers: every queue, inside this process (inline broker)")
             return
+        import subprocess
+
         log = open(self.log_path, "w")
         # `conveyor worker`: a Supervisor with one group per queue, as in production.
         self.workers = subprocess.Popen(
@@ -211,6 +217,8 @@ class Demo:
         )
 
     def stop_workers(self) -> None:
+        import subprocess
+
         if self.inline is not None:
             self.inline.stop()
         if self.workers is not None and self.workers.poll() is None:

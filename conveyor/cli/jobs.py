@@ -11,7 +11,6 @@ job that moved on since the count is skipped, never acted on in its new state.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from conveyor.errors import InvalidQuery
 
 if TYPE_CHECKING:
     from conveyor.cli import Subcommands
-    from conveyor.inspector import Inspector, JobView, Where
+    from conveyor.inspector import Inspector, JobView, QueueView, Where
 
 #: The one state an action applies to, implied by its --where (a filter naming another is refused).
 ACTION_STATE = {"retry": "failed", "promote": "delayed"}
@@ -123,7 +122,9 @@ def _inspector() -> Inspector:
     return Inspector(_app())
 
 
-def _plain(view: JobView) -> dict[str, Any]:
+def _plain(view: JobView | QueueView) -> dict[str, Any]:
+    import dataclasses
+
     return dataclasses.asdict(view)
 
 
@@ -216,7 +217,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
     finally:
         inspect.app.close()
     if args.json:
-        print(json.dumps(dataclasses.asdict(view)))
+        print(json.dumps(_plain(view)))
     else:
         print(f"queue {view.name}: {'paused' if view.paused else 'running'} ({view.waiting} waiting)")
     return 0

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from psycopg import Connection
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

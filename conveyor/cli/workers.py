@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -37,6 +35,8 @@ def cmd_workers(args: argparse.Namespace) -> int:
         newest_beat = max((w.heartbeat_at or 0 for w in workers), default=0)
         workers = [w for w in workers if w.state != "gone" or (w.gone_at or 0) > newest_beat - 3600]
     if args.json:
+        import dataclasses
+
         print(json.dumps([dataclasses.asdict(w) for w in workers]))
         return 0
     from rich.console import Console
@@ -85,6 +85,8 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
 
 def _time(ts: float | None) -> str:
+    from datetime import UTC, datetime
+
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S") if ts else "–"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -213,8 +214,12 @@ class Supervisor:
         broker_check: Callable[[], None] | None = None,
         max_jobs: int = 0,
         max_memory: int = 0,
+        on_worker_died: Callable[[int], None] | None = None,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
+        #: Called with the pid of each worker process that died unasked, once reaped, in a thread of
+        #: its own (a slow broker must not hold up the restart); see :func:`fleet_reaper`.
+        self.on_worker_died = on_worker_died
         self.worker = worker
         self.children = [_Child(q, worker, (q, threads)) for q in queues for _ in range(processes)]
         self.children += [_Child(name, target, args) for name, target, args in services]
@@ -270,6 +275,10 @@ class Supervisor:
                     code = child.process.exitcode
                     child.process.join()
                     self.metrics.process_died(_pid(child.process))
+                    if child.target is self.worker and self.on_worker_died is not None:
+                        threading.Thread(
+                            target=self.on_worker_died, args=(_pid(child.process),), name="conveyor-reaped", daemon=True
+                        ).start()
                     child.process = None
                     if code == SELF_FENCE_EXIT:
                         # It lost the server, it did not crash: no crash count, a short pause (the new
@@ -384,6 +393,33 @@ class Supervisor:
         for process in live:
             self.metrics.process_died(_pid(process))
         return 1 if stuck else 0
+
+
+def fleet_reaper(app: App) -> Callable[[int], None] | None:
+    """What the supervisor calls when it reaps a worker process that died unasked: mark its registry entry gone.
+
+    Without it a SIGKILLed process stays *late* on the Workers page until its heartbeat ages past
+    the recovery time (a minute), though its supervisor saw it die at once. Its jobs are left to
+    the broker's lease recovery, fenced as ever: the process is dead, so it can neither ack nor
+    beat again. None on the inline broker (no supervisor runs it).
+    """
+    from conveyor.brokers.fleet import mark_process_gone, store_without_broker
+
+    store = store_without_broker(app)
+    if store is None:
+        return None
+    host = socket.gethostname()  # as the worker's Fleet middleware names itself
+
+    def reaped(pid: int) -> None:
+        try:
+            marked = mark_process_gone(store, host, pid)
+        except Exception as exc:  # the broker may be down: the sweep marks it gone later
+            log_error(f"marking dead worker process {pid} gone failed: {type(exc).__name__}: {exc}", queue=None)
+            return
+        for worker_id in marked:
+            log_event("worker_marked_gone", queue=None, job=None, job_id=None, attempt=None, pid=pid, worker=worker_id)
+
+    return reaped
 
 
 def _titled(

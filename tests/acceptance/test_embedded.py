@@ -188,3 +188,59 @@ def test_as_root_a_new_pgserver_build_gets_a_new_copy_and_the_old_one_goes_once_
     url = start_embedded(embedded_data_dir)
     assert [p.name for p in cache.iterdir()] == ["9.9.9-000000000000"]
     assert _select_one(url) == (1, "conveyor")
+
+
+def _status(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`conveyor status` with nothing configured but the data directory (the embedded default)."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_") and k not in ("DATABASE_URL", "REDIS_URL")
+    }
+    env |= {"CONVEYOR_DATA_DIR": str(data_dir), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor", "status", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def _postmaster_pid(data_dir: Path) -> int | None:
+    from conveyor.embedded import running_embedded
+
+    if running_embedded(data_dir) is None:
+        return None
+    return int((data_dir / "postgres" / "postmaster.pid").read_text().split()[0])
+
+
+def test_status_with_no_server_running_says_so_and_starts_none(embedded_data_dir):
+    start_embedded(embedded_data_dir)  # an earlier `conveyor up`: the cluster exists, then stopped
+    stop_embedded(embedded_data_dir)
+
+    shown = _status(embedded_data_dir, "--json")
+
+    assert shown.returncode == 3, shown.stderr
+    assert shown.stdout == ""
+    assert "nothing is running" in shown.stderr and "--start" in shown.stderr and "Traceback" not in shown.stderr
+    assert _postmaster_pid(embedded_data_dir) is None  # nothing was started (and left behind)
+
+
+def test_status_reads_the_running_server_and_leaves_it_running(embedded_data_dir):
+    from conveyor.embedded import running_embedded
+
+    url = start_embedded(embedded_data_dir)  # this process stands for `conveyor up`
+    assert running_embedded(embedded_data_dir) == url
+    pid = _postmaster_pid(embedded_data_dir)
+    handles = (embedded_data_dir / "postgres" / ".handle_pids.json").read_text()
+
+    shown = _status(embedded_data_dir, "--json")
+
+    assert shown.returncode == 0, shown.stderr
+    assert "agent" in {row["queue"] for row in json.loads(shown.stdout)}
+    assert _postmaster_pid(embedded_data_dir) == pid  # the same server, neither restarted nor stopped
+    assert (embedded_data_dir / "postgres" / ".handle_pids.json").read_text() == handles  # status held no handle
+    assert _select_one(url) == (1, "conveyor")
+
+
+def test_status_start_starts_the_server_for_the_call(embedded_data_dir):
+    shown = _status(embedded_data_dir, "--start", "--json")
+
+    assert shown.returncode == 0, shown.stderr
+    assert "agent" in {row["queue"] for row in json.loads(shown.stdout)}
+    assert _postmaster_pid(embedded_data_dir) is None  # and stopped after, as its only user left

@@ -229,7 +229,7 @@ def _worker_states(browser) -> dict[str, tuple[str, str]]:
 
 
 def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_url, tmp_path, clean_env):
-    """A real `conveyor worker`; its child is SIGKILLed mid-job: late, then gone, its attempt lost.
+    """A real `conveyor worker`; its child is stopped mid-job (late), then SIGKILLed (gone), its attempt lost.
 
     Every page is followed without reloading: a marker set in the page's
     JavaScript must survive each update (a reload would clear it).
@@ -323,22 +323,25 @@ def test_workers_attempts_live_refresh_and_search_in_the_browser(browser, redis_
                 lambda: _worker_running(browser, link), timeout=20, message="the running job linked from its worker"
             )
             pid = int(_worker_states(browser)[first][1])
-            os.kill(pid, signal.SIGKILL)
+            # Stopped (not dead: its supervisor sees it alive), it beats no more: late.
+            os.kill(pid, signal.SIGSTOP)
             wait_for(
                 lambda: _worker_states(browser).get(first, ("",))[0] == "late",
                 timeout=20,
                 interval=0.1,
-                message="the killed worker marked late",
+                message="the silent worker marked late",
             )
             late_row = browser.find_element(By.CSS_SELECTOR, f'tr[data-worker="{first}"]').get_attribute("class")
             assert "late" in late_row
             _screenshot(browser, "workers")
+            # Killed, it is reaped by its supervisor, which marks it gone at once: "died", not a minute of "late".
+            os.kill(pid, signal.SIGKILL)
             wait_for(
                 lambda: _worker_states(browser).get(first, ("",))[0] == "gone",
-                timeout=30,
+                timeout=10,
                 message="the killed worker shown as gone",
             )
-            assert "recovered" in _text(browser, f'tr[data-worker="{first}"]')
+            assert "died" in _text(browser, f'tr[data-worker="{first}"]')
             # The supervisor restarted the process: a new worker, alive.
             wait_for(
                 lambda: [s for s, _ in _worker_states(browser).values()].count("alive") == 2,

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
+
 import pytest
 
-from conveyor.cli import main
+from conveyor.cli import FromSettings, build_parser, envhelp, main
+from conveyor.settings import Settings
 from conveyor.version import __version__
+
+
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path, monkeypatch):
+    """--help's epilog cache (conveyor.cli.envhelp) in a directory of the test's own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 def test_version_prints_the_package_version(capsys):
@@ -24,3 +37,70 @@ def test_help_gives_each_variable_its_default(capsys):
     assert lines["CONVEYOR_WORKER_RESTART_BACKOFF"].endswith("[default: 0.25]")
     # A secret has no default to show, and an unset one says nothing.
     assert "[default" not in lines["CONVEYOR_ADMIN_TOKEN"]
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_settings_flag_names_a_setting():
+    # Checked here rather than when the parser is built: building it must not import the settings.
+    names = [
+        a.default.name for p in _parsers(build_parser()) for a in p._actions if isinstance(a.default, FromSettings)
+    ]
+    assert "worker_processes" in names
+    assert sorted(n for n in names if n not in Settings.model_fields) == []
+
+
+def test_help_epilog_is_cached_and_the_cache_matches_the_settings(cache_home, capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    first = capsys.readouterr().out
+    [cached] = (cache_home / "conveyor").glob("env-help-*.txt")
+    assert cached.read_text() == envhelp.render()
+    cached.write_text("environment:\n  CONVEYOR_FROM_THE_CACHE  x\n")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "CONVEYOR_FROM_THE_CACHE" in capsys.readouterr().out  # read, not recomputed
+    assert "CONVEYOR_HEARTBEAT_TIMEOUT" in first
+
+
+def test_help_cache_key_follows_the_settings_source(cache_home, monkeypatch, tmp_path):
+    key = envhelp.cache_key()
+    copy = tmp_path / "settings.py"
+    copy.write_bytes(envhelp.SETTINGS_SOURCE.read_bytes() + b"\n# edited\n")
+    monkeypatch.setattr(envhelp, "SETTINGS_SOURCE", copy)
+    assert envhelp.cache_key() != key
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "elsewhere"))  # the data directory's default moves
+    assert len({key, envhelp.cache_key()}) == 2
+
+
+def test_help_works_where_the_cache_cannot_be_written(cache_home, capsys):
+    cache_home.write_text("a file where the cache directory would be")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "CONVEYOR_HEARTBEAT_TIMEOUT" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"]])
+def test_help_and_version_import_no_pydantic_psycopg_or_dramatiq(cache_home, argv):
+    """What keeps `conveyor --help` under 0.3 s: none of the heavy libraries is imported (the epilog is cached)."""
+    code = (
+        "import sys\n"
+        "from conveyor.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'pydantic_settings', 'psycopg', "
+        "'dramatiq', 'rich', 'redis', 'fastapi', 'pgserver'})\n"
+        "print('heavy:', ','.join(heavy), file=sys.stderr)\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True)  # fills the cache
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stderr.strip().splitlines()[-1] == "heavy:"

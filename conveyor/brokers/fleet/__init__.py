@@ -41,7 +41,9 @@ __all__ = [
     "beat_interval",
     "fleet_store",
     "late_after",
+    "mark_process_gone",
     "recovery_after",
+    "store_without_broker",
 ]
 
 
@@ -93,3 +95,43 @@ def fleet_store(app: "App") -> FleetStore:
             store = MemoryFleetStore(broker)
         _stores[broker] = store
     return store
+
+
+#: ``gone_reason`` of a worker whose supervisor saw it die (SIGKILL, a crash): its jobs come back by lease recovery.
+DIED = "died"
+
+
+def store_without_broker(app: "App") -> FleetStore | None:
+    """The registry's store for a process that runs no broker of its own (the supervisor); None on inline.
+
+    Built from the settings, as the worker processes' brokers reach the same data: the Redis
+    namespace, or the App's Postgres pool. Building ``app.broker`` would declare every actor and
+    start conveyor's middleware in a process that runs no job.
+    """
+    name = app.settings.broker_name
+    if name == "redis" and app.settings.redis_url:
+        from conveyor.brokers.fleet.redis_store import RedisFleetStore
+        from conveyor.redis_client import client
+
+        return RedisFleetStore(client(app.settings.redis_url, app.settings), app.settings.redis_namespace)
+    if name == "postgres":
+        from conveyor.brokers.fleet.postgres_store import PostgresFleetStore
+
+        return PostgresFleetStore(app)
+    return None
+
+
+def mark_process_gone(store: FleetStore, host: str, pid: int, reason: str = DIED) -> list[str]:
+    """Mark gone now every live entry of process ``pid`` on ``host``; the ids marked.
+
+    Only for a process known to be dead (its parent reaped it): the entry says nothing about its
+    jobs, which the broker hands back when their lease runs out, fenced as ever (a dead process
+    cannot ack). An entry already gone keeps its reason.
+    """
+    _, infos = store.workers()
+    marked = []
+    for info in infos:
+        if info.host == host and info.pid == pid and info.gone_at is None:
+            store.leave(info, reason)
+            marked.append(info.id)
+    return marked

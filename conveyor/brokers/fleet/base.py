@@ -32,7 +32,8 @@ class WorkerInfo:
     failed: int = 0
     #: When it left: stopped cleanly, or found dead (its jobs recovered). None while it runs.
     gone_at: float | None = None
-    #: "stopped" (clean shutdown) or "recovered" (stopped heartbeating; its jobs went back).
+    #: "stopped" (clean shutdown), "died" (its supervisor reaped it: killed or crashed; its jobs go back
+    #: when their lease runs out) or "recovered" (stopped heartbeating; its jobs went back).
     gone_reason: str | None = None
 
 
