@@ -100,6 +100,8 @@ class QueueView:
     paused: bool
     #: Seconds the oldest waiting job has waited; None when none waits.
     oldest_waiting_seconds: float | None
+    #: Jobs that ended cancelled, still kept (retention).
+    cancelled: int = 0
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,7 @@ class Inspector:
                     failed_total=c.failed_total,
                     paused=c.paused,
                     oldest_waiting_seconds=max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else None,
+                    cancelled=c.cancelled,
                 )
             )
         return views
