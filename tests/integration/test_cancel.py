@@ -39,7 +39,7 @@ def _steps(database_url: str, token: str) -> dict[str, list[float]]:
 
 def _ended(app, job_id: str, state: str = "cancelled"):
     return wait_for(
-        lambda: (r := app.broker.get_job(job_id)) and r.state == state and r, timeout=20, message=f"job {state}"
+        lambda: (r := app.broker.get_job(job_id)) and r.state == state and r, timeout=60, message=f"job {state}"
     )
 
 
@@ -64,6 +64,12 @@ def test_a_running_job_that_ignores_the_cancel_is_interrupted_after_the_grace(ap
     counts = app.broker.queue_counts("nudge")
     assert (counts.failed, counts.failed_total, counts.completed_total, counts.cancelled) == (0, 0, 0, 1)
     assert app.jobs.cancel(ref.id) == CancelOutcome.FINISHED
+    history = wait_for(
+        lambda: [a.outcome for a in app.jobs.get(ref.id).history] == ["cancelled"] or None,
+        timeout=20,
+        message="the attempt's history to say cancelled",
+    )
+    assert history
 
 
 def test_a_cooperative_job_stops_by_itself_and_ends_cancelled(app, settings, workers, database_url):

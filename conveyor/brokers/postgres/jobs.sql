@@ -231,8 +231,10 @@ WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), stuck AS (
     SELECT j.id, j.final_failure_at IS NOT NULL AS claimed,
+           -- A job whose cancellation was asked is not failed here: its next start ends it cancelled.
            coalesce(j.attempt >= j.max_attempts
-                    + coalesce((j.message -> 'options' ->> 'deferrals')::int, 0), false) AS spent
+                    + coalesce((j.message -> 'options' ->> 'deferrals')::int, 0), false)
+               AND j.cancel_requested_at IS NULL AS spent
     FROM conveyor_jobs j
     CROSS JOIN t
     WHERE j.status = 'in_progress'
