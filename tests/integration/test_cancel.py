@@ -114,3 +114,30 @@ def test_a_cancel_asked_while_the_worker_is_down_holds_after_its_restart(app, se
     _ended(app, ref.id)
     steps = _steps(database_url, "restart")
     assert len(steps["started"]) == 1, "after the restart it never ran again"
+
+
+@pytest.mark.parametrize("broker", ["inline"])
+def test_inline_a_running_job_is_interrupted_and_counted(broker, clean_env, database_url, monkeypatch):
+    """The inline broker (one process): the same cancel, heard in memory; the metric counts it."""
+    from conveyor.app import App
+    from conveyor.middleware.metrics import find_metrics
+    from tests.support.harness import running
+
+    monkeypatch.setenv("DATABASE_URL", database_url)  # test.cancellable writes its steps there
+    app = App(make_settings("inline", None, database_url, cancel_grace_seconds=0.2))
+    try:
+        with running(app, "nudge"):
+            ref = app.jobs.enqueue("test.cancellable", {"token": "inline"})
+            wait_for(lambda: "started" in _steps(database_url, "inline"), timeout=30, message="the job to start")
+            assert app.jobs.cancel(ref.id) in (CancelOutcome.REQUESTED,)
+            _ended(app, ref.id)
+            steps = _steps(database_url, "inline")
+            assert "interrupted" in steps and len(steps["hook"]) == 1
+            metrics = find_metrics(app.broker)
+            assert metrics is not None
+            assert metrics.cancelled.labels("nudge", "test.cancellable")._value.get() == 1
+            waiting = [app.jobs.enqueue("test.cancellable", {"token": f"w{n}"}, delay=60).id for n in range(3)]
+            assert app.jobs.cancel_where(queue="nudge", job="test.cancellable") == 3
+            assert {app.broker.get_job(i).state for i in waiting} == {"cancelled"}
+    finally:
+        app.close()
