@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from conveyor.blueprints import Enqueued, JobHandle, Jobs, Queue
     from conveyor.budgets.base import Budget
     from conveyor.errors import PermanentError, RetryLater
+    from conveyor.interrupts import JobCancelled
     from conveyor.tasks.context import JobContext
     from conveyor.tasks.payloads import Payload
     from conveyor.tasks.registry import job, on_final_failure
@@ -47,6 +48,7 @@ _PUBLIC = {
     "Queue": "conveyor.blueprints",
     "PermanentError": "conveyor.errors",
     "RetryLater": "conveyor.errors",
+    "JobCancelled": "conveyor.interrupts",
     "JobContext": "conveyor.tasks.context",
     "Payload": "conveyor.tasks.payloads",
     "job": "conveyor.tasks.registry",
@@ -67,6 +69,7 @@ __all__ = [
     "App",
     "Budget",
     "Enqueued",
+    "JobCancelled",
     "JobContext",
     "JobHandle",
     "Jobs",

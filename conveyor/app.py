@@ -74,6 +74,10 @@ class App:
         for blueprint in self.blueprints:
             blueprint.app = self  # the App its handles enqueue on: the last one built with it
         self.backend: Backend = backend_for(self.settings)
+        from conveyor.middleware.cancel import Cancels
+
+        #: The jobs this process runs and their cancellations (``ctx.cancelled``; conveyor.middleware.cancel).
+        self.cancels = Cancels()
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Connection[Any]] | None = None
         # Per-App objects other modules build on first use (a stream buffer, limits, a provider):
@@ -105,6 +109,7 @@ class App:
         """The middleware every broker runs, in order (``after_*`` hooks run in reverse)."""
         from dramatiq.middleware import CurrentMessage
 
+        from conveyor.middleware.cancel import Cancellation
         from conveyor.middleware.events import Events
         from conveyor.middleware.fleet import Fleet
         from conveyor.middleware.metrics import Metrics
@@ -128,6 +133,9 @@ class App:
             FailureWebhook(self.settings, self.job_types, metrics),
             # Last of conveyor's: its before_process_message sees the attempt Retries counted.
             Fleet(self),
+            # After every other of conveyor's: its after_process_message runs first (reverse order) and
+            # marks a cancelled delivery, so Retries, Metrics, Events and the webhook treat it as cancelled.
+            Cancellation(self),
             *self.user_middleware,
         ]
 
@@ -251,6 +259,38 @@ class App:
                 middleware.after_job_dead(broker, message, error)
             except Exception:
                 logger.exception("after_job_dead of %r failed", middleware)
+
+    def cancel_hook(self, message: AnyMessage) -> None:
+        """Run the job type's ``on_cancel`` hook once for a running job that ended cancelled. Never raises."""
+        job_type = self.job_types.get(message.actor_name)
+        if job_type is None or job_type.on_cancel is None:
+            return
+        from conveyor.tasks.actors import load_payload
+
+        try:
+            payload = load_payload(job_type, message.args[0] if message.args else None)
+        except Exception:
+            payload = None
+        ctx = JobContext(
+            job=job_type.name,
+            queue=job_type.queue,
+            job_id=message.message_id,
+            attempt=message.options.get("attempt", 0),
+            max_attempts=self.max_attempts(job_type),
+            app=self,
+        )
+        try:
+            job_type.on_cancel(payload, ctx)
+        except BaseException as exc:  # an interrupt too: the outcome is still written
+            log_event(
+                "error",
+                level="error",
+                queue=message.queue_name,
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=message.options.get("attempt"),
+                error=f"cancel hook raised {type(exc).__name__}: {exc}",
+            )
 
     def resource(self, key: object, build: Callable[[], R]) -> R:
         """The App's one object under ``key``, built by ``build()`` on first use and closed by :meth:`close`."""

@@ -89,6 +89,9 @@ P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R")
 #: A final-failure hook: ``hook(payload or None, error, ctx)``.
 H = TypeVar("H", bound=FinalFailureHook)
+#: A cancel hook: ``hook(payload or None, ctx)``, once, when a job that was running ends cancelled.
+CancelHook = Callable[[Any, "JobContext"], None]
+C = TypeVar("C", bound=CancelHook)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class JobType:
     module: str = ""
     store_result: bool = False
     budgets: tuple[Budget, ...] = ()
+    on_cancel: CancelHook | None = None
 
     def all_budgets(self, queue: Queue | None) -> tuple[Budget, ...]:
         """The queue's budgets, then the job type's own (a name in both: the job type's wins)."""
@@ -207,6 +211,7 @@ class Jobs:
                 getattr(fn, "__module__", ""),
                 store_result,
                 own_budgets,
+                previous.on_cancel if previous else None,
             )
             return JobHandle(self, name, fn)
 
@@ -222,6 +227,23 @@ class Jobs:
 
         def register(fn: H) -> H:
             self.job_types[name] = replace(self.job_types[name], on_final_failure=fn)
+            return fn
+
+        return register
+
+    def on_cancel(self, job: str | JobHandle[Any, Any]) -> Callable[[C], C]:
+        """Register the decorated function to run once when a running ``job`` ends cancelled.
+
+        Called as ``hook(payload, ctx)`` in the worker that ran the job, after the
+        body stopped (by itself after seeing ``ctx.cancelled``, or interrupted after
+        the grace) and before the ``cancelled`` outcome is written: undo or close
+        what the run left half done. A job cancelled before it started has nothing
+        to undo: the hook does not run for it.
+        """
+        name = job if isinstance(job, str) else job.name
+
+        def register(fn: C) -> C:
+            self.job_types[name] = replace(self.job_types[name], on_cancel=fn)
             return fn
 
         return register
@@ -305,6 +327,11 @@ class JobHandle(Generic[P, R]):
         """The job's state, attempts, errors and times."""
         return self.blueprint.bound_app(self.name).jobs.get(job_id)
 
+    def cancel(self, job: str | Enqueued[R] | JobRef) -> str:
+        """Cancel a job of this type (see :meth:`conveyor.tasks.jobqueue.JobQueue.cancel`)."""
+        job_id = job if isinstance(job, str) else job.id
+        return self.blueprint.bound_app(self.name).jobs.cancel(job_id)
+
     def result(self, job: str | Enqueued[R] | JobRef, timeout: float = 30.0) -> R:
         """The job's stored return value (``store_result=True``), waiting up to ``timeout`` seconds.
 
@@ -327,6 +354,10 @@ class Enqueued(Generic[R]):
     def get(self) -> JobView:
         """The job's state, attempts, errors and times."""
         return self.app.jobs.get(self.id)
+
+    def cancel(self) -> str:
+        """Cancel this job (see :meth:`conveyor.tasks.jobqueue.JobQueue.cancel`)."""
+        return self.app.jobs.cancel(self.id)
 
     def result(self, timeout: float = 30.0) -> R:
         """The job's stored return value once it succeeded (see :meth:`JobHandle.result`)."""

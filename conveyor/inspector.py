@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from conveyor.brokers.base import JOB_STATES, ConveyorBroker, JobRecord, check_state
+from conveyor.brokers.base import JOB_STATES, CancelOutcome, ConveyorBroker, JobRecord, check_state
 from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
 from conveyor.brokers.rollup import rollup_store
 from conveyor.errors import InvalidQuery, JobNotFound, JobStateConflict, UnknownQueue
@@ -100,6 +100,8 @@ class QueueView:
     paused: bool
     #: Seconds the oldest waiting job has waited; None when none waits.
     oldest_waiting_seconds: float | None
+    #: Jobs that ended cancelled, still kept (retention).
+    cancelled: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,15 @@ class Where:
 
 
 #: The state each bulk action applies to; None: any state but active (a running job is never touched).
-BULK_STATES: dict[str, str | None] = {"retry": "failed", "promote": "delayed", "delete": None, "purge": None}
+BULK_STATES: dict[str, str | None] = {
+    "retry": "failed",
+    "promote": "delayed",
+    "delete": None,
+    "purge": None,
+    "cancel": None,
+}
+#: The states a job can be cancelled in (a bulk cancel's --where names one of them).
+CANCELLABLE = ("waiting", "delayed", "active")
 
 #: Most job ids one bulk request acts on: the dashboard sends a big action in chunks of this many.
 BULK_CHUNK = 100
@@ -239,6 +249,7 @@ class Inspector:
                     failed_total=c.failed_total,
                     paused=c.paused,
                     oldest_waiting_seconds=max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else None,
+                    cancelled=c.cancelled,
                 )
             )
         return views
@@ -408,7 +419,10 @@ class Inspector:
         if action not in BULK_STATES:
             raise InvalidQuery(f"action: one of {', '.join(BULK_STATES)}")
         need = BULK_STATES[action]
-        if (need is not None and where.state != need) or where.state == "active":
+        if action == "cancel":
+            if where.state not in CANCELLABLE:
+                raise InvalidQuery(f"cancel applies to {', '.join(CANCELLABLE)} jobs only")
+        elif (need is not None and where.state != need) or where.state == "active":
             raise InvalidQuery(f"{action} applies to {need or 'waiting, delayed, completed or failed'} jobs only")
         if ids is None:
             matched = [v.id for v in self.select(where)]
@@ -417,7 +431,13 @@ class Inspector:
             ids = matched
         elif dry_run:
             return BulkOutcome(action, len(ids), 0, 0, list(ids))
-        acts = {"retry": self.retry, "promote": self.promote, "delete": self.delete, "purge": self.delete}
+        acts = {
+            "retry": self.retry,
+            "promote": self.promote,
+            "delete": self.delete,
+            "purge": self.delete,
+            "cancel": self.cancel,
+        }
         act = acts[action]
         cutoff = time.time() - where.older_than if where.older_than is not None else None
         done = skipped = 0
@@ -474,6 +494,21 @@ class Inspector:
         if not self.broker.promote_job(job_id):
             raise JobStateConflict(f"job {job_id} changed state before it could be promoted")
         self._audit("admin_promote", before)
+        return self.job(job_id)
+
+    def cancel(self, job_id: str) -> JobView:
+        """Cancel a job: a waiting or delayed one ends ``cancelled`` now and never starts; a running one is
+        asked to stop (``ctx.cancelled``, interrupted after the grace) and ends ``cancelled``.
+
+        JobNotFound for an unknown id; JobStateConflict for a job that had already ended.
+        """
+        before = self.job(job_id)
+        outcome = self.broker.cancel_job(job_id)
+        if outcome is None:
+            raise JobNotFound(f"no job {job_id}")
+        if outcome == CancelOutcome.FINISHED:
+            raise JobStateConflict(f"job {job_id} has ended ({before.state}): there is nothing to cancel")
+        self._audit("admin_cancel", before)
         return self.job(job_id)
 
     def pause(self, queue: str) -> QueueView:

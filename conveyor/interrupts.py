@@ -123,3 +123,9 @@ def _put_shielded(put: Callable[[T], Any], resource: T, returned: list[bool]) ->
     finally:
         deferred = _exit()
     return deferred
+
+
+class JobCancelled(Interrupt):
+    """Raised in a running job's thread when its cancellation was asked and it did not stop within the grace
+    (``CONVEYOR_CANCEL_GRACE_SECONDS``). A ``BaseException`` (Dramatiq's ``Interrupt``): ``except Exception``
+    in the job does not swallow it; the job ends ``cancelled``, never failed or retried."""

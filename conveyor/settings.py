@@ -112,6 +112,13 @@ class Settings(BaseSettings):
         5, gt=0, description="Seconds between a worker's recovery passes for dead workers' jobs."
     )
     shutdown_timeout: float = Field(600, ge=0, description="Seconds a stopping worker waits for in-flight jobs.")
+    cancel_grace_seconds: float = Field(
+        1,
+        ge=0,
+        le=60,
+        description="Seconds a running job whose cancellation was asked has to stop by itself (it sees "
+        "ctx.cancelled at once) before it is interrupted in its thread (JobCancelled).",
+    )
     worker_idle_timeout: float = Field(
         1,
         ge=0.01,

@@ -30,7 +30,7 @@ router = APIRouter(
     },
 )
 
-State = Literal["waiting", "delayed", "active", "completed", "failed"]
+State = Literal["waiting", "delayed", "active", "completed", "failed", "cancelled"]
 
 
 class _Out(BaseModel):
@@ -221,14 +221,25 @@ def promote_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Jo
 @router.post(
     "/bulk/{action}",
     response_model=BulkResult,
-    summary="Retry, delete, promote or purge the jobs a filter matches (dryRun: count them first)",
+    summary="Retry, delete, promote, purge or cancel the jobs a filter matches (dryRun: count them first)",
     responses={404: {"description": "no such queue (the answer lists the queues)"}},
 )
 def bulk(
-    action: Literal["retry", "delete", "promote", "purge"], body: BulkRequest, inspect: Inspector = Depends(inspector)
+    action: Literal["retry", "delete", "promote", "purge", "cancel"],
+    body: BulkRequest,
+    inspect: Inspector = Depends(inspector),
 ) -> BulkResult:
     where = Where(queue=body.queue, state=body.state, job=body.job or None, older_than=body.older_than)
     return BulkResult.model_validate(inspect.bulk(action, where, dry_run=body.dry_run, ids=body.ids))
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=Job,
+    summary="Cancel a job: a waiting or delayed one never starts, a running one is stopped (409 if it has ended)",
+)
+def cancel_job(job_id: NamePath, inspect: Inspector = Depends(inspector)) -> Job:
+    return Job.model_validate(inspect.cancel(job_id))
 
 
 @router.delete("/jobs/{job_id}", response_model=Deleted, summary="Delete a job that is not running (409 if it is)")

@@ -88,7 +88,26 @@ def malformed_error(exc: BaseException) -> str:
 
 
 #: The states a job record can be in, as users see them.
-JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
+JOB_STATES = ("waiting", "delayed", "active", "completed", "failed", "cancelled")
+
+#: What ``start_job`` returns for a delivery of a job whose cancellation was asked before it started:
+#: the start ended it ``cancelled`` (fenced like the start) and the body must not run.
+CANCELLED_AT_START = -2
+
+#: Message option set on a delivery whose job ended ``cancelled`` (at its start, or by its cancel outcome):
+#: its ack writes nothing, and the middleware count and log it as cancelled. Never stored with the job.
+CANCELLED = "conveyor_cancelled"
+
+
+class CancelOutcome:
+    """What :meth:`ConveyorBroker.cancel_job` did (plain strings, as the API and CLI show them)."""
+
+    #: The job was waiting or delayed: it is ``cancelled`` now and never starts.
+    CANCELLED = "cancelled"
+    #: A worker holds the job: the cancellation is stored and its holder woken; it ends ``cancelled``.
+    REQUESTED = "requested"
+    #: The job had already ended (completed, failed, cancelled): nothing changed.
+    FINISHED = "finished"
 
 
 def check_state(state: str) -> None:
@@ -132,6 +151,8 @@ class QueueCounts:
     #: Of the ``active`` jobs (claimed by a worker), those whose current delivery has started running;
     #: the rest are prefetched: fetched ahead by a worker, not started yet.
     running: int = 0
+    #: Jobs that ended ``cancelled`` and are still kept (retention).
+    cancelled: int = 0
 
     @property
     def prefetched(self) -> int:
@@ -285,6 +306,37 @@ class ConveyorBroker(Broker):
         """Undo :meth:`pause_queue`."""
         raise NotImplementedError
 
+    # -- cancel (issue 21) ------------------------------------------------------
+
+    def cancel_job(self, job_id: str) -> str | None:
+        """Cancel one job; returns a :class:`CancelOutcome` value, or None when no job has this id.
+
+        In one atomic step: a waiting or delayed job ends ``cancelled`` and never
+        starts (a worker that prefetched or holds it until its eta is refused by
+        the fence or its start); a job a worker holds keeps running until its
+        holder, woken at once, sees ``ctx.cancelled``, interrupts it after the
+        grace and writes :meth:`cancel_outcome`. The request is stored with the
+        job, so a worker that starts it later (after a restart, a recovery) ends
+        it at its start. A job that already ended is left alone.
+        """
+        raise NotImplementedError
+
+    def cancel_outcome(self, message: AnyMessage, error: str | None = None) -> bool:
+        """End this delivery's job ``cancelled``, fenced like an ack; False when the delivery is superseded.
+
+        The late ack, nack or retry of this or any older delivery then changes nothing.
+        """
+        raise NotImplementedError
+
+    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+        """Of these held jobs, those whose cancellation was asked (the check behind a lost wake-up)."""
+        raise NotImplementedError
+
+    def cancel_listener(self) -> CancelListener | None:
+        """A subscription to cancellations as they are asked (ids of held jobs); None when the broker
+        has no channel (inline: a cancel reaches the process's registry directly)."""
+        return None
+
     # -- operator actions (admin API and dashboard) ---------------------------
 
     def retry_job(self, job_id: str) -> bool:
@@ -331,6 +383,16 @@ class ConveyorBroker(Broker):
         Returns False, changing nothing, when the job is unknown or active.
         """
         raise NotImplementedError
+
+
+class CancelListener(Protocol):
+    """The cancel channel of a broker, as a worker process's cancel watcher reads it."""
+
+    def wait(self, timeout: float) -> list[str]:
+        """Job ids whose cancellation was asked, arriving within ``timeout`` s (maybe none)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 #: Called once when a job has spent its attempts: ``(broker, message, error text)``.

@@ -22,7 +22,11 @@ from dramatiq.brokers.stub import StubBroker, _StubConsumer
 from dramatiq.common import q_name
 
 from conveyor.brokers.base import (
+    CANCELLED,
+    CANCELLED_AT_START,
     AnyMessage,
+    CancelListener,
+    CancelOutcome,
     ConveyorBroker,
     EnqueueItem,
     JobRecord,
@@ -45,6 +49,8 @@ class InlineBroker(ConveyorBroker, StubBroker):
         self._totals: dict[str, dict[str, int]] = defaultdict(lambda: {"completed": 0, "failed": 0})
         self._final: set[str] = set()
         self._deleted: set[str] = set()
+        self._cancel_asked: set[str] = set()
+        self._cancel_listeners: list[_InlineCancels] = []
         self._waiting_since: dict[str, float] = {}
         self.paused: set[str] = set()
         #: job id -> its deliveries so far: the fence number of the latest (``inline_delivery`` on its message).
@@ -65,6 +71,9 @@ class InlineBroker(ConveyorBroker, StubBroker):
         with self._lock:
             if message.message_id in self._deleted:
                 return message  # a deleted job coming back from its delay: drop it
+            cancelled = self.records.get(message.message_id)
+            if cancelled is not None and cancelled.state == "cancelled":
+                return message  # a cancelled job coming back from its delay, or retried: it never runs
             stamp = message.options.get("inline_delay")
             if delay is None and stamp in self._promoted:
                 self._promoted.discard(stamp)  # a delay an operator cut short coming back: it ran already
@@ -120,6 +129,11 @@ class InlineBroker(ConveyorBroker, StubBroker):
             record = self.records.get(message.message_id)
             if record is None:
                 return 0
+            if message.message_id in self._cancel_asked:
+                if record.state != "cancelled":
+                    self._end_cancelled(record)
+                message.options[CANCELLED] = True
+                return CANCELLED_AT_START
             record.attempts += 1
             record.state = "active"
             self._waiting_since.pop(record.id, None)
@@ -155,7 +169,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
             return
         with self._lock:
             record = self.records.get(message.message_id)
-            if record is None or record.state != "active":
+            if record is None or record.state != "active" or message.options.get(CANCELLED):
                 return
             record.state = "failed" if failed else "completed"
             record.finished_at = time.time()
@@ -189,6 +203,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 queue in self.paused,
                 min(since) if since else None,
                 states["active"],  # an inline job is active from its start: none is prefetched
+                states["cancelled"],
             )
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -273,6 +288,55 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 del self._keys[record.key]
             return True
 
+    def _end_cancelled(self, record: JobRecord) -> None:
+        record.state = "cancelled"
+        record.finished_at = time.time()
+        self._waiting_since.pop(record.id, None)
+        self._totals[record.queue]["cancelled"] = self._totals[record.queue].get("cancelled", 0) + 1
+
+    def cancel_job(self, job_id: str) -> str | None:
+        with self._lock:
+            record = self.records.get(job_id)
+            if record is None:
+                return None
+            if record.state in ("completed", "failed", "cancelled"):
+                return CancelOutcome.FINISHED
+            self._cancel_asked.add(job_id)
+            if record.state == "active":
+                for listener in self._cancel_listeners:
+                    listener.ids.append(job_id)
+                    listener.event.set()
+                return CancelOutcome.REQUESTED
+            # Waiting or delayed: its message stays in its in-memory queue, and its start ends it.
+            self._end_cancelled(record)
+            self._delayed.pop(job_id, None)
+            return CancelOutcome.CANCELLED
+
+    def cancel_outcome(self, message: AnyMessage, error: str | None = None) -> bool:
+        with self._lock:
+            record = self.records.get(message.message_id)
+            if record is None or record.state != "active" or message.message_id not in self._cancel_asked:
+                return False
+            self._end_cancelled(record)
+            if error:
+                record.error = error
+            message.options[CANCELLED] = True
+            return True
+
+    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+        with self._lock:
+            return {
+                i
+                for i in job_ids
+                if i in self._cancel_asked and (r := self.records.get(i)) is not None and r.state == "active"
+            }
+
+    def cancel_listener(self) -> CancelListener | None:
+        listener = _InlineCancels(self)
+        with self._lock:
+            self._cancel_listeners.append(listener)
+        return listener
+
     def _take_dead_letter(self, record: JobRecord) -> Message[Any]:
         """The failed job's message, out of the dead letters (rebuilt from the record if absent)."""
         letters = self.dead_letters_by_queue[record.queue]
@@ -311,6 +375,10 @@ class _Consumer(Consumer):
         message = next(self.inner)
         if message is None:
             return None
+        record = self.broker.records.get(message.message_id)
+        if record is not None and record.state == "cancelled":
+            self.inner.ack(message)  # cancelled while it waited in the in-memory queue: never handed out
+            return None
         if not self.queue_name.endswith(".DQ"):
             self.broker.deliver(message._message)
         return SafeMessageProxy(message._message)
@@ -330,3 +398,24 @@ class _Consumer(Consumer):
 
     def close(self) -> None:
         self.inner.close()
+
+
+class _InlineCancels:
+    """The process's cancel channel (a cancel reaches its watcher in memory)."""
+
+    def __init__(self, broker: InlineBroker) -> None:
+        self.broker = broker
+        self.ids: list[str] = []
+        self.event = threading.Event()
+
+    def wait(self, timeout: float) -> list[str]:
+        self.event.wait(timeout)
+        with self.broker._lock:
+            self.event.clear()
+            ids, self.ids = self.ids, []
+        return ids
+
+    def close(self) -> None:
+        with self.broker._lock:
+            if self in self.broker._cancel_listeners:
+                self.broker._cancel_listeners.remove(self)

@@ -25,12 +25,17 @@ if TYPE_CHECKING:
 #: The one state an action applies to, implied by its --where (a filter naming another is refused).
 ACTION_STATE = {"retry": "failed", "promote": "delayed"}
 
+#: The states ``cancel --where`` may name.
+CANCELLABLE = ("waiting", "delayed", "active")
+
 #: The filter's keys, and what each becomes.
 WHERE_KEYS = ("queue", "state", "job", "older-than")
 
 
 def register(sub: Subcommands) -> None:
-    jobs = sub.add_parser("jobs", help="list, show, retry, delete, promote and purge jobs (one by id, or many --where)")
+    jobs = sub.add_parser(
+        "jobs", help="list, show, retry, delete, promote, cancel and purge jobs (one by id, or many --where)"
+    )
     verbs = jobs.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     p = verbs.add_parser("list", help="jobs of a queue in a state, newest first")
@@ -48,6 +53,7 @@ def register(sub: Subcommands) -> None:
         ("retry", "failed jobs back to their queue"),
         ("delete", "jobs that are not running"),
         ("promote", "delayed jobs: run them now"),
+        ("cancel", "waiting, delayed or running jobs: they end cancelled"),
     ):
         p = verbs.add_parser(verb, help=f"{verb} {what}: by id, or every job --where matches")
         p.add_argument("job_ids", nargs="*", metavar="JOB_ID")
@@ -59,6 +65,13 @@ def register(sub: Subcommands) -> None:
     _where_flag(p, required=True)
     _bulk_flags(p)
     p.set_defaults(func=cmd_act, action="delete", job_ids=[])
+
+    # `conveyor cancel` is `conveyor jobs cancel`: the one users reach for when a run must stop.
+    p = sub.add_parser("cancel", help="cancel jobs by id, or every job --where matches (waiting, delayed or active)")
+    p.add_argument("job_ids", nargs="*", metavar="JOB_ID")
+    _where_flag(p, required=False)
+    _bulk_flags(p)
+    p.set_defaults(func=cmd_act, action="cancel")
 
     queues = sub.add_parser("queues", help="pause, resume or purge a queue")
     verbs = queues.add_subparsers(dest="verb", metavar="VERB", required=True)
@@ -79,7 +92,8 @@ def _where_flag(parser: argparse.ArgumentParser, *, required: bool) -> None:
         "--where",
         required=required,
         metavar="FILTER",
-        help="queue=Q,state=S[,job=NAME][,older-than=SECONDS]; retry implies state=failed, promote state=delayed",
+        help="queue=Q,state=S[,job=NAME][,older-than=SECONDS]; retry implies state=failed, promote state=delayed; "
+        "cancel takes waiting, delayed or active",
     )
 
 
@@ -197,12 +211,15 @@ def cmd_act(args: argparse.Namespace) -> int:
             what = f"{len(ids)} job(s)"
         else:
             where = parse_where(args.where, state=ACTION_STATE.get(args.action))
+            if args.action == "cancel" and where.state not in CANCELLABLE:
+                raise InvalidQuery(f"--where: cancel applies to {', '.join(CANCELLABLE)} jobs only")
             ids = [v.id for v in inspect.select(where)]
             what = f"{len(ids)} {where.state} job(s) of queue {where.queue}" + (f" ({where.job})" if where.job else "")
         acts: dict[str, Callable[[str], object]] = {
             "retry": inspect.retry,
             "delete": inspect.delete,
             "promote": inspect.promote,
+            "cancel": inspect.cancel,
         }
         act = acts[args.action]
         return _bulk(args, f"jobs {args.action}", f"{args.action} {what}", ids, act)

@@ -8,6 +8,7 @@ from typing import Any
 from dramatiq import Broker
 from dramatiq.broker import MessageProxy
 
+from conveyor.brokers.base import CANCELLED
 from conveyor.logs import log_event
 from conveyor.middleware.base import ConveyorMiddleware
 
@@ -31,6 +32,8 @@ class Events(ConveyorMiddleware):
     ) -> None:
         # Popped on every outcome: a retried message must not carry it along.
         started = message.options.pop("started_monotonic", None)
+        if message.options.get(CANCELLED):
+            return  # conveyor.middleware.cancel logs its "cancelled" event
         if exception is None:
             duration = round(time.monotonic() - started, 6) if started else None
             log_event(

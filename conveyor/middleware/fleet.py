@@ -34,7 +34,7 @@ from dramatiq import Broker, Worker
 from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 
-from conveyor.brokers.base import ConveyorBroker, EnqueueItem, JobRef, describe_error
+from conveyor.brokers.base import CANCELLED, ConveyorBroker, EnqueueItem, JobRef, describe_error
 from conveyor.brokers.fleet import TRACEBACK_LIMIT, AttemptEvent, WorkerInfo, beat_interval, fleet_store, recovery_after
 from conveyor.errors import RetryLater
 from conveyor.logs import log_error
@@ -185,6 +185,9 @@ class Fleet(ConveyorMiddleware):
     def after_process_message(
         self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
+        if message.options.get(CANCELLED):
+            self._end(message, "cancelled")  # the attempt's history says so (conveyor.middleware.cancel)
+            return
         if exception is None:
             self._end(message, "completed")
             return
@@ -196,7 +199,7 @@ class Fleet(ConveyorMiddleware):
             self._end(message, "failed", error, self._traceback(exception, secrets))
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        self._end(message, "skipped")
+        self._end(message, "cancelled" if message.options.get(CANCELLED) else "skipped")
 
     def _end(self, message: MessageProxy, outcome: str, error: str | None = None, trace: str | None = None) -> None:
         now = time.monotonic()

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from conveyor.brokers.base import AnyMessage, ConveyorBroker, EnqueueItem, JobRef, QueueCounts
+from conveyor.brokers.base import CANCELLED, AnyMessage, ConveyorBroker, EnqueueItem, JobRef, QueueCounts
 from conveyor.errors import RetryLater
 from conveyor.logs import log_error, log_event
 from conveyor.middleware.base import ConveyorMiddleware
@@ -88,6 +88,13 @@ class Metrics(ConveyorMiddleware):
         self.completed = Counter("conveyor_jobs_completed", "Attempts that succeeded.", _LABELS, registry=r)
         self.failed = Counter(
             "conveyor_jobs_failed", "Attempts that raised an error (RetryLater excluded).", _LABELS, registry=r
+        )
+        self.cancelled = Counter(
+            "conveyor_jobs_cancelled",
+            "Jobs a worker ended cancelled (at their start, or while running); a waiting job cancelled by "
+            "the API is counted by the queue's cancelled gauge only.",
+            _LABELS,
+            registry=r,
         )
         self.retried = Counter(
             "conveyor_jobs_retried", "Retries scheduled by workers, once per retry.", _LABELS, registry=r
@@ -201,12 +208,16 @@ class Metrics(ConveyorMiddleware):
         queue, job = q_name(message.queue_name), message.actor_name
         self.in_flight.labels(queue, job).dec()
         self.run_seconds.labels(queue, job).observe(time.monotonic() - started)
-        if exception is None:
+        if message.options.get(CANCELLED):
+            self.cancelled.labels(queue, job).inc()
+        elif exception is None:
             self.completed.labels(queue, job).inc()
         elif not isinstance(exception, RetryLater):
             self.failed.labels(queue, job).inc()
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        if message.options.get(CANCELLED):
+            self.cancelled.labels(q_name(message.queue_name), message.actor_name).inc()
         if self._running.pop(id(message), None) is not None:
             self.in_flight.labels(q_name(message.queue_name), message.actor_name).dec()
 

@@ -22,7 +22,7 @@ from dramatiq.common import compute_backoff
 from dramatiq.middleware import SkipMessage
 from pydantic import ValidationError
 
-from conveyor.brokers.base import FINALIZE, AnyMessage, FinalFailure
+from conveyor.brokers.base import CANCELLED, CANCELLED_AT_START, FINALIZE, AnyMessage, FinalFailure
 from conveyor.errors import PermanentError, RetryLater, describe_error
 from conveyor.logs import log_event
 from conveyor.middleware.base import ConveyorMiddleware, conveyor_broker
@@ -61,6 +61,16 @@ class Retries(ConveyorMiddleware):
                 reason="job was deleted",
             )
             raise SkipMessage("job was deleted")
+        if attempt == CANCELLED_AT_START:
+            log_event(
+                "cancelled",
+                queue=message.queue_name,
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=None,
+                reason="cancelled before it started: never run",
+            )
+            raise SkipMessage("job was cancelled")
         message.options["attempt"] = attempt
         budget = self._max_attempts(broker, message) + message.options.get("deferrals", 0)
         if attempt > budget:
@@ -77,8 +87,8 @@ class Retries(ConveyorMiddleware):
     def after_process_message(
         self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
-        if exception is None:
-            return
+        if exception is None or message.options.get(CANCELLED):
+            return  # a cancelled job is neither retried nor failed (conveyor.middleware.cancel)
         attempt = message.options.get("attempt", 1)
         error = describe_error(exception)
         if isinstance(exception, RetryLater):

@@ -30,7 +30,7 @@ from dramatiq import Broker, Message, Worker
 from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 
-from conveyor.brokers.base import AnyMessage, ConveyorBroker, EnqueueItem, JobRef
+from conveyor.brokers.base import CANCELLED, AnyMessage, ConveyorBroker, EnqueueItem, JobRef
 from conveyor.brokers.rollup import KEEP_SECONDS, Tally, TallyGroup, bucket_of, rollup_store
 from conveyor.logs import log_error
 from conveyor.middleware.base import ConveyorMiddleware
@@ -130,7 +130,7 @@ class Rollup(ConveyorMiddleware):
             tally.run[bucket_of(time.monotonic() - started)] += 1
             # A failed attempt counts as retried (after_enqueue) or failed for good (after_job_dead);
             # a RetryLater deferral as neither.
-            if exception is None:
+            if exception is None and not message.options.get(CANCELLED):
                 tally.completed += 1
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:

@@ -231,6 +231,28 @@ def fail_run(conn: Connection[Any], run_id: str, error: str) -> bool:
     return conn.execute(QUERIES["fail_run"], {"id": run_id, "error": error[:2000]}).fetchone() is not None
 
 
+def cancel_run(conn: Connection[Any], run: Run, *, running: bool, partial: str | None = None) -> bool:
+    """Drive a live run to ``cancelled`` (only a queued one unless ``running``), keeping ``partial``, the reply
+    streamed so far, as its assistant message, in one transaction; False when it had already ended (or runs)."""
+    with conn.transaction():
+        done = conn.execute(QUERIES["cancel_run"], {"id": run.id, "running": running, "error": "cancelled"}).fetchone()
+        if done is None:
+            return False
+        if partial:
+            conn.execute(
+                QUERIES["write_assistant_message"],
+                {
+                    "id": run.assistant_message_id,
+                    "task_id": run.task_id,
+                    "content": partial,
+                    "run_id": run.id,
+                    "prompt_tokens": None,
+                    "completion_tokens": None,
+                },
+            )
+    return True
+
+
 def mark_finalized(conn: Connection[Any], run_id: str) -> None:
     conn.execute(QUERIES["mark_finalized"], {"id": run_id})
 

@@ -70,6 +70,13 @@ UPDATE runs SET status = 'failed', finished_at = now(), error = %(error)s
 WHERE id = %(id)s AND status IN ('queued', 'running')
 RETURNING id
 
+-- name: cancel_run
+-- A run is cancelled (POST /api/runs/{id}/cancel): a queued one by the route (its job never starts), a
+-- running one (running = true) by its job's cancel hook, which keeps the partial reply. No row: it had ended.
+UPDATE runs SET status = 'cancelled', finished_at = now(), error = %(error)s
+WHERE id = %(id)s AND (status = 'queued' OR (%(running)s AND status = 'running'))
+RETURNING id
+
 -- name: mark_finalized
 UPDATE runs SET finalized_at = coalesce(finalized_at, now()) WHERE id = %(id)s
 

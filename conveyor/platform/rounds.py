@@ -109,3 +109,18 @@ def requeue_stranded_runs(app: "App", *, older_than: float = STRANDED_AFTER) -> 
         ref = app.jobs.enqueue(job, {"task_id": task_id, "run_id": run_id}, key=run_key(run_id))
         enqueued += not ref.deduplicated
     return enqueued
+
+
+def cancel_round(app: App, run: records.Run) -> None:
+    """Stop a run: its job is cancelled (a queued run's never starts; a running one is interrupted where it runs
+    and its cancel hook ends the run ``cancelled`` with the partial reply); a run still queued ends here."""
+    from conveyor.inspector import Inspector
+    from conveyor.platform.streams import buffer_for
+
+    for view in Inspector(app).search(run_key(run.id)):
+        if view.state in ("waiting", "delayed", "active"):
+            app.jobs.cancel(view.id)
+    with app.pool.connection() as conn:
+        ended = records.cancel_run(conn, run, running=False)
+    if ended:
+        buffer_for(app).end(run.id, "cancelled")

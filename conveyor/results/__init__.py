@@ -118,8 +118,8 @@ def wait_result(app: App, job_id: str, timeout: float) -> Any:
             marked = entry is not None  # the job failed for good, or did before an operator retried it
             if marked or remaining <= 0:
                 view = Inspector(app).job(job_id)
-                if view.state == "failed":
-                    raise JobFailed(view.job, job_id, view.error or "")
+                if view.state in ("failed", "cancelled"):  # cancelled: it will never have a result
+                    raise JobFailed(view.job, job_id, view.error or view.state)
                 if remaining <= 0:
                     raise ResultTimeout(
                         f"job {job_id!r} ({view.job}) has no result after {timeout:g} s: it is {view.state}"

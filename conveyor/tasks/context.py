@@ -79,6 +79,12 @@ class JobContext:
     def last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 
+    @property
+    def cancelled(self) -> bool:
+        """True once this job's cancellation was asked (``app.jobs.cancel``): stop soon, the job ends
+        ``cancelled``; after ``CONVEYOR_CANCEL_GRACE_SECONDS`` the run is interrupted (``JobCancelled``)."""
+        return self.app.cancels.is_cancelled(self.job_id)
+
     # -- budgets ---------------------------------------------------------------------
 
     @property

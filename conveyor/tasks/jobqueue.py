@@ -94,6 +94,48 @@ class JobQueue:
 
         return Inspector(self.app).job(job_id)
 
+    def cancel(self, job_id: str) -> str:
+        """Cancel one job; returns what happened (``conveyor.brokers.base.CancelOutcome``):
+
+        ``"cancelled"``: it was waiting or delayed and never starts; ``"requested"``: a worker holds it,
+        it sees ``ctx.cancelled`` now, is interrupted after ``CONVEYOR_CANCEL_GRACE_SECONDS`` if it
+        still runs, and ends ``cancelled``; ``"finished"``: it had already ended, nothing changed.
+        The cancellation is stored by the broker: it holds across worker restarts.
+        Raises :class:`~conveyor.errors.JobNotFound` when no job has this id.
+        """
+        from conveyor.errors import JobNotFound
+
+        outcome = self.app.broker.cancel_job(job_id)
+        if outcome is None:
+            raise JobNotFound("no job with this id")
+        return outcome
+
+    def cancel_where(self, *, queue: str, job: str | None = None, state: str | None = None) -> int:
+        """Cancel every job of ``queue`` (of type ``job``, in ``state``: waiting, delayed or active; all
+        three when None) as :meth:`cancel` does, one at a time; returns how many were cancelled or asked."""
+        from conveyor.errors import InvalidQuery
+
+        states = ("waiting", "delayed", "active")
+        if state is not None and state not in states:
+            raise InvalidQuery(f"state: cancel applies to {', '.join(states)} jobs only")
+        if queue not in self.app.queues:
+            raise InvalidQuery("queue: not a queue of this app")
+        broker = self.app.broker
+        ids: list[str] = []
+        for name in (state,) if state else states:
+            offset = 0
+            while True:
+                page = broker.list_jobs(queue, name, limit=500, offset=offset)
+                ids += [r.id for r in page if job is None or r.job == job]
+                if len(page) < 500:
+                    break
+                offset += len(page)
+        done = 0
+        for job_id in dict.fromkeys(ids):
+            if broker.cancel_job(job_id) in ("cancelled", "requested"):
+                done += 1
+        return done
+
     def result(self, job_id: str, timeout: float = 30.0) -> Any:
         """The job's stored return value (``store_result=True``), waiting up to ``timeout`` seconds.
 

@@ -124,3 +124,25 @@ def test_promote_runs_delayed_jobs_now_by_id_and_by_filter_even_one_a_worker_hol
         "skipped": 1,
         "seconds": 0,
     }
+
+
+def test_conveyor_cancel_by_id_and_where(app):
+    """`conveyor cancel ID…` and `conveyor cancel --where`: waiting and delayed jobs end cancelled; an ended
+    job is skipped; a state cancel does not apply to is refused with a clear message."""
+    app.broker.pause_queue("indexing")
+    one = app.jobs.enqueue("obs.work", {"n": 1}).id
+    later = [app.jobs.enqueue("obs.work", {"n": n}, delay=3600).id for n in range(2)]
+    by_id = conveyor(app, "cancel", one, "--yes", "--json")
+    assert by_id.returncode == 0, by_id.stderr
+    assert json.loads(by_id.stdout.splitlines()[-1])["done"] == 1
+    assert app.broker.get_job(one).state == "cancelled"
+    again = conveyor(app, "cancel", one, "--yes", "--json")
+    assert json.loads(again.stdout.splitlines()[-1])["skipped"] == 1, "an ended job is left alone"
+    bulk = conveyor(app, "cancel", "--where", "queue=indexing,state=delayed", "--yes", "--json")
+    assert json.loads(bulk.stdout.splitlines()[-1])["done"] == 2
+    assert {app.broker.get_job(i).state for i in later} == {"cancelled"}
+    wrong = conveyor(app, "jobs", "cancel", "--where", "queue=indexing,state=failed", "--yes")
+    assert wrong.returncode == 2 and "cancel applies to waiting, delayed, active" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+    listed = conveyor(app, "jobs", "list", "--where", "queue=indexing,state=cancelled", "--json")
+    assert sorted(json.loads(line)["id"] for line in listed.stdout.splitlines()) == sorted([one, *later])

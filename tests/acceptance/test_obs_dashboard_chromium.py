@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -496,3 +497,36 @@ def test_promote_and_bulk_actions_confirmed_with_their_count(browser, redis_url)
     finally:
         worker_app.close()
         app.close()
+
+
+# -- cancel -------------------------------------------------------------------------------------------
+
+
+def test_cancelling_a_running_job_from_its_page_stops_it_and_the_cancelled_tab_shows_it(browser, redis_url):
+    """The job page of a running job has Cancel; confirmed, the job is interrupted where it runs (a 60 s
+    sleep, a 1 s grace) and ends cancelled; the queue's cancelled tab counts and lists it."""
+    from selenium.webdriver.common.by import By
+
+    app = redis_app(redis_url)
+    worker_app = redis_app(redis_url)
+    try:
+        with _strict_api_server(app) as base, worker(worker_app, QUEUE):
+            ref = app.jobs.enqueue("obs.work", {"n": 1, "sleep": 60})
+            wait_for(lambda: app.broker.get_job(ref.id).state == "active", timeout=20, message="the job to run")
+            _sign_in(browser, base, f"/admin/jobs/{ref.id}")
+            wait_for(lambda: browser.find_elements(By.ID, "cancel"), timeout=15, message="the Cancel button")
+            assert not browser.find_elements(By.ID, "delete"), "a running job has no Delete"
+            browser.find_element(By.ID, "cancel").click()
+            browser.switch_to.alert.accept()
+            clicked = time.monotonic()
+            wait_for(lambda: app.broker.get_job(ref.id).state == "cancelled", timeout=15, message="cancelled")
+            assert time.monotonic() - clicked < 5, "stopped after the grace, not after its 60 s sleep"
+            wait_for(lambda: _text(browser, "#job-state") == "cancelled", timeout=15, message="the page to follow")
+            assert not browser.find_elements(By.ID, "cancel"), "an ended job has no Cancel"
+            browser.get(f"{base}/admin/queues/{QUEUE}?state=cancelled")
+            wait_for(lambda: _text(browser, 'a[data-state="cancelled"] .count') == "1", timeout=15)
+            assert browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{ref.id}"]')
+            _screenshot(browser, "cancelled")
+    finally:
+        app.close()
+        worker_app.close()

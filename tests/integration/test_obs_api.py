@@ -24,6 +24,7 @@ ADMIN_ROUTES = [
     ("GET", "/api/admin/jobs/some-id"),
     ("POST", "/api/admin/jobs/some-id/retry"),
     ("POST", "/api/admin/jobs/some-id/promote"),
+    ("POST", "/api/admin/jobs/some-id/cancel"),
     ("POST", "/api/admin/bulk/retry"),
     ("DELETE", "/api/admin/jobs/some-id"),
     ("POST", "/api/admin/queues/indexing/retry-failed"),
@@ -443,3 +444,25 @@ def test_bulk_actions_count_first_then_act_only_on_jobs_that_still_match(api, ap
     assert (young["done"], young["skipped"]) == (0, 1) and app.broker.get_job(waiting) is not None
     purged = api.post("/api/admin/bulk/purge", json={"queue": QUEUE, "state": "waiting"}, headers=AUTH).json()
     assert purged["done"] == 5 and app.broker.queue_counts(QUEUE).waiting == 0
+
+
+def test_cancel_by_id_and_in_bulk_over_http(app, api):
+    """POST /api/admin/jobs/{id}/cancel: a waiting or delayed job ends cancelled (200); an ended one is 409;
+    an unknown id 404; the bulk form cancels what its filter matches."""
+    app.broker.pause_queue(QUEUE)
+    waiting = app.jobs.enqueue("obs.work", {"n": 1}).id
+    cancelled = api.post(f"/api/admin/jobs/{waiting}/cancel", headers=AUTH)
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    again = api.post(f"/api/admin/jobs/{waiting}/cancel", headers=AUTH)
+    assert again.status_code == 409 and "nothing to cancel" in again.text
+    missing = api.post("/api/admin/jobs/no-such-s3cr3t/cancel", headers=AUTH)
+    assert missing.status_code == 404 and "Traceback" not in missing.text
+    assert api.post(f"/api/admin/jobs/{waiting}/cancel").status_code in (401, 403)
+    delayed = [app.jobs.enqueue("obs.work", {"n": n}, delay=3600).id for n in range(3)]
+    acted = api.post("/api/admin/bulk/cancel", json={"queue": QUEUE, "state": "delayed"}, headers=AUTH).json()
+    assert (acted["count"], acted["done"]) == (3, 3)
+    assert {app.broker.get_job(i).state for i in delayed} == {"cancelled"}
+    wrong = api.post("/api/admin/bulk/cancel", json={"queue": QUEUE, "state": "failed"}, headers=AUTH)
+    assert wrong.status_code == 400
+    listed = api.get(f"/api/admin/jobs?queue={QUEUE}&state=cancelled", headers=AUTH)
+    assert listed.status_code == 200 and len(listed.json()["jobs"]) == 4

@@ -241,3 +241,44 @@ def hog(payload: Hog, ctx) -> None:
     """A probe run (probe_runs) that first keeps ``mib`` MiB of touched memory in its process."""
     _hoard.append(b"x" * (payload.mib * 1024 * 1024))
     probe(Probe(token=payload.token), ctx)
+
+
+class Cancellable(Payload):
+    """``test.cancellable``: runs until cancelled; ``cooperative`` stops by itself once it sees ``ctx.cancelled``,
+    else it ignores it and is interrupted after the grace. Each step is a row of effect_log (kind)."""
+
+    token: str
+    cooperative: bool = False
+
+
+def _cancel_log(ctx, token: str, kind: str) -> None:
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO effect_log (token, job_id, delivery, attempt, pid, kind) VALUES (%s, %s, %s, %s, %s, %s)",
+            (token, ctx.job_id, ctx.delivery, ctx.attempt, os.getpid(), kind),
+        )
+
+
+@jobs.job("test.cancellable", queue=QUEUES["nudge"], payload=Cancellable)
+def cancellable(payload: Cancellable, ctx) -> None:
+    from conveyor.interrupts import JobCancelled
+
+    _cancel_log(ctx, payload.token, "started")
+    seen = False
+    try:
+        while True:
+            if ctx.cancelled and not seen:
+                seen = True
+                _cancel_log(ctx, payload.token, "seen")
+                if payload.cooperative:
+                    _cancel_log(ctx, payload.token, "stopped")
+                    return
+            time.sleep(0.005)
+    except JobCancelled:
+        _cancel_log(ctx, payload.token, "interrupted")
+        raise
+
+
+@jobs.on_cancel("test.cancellable")
+def cancellable_hook(payload: Cancellable | None, ctx) -> None:
+    _cancel_log(ctx, payload.token if payload else "?", "hook")

@@ -36,8 +36,10 @@ class ObsWork(Payload):
 
 @jobs.job("obs.work", queue=INDEXING, payload=ObsWork, max_attempts=3)
 def work(payload: ObsWork, ctx: JobContext) -> None:
-    if payload.sleep:
-        time.sleep(payload.sleep)
+    # In slices: an interrupt (time limit, cancel) lands between two, not after one long C call.
+    until = time.monotonic() + payload.sleep
+    while time.monotonic() < until:
+        time.sleep(min(0.05, max(0.0, until - time.monotonic())))
     if payload.fail or ctx.attempt <= payload.fail_first or (payload.fail_while and os.path.exists(payload.fail_while)):
         raise JobError(f"obs.work {payload.n} failed on purpose (attempt {ctx.attempt})")
 

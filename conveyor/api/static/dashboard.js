@@ -46,6 +46,7 @@ document.addEventListener("change", (event) => {
     promote: ["Promote", "Promoting", "Promoted"],
     delete: ["Delete", "Deleting", "Deleted"],
     purge: ["Purge", "Purging", "Purged"],
+    cancel: ["Cancel", "Cancelling", "Cancelled"],
   };
   let pending = null;
 

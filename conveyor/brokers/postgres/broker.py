@@ -33,7 +33,11 @@ from dramatiq.errors import ConnectionClosed, QueueJoinTimeout, QueueNotFound
 from dramatiq.middleware import SkipMessage
 
 from conveyor.brokers.base import (
+    CANCELLED,
+    CANCELLED_AT_START,
     AnyMessage,
+    CancelListener,
+    CancelOutcome,
     ConveyorBroker,
     EnqueueItem,
     FinalFailure,
@@ -260,7 +264,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         deadline = time.monotonic() + START_GRACE
         while True:
             try:
-                return self.jobs.start(message.message_id, delivery)
+                attempt = self.jobs.start(message.message_id, delivery)
             except Exception as exc:
                 if isinstance(exc, DatabaseUnavailable) and time.monotonic() < deadline:
                     time.sleep(0.2)
@@ -272,6 +276,9 @@ class PostgresBroker(ConveyorBroker, Broker):
                     f"could not record the start, job handed back: {type(exc).__name__}: {exc}",
                 )
                 raise SkipMessage("the start could not be recorded") from None
+            if attempt == CANCELLED_AT_START:
+                message.options[CANCELLED] = True
+            return attempt
 
     def claim_final_failure(self, message: AnyMessage) -> bool:
         """True for the current delivery only (jobs.sql says why the row stays held until the nack).
@@ -348,6 +355,10 @@ class PostgresBroker(ConveyorBroker, Broker):
         """A delivery's outcome from the consumer (ack, nack, requeue)."""
         delivery = message.options.get("pg_delivery")
         if delivery is None:
+            return
+        if message.options.get(CANCELLED):
+            # Ended cancelled by its start or its cancel outcome (both fenced): nothing more to write.
+            self.deliveries.forget(message.message_id, delivery)
             return
         if message.options.get(ABANDON):
             self.deliveries.forget(message.message_id, delivery)  # its last outcome: abandoned when decided
@@ -490,6 +501,54 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def promote_job(self, job_id: str) -> bool:
         return self.jobs.promote(job_id)
+
+    # -- cancel ------------------------------------------------------------------
+
+    def cancel_job(self, job_id: str) -> str | None:
+        status = self.jobs.cancel(job_id)
+        if status is None:
+            return None
+        if status == "pending":
+            return CancelOutcome.CANCELLED
+        if status == "in_progress":
+            return CancelOutcome.REQUESTED
+        return CancelOutcome.FINISHED
+
+    def cancel_outcome(self, message: AnyMessage, error: str | None = None) -> bool:
+        delivery = message.options.get("pg_delivery")
+        if delivery is None:
+            return False
+        ended = self.jobs.cancel_outcome(message.message_id, delivery, error)
+        if ended:
+            message.options[CANCELLED] = True  # its ack writes nothing
+        return ended
+
+    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+        return self.jobs.cancel_requested(job_ids) if job_ids else set()
+
+    def cancel_listener(self) -> CancelListener | None:
+        if not self.jobs.listens:
+            return None  # through a transaction-mode pooler with no listen URL: the watcher polls
+        return _PostgresCancels(self.jobs)
+
+
+class _PostgresCancels:
+    """LISTEN on the cancel channel, on a connection of its own."""
+
+    def __init__(self, jobs: Jobs) -> None:
+        self.jobs = jobs
+        self.conn = jobs.connect_listener()
+        try:
+            jobs.listen_cancel(self.conn)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def wait(self, timeout: float) -> list[str]:
+        return list(self.jobs.notifications(self.conn, timeout))
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def _without_delivery(message: Message[Any]) -> Message[Any]:

@@ -39,6 +39,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Literal, TypedDict, overload
@@ -68,6 +69,8 @@ Fetch = Literal["none", "one", "all"]
 
 #: The NOTIFY channel; the payload is the queue name. ``LISTEN`` in jobs.sql names it too.
 CHANNEL = "conveyor_jobs"
+#: The channel a cancellation of a held job is announced on (payload: the job id); jobs.sql listen_cancel.
+CANCEL_CHANNEL = "conveyor_cancel"
 
 #: Connections per pool: a worker process's threads each need one briefly to start a job.
 POOL_MAX = 16
@@ -411,7 +414,8 @@ class Jobs:
         return due
 
     def start(self, job_id: str, delivery: int) -> int:
-        """Count the attempt of a claimed job; 0 when it was deleted or the delivery is superseded."""
+        """Count the attempt of a claimed job; 0 when it was deleted or the delivery is superseded,
+        CANCELLED_AT_START when its cancellation was asked (the start ended it cancelled)."""
         row = self._execute("start", {"id": job_id, "delivery": delivery}, fetch="one", fast=True)
         attempt: int = row[0] if row else 0
         return attempt
@@ -580,11 +584,21 @@ class Jobs:
     # -- reads and operator actions ---------------------------------------------------
 
     def counts(self, queue: str) -> QueueCounts:
-        waiting, delayed, active, running, failed, completed_total, failed_total, paused, oldest = _single(
+        waiting, delayed, active, running, failed, cancelled, completed_total, failed_total, paused, oldest = _single(
             self._read("counts", {"queue": queue}, "one"), "counts"
         )
         return QueueCounts(
-            queue, waiting, delayed, active, failed, int(completed_total), int(failed_total), paused, oldest, running
+            queue,
+            waiting,
+            delayed,
+            active,
+            failed,
+            int(completed_total),
+            int(failed_total),
+            paused,
+            oldest,
+            running,
+            cancelled,
         )
 
     def get(self, job_id: str) -> JobRecord | None:
@@ -621,6 +635,26 @@ class Jobs:
         row = self._execute("promote_job", {"id": job_id, "channel": CHANNEL}, fetch="one")
         promoted: int = _single(row, "promote_job")[0]
         return promoted > 0
+
+    def cancel(self, job_id: str) -> str | None:
+        """Cancel a job (jobs.sql, cancel_job); the status it had, None when unknown."""
+        row = self._execute("cancel_job", {"id": job_id, "channel": CANCEL_CHANNEL}, fetch="one")
+        return str(row[0]) if row else None
+
+    def cancel_outcome(self, job_id: str, delivery: int, error: str | None) -> bool:
+        """End a held job cancelled while ``delivery`` is current (jobs.sql, cancel_outcome)."""
+        params = {"id": job_id, "delivery": delivery, "error": storable(error)}
+        return self._execute("cancel_outcome", params, fetch="one") is not None
+
+    def cancel_requested(self, job_ids: Sequence[str]) -> set[str]:
+        rows = self._read("cancel_requested", {"ids": list(job_ids)}, "all")
+        return {str(r[0]) for r in rows}
+
+    def listen_cancel(self, conn: psycopg.Connection[Any]) -> None:
+        try:
+            conn.execute(QUERIES["listen_cancel"])
+        except STATEMENT_ERRORS as exc:
+            raise translate(exc, "listen") from exc
 
     def delete(self, job_id: str) -> bool:
         # A worker that claimed the job holds it (in_progress): only unheld jobs go.

@@ -67,11 +67,21 @@ WHERE queue = %(queue)s AND status = 'pending'
 -- A claimed job starts: count the attempt. No row when the job was deleted
 -- or this delivery is no longer the current one.
 -- Safe to repeat (a start whose reply was lost): a delivery counts its attempt once.
-UPDATE conveyor_jobs
-SET attempt = CASE WHEN started_delivery IS DISTINCT FROM %(delivery)s THEN attempt + 1 ELSE attempt END,
-    started_delivery = %(delivery)s, started_at = now()
-WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
-RETURNING attempt
+-- A job whose cancellation was asked (cancel_requested_at) does not start:
+-- the current delivery ends it cancelled in the same statement (-2).
+WITH cancelled AS (
+    UPDATE conveyor_jobs
+    SET status = 'cancelled', completed_at = now(), worker_id = NULL
+    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND cancel_requested_at IS NOT NULL
+    RETURNING -2 AS attempt
+), started AS (
+    UPDATE conveyor_jobs
+    SET attempt = CASE WHEN started_delivery IS DISTINCT FROM %(delivery)s THEN attempt + 1 ELSE attempt END,
+        started_delivery = %(delivery)s, started_at = now()
+    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND cancel_requested_at IS NULL
+    RETURNING attempt
+)
+SELECT attempt FROM cancelled UNION ALL SELECT attempt FROM started
 
 -- name: finish
 -- Apply a batch of outcomes of current deliveries: done, failed (with the
@@ -224,8 +234,10 @@ WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), stuck AS (
     SELECT j.id, j.final_failure_at IS NOT NULL AS claimed,
+           -- A job whose cancellation was asked is not failed here: its next start ends it cancelled.
            coalesce(j.attempt >= j.max_attempts
-                    + coalesce((j.message -> 'options' ->> 'deferrals')::int, 0), false) AS spent
+                    + coalesce((j.message -> 'options' ->> 'deferrals')::int, 0), false)
+               AND j.cancel_requested_at IS NULL AS spent
     FROM conveyor_jobs j
     CROSS JOIN t
     WHERE j.status = 'in_progress'
@@ -295,7 +307,8 @@ WHERE heartbeat_at < now() - make_interval(secs => %(after)s)
 WITH gone AS (
     DELETE FROM conveyor_jobs WHERE id IN (
         SELECT id FROM conveyor_jobs
-        WHERE status IN ('done', 'failed') AND completed_at < now() - make_interval(secs => %(retention)s)
+        WHERE status IN ('done', 'failed', 'cancelled')
+          AND completed_at < now() - make_interval(secs => %(retention)s)
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
@@ -322,6 +335,7 @@ SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS w
        count(*) FILTER (WHERE status = 'in_progress') AS active,
        count(*) FILTER (WHERE status = 'in_progress' AND started_delivery = delivery) AS running,
        (SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'failed') AS failed,
+       (SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'cancelled') AS cancelled,
        (SELECT coalesce(sum(completed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS completed_total,
        (SELECT coalesce(sum(failed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS failed_total,
        EXISTS (SELECT 1 FROM conveyor_paused_queues WHERE queue = %(queue)s) AS paused,
@@ -406,3 +420,46 @@ WITH p AS (
     SELECT pg_notify(%(channel)s, p.queue) FROM p
 )
 SELECT count(*), (SELECT count(*) FROM woke) FROM p
+
+-- name: cancel_job
+-- An operator or the API cancels a job. A pending one (waiting or delayed:
+-- no worker holds it) ends cancelled at once and never starts. One a worker
+-- holds keeps its row held; the cancellation is stored on it and its holder
+-- is woken (NOTIFY on the cancel channel, payload the id), ends the run and
+-- writes the fenced outcome (cancel_outcome); a holder that has not started
+-- it ends it at its start. Returns the status the job had (no row: unknown).
+WITH j AS (
+    SELECT id, status FROM conveyor_jobs WHERE id = %(id)s FOR UPDATE
+), ended AS (
+    UPDATE conveyor_jobs c
+    SET status = 'cancelled', completed_at = now(), cancel_requested_at = now()
+    FROM j WHERE c.id = j.id AND j.status = 'pending'
+    RETURNING c.id
+), asked AS (
+    UPDATE conveyor_jobs c
+    SET cancel_requested_at = coalesce(c.cancel_requested_at, now())
+    FROM j WHERE c.id = j.id AND j.status = 'in_progress'
+    RETURNING c.id
+), woke AS (
+    SELECT pg_notify(%(channel)s, asked.id) FROM asked
+)
+SELECT j.status, (SELECT count(*) FROM ended), (SELECT count(*) FROM woke) FROM j
+
+-- name: cancel_outcome
+-- The current delivery of a job whose cancellation was asked ends it
+-- cancelled (after its cancel hook). Fenced like an ack: a superseded
+-- delivery matches no row, and once cancelled no late ack, nack or retry
+-- (they need in_progress) can change the row.
+UPDATE conveyor_jobs
+SET status = 'cancelled', completed_at = now(), worker_id = NULL, error = coalesce(%(error)s, error)
+WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND cancel_requested_at IS NOT NULL
+RETURNING id
+
+-- name: cancel_requested
+-- Of these held jobs, those whose cancellation was asked (a worker's check
+-- behind the wake-up, in case a notification was lost).
+SELECT id FROM conveyor_jobs
+WHERE id = ANY(%(ids)s::text[]) AND status = 'in_progress' AND cancel_requested_at IS NOT NULL
+
+-- name: listen_cancel
+LISTEN conveyor_cancel

@@ -16,9 +16,16 @@ LISTS = {
     "active": ("list_active", None),
     "completed": ("list_finished", "done"),
     "failed": ("list_finished", "failed"),
+    "cancelled": ("list_finished", "cancelled"),
 }
 
-_STATES = {"pending": "waiting", "in_progress": "active", "done": "completed", "failed": "failed"}
+_STATES = {
+    "pending": "waiting",
+    "in_progress": "active",
+    "done": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
 
 
 def job_record(row: tuple[Any, ...]) -> JobRecord:

@@ -29,7 +29,10 @@ from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.middleware import SkipMessage
 
 from conveyor.brokers.base import (
+    CANCELLED,
+    CANCELLED_AT_START,
     AnyMessage,
+    CancelListener,
     ConveyorBroker,
     EnqueueItem,
     FinalFailure,
@@ -433,6 +436,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if attempt == -1:
             self._refused("start", q_name(queue), message.message_id)
             return 0
+        if attempt == CANCELLED_AT_START:
+            message.options[CANCELLED] = True
         return attempt
 
     def claim_final_failure(self, message: AnyMessage) -> bool:
@@ -664,14 +669,24 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def queue_counts(self, queue: str) -> QueueCounts:
         keys = self.keys
         with self.client.pipeline(transaction=False) as pipe:
-            for state in ("waiting", "delayed", "active", "failed"):
+            for state in ("waiting", "delayed", "active", "failed", "cancelled"):
                 pipe.zcard(keys.index(queue, state))
             pipe.hmget(keys.totals(queue), "completed", "failed")
             pipe.sismember(keys.paused, queue)
             # The waiting index is scored by when each job became waiting: the first is the oldest.
             pipe.zrange(keys.index(queue, "waiting"), 0, 0, withscores=True)
             pipe.zrange(keys.index(queue, "active"), 0, -1)
-            waiting, delayed, active, failed, (completed_total, failed_total), paused, oldest, claimed = pipe.execute()
+            (
+                waiting,
+                delayed,
+                active,
+                failed,
+                cancelled,
+                (completed_total, failed_total),
+                paused,
+                oldest,
+                claimed,
+            ) = pipe.execute()
         # Fetched jobs read active at once; one is running once its current delivery started (jobs.lua, start).
         with self.client.pipeline(transaction=False) as pipe:
             for job_id in claimed:
@@ -689,6 +704,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             bool(paused),
             oldest[0][1] / _MS if oldest else None,
             running,
+            cancelled,
         )
 
     @translated
@@ -761,6 +777,41 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         queue = self._job_queue(job_id)
         return queue is not None and bool(self._call("delete", queue, job_id, self.retention_ms))
 
+    # -- cancel ------------------------------------------------------------------
+
+    @translated
+    def cancel_job(self, job_id: str) -> str | None:
+        queue = self._job_queue(job_id)
+        if queue is None:
+            return None
+        # The script re-checks the queue: "" when the record changed or went in between.
+        outcome = text(self._call("cancel", queue, job_id, self.retention_ms, self.keys.cancels))
+        return outcome or None
+
+    @translated
+    def cancel_outcome(self, message: AnyMessage, error: str | None = None) -> bool:
+        held = delivery_of(message)
+        if held is None:
+            return False
+        rid, delivery = held
+        fence = self._call(
+            "cancelled", message.queue_name, rid, message.message_id, delivery, self.retention_ms, storable(error)
+        )
+        if int(fence) != 1:
+            self._refused("cancel", q_name(message.queue_name), message.message_id)
+            return False
+        message.options[CANCELLED] = True
+        return True
+
+    @translated
+    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+        if not job_ids:
+            return set()
+        return {text(i) for i in self._call("cancel_requested", "", *job_ids)}
+
+    def cancel_listener(self) -> CancelListener | None:
+        return _RedisCancels(self.client, self.keys.cancels)
+
     # -- Dramatiq's admin helpers (tests) ---------------------------------------
 
     @translated
@@ -792,3 +843,23 @@ def _fresh(message: Message[Any]) -> Message[Any]:
     """The message as it is stored: without what belonged to the delivery it came with."""
     options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
     return dataclasses.replace(message, options=options)
+
+
+class _RedisCancels:
+    """A pub/sub subscription to the cancel channel (keys.py ``Keys.cancels``)."""
+
+    def __init__(self, client: Any, channel: str) -> None:
+        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(channel)
+
+    def wait(self, timeout: float) -> list[str]:
+        ids: list[str] = []
+        message = self.pubsub.get_message(timeout=timeout)
+        while message is not None:
+            if message.get("type") == "message":
+                ids.append(text(message["data"]))
+            message = self.pubsub.get_message(timeout=0)
+        return ids
+
+    def close(self) -> None:
+        self.pubsub.close()

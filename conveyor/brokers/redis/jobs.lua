@@ -20,6 +20,11 @@
 --   $ns:paused            set of paused queue names
 --   $ns:deleted:$id       tombstone of a deleted job (TTL: the retention)
 --   $ns:wake:$queue       a short list idle consumers block on (BLPOP)
+--   cancel channel        pub/sub channel (keys.py Keys.cancels, passed in
+--                         ARGV): the id of a held job whose cancel was asked
+-- A record whose cancellation was asked while a worker held it carries
+-- cancel_requested (server ms); its holder ends it (cancelled), and so does
+-- any later start of it.
 --
 -- The fence. Every time a message is handed to a worker (fetch) or taken
 -- back from one (hand-back, recovery), the record's `delivery` grows by
@@ -42,7 +47,7 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local heartbeats_key = ns .. ":__heartbeats__"
 
 -- Every state a record can be in (a deleted job leaves all their indexes).
-local STATES = {"waiting", "delayed", "active", "completed", "failed"}
+local STATES = {"waiting", "delayed", "active", "completed", "failed", "cancelled"}
 
 -- The keys of one queue (a delay queue is named $queue.DQ).
 local function Q(name)
@@ -203,6 +208,23 @@ local function retry_one(id)
     return true
 end
 
+-- A held job ends cancelled (its start, or its holder after the run):
+-- its message leaves this worker, the record becomes cancelled, counted once.
+local function end_cancelled(rid, id, retention, err)
+    redis.call("srem", acks_key(worker, queue), rid)
+    redis.call("hdel", queue.msgs, rid)
+    local record = job_key(id)
+    if redis.call("hget", record, "state") ~= "cancelled" then
+        set_state(queue, id, "cancelled", {"finished_at", now})
+        if err and err ~= "" then
+            redis.call("hset", record, "error", err)
+        end
+        redis.call("hdel", record, "worker")
+        redis.call("pexpire", record, retention)
+        redis.call("hincrby", queue.totals, "cancelled", 1)
+    end
+end
+
 -- The job is done: drop its message; the record becomes completed.
 -- Returns the fence (1 done, 0 job gone, -1 superseded: nothing moved).
 local function ack_one(rid, id, delivery, retention)
@@ -213,7 +235,8 @@ local function ack_one(rid, id, delivery, retention)
     redis.call("srem", acks_key(worker, queue), rid)
     redis.call("hdel", queue.msgs, rid)
     -- A call repeated after a lost reply counts the completion once.
-    if f == 1 and redis.call("hget", job_key(id), "state") ~= "completed" then
+    local state = redis.call("hget", job_key(id), "state")
+    if f == 1 and state ~= "completed" and state ~= "cancelled" then
         set_state(queue, id, "completed", {"finished_at", now})
         redis.call("hdel", job_key(id), "error", "worker")
         redis.call("pexpire", job_key(id), retention)
@@ -390,9 +413,12 @@ elseif command == "start" then
     local f = fence(id, rid, delivery)
     local attempt = f
     if f == 1 then
-        local r = redis.call("hmget", job_key(id), "state", "started_delivery", "attempts")
+        local r = redis.call("hmget", job_key(id), "state", "started_delivery", "attempts", "cancel_requested")
         if r[1] ~= "active" then
             attempt = -1
+        elseif r[4] then
+            end_cancelled(rid, id, ARGV[7], "")
+            attempt = -2 -- its cancellation was asked before it started: it never runs
         elseif tostring(r[2]) == tostring(delivery) then
             attempt = tonumber(r[3]) -- the same start repeated after a lost reply counts once
         else
@@ -423,7 +449,8 @@ elseif command == "nack" then
             dead_letter(queue, rid, data)
         end
     end
-    if f == 1 and redis.call("hget", job_key(id), "state") ~= "failed" then
+    local state = redis.call("hget", job_key(id), "state")
+    if f == 1 and state ~= "failed" and state ~= "cancelled" then
         set_state(queue, id, "failed", {"finished_at", now, "error", err})
         redis.call("hdel", job_key(id), "worker")
         redis.call("pexpire", job_key(id), retention)
@@ -439,6 +466,9 @@ elseif command == "retry" then
     heartbeat()
     local rid, id, delivery, new_rid, data, delay, err = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
     local f = fence(id, rid, delivery)
+    if f == 1 and redis.call("hget", job_key(id), "state") == "cancelled" then
+        f = 0 -- ended cancelled: it never runs again
+    end
     if f ~= 1 then
         if f == 0 then
             redis.call("srem", acks_key(worker, queue), rid)
@@ -687,7 +717,7 @@ elseif command == "maintain" then
     for _, name in ipairs(names) do
         local q = Q(name)
         if not q.delay then
-            for _, state in ipairs({"completed", "failed"}) do
+            for _, state in ipairs({"completed", "failed", "cancelled"}) do
                 redis.call("zremrangebyscore", index_key(q, state), 0, now - retention)
             end
             for _, rid in ipairs(redis.call("zrangebyscore", q.xq, 0, now - dead_ttl, "LIMIT", 0, 1000)) do
@@ -742,6 +772,77 @@ elseif command == "delete" then
     redis.call("del", record)
     redis.call("set", ns .. ":deleted:" .. id, now, "PX", retention)
     return 1
+
+-- cancel(id, retention_ms, channel) -> {outcome}: "cancelled" when the job
+-- was waiting or delayed (it ends cancelled now: its message leaves its
+-- list, and a delay consumer holding it until its eta is fenced off, as in
+-- promote_job), "requested" when a worker holds it (cancel_requested is set
+-- and the id published on the channel: its holder ends it), "finished" when
+-- it had ended, "" when unknown.
+elseif command == "cancel" then
+    local id, retention, channel = ARGV[4], ARGV[5], ARGV[6]
+    local record = job_key(id)
+    local r = redis.call("hmget", record, "state", "rid", "queue")
+    if not r[1] or r[3] ~= queue.canonical then
+        return ""
+    end
+    if r[1] == "active" then
+        if not redis.call("hget", record, "cancel_requested") then
+            redis.call("hset", record, "cancel_requested", now)
+        end
+        redis.call("publish", channel, id)
+        return "requested"
+    end
+    if r[1] ~= "waiting" and r[1] ~= "delayed" then
+        return "finished"
+    end
+    local rid = r[2]
+    if rid then
+        local dq = Q(queue.canonical .. ".DQ")
+        for _, q in ipairs({queue, dq}) do
+            redis.call("lrem", q.list, 0, rid)
+            redis.call("hdel", q.msgs, rid)
+        end
+        for _, holder in ipairs(redis.call("zrange", heartbeats_key, 0, -1)) do
+            redis.call("srem", acks_key(holder, dq), rid)
+        end
+    end
+    redis.call("hincrby", record, "delivery", 1)
+    redis.call("hset", record, "cancel_requested", now)
+    redis.call("hdel", record, "eta")
+    set_state(queue, id, "cancelled", {"finished_at", now})
+    redis.call("pexpire", record, retention)
+    redis.call("hincrby", queue.totals, "cancelled", 1)
+    return "cancelled"
+
+-- cancelled(rid, id, delivery, retention_ms, error) -> fence: the holder of
+-- a job whose cancellation was asked ends it cancelled, fenced like an ack
+-- (nothing moves for a superseded delivery; the late ack, nack or retry of
+-- any delivery cannot change a cancelled record).
+elseif command == "cancelled" then
+    heartbeat()
+    local rid, id, delivery, retention, err = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+    local f = fence(id, rid, delivery)
+    if f ~= 1 then
+        return f
+    end
+    local r = redis.call("hmget", job_key(id), "state", "cancel_requested")
+    if r[1] ~= "active" or not r[2] then
+        return -1
+    end
+    end_cancelled(rid, id, retention, err)
+    return 1
+
+-- cancel_requested(id...) -> the ids of held jobs whose cancellation was asked.
+elseif command == "cancel_requested" then
+    local out = {}
+    for i = 4, #ARGV do
+        local r = redis.call("hmget", job_key(ARGV[i]), "state", "cancel_requested")
+        if r[1] == "active" and r[2] then
+            table.insert(out, ARGV[i])
+        end
+    end
+    return out
 end
 
 return redis.error_reply("unknown command " .. command)

@@ -45,3 +45,8 @@ class Keys:
     def wake(self, name: str) -> str:
         """The list idle consumers of ``name`` block on."""
         return f"{self.ns}:wake:{name}"
+
+    @property
+    def cancels(self) -> str:
+        """The pub/sub channel a held job's cancellation is announced on (the message: its id)."""
+        return f"{self.ns}:__cancels__"

@@ -40,7 +40,7 @@ from conveyor.api.errors import UNAVAILABLE_RESPONSES
 from conveyor.errors import DatabaseUnavailable
 from conveyor.platform import quotas, records
 from conveyor.platform.quotas import RunQuota
-from conveyor.platform.rounds import start_round
+from conveyor.platform.rounds import cancel_round, start_round
 from conveyor.platform.streams import buffer_for
 from conveyor.tasks.payloads import Id
 
@@ -157,6 +157,21 @@ def get_run(run_id: IdPath, app: ConveyorApp, user_id: UserId) -> RunStatus:
     return RunStatus(
         **{k: getattr(run, k) for k in RunStatus.model_fields if k != "stream_url"}, stream_url=stream_url(run.id)
     )
+
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    response_model=RunStatus,
+    responses={**AUTH_RESPONSES, 404: {"description": "no such run of yours"}, 409: {"description": "it has ended"}},
+)
+def cancel_run(run_id: IdPath, app: ConveyorApp, user_id: UserId) -> RunStatus:
+    """Stop one of your runs (API key): a queued one never starts; a running one is stopped where it runs,
+    keeps the reply streamed so far, and its stream ends with ``event: end`` ``{"status": "cancelled"}``."""
+    run = _load_run(app, run_id, user_id)  # another user's run is as missing as none
+    if run.terminal:
+        raise HTTPException(409, "the run has ended: there is nothing to cancel")
+    cancel_round(app, run)
+    return get_run(run_id, app, user_id)
 
 
 @router.get(

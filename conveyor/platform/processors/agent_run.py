@@ -74,6 +74,8 @@ def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) ->
     generation = provider_for(app).stream(messages)
     try:
         for seq, text in enumerate(generation, 1):
+            if ctx.cancelled:
+                break  # the user pressed Stop: the cancel hook keeps what was streamed (run_cancelled)
             # A delivery given up on (its worker paused past the lease) stops streaming: another
             # one owns the run, and a stale stream could outlast the stored reply.
             ctx.check_fence()
@@ -81,6 +83,8 @@ def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) ->
             maybe_fail_mid_stream(ctx, run_key(run.id), seq)
     finally:
         generation.close()
+    if ctx.cancelled:
+        return
 
     streamed = [e for e in buffer.read_all(run.id) if e.kind == "chunk"]
     content = "".join(e.data for e in streamed)
@@ -131,3 +135,21 @@ def run_failed(payload: TaskRun | None, error: str, ctx: JobContext) -> None:
     with ctx.app.pool.connection() as conn:
         records.fail_run(conn, payload.run_id, error)
     buffer_for(ctx.app).end(payload.run_id, "failed")
+
+
+@jobs.on_cancel("task.run")
+@jobs.on_cancel("chat.run")
+def run_cancelled(payload: TaskRun | None, ctx: JobContext) -> None:
+    """A run stopped by its user ends ``cancelled`` with the reply streamed so far, and its stream ends with a
+    ``cancelled`` event (what was streamed stays readable)."""
+    if payload is None:
+        return
+    buffer = buffer_for(ctx.app)
+    partial = "".join(e.data for e in buffer.read_all(payload.run_id) if e.kind == "chunk")
+    with ctx.app.pool.connection() as conn:
+        run, _ = records.run_of_task(conn, run_id=payload.run_id, task_id=payload.task_id)
+        records.cancel_run(conn, run, running=True, partial=partial)
+    buffer.end(payload.run_id, "cancelled")
+    log_event(
+        "run_cancelled", queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt, run_id=payload.run_id
+    )
