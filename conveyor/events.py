@@ -26,7 +26,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from conveyor.errors import InvalidEventName, PayloadTooLarge
+from conveyor.errors import EventError, InvalidEventName, PayloadTooLarge
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -60,7 +60,7 @@ def encode_signal(data: Any, limit: int) -> str:
     try:
         text = json.dumps({"data": data}, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InvalidEventName(f"signal data: not JSON-serialisable ({type(exc).__name__})") from None
+        raise EventError(f"signal data: not JSON-serialisable ({type(exc).__name__})") from None
     if len(text.encode()) > limit:
         raise PayloadTooLarge(f"signal data: larger than {limit} bytes encoded")
     return text

@@ -25,6 +25,7 @@ ROUTERS = (
     "conveyor.platform.api.schedules:router",
     "conveyor.platform.api.builds:router",
     "conveyor.api.admin:router",
+    "conveyor.api.events:router",
     "conveyor.api.dashboard:router",
     "conveyor.api.metrics:router",
 )
@@ -64,6 +65,11 @@ TAGS = [
     {"name": "schedules", "description": "Admin token (adminToken): a schedule can enqueue any job."},
     {"name": "admin", "description": "Admin token (adminToken): queues and jobs of every user."},
     {"name": "metrics", "description": "Open: counts and names only, for Prometheus."},
+    {
+        "name": "events",
+        "description": "Signals to waiting jobs: the admin token (any event) or a user's API key "
+        "(events named user:<user id>:... only).",
+    },
 ]
 
 
