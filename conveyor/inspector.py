@@ -100,6 +100,8 @@ class QueueView:
     paused: bool
     #: Seconds the oldest waiting job has waited; None when none waits.
     oldest_waiting_seconds: float | None
+    #: Jobs parked until a signal of their event or its timeout (``ctx.wait_for``).
+    awaiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class JobView:
     eta: float | None
     #: Every attempt, oldest first (filled for one job, empty in lists).
     history: list[AttemptView] = field(default_factory=list)
+    #: The event an ``awaiting`` job waits for (``ctx.wait_for``); None in every other state.
+    event: str | None = None
 
     @property
     def run_seconds(self) -> float | None:
@@ -239,6 +243,7 @@ class Inspector:
                     failed_total=c.failed_total,
                     paused=c.paused,
                     oldest_waiting_seconds=max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else None,
+                    awaiting=c.awaiting,
                 )
             )
         return views
@@ -514,6 +519,7 @@ class Inspector:
             started_at=record.started_at,
             finished_at=record.finished_at,
             eta=record.eta,
+            event=record.event,
         )
 
     def _history(self, record: JobRecord, view: JobView) -> list[AttemptView]:

@@ -51,6 +51,18 @@ def test_the_http_route_signals_with_the_admin_token_or_a_users_own_key(app, wor
         refused = client.post("/api/events/approval:http-1", json={"data": 1}, headers=alice)
         assert refused.status_code == 403, "a user's key signals only events under user:<id>:"
         assert app.jobs.get(ref.id).state == "awaiting"
+        # The admin API and the dashboard show the job awaiting its event.
+        job = client.get(f"/api/admin/jobs/{ref.id}", headers=ADMIN).json()
+        assert (job["state"], job["event"]) == ("awaiting", "approval:http-1")
+        assert client.get("/api/admin/queue-metrics", headers=ADMIN).json()["waits"]["awaiting"] == 1
+        listed = client.get("/api/admin/jobs?queue=waits&state=awaiting", headers=ADMIN)
+        assert listed.status_code == 200 and ref.id in listed.text
+        assert client.post("/admin/login", data={"token": TOKEN}).status_code == 303
+        page = client.get("/admin/queues/waits?state=awaiting")
+        assert page.status_code == 200 and "awaiting event approval:http-1" in page.text
+        detail = client.get(f"/admin/jobs/{ref.id}")
+        assert detail.status_code == 200 and 'id="job-event">approval:http-1<' in detail.text
+        client.cookies.clear()
         answer = client.post("/api/events/approval:http-1", json={"data": {"ok": True}}, headers=ADMIN)
         assert answer.status_code == 200 and answer.json() == {"resumed": 1}
         assert _resumed_with(app, ref.id, database_url) == {"ok": True}

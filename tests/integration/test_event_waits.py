@@ -20,7 +20,7 @@ from conveyor.app import App
 from conveyor.errors import StoreUnavailable
 from tests.support import wait_jobs
 from tests.support.brokers import SERVER_BROKERS
-from tests.support.harness import WorkerProcess, make_settings
+from tests.support.harness import WorkerProcess, make_settings, running
 from tests.support.servers import RedisServer
 from tests.support.waiting import wait_for
 
@@ -212,3 +212,28 @@ def _signal(app: App, name: str, data: object) -> int | None:
         return app.events.signal(name, data)
     except Exception:  # the server is still coming back
         return None
+
+
+def test_waits_work_in_memory_on_the_inline_broker(wait_table):
+    app = App(make_settings("inline", None, wait_table, imports="tests.support.wait_jobs"))
+    try:
+        with running(app, "waits"):
+            ref = app.jobs.enqueue("test.wait.waiter", {"token": "inline", "event": "approval:inline-1"})
+            awaiting(app, ref.id)
+            assert app.broker.get_job(ref.id).event == "approval:inline-1"
+            other = app.jobs.enqueue("test.wait.quick", {"token": "inline"})  # its one thread is free
+            completed(app, other.id)
+            assert app.events.signal("approval:inline-1", [1, 2]) == 1
+            assert app.events.signal("approval:inline-1", [3]) == 0
+            completed(app, ref.id)
+            assert app.events.signal("approval:inline-2", "early") == 0
+            early = app.jobs.enqueue("test.wait.waiter", {"token": "inline-early", "event": "approval:inline-2"})
+            late = app.jobs.enqueue("test.wait.waiter", {"token": "inline-late", "event": "never:3", "timeout": 0.5})
+            completed(app, early.id)
+            completed(app, late.id)
+        assert phases(wait_table, "inline") == ["start", "quick", "start", "resumed"]
+        assert runs(wait_table, "inline")[-1][2] == [1, 2]
+        assert [p for _, p, _, _ in runs(wait_table, "inline-early")] == ["start", "resumed"]
+        assert runs(wait_table, "inline-late")[-1][1:3] == ("resumed", None)
+    finally:
+        app.close()
