@@ -44,6 +44,8 @@ DESCRIPTION = """conveyor's HTTP API. Who may call what:
 - **Admin routes** (`/api/admin`, `/api/schedules`, the `/admin/queues` dashboard):
   `Authorization: Bearer $CONVEYOR_ADMIN_TOKEN` (the dashboard signs in with it once); closed (403)
   when no admin token is configured. No user key opens them.
+- **`/api/events/{name}`** (signal a waiting job): the admin token, or a user's API key for event
+  names under `user:<their user id>:` only.
 - **`/metrics`**: open, as Prometheus scrapes it; it holds counts and names only.
 
 Bad input answers 4xx with `{"detail": [{"loc", "msg"}]}`, naming the field, never echoing its value.

@@ -50,7 +50,11 @@ class Signalled(BaseModel):
     "/{name}",
     response_model=Signalled,
     summary="Signal an event: resume the jobs waiting for it (each once), and keep it for those that will",
-    responses={400: {"description": "not an event name"}, 403: {"description": "not one of your events"}},
+    responses={
+        400: {"description": "not an event name, or data that is not JSON"},
+        403: {"description": "not one of your events"},
+        413: {"description": "the data is larger than CONVEYOR_MAX_PAYLOAD_BYTES encoded"},
+    },
 )
 async def signal(name: NamePath, caller: UserOrAdmin, app: ConveyorApp, body: Signal | None = None) -> Signalled:
     check_name(name)

@@ -237,3 +237,28 @@ def test_waits_work_in_memory_on_the_inline_broker(wait_table):
         assert runs(wait_table, "inline-late")[-1][1:3] == ("resumed", None)
     finally:
         app.close()
+
+
+def test_a_signal_racing_the_timeout_resumes_each_job_once(app: App, workers, database_url):
+    workers("waits")
+    timeout = 1.5
+    refs = [
+        app.jobs.enqueue("test.wait.waiter", {"token": "race-timeout", "event": f"race:{n}", "timeout": timeout})
+        for n in range(6)
+    ]
+    for ref in refs:
+        awaiting(app, ref.id)
+    # Each signal lands somewhere around its job's deadline: before, at, or after it.
+    deadline = max(app.jobs.get(ref.id).eta for ref in refs)
+    time.sleep(max(0.0, deadline - time.time() - 0.3))
+    for n, _ in enumerate(refs):
+        app.events.signal(f"race:{n}", n)
+        time.sleep(0.1)
+    for ref in refs:
+        completed(app, ref.id)
+    time.sleep(1)
+    rows = runs(database_url, "race-timeout")
+    for n, ref in enumerate(refs):
+        mine = [(phase, data) for job_id, phase, data, _ in rows if job_id == ref.id]
+        assert [p for p, _ in mine] == ["start", "start", "resumed"], mine
+        assert mine[-1][1] in (n, None), "the signal's data, or None when the timeout came first"
