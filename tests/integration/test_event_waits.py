@@ -68,8 +68,10 @@ def test_a_signal_after_the_wait_resumes_the_job_once_with_its_data(app: App, wo
     record = app.broker.get_job(ref.id)
     assert record.event == "approval:run-1" and record.attempts == 1
     assert app.broker.queue_counts("waits").awaiting == 1
+    sent = time.monotonic()
     assert app.events.signal("approval:run-1", {"approved": True}) == 1
     completed(app, ref.id)
+    print(f"signal to completed on {app.settings.broker_name}: {time.monotonic() - sent:.3f} s")
     assert runs(database_url, "after") == [
         (ref.id, "start", None, 1),
         (ref.id, "start", None, 2),
