@@ -11,6 +11,7 @@ from conveyor.appcache import Closeable
 from conveyor.backends import Backend, backend_for
 from conveyor.blueprints import DEFAULT, Jobs, JobType, Schedule, blueprints_in, compose
 from conveyor.errors import ConfigurationError, InvalidPayload, StoreUnavailable
+from conveyor.events import Events
 from conveyor.importing import import_job_module
 from conveyor.logs import log_event
 from conveyor.settings import Settings, get_settings
@@ -182,6 +183,11 @@ class App:
     def jobs(self) -> JobQueue:
         """The JobQueue: ``app.jobs.enqueue(job, payload, key=..., delay=...)``."""
         return JobQueue(self)
+
+    @cached_property
+    def events(self) -> Events:
+        """Signals to waiting jobs: ``app.events.signal("approval:run-7", data)`` (see ``ctx.wait_for``)."""
+        return Events(self)
 
     @property
     def pool(self) -> ConnectionPool[Connection[Any]]:

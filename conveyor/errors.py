@@ -132,6 +132,19 @@ class BudgetThrottled(RetryLater):
     """A job's budget (``conveyor.budgets``) has no room for it now: it runs again once the window has."""
 
 
+class WaitForEvent(RetryLater):
+    """Not a failure: the job waits for the event ``name`` (``ctx.wait_for``), holding no thread.
+
+    The attempt ends here without spending one; the job is parked ("awaiting") until a signal of
+    ``name`` or ``timeout`` seconds, then runs again from the top and ``ctx.wait_for`` returns at once.
+    """
+
+    def __init__(self, name: str, *, timeout: float) -> None:
+        super().__init__(f"waiting for event {name}", delay=timeout)
+        self.name = name
+        self.timeout = timeout
+
+
 class BudgetUnknown(PermanentError):
     """``ctx.spend`` named a budget its job does not have (a mistake in the job's code)."""
 
@@ -257,6 +270,22 @@ class InvalidQuery(AdminError):
 
 class JobStateConflict(AdminError):
     """The job is not in a state that allows this action (retry a job that has not failed, delete a running one)."""
+
+
+class EventError(ConveyorError):
+    """A wait for an event or a signal (``ctx.wait_for``, ``app.events.signal``) could not be carried out."""
+
+
+class InvalidEventName(EventError):
+    """An event name is empty, too long, or has characters other than letters, digits and ``:._-``."""
+
+
+class WaitTimeout(EventError):
+    """Raised by ``ctx.wait_for(..., raise_on_timeout=True)`` when the wait ended by its timeout."""
+
+
+class EventsUnsupported(EventError):
+    """This broker keeps no events (it cannot park a job until a signal)."""
 
 
 class DatabaseUnavailable(StoreUnavailable):

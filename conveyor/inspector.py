@@ -102,6 +102,8 @@ class QueueView:
     oldest_waiting_seconds: float | None
     #: Jobs that ended cancelled, still kept (retention).
     cancelled: int = 0
+    #: Jobs parked until a signal of their event or its timeout (``ctx.wait_for``).
+    awaiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,8 @@ class JobView:
     eta: float | None
     #: Every attempt, oldest first (filled for one job, empty in lists).
     history: list[AttemptView] = field(default_factory=list)
+    #: The event an ``awaiting`` job waits for (``ctx.wait_for``); None in every other state.
+    event: str | None = None
 
     @property
     def run_seconds(self) -> float | None:
@@ -250,6 +254,7 @@ class Inspector:
                     paused=c.paused,
                     oldest_waiting_seconds=max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else None,
                     cancelled=c.cancelled,
+                    awaiting=c.awaiting,
                 )
             )
         return views
@@ -549,6 +554,7 @@ class Inspector:
             started_at=record.started_at,
             finished_at=record.finished_at,
             eta=record.eta,
+            event=record.event,
         )
 
     def _history(self, record: JobRecord, view: JobView) -> list[AttemptView]:

@@ -153,6 +153,12 @@ class Settings(BaseSettings):
         "which a worker process is drained and replaced by a fresh one (0 or empty: never).",
     )
     retention: float = Field(7 * 24 * 3600, gt=0, description="Seconds finished job records are kept.")
+    event_ttl_seconds: float = Field(
+        24 * 3600,
+        gt=0,
+        description="Seconds a signal (`app.events.signal`, `conveyor signal`) is kept for a job that starts "
+        "waiting for its event later; a job waiting already is resumed at once.",
+    )
     max_payload_bytes: int = Field(256 * 1024, gt=0, description="Largest encoded payload accepted at enqueue.")
     unknown_job_delay: float = Field(
         30,

@@ -30,7 +30,15 @@ router = APIRouter(
     },
 )
 
-State = Literal["waiting", "delayed", "active", "completed", "failed", "cancelled"]
+State = Literal[
+    "waiting",
+    "delayed",
+    "awaiting",  # parked until a signal of its event (ctx.wait_for)
+    "active",
+    "completed",
+    "failed",
+    "cancelled",
+]
 
 
 class _Out(BaseModel):
@@ -52,6 +60,8 @@ class QueueMetrics(_Out):
     completed_total: int
     failed_total: int
     paused: bool
+    #: Jobs parked until a signal of their event or its timeout (``ctx.wait_for``).
+    awaiting: int = 0
 
 
 class Attempt(_Out):
@@ -92,6 +102,8 @@ class Job(_Out):
     run_seconds: float | None
     #: Every attempt, oldest first; empty in lists (ask for the one job).
     history: list[Attempt] = []
+    #: The event an ``awaiting`` job waits for (``ctx.wait_for``); null in every other state.
+    event: str | None = None
 
 
 class JobList(_Out):

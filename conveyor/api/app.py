@@ -25,6 +25,7 @@ ROUTERS = (
     "conveyor.platform.api.schedules:router",
     "conveyor.platform.api.builds:router",
     "conveyor.api.admin:router",
+    "conveyor.api.events:router",
     "conveyor.api.dashboard:router",
     "conveyor.api.metrics:router",
 )
@@ -43,6 +44,8 @@ DESCRIPTION = """conveyor's HTTP API. Who may call what:
 - **Admin routes** (`/api/admin`, `/api/schedules`, the `/admin/queues` dashboard):
   `Authorization: Bearer $CONVEYOR_ADMIN_TOKEN` (the dashboard signs in with it once); closed (403)
   when no admin token is configured. No user key opens them.
+- **`/api/events/{name}`** (signal a waiting job): the admin token, or a user's API key for event
+  names under `user:<their user id>:` only.
 - **`/metrics`**: open, as Prometheus scrapes it; it holds counts and names only.
 
 Bad input answers 4xx with `{"detail": [{"loc", "msg"}]}`, naming the field, never echoing its value.
@@ -64,6 +67,11 @@ TAGS = [
     {"name": "schedules", "description": "Admin token (adminToken): a schedule can enqueue any job."},
     {"name": "admin", "description": "Admin token (adminToken): queues and jobs of every user."},
     {"name": "metrics", "description": "Open: counts and names only, for Prometheus."},
+    {
+        "name": "events",
+        "description": "Signals to waiting jobs: the admin token (any event) or a user's API key "
+        "(events named user:<user id>:... only).",
+    },
 ]
 
 

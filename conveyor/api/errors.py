@@ -44,6 +44,8 @@ STATUS: dict[type[e.ConveyorError], int] = {
     e.UploadRefused: 422,
     e.UploadTooLarge: 413,
     e.LedgerError: 409,
+    e.EventError: 400,
+    e.EventsUnsupported: 501,
     e.UnknownAccount: 404,
     e.ConveyorError: 500,
 }

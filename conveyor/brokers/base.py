@@ -17,7 +17,7 @@ from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 
-from conveyor.errors import InvalidQuery, describe_error
+from conveyor.errors import EventsUnsupported, InvalidQuery, describe_error
 from conveyor.logs import Level, log_event
 
 if TYPE_CHECKING:
@@ -88,7 +88,15 @@ def malformed_error(exc: BaseException) -> str:
 
 
 #: The states a job record can be in, as users see them.
-JOB_STATES = ("waiting", "delayed", "active", "completed", "failed", "cancelled")
+JOB_STATES = (
+    "waiting",
+    "delayed",
+    "awaiting",  # parked until a signal of its event or its timeout (ctx.wait_for)
+    "active",
+    "completed",
+    "failed",
+    "cancelled",
+)
 
 #: What ``start_job`` returns for a delivery of a job whose cancellation was asked before it started:
 #: the start ended it ``cancelled`` (fenced like the start) and the body must not run.
@@ -153,6 +161,8 @@ class QueueCounts:
     running: int = 0
     #: Jobs that ended ``cancelled`` and are still kept (retention).
     cancelled: int = 0
+    #: Jobs parked until a signal of their event or their timeout (``ctx.wait_for``); not in ``delayed``.
+    awaiting: int = 0
 
     @property
     def prefetched(self) -> int:
@@ -176,6 +186,8 @@ class JobRecord:
     started_at: float | None = None
     finished_at: float | None = None
     eta: float | None = None
+    #: The event an ``awaiting`` job waits for (``ctx.wait_for``); None in every other state.
+    event: str | None = None
 
 
 def as_message(message: AnyMessage) -> Message[Any]:
@@ -373,6 +385,28 @@ class ConveyorBroker(Broker):
         Returns False, changing nothing, when no delayed job has this id.
         """
         raise NotImplementedError
+
+    # -- waiting for an event (conveyor.events) ---------------------------------
+
+    def signal_event(self, name: str, resolution: str, ttl: float) -> int:
+        """Resume every job awaiting ``name`` with ``resolution`` and keep it ``ttl`` seconds; how many resumed.
+
+        One atomic step: each awaiting job moves to waiting (its delivery
+        grows, so whoever held its delayed copy is fenced off) with its
+        resolution stored insert-first; a job no longer awaiting (resumed by
+        another signal, timed out, deleted) is left alone. The signal is kept
+        (the first one's data wins while kept) for jobs that wait later.
+        """
+        raise EventsUnsupported(f"the {type(self).__name__} keeps no events")
+
+    def resolve_wait(self, job_id: str, name: str, *, timed_out: bool) -> str | None:
+        """The job's stored resolution of its wait for ``name``, recorded now if it can be; else None.
+
+        Recorded insert-first, from a kept signal of ``name``, or (``timed_out``:
+        the job came back from a park on ``name`` without one) as
+        :data:`~conveyor.events.TIMED_OUT`. None: the job is to park.
+        """
+        raise EventsUnsupported(f"the {type(self).__name__} keeps no events")
 
     def delete_job(self, job_id: str) -> bool:
         """Remove a job that is not running: its record, its message, its index entries.

@@ -36,6 +36,7 @@ from conveyor.brokers.base import (
     as_message,
     check_state,
 )
+from conveyor.events import PARK, TIMED_OUT
 
 
 class InlineBroker(ConveyorBroker, StubBroker):
@@ -60,6 +61,11 @@ class InlineBroker(ConveyorBroker, StubBroker):
         #: ``inline_delay`` stamps of delays an operator cut short: their copies coming back are dropped.
         self._promoted: set[int] = set()
         self._delay_stamps = itertools.count(1)
+        #: Waits for events (conveyor.events): kept signals (name -> resolution, monotonic expiry), each
+        #: job's resolutions by (job id, name), and the event each awaiting job waits for.
+        self._events: dict[str, tuple[str, float]] = {}
+        self._resolutions: dict[tuple[str, str], str] = {}
+        self._awaiting: dict[str, str] = {}
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 100) -> _Consumer:
         consumer = super().consume(queue_name, prefetch, timeout)
@@ -78,6 +84,13 @@ class InlineBroker(ConveyorBroker, StubBroker):
             if delay is None and stamp in self._promoted:
                 self._promoted.discard(stamp)  # a delay an operator cut short coming back: it ran already
                 return message
+            event = message.options.get(PARK)
+            if event is not None:
+                message = _without(message, PARK)
+                kept = self._kept(event)
+                if kept is not None:  # a signal came first: resolved at once
+                    self._resolutions.setdefault((message.message_id, event), kept)
+                    event, delay = None, None
             if delay is not None:
                 message = message.copy(options={"inline_delay": next(self._delay_stamps)})
             elif stamp is not None:
@@ -99,6 +112,12 @@ class InlineBroker(ConveyorBroker, StubBroker):
                     enqueued_at=time.time(),
                 )
             record.state = "delayed" if delay is not None else "waiting"
+            if event is not None:
+                record.state, record.event = "awaiting", event
+                self._awaiting[record.id] = event
+            else:
+                self._awaiting.pop(record.id, None)
+                record.event = None
             if delay is None:
                 self._waiting_since[record.id] = time.time()
             record.eta = sent.options.get("eta", 0) / 1000 if delay is not None else None
@@ -204,6 +223,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 min(since) if since else None,
                 states["active"],  # an inline job is active from its start: none is prefetched
                 states["cancelled"],
+                awaiting=states["awaiting"],
             )
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -246,13 +266,39 @@ class InlineBroker(ConveyorBroker, StubBroker):
         with self._lock:
             record = self.records.get(job_id)
             held = self._delayed.pop(job_id, None)
-            if record is None or record.state != "delayed" or held is None:
+            if record is None or record.state not in ("delayed", "awaiting") or held is None:
                 return False
             # Its delay copy is in the delay queue, or held by a worker until its eta: dropped either way.
             if not self._take_queued(held.queue_name, job_id):
                 self._promoted.add(held.options["inline_delay"])
             self.enqueue(_without(held.copy(queue_name=record.queue), "eta", "inline_delay"))
             return True
+
+    def _kept(self, name: str) -> str | None:
+        kept = self._events.get(name)
+        if kept is None or kept[1] <= time.monotonic():
+            self._events.pop(name, None)
+            return None
+        return kept[0]
+
+    def signal_event(self, name: str, resolution: str, ttl: float) -> int:
+        with self._lock:
+            waiting = [job_id for job_id, event in self._awaiting.items() if event == name]
+            for job_id in waiting:
+                self._resolutions.setdefault((job_id, name), resolution)
+                self.promote_job(job_id)
+            if self._kept(name) is None:
+                self._events[name] = (resolution, time.monotonic() + ttl)
+            return len(waiting)
+
+    def resolve_wait(self, job_id: str, name: str, *, timed_out: bool) -> str | None:
+        with self._lock:
+            found = self._resolutions.get((job_id, name))
+            if found is None and job_id in self.records:
+                found = self._kept(name) or (TIMED_OUT if timed_out else None)
+                if found is not None:
+                    self._resolutions[(job_id, name)] = found
+            return found
 
     def _take_queued(self, queue_name: str, job_id: str) -> bool:
         """Remove ``job_id``'s message from the in-memory queue ``queue_name``; False when it was not there."""

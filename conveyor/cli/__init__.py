@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "conveyor.cli.bench",
     "conveyor.cli.workers",
     "conveyor.cli.jobs",
+    "conveyor.cli.events",
     "conveyor.cli.users",
 )
 

@@ -316,7 +316,7 @@ class QueueCollector(Collector):
         paused = GaugeMetricFamily("conveyor_queue_paused", "1 while the queue is paused.", labels=["queue"])
         now = time.time()
         for c in counts:
-            for state in ("waiting", "delayed", "active", "running", "prefetched", "failed"):
+            for state in ("waiting", "delayed", "awaiting", "active", "running", "prefetched", "failed"):
                 depth.add_metric([c.queue, state], getattr(c, state))
             oldest.add_metric([c.queue], max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else 0.0)
             paused.add_metric([c.queue], 1 if c.paused else 0)

@@ -23,7 +23,8 @@ from dramatiq.middleware import SkipMessage
 from pydantic import ValidationError
 
 from conveyor.brokers.base import CANCELLED, CANCELLED_AT_START, FINALIZE, AnyMessage, FinalFailure
-from conveyor.errors import PermanentError, RetryLater, describe_error
+from conveyor.errors import PermanentError, RetryLater, WaitForEvent, describe_error
+from conveyor.events import PARK, WAITED_FOR
 from conveyor.logs import log_event
 from conveyor.middleware.base import ConveyorMiddleware, conveyor_broker
 
@@ -91,6 +92,22 @@ class Retries(ConveyorMiddleware):
             return  # a cancelled job is neither retried nor failed (conveyor.middleware.cancel)
         attempt = message.options.get("attempt", 1)
         error = describe_error(exception)
+        if isinstance(exception, WaitForEvent):
+            # Parked (ctx.wait_for): no attempt spent, like RetryLater; the broker's retry of this delivery
+            # parks the job awaiting the event (or resolves it at once from a kept signal).
+            deferrals = message.options.get("deferrals", 0) + 1
+            log_event(
+                "awaiting",
+                queue=message.queue_name,
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=attempt,
+                awaited=exception.name,
+                timeout_s=exception.timeout,
+            )
+            options = {"deferrals": deferrals, WAITED_FOR: exception.name, PARK: exception.name}
+            broker.enqueue(message.copy(options=options), delay=max(1, int(exception.timeout * 1000)))
+            return
         if isinstance(exception, RetryLater):
             delay = int(exception.delay * 1000)
             deferrals = message.options.get("deferrals", 0) + 1

@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.budgets.base import Budget
-from conveyor.errors import DeliveryFenced, NoDelivery, TransactionalCompletionUnsupported
+from conveyor.errors import (
+    DeliveryFenced,
+    NoDelivery,
+    TransactionalCompletionUnsupported,
+    WaitForEvent,
+    WaitTimeout,
+)
+from conveyor.events import WAITED_FOR, check_name, decode_resolution
 from conveyor.tasks import steps
 
 if TYPE_CHECKING:
@@ -102,6 +109,35 @@ class JobContext:
         from conveyor.budgets import spend
 
         spend(self, self.payload, self.budgets, budget, amount)
+
+    # -- waiting for an event (conveyor.events) ------------------------------------
+
+    def wait_for(self, name: str, timeout: float, *, raise_on_timeout: bool = False) -> Any:
+        """The data of the signal ``name`` (``app.events.signal``), waiting up to ``timeout`` seconds for it.
+
+        The first time, this ends the attempt (no attempt spent, no thread held):
+        the job is parked, ``awaiting``, until the signal or the timeout, then runs
+        again from the top, and this call returns at once with the signal's data,
+        or None after the timeout (:class:`~conveyor.errors.WaitTimeout` with
+        ``raise_on_timeout=True``). The answer is stored with the job: every later
+        run of it gets the same one. Do not catch the exception it raises
+        (:class:`~conveyor.errors.WaitForEvent`); put effects before the wait in
+        ``ctx.once``, since they run again on resumption. A signal sent before
+        the wait is kept (``CONVEYOR_EVENT_TTL_SECONDS``) and returned at once.
+        """
+        check_name(name)
+        if not timeout > 0:
+            raise ValueError("wait_for: timeout must be a positive number of seconds")
+        if self.message is None:
+            raise NoDelivery(f"job {self.job_id}: a final-failure hook cannot wait for an event")
+        timed_out = self.message.options.get(WAITED_FOR) == name
+        stored = self.app.broker.resolve_wait(self.job_id, name, timed_out=timed_out)
+        if stored is None:
+            raise WaitForEvent(name, timeout=timeout)
+        expired, data = decode_resolution(stored)
+        if expired and raise_on_timeout:
+            raise WaitTimeout(f"job {self.job_id}: no signal of the awaited event within its timeout")
+        return data
 
     # -- exactly-once effects ------------------------------------------------------
 

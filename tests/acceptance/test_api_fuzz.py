@@ -53,7 +53,7 @@ OWN = {
 
 def _callers(operation, user: dict[str, str], admin: dict[str, str]) -> list[dict[str, str]]:
     tags = set(operation.definition.raw.get("tags", []))
-    if "builds" in tags and "/deployments/" not in operation.path:
+    if ("builds" in tags and "/deployments/" not in operation.path) or "events" in tags:
         return [user, admin]
     if tags & {"admin", "schedules"} or "/deployments/" in operation.path:
         return [admin]

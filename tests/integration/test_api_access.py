@@ -346,7 +346,7 @@ def test_the_openapi_document_says_who_may_call_each_route(app):
             schemes = {name for requirement in operation.get("security", []) for name in requirement}
             if path.startswith(("/api/tasks", "/api/runs", "/api/resources")):
                 assert schemes == {"userKey"}, (method, path)
-            elif path.startswith(("/api/builds", "/api/agents/upload-and-deploy")):
+            elif path.startswith(("/api/builds", "/api/agents/upload-and-deploy", "/api/events")):
                 assert schemes == {"userKey", "adminToken"}, (method, path)
             elif path == "/metrics":
                 assert not schemes

@@ -58,6 +58,7 @@ from conveyor.brokers.postgres.jobs import POOL_TIMEOUT, Jobs, NewJob, unstorabl
 from conveyor.brokers.postgres.listen import Listener
 from conveyor.brokers.postgres.recovery import Recovery
 from conveyor.errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, DeliveryFenced, InvalidPayload
+from conveyor.events import PARK
 from conveyor.logs import log_error, log_event
 
 if TYPE_CHECKING:
@@ -390,11 +391,15 @@ class PostgresBroker(ConveyorBroker, Broker):
         # Middleware may stamp the message before it is stored (metrics' ready time).
         self.emit_before("enqueue", message, delay)
         stored = _without_delivery(message)
+        event = stored.options.pop(PARK, None)
         text = stored.encode().decode()
         seconds = (delay or 0) / 1000
         error = stored.options.get("last_error")
         try:
-            self.jobs.retry(message.message_id, delivery, text, seconds, error)
+            if event:
+                self.jobs.park(message.message_id, delivery, text, seconds, error, event)
+            else:
+                self.jobs.retry(message.message_id, delivery, text, seconds, error)
             # The ack Dramatiq sends next must never be written: if a crash
             # undoes this (asynchronous) retry, a "done" would end the job
             # without its retry. Held still, the row then goes back through
@@ -489,6 +494,12 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def resume_queue(self, queue: str) -> None:
         self.jobs.resume(queue)
+
+    def signal_event(self, name: str, resolution: str, ttl: float) -> int:
+        return self.jobs.signal(name, resolution, ttl)
+
+    def resolve_wait(self, job_id: str, name: str, *, timed_out: bool) -> str | None:
+        return self.jobs.resolve_wait(job_id, name, timed_out)
 
     def retry_job(self, job_id: str) -> bool:
         return self.jobs.retry_failed(job_id, None) > 0

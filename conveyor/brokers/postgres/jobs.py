@@ -476,6 +476,42 @@ class Jobs:
             fast=True,
         )
 
+    def park(self, job_id: str, delivery: int, message: str, delay: float, error: str | None, event: str) -> None:
+        """The delivery parks its job awaiting ``event`` for ``delay`` s (or resolves it from a kept signal)."""
+        params = {
+            "id": job_id,
+            "delivery": delivery,
+            "delay": delay,
+            "message": json.dumps(storable_json(json.loads(message))),
+            "error": storable(error),
+            "event": event,
+            "channel": CHANNEL,
+        }
+        self._under_event_lock("park", params)
+
+    def signal(self, event: str, resolution: str, ttl: float) -> int:
+        """Resume the jobs awaiting ``event``, keep the signal ``ttl`` s; how many resumed."""
+        params = {"event": event, "resolution": resolution, "ttl": ttl, "channel": CHANNEL}
+        row = self._under_event_lock("signal", params)
+        resumed: int = _single(row, "signal")[0]
+        return resumed
+
+    def resolve_wait(self, job_id: str, event: str, timed_out: bool) -> str | None:
+        """The job's resolution of its wait for ``event``, recorded now if it can be; else None."""
+        row = self._execute("resolve_wait", {"id": job_id, "event": event, "timed_out": timed_out}, fetch="one")
+        return None if row is None else str(row[0])
+
+    def _under_event_lock(self, name: str, params: dict[str, Any]) -> Row | None:
+        """``name`` in one transaction after the event's advisory lock (a park and a signal serialise)."""
+        try:
+            with self._conn() as conn, conn.transaction():
+                conn.execute(QUERIES["event_lock"], params)
+                return conn.execute(QUERIES[name], params).fetchone()
+        except STATEMENT_ERRORS as exc:
+            if isinstance(exc, UNAVAILABLE):
+                self.trouble()
+            raise translate(exc, name) from exc
+
     def fail_malformed(self, job_id: str, delivery: int, error: str) -> bool:
         """Fail a claimed row whose message does not decode; True when this call claimed its final failure."""
         row = self._execute(
@@ -584,9 +620,20 @@ class Jobs:
     # -- reads and operator actions ---------------------------------------------------
 
     def counts(self, queue: str) -> QueueCounts:
-        waiting, delayed, active, running, failed, cancelled, completed_total, failed_total, paused, oldest = _single(
-            self._read("counts", {"queue": queue}, "one"), "counts"
-        )
+        row = _single(self._read("counts", {"queue": queue}, "one"), "counts")
+        (
+            waiting,
+            delayed,
+            active,
+            running,
+            failed,
+            cancelled,
+            completed_total,
+            failed_total,
+            paused,
+            oldest,
+            awaiting,
+        ) = row
         return QueueCounts(
             queue,
             waiting,
@@ -599,6 +646,7 @@ class Jobs:
             oldest,
             running,
             cancelled,
+            awaiting=awaiting,
         )
 
     def get(self, job_id: str) -> JobRecord | None:

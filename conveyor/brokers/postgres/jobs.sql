@@ -141,11 +141,87 @@ SELECT EXISTS (SELECT 1 FROM conveyor_jobs
 WITH r AS (
     UPDATE conveyor_jobs
     SET status = 'pending', available_at = now() + make_interval(secs => %(delay)s),
-        message = %(message)s::jsonb, error = %(error)s, worker_id = NULL, picked_at = NULL
+        message = %(message)s::jsonb, error = %(error)s, worker_id = NULL, picked_at = NULL,
+        wait_event = NULL
     WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
     RETURNING queue
 )
 SELECT pg_notify(%(channel)s, queue) FROM r
+
+-- name: event_lock
+-- Serialises a park and a signal of one event (their statements run after it,
+-- in its transaction, so each sees what the other committed).
+SELECT pg_advisory_xact_lock(hashtextextended('conveyor-event:' || %(event)s, 0))
+
+-- name: park
+-- The current delivery parks its job awaiting `event` (ctx.wait_for): pending,
+-- due at its timeout, with wait_event set; or, when a kept signal of the event
+-- exists, due at once with its resolution recorded. Run under event_lock.
+WITH fact AS (
+    SELECT resolution FROM conveyor_events WHERE name = %(event)s AND expires_at > now()
+), parked AS (
+    UPDATE conveyor_jobs
+    SET status = 'pending',
+        available_at = CASE WHEN EXISTS (SELECT 1 FROM fact) THEN now()
+                            ELSE now() + make_interval(secs => %(delay)s) END,
+        wait_event = CASE WHEN EXISTS (SELECT 1 FROM fact) THEN NULL ELSE %(event)s END,
+        message = %(message)s::jsonb, error = %(error)s, worker_id = NULL, picked_at = NULL
+    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
+    RETURNING id, queue, wait_event IS NULL AS resolved
+), resolved AS (
+    INSERT INTO conveyor_job_waits (job_id, name, resolution)
+    SELECT parked.id, %(event)s, fact.resolution FROM parked, fact WHERE parked.resolved
+    ON CONFLICT DO NOTHING
+)
+SELECT pg_notify(%(channel)s, queue) FROM parked
+
+-- name: signal
+-- Every row awaiting `event` is due now, its wait cleared and its resolution
+-- recorded insert-first; a row no longer awaiting (resumed, claimed at its
+-- timeout, deleted) matches nothing, so a job resumes once. The signal is kept
+-- for `ttl` seconds (an unexpired earlier one stays). Run under event_lock.
+WITH woken AS (
+    UPDATE conveyor_jobs SET available_at = now(), wait_event = NULL
+    WHERE wait_event = %(event)s AND status = 'pending'
+    RETURNING id, queue
+), resolved AS (
+    INSERT INTO conveyor_job_waits (job_id, name, resolution)
+    SELECT id, %(event)s, %(resolution)s FROM woken
+    ON CONFLICT DO NOTHING
+), kept AS (
+    INSERT INTO conveyor_events AS e (name, resolution, expires_at)
+    VALUES (%(event)s, %(resolution)s, now() + make_interval(secs => %(ttl)s))
+    ON CONFLICT (name) DO UPDATE SET resolution = EXCLUDED.resolution, expires_at = EXCLUDED.expires_at
+        WHERE e.expires_at <= now()
+), expired AS (
+    DELETE FROM conveyor_events WHERE name IN (
+        SELECT name FROM conveyor_events WHERE expires_at < now() AND name <> %(event)s LIMIT 100
+    )
+), woke AS (
+    SELECT pg_notify(%(channel)s, queue) FROM (SELECT DISTINCT queue FROM woken) q
+)
+SELECT (SELECT count(*) FROM woken), (SELECT count(*) FROM woke)
+
+-- name: resolve_wait
+-- The job's resolution of its wait for `event`, or one recorded now
+-- (insert-first): a kept signal's, or a timeout's when the job came back from
+-- a park on it without one. No row: the job is to park.
+WITH found AS (
+    SELECT resolution FROM conveyor_job_waits WHERE job_id = %(id)s AND name = %(event)s
+), fresh AS (
+    SELECT coalesce(
+        (SELECT resolution FROM conveyor_events WHERE name = %(event)s AND expires_at > now()),
+        CASE WHEN %(timed_out)s::boolean THEN '{"timeout":true}' END
+    ) AS resolution
+    WHERE NOT EXISTS (SELECT 1 FROM found)
+), recorded AS (
+    INSERT INTO conveyor_job_waits (job_id, name, resolution)
+    SELECT %(id)s, %(event)s, resolution FROM fresh
+    WHERE resolution IS NOT NULL AND EXISTS (SELECT 1 FROM conveyor_jobs WHERE id = %(id)s)
+    ON CONFLICT DO NOTHING
+    RETURNING resolution
+)
+SELECT resolution FROM found UNION ALL SELECT resolution FROM recorded
 
 -- name: fail_malformed
 -- A claimed row whose message cannot be decoded fails alone. Returns
@@ -331,7 +407,8 @@ DELETE FROM conveyor_job_steps WHERE (job_id, step) IN (
 
 -- name: counts
 SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS waiting,
-       count(*) FILTER (WHERE status = 'pending' AND available_at > now()) AS delayed,
+       count(*) FILTER (WHERE status = 'pending' AND available_at > now()
+                        AND wait_event IS NULL) AS delayed,
        count(*) FILTER (WHERE status = 'in_progress') AS active,
        count(*) FILTER (WHERE status = 'in_progress' AND started_delivery = delivery) AS running,
        (SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'failed') AS failed,
@@ -340,35 +417,44 @@ SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS w
        (SELECT coalesce(sum(failed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS failed_total,
        EXISTS (SELECT 1 FROM conveyor_paused_queues WHERE queue = %(queue)s) AS paused,
        extract(epoch FROM min(available_at) FILTER (WHERE status = 'pending' AND available_at <= now()))::float8
-           AS oldest_waiting_at
+           AS oldest_waiting_at,
+       count(*) FILTER (WHERE status = 'pending' AND available_at > now() AND wait_event IS NOT NULL) AS awaiting
 FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pending', 'in_progress')
 
 -- name: get_job
 SELECT id, queue, job, status, available_at > now() AS delayed, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at
+       error, created_at, started_at, completed_at, available_at, wait_event
 FROM conveyor_jobs WHERE id = %(id)s
 
 -- name: list_waiting
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at
+       error, created_at, started_at, completed_at, available_at, wait_event
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_delayed
 SELECT id, queue, job, status, true, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at
+       error, created_at, started_at, completed_at, available_at, wait_event
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at > now()
+  AND wait_event IS NULL
+ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: list_awaiting
+SELECT id, queue, job, status, true, attempt, job_key, message -> 'args' -> 0,
+       error, created_at, started_at, completed_at, available_at, wait_event
+FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at > now()
+  AND wait_event IS NOT NULL
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_active
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at
+       error, created_at, started_at, completed_at, available_at, wait_event
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'in_progress'
 ORDER BY picked_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_finished
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at
+       error, created_at, started_at, completed_at, available_at, wait_event
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = %(status)s
 ORDER BY completed_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
@@ -413,7 +499,7 @@ DELETE FROM conveyor_jobs WHERE id = %(id)s AND status <> 'in_progress' RETURNIN
 -- worker holds a pending row, so there is no other copy to fence off; a
 -- row that turned due, was claimed or deleted meanwhile matches nothing.
 WITH p AS (
-    UPDATE conveyor_jobs SET available_at = now()
+    UPDATE conveyor_jobs SET available_at = now(), wait_event = NULL
     WHERE id = %(id)s AND status = 'pending' AND available_at > now()
     RETURNING queue
 ), woke AS (
@@ -432,7 +518,7 @@ WITH j AS (
     SELECT id, status FROM conveyor_jobs WHERE id = %(id)s FOR UPDATE
 ), ended AS (
     UPDATE conveyor_jobs c
-    SET status = 'cancelled', completed_at = now(), cancel_requested_at = now()
+    SET status = 'cancelled', completed_at = now(), cancel_requested_at = now(), wait_event = NULL
     FROM j WHERE c.id = j.id AND j.status = 'pending'
     RETURNING c.id
 ), asked AS (

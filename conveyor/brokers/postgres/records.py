@@ -13,6 +13,7 @@ from conveyor.brokers.base import JobRecord
 LISTS = {
     "waiting": ("list_waiting", None),
     "delayed": ("list_delayed", None),
+    "awaiting": ("list_awaiting", None),
     "active": ("list_active", None),
     "completed": ("list_finished", "done"),
     "failed": ("list_finished", "failed"),
@@ -44,8 +45,11 @@ def job_record(row: tuple[Any, ...]) -> JobRecord:
         started_at,
         completed_at,
         available_at,
+        wait_event,
     ) = row
     state = "delayed" if status == "pending" and delayed else _STATES[status]
+    awaiting = state == "delayed" and wait_event is not None
+    state = "awaiting" if awaiting else state
     return JobRecord(
         id=job_id,
         queue=queue,
@@ -58,5 +62,6 @@ def job_record(row: tuple[Any, ...]) -> JobRecord:
         enqueued_at=created_at.timestamp(),
         started_at=started_at.timestamp() if started_at else None,
         finished_at=completed_at.timestamp() if completed_at else None,
-        eta=available_at.timestamp() if state == "delayed" else None,
+        eta=available_at.timestamp() if state in ("delayed", "awaiting") else None,
+        event=wait_event if awaiting else None,
     )

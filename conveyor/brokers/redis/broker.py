@@ -53,6 +53,7 @@ from conveyor.brokers.redis.replies import text
 from conveyor.brokers.redis.scripts import JOBS
 from conveyor.brokers.redis.sending import MaybeSent, SendFailed, call_once
 from conveyor.errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable, EnqueueOutcomeUnknown
+from conveyor.events import PARK
 from conveyor.logs import log_error, log_event
 from conveyor.redis_client import client as redis_client
 from conveyor.redis_client import is_unavailable, translated
@@ -81,6 +82,9 @@ class _Retry:
     data: bytes
     delay: int | str  # ms, "" for none
     error: str
+    #: A park (ctx.wait_for): the event awaited, and the message as its queue takes it (no eta).
+    event: str = ""
+    resume: bytes = b""
 
 
 class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
@@ -369,12 +373,20 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         same script call (``retry``): never an ack without its retry, never a retry left half-written."""
         rid, delivery = delivery_of(message)  # type: ignore[misc]
         new = self._prepare(_fresh(message).copy(queue_name=q_name(message.queue_name)), delay)
+        event = new.options.pop(PARK, None) or ""
+        resume = b""
+        if event:
+            ready = dataclasses.replace(new, queue_name=q_name(message.queue_name), options=dict(new.options))
+            ready.options.pop("eta", None)
+            resume = ready.encode()
         self.emit_before("enqueue", new, delay)
         retry = _Retry(
             new.options["redis_message_id"],
             new.encode(),
             "" if delay is None else int(delay),
             storable(new.options.get("last_error", "")),
+            event,
+            resume,
         )
         with self._lock:
             self._retries[(message.message_id, delivery)] = retry
@@ -545,7 +557,19 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             )
 
     def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
-        done = self._call("retry", name, rid, job_id, delivery, retry.rid, retry.data, retry.delay, retry.error)
+        done = self._call(
+            "retry",
+            name,
+            rid,
+            job_id,
+            delivery,
+            retry.rid,
+            retry.data,
+            retry.delay,
+            retry.error,
+            retry.event,
+            retry.resume,
+        )
         self._settle(name, [(rid, delivery)])
         if done == -1:
             self._refused("retry", q_name(name), job_id)
@@ -671,6 +695,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         with self.client.pipeline(transaction=False) as pipe:
             for state in ("waiting", "delayed", "active", "failed", "cancelled"):
                 pipe.zcard(keys.index(queue, state))
+            pipe.zcard(keys.index(queue, "awaiting"))
             pipe.hmget(keys.totals(queue), "completed", "failed")
             pipe.sismember(keys.paused, queue)
             # The waiting index is scored by when each job became waiting: the first is the oldest.
@@ -682,6 +707,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 active,
                 failed,
                 cancelled,
+                awaiting,
                 (completed_total, failed_total),
                 paused,
                 oldest,
@@ -705,6 +731,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             oldest[0][1] / _MS if oldest else None,
             running,
             cancelled,
+            awaiting=awaiting,
         )
 
     @translated
@@ -755,7 +782,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """The delayed message, re-encoded for its queue without its eta (as :meth:`_promote` does), moves in
         one script call (``promote_job`` in jobs.lua), which re-checks that the job is still delayed with it."""
         queue, rid, state = self.client.hmget(self.keys.job(job_id), ["queue", "rid", "state"])
-        if queue is None or rid is None or state != b"delayed":
+        if queue is None or rid is None or state not in (b"delayed", b"awaiting"):
             return False
         queue, rid = text(queue), text(rid)
         data = self.client.hget(self.keys.messages(dq_name(queue)), rid)
@@ -771,6 +798,17 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             message.options.pop("eta", None)
             moved = message.encode()
         return bool(self._call("promote_job", queue, job_id, rid, moved))
+
+    @translated
+    def signal_event(self, name: str, resolution: str, ttl: float) -> int:
+        """One script call (``signal`` in jobs.lua): the awaiting jobs move, the signal is kept."""
+        return int(self._call("signal", "", name, resolution, max(1, int(ttl * _MS))))
+
+    @translated
+    def resolve_wait(self, job_id: str, name: str, *, timed_out: bool) -> str | None:
+        """One script call (``resolve_wait`` in jobs.lua): read, or record insert-first."""
+        found = self._call("resolve_wait", "", job_id, name, "1" if timed_out else "0")
+        return None if found is None else text(found)
 
     @translated
     def delete_job(self, job_id: str) -> bool:

@@ -25,6 +25,12 @@
 -- A record whose cancellation was asked while a worker held it carries
 -- cancel_requested (server ms); its holder ends it (cancelled), and so does
 -- any later start of it.
+-- and the waits for events (conveyor/events.py):
+--   $ns:event:$name       a kept signal's resolution, with a TTL (PX)
+--   $ns:event_waiters:$name  set of job ids parked awaiting $name
+--   job record fields: event (the name it awaits), resume (its message as
+--   its queue takes it, without the eta), wait:$name (the resolution of
+--   each wait, insert-first)
 --
 -- The fence. Every time a message is handed to a worker (fetch) or taken
 -- back from one (hand-back, recovery), the record's `delivery` grows by
@@ -48,6 +54,7 @@ local heartbeats_key = ns .. ":__heartbeats__"
 
 -- Every state a record can be in (a deleted job leaves all their indexes).
 local STATES = {"waiting", "delayed", "active", "completed", "failed", "cancelled"}
+table.insert(STATES, "awaiting")  -- parked until a signal or its timeout (ctx.wait_for)
 
 -- The keys of one queue (a delay queue is named $queue.DQ).
 local function Q(name)
@@ -99,6 +106,25 @@ local function set_state(q, id, state, fields)
     end
     redis.call("zadd", index_key(q, state), now, id)
     redis.call("hset", record, "state", state, "updated_at", now, unpack(fields or {}))
+end
+
+local function event_key(name)
+    return ns .. ":event:" .. name
+end
+
+local function event_waiters_key(name)
+    return ns .. ":event_waiters:" .. name
+end
+
+-- A job leaves `awaiting` (promoted at its timeout, by an operator or a
+-- signal): it is no longer among its event's waiters.
+local function forget_wait(id)
+    local record = job_key(id)
+    local ev = redis.call("hget", record, "event")
+    if ev then
+        redis.call("srem", event_waiters_key(ev), id)
+        redis.call("hdel", record, "event", "resume")
+    end
 end
 
 local function heartbeat()
@@ -478,19 +504,33 @@ elseif command == "retry" then
     end
     redis.call("srem", acks_key(worker, queue), rid)
     redis.call("hdel", queue.msgs, rid)
+    local record = job_key(id)
+    -- A park (ctx.wait_for): its event's kept signal, if any, resolves it at once.
+    local event, resume = ARGV[11] or "", ARGV[12] or ""
+    local fact = nil
+    if event ~= "" then
+        fact = redis.call("get", event_key(event))
+        if fact then
+            redis.call("hsetnx", record, "wait:" .. event, fact)
+            data, delay = resume, ""
+        end
+    end
     local target = Q(delay ~= "" and (queue.canonical .. ".DQ") or queue.canonical)
     redis.call("hset", target.msgs, new_rid, data)
     redis.call("rpush", target.list, new_rid)
     wake(target)
-    local record = job_key(id)
     redis.call("hset", record, "rid", new_rid, "payload", data)
     redis.call("hdel", record, "worker")
     if err ~= "" then
         redis.call("hset", record, "error", err)
     end
-    if delay ~= "" then
+    if event ~= "" and not fact then
+        redis.call("sadd", event_waiters_key(event), id)
+        set_state(target, id, "awaiting", {"eta", now + tonumber(delay), "event", event, "resume", resume})
+    elseif delay ~= "" then
         set_state(target, id, "delayed", {"eta", now + tonumber(delay)})
     else
+        redis.call("hdel", record, "eta")
         set_state(target, id, "waiting")
     end
     return 1
@@ -514,6 +554,7 @@ elseif command == "promote" then
         redis.call("rpush", main.list, rid)
         wake(main)
         redis.call("hdel", job_key(id), "eta")
+        forget_wait(id)
         set_state(main, id, "waiting")
         return 1
     end
@@ -532,7 +573,7 @@ elseif command == "promote_job" then
     local record = job_key(id)
     local r = redis.call("hmget", record, "state", "rid", "queue")
     local dq = Q(queue.canonical .. ".DQ")
-    if r[1] ~= "delayed" or r[2] ~= rid or r[3] ~= queue.canonical
+    if (r[1] ~= "delayed" and r[1] ~= "awaiting") or r[2] ~= rid or r[3] ~= queue.canonical
             or redis.call("hexists", dq.msgs, rid) == 0 then
         return 0
     end
@@ -548,8 +589,69 @@ elseif command == "promote_job" then
     redis.call("rpush", main.list, rid)
     wake(main)
     redis.call("hdel", record, "eta")
+    forget_wait(id)
     set_state(main, id, "waiting")
     return 1
+
+-- signal(name, resolution, ttl_ms) -> how many jobs resumed. Every job
+-- parked awaiting `name` moves to its queue as promote_job moves a delayed
+-- one (its delivery grows: the holder of its delayed copy is fenced off),
+-- with its resolution stored insert-first; a job no longer awaiting it
+-- (resumed by an earlier signal, timed out, deleted) is left alone, so two
+-- signals, or a signal and the timeout, resume a job once. The signal is
+-- kept for ttl_ms (the first one's, while kept) for jobs that wait later.
+elseif command == "signal" then
+    local name, resolution, ttl = ARGV[4], ARGV[5], ARGV[6]
+    local waiters = event_waiters_key(name)
+    local resumed = 0
+    for _, id in ipairs(redis.call("smembers", waiters)) do
+        local record = job_key(id)
+        local r = redis.call("hmget", record, "state", "event", "rid", "queue", "resume")
+        if r[1] == "awaiting" and r[2] == name and r[5] then
+            local rid, main = r[3], Q(r[4])
+            local dq = Q(r[4] .. ".DQ")
+            redis.call("lrem", dq.list, 0, rid)
+            for _, holder in ipairs(redis.call("zrange", heartbeats_key, 0, -1)) do
+                redis.call("srem", acks_key(holder, dq), rid)
+            end
+            redis.call("hdel", dq.msgs, rid)
+            redis.call("hincrby", record, "delivery", 1)
+            redis.call("hset", main.msgs, rid, r[5])
+            redis.call("rpush", main.list, rid)
+            wake(main)
+            redis.call("hsetnx", record, "wait:" .. name, resolution)
+            redis.call("hset", record, "payload", r[5])
+            redis.call("hdel", record, "eta", "event", "resume")
+            set_state(main, id, "waiting")
+            resumed = resumed + 1
+        end
+    end
+    redis.call("del", waiters)
+    redis.call("set", event_key(name), resolution, "PX", ttl, "NX")
+    return resumed
+
+-- resolve_wait(id, name, timed_out) -> the job's resolution of its wait
+-- for `name`, recorded now (insert-first) from a kept signal or, when the
+-- job came back from a park on it without one (timed_out = "1"), as a
+-- timeout; nil when there is none yet (the job parks).
+elseif command == "resolve_wait" then
+    local record, name = job_key(ARGV[4]), ARGV[5]
+    local field = "wait:" .. name
+    local got = redis.call("hget", record, field)
+    if got then
+        return got
+    end
+    if redis.call("exists", record) == 0 then
+        return false
+    end
+    local fact = redis.call("get", event_key(name))
+    if not fact and ARGV[6] == "1" then
+        fact = '{"timeout":true}'
+    end
+    if fact then
+        redis.call("hset", record, field, fact)
+    end
+    return fact or false
 
 -- claim_final(rid, id, delivery, error) -> 1 when this delivery runs the
 -- final-failure hooks, -1 when it is superseded. The claim names the
@@ -793,9 +895,10 @@ elseif command == "cancel" then
         redis.call("publish", channel, id)
         return "requested"
     end
-    if r[1] ~= "waiting" and r[1] ~= "delayed" then
+    if r[1] ~= "waiting" and r[1] ~= "delayed" and r[1] ~= "awaiting" then
         return "finished"
     end
+    forget_wait(id)  -- an awaiting job leaves its event's waiters (its delayed copy goes below)
     local rid = r[2]
     if rid then
         local dq = Q(queue.canonical .. ".DQ")

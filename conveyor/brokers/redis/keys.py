@@ -42,6 +42,14 @@ class Keys:
     def paused(self) -> str:
         return f"{self.ns}:paused"
 
+    def event(self, name: str) -> str:
+        """A kept signal of event ``name`` (its resolution, with a TTL)."""
+        return f"{self.ns}:event:{name}"
+
+    def event_waiters(self, name: str) -> str:
+        """Set of the job ids parked awaiting event ``name``."""
+        return f"{self.ns}:event_waiters:{name}"
+
     def wake(self, name: str) -> str:
         """The list idle consumers of ``name`` block on."""
         return f"{self.ns}:wake:{name}"

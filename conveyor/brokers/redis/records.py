@@ -38,4 +38,5 @@ def record_from_hash(job_id: str, raw: Mapping[bytes | str, bytes | str]) -> Job
         started_at=seconds("started_at"),
         finished_at=seconds("finished_at"),
         eta=seconds("eta"),
+        event=row.get("event") if row["state"] == "awaiting" else None,
     )
