@@ -135,3 +135,44 @@ def test_pause_and_counts_are_per_queue(made):
     consumer.close()
     broker.resume_queue("shard3")
     assert not broker.queue_counts("shard3").paused
+
+
+@pytest.fixture
+def app(clean_env, redis_cluster_url, database_url):
+    from conveyor.app import App
+    from tests.support.harness import make_settings
+
+    app = App(make_settings("redis", redis_cluster_url, database_url))
+    yield app
+    app.close()
+
+
+def test_the_stores_beside_the_broker_keep_each_script_call_on_one_slot(app):
+    """The fleet registry, the rollups and the budgets (several budgets' keys in one take) on the cluster."""
+    from conveyor.brokers.fleet import fleet_store
+    from conveyor.brokers.fleet.base import WorkerInfo
+    from conveyor.brokers.rollup import rollup_store
+    from conveyor.budgets import build_store
+    from conveyor.budgets.base import Take
+
+    fleet = fleet_store(app)
+    info = WorkerInfo(
+        id="w-1", host="h", pid=1, queues=["critical"], threads=2, version="t", started_at=None, heartbeat_at=None
+    )
+    fleet.beat(info, keep=60)
+    assert [w.id for w in fleet.workers()[1]] == ["w-1"]
+    fleet.count_enqueued({("critical", "a.job"): 2, ("default", "b.job"): 1})
+    assert fleet.enqueued_totals() == {("critical", "a.job"): 2, ("default", "b.job"): 1}
+    ref = enqueue(app.broker, {"n": 1}, key="k:fleet", queue_name="critical", job="test.probe.critical")
+    assert fleet.find_by_key("k:fleet") == [ref.id]
+
+    rollups = rollup_store(app)
+    rollups.sample_depth({"critical": 3, "default": 1})
+    rollups.read(None, 3600)
+
+    budgets = build_store(app)
+    try:
+        waits = budgets.take([Take("user:1", 10, 60, 1), Take("team:9", 100, 60, 1)])
+        assert waits == [0.0, 0.0]
+    finally:
+        budgets.close()

@@ -224,6 +224,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         for queue in queues:
             self._call("leave", queue)
 
+    def dedup_keys(self, key: str) -> list[str]:
+        """Where a dedup key may be held: the namespace's entry, or on a cluster each known queue's."""
+        if not self.cluster:
+            return [self.keys.dedup(key)]
+        return [self.keys.scope(q).dedup(key) for q in self.known_queues()]
+
     def known_queues(self) -> list[str]:
         """Every queue declared here, and on a cluster every queue anyone enqueued to (keys.queues)."""
         names = set(self.queues)

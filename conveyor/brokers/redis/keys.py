@@ -19,7 +19,10 @@ as ``KEYS[1]`` and builds every key it touches from it (``ns .. ":..."``).
 So a new key is written as a method here using ``self.ns`` and, in Lua,
 ``ns .. ":name"``; a caller picks the scope with ``keys.scope(queue)``.
 A key no queue owns (:attr:`Keys.queues`) is only ever touched by a
-single-key command outside the scripts.
+single-key command outside the scripts. Stores beside the broker whose
+scripts touch several keys of no queue (the fleet registry, the rollups,
+budgets) build them under :attr:`Keys.shared` / :func:`shared_namespace`:
+the namespace on a plain Redis, ``{ns}`` on a cluster (one slot for them all).
 """
 
 from __future__ import annotations
@@ -88,6 +91,15 @@ class Keys:
         """Set of paused queue names (on a cluster, each queue's scope has its own, holding at most itself)."""
         return f"{self.ns}:paused"
 
+    def dedup(self, key: str) -> str:
+        """The job id holding a dedup key (with a TTL; set by jobs.lua's enqueue)."""
+        return f"{self.ns}:dedup:{key}"
+
+    @property
+    def shared(self) -> str:
+        """The namespace of keys no queue owns that one script call touches together (see the module doc)."""
+        return shared_namespace(self.ns, cluster=self.cluster and self.owner is None)
+
     def wake(self, name: str) -> str:
         """The list idle consumers of ``name`` block on."""
         return f"{self.ns}:wake:{name}"
@@ -96,3 +108,8 @@ class Keys:
     def queues(self) -> str:
         """Cluster only: the set of queue names ever enqueued to, so a job id can be looked up in each."""
         return f"{self.ns}:__queues__"
+
+
+def shared_namespace(namespace: str, *, cluster: bool) -> str:
+    """``namespace`` on a plain Redis (the names of earlier releases); ``{namespace}`` on a cluster: one slot."""
+    return f"{{{namespace}}}" if cluster else namespace
