@@ -166,6 +166,17 @@ def async_reader(url: str, settings: Settings) -> redis.asyncio.Redis:
         "socket_connect_timeout": settings.redis_connect_timeout,
         "socket_timeout": settings.redis_socket_timeout,
     }
+    if url.startswith(CLUSTER_SCHEME):
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        nodes = parse_cluster_url(url)
+        # XREAD BLOCK on one key goes to the node owning its slot, on a connection of its own.
+        cluster = RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in nodes.nodes],
+            password=nodes.password,
+            **options,
+        )
+        return cast("redis.asyncio.Redis", cluster)
     if url.startswith(SENTINEL_SCHEME):
         from redis.asyncio.sentinel import Sentinel
 

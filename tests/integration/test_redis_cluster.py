@@ -176,3 +176,20 @@ def test_the_stores_beside_the_broker_keep_each_script_call_on_one_slot(app):
         assert waits == [0.0, 0.0]
     finally:
         budgets.close()
+
+
+def test_a_stream_follower_blocks_on_the_node_of_its_stream_and_wakes_on_a_chunk(app):
+    """XREAD BLOCK through the asyncio cluster client (redis_client.async_reader)."""
+    import asyncio
+    import threading
+
+    from conveyor.platform.streams import build_buffer
+
+    buffer = build_buffer(app)
+
+    async def follow() -> list[int]:
+        async with buffer.follow("run-1") as follower:
+            threading.Timer(0.3, lambda: buffer.append("run-1", 1, "hello")).start()
+            return [e.seq for e in await follower.entries(0, timeout=5)]
+
+    assert asyncio.run(follow()) == [1]
