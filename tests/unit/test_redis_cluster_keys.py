@@ -75,6 +75,12 @@ def test_on_a_cluster_queues_spread_over_slots():
     assert len(slots) > 10
 
 
+def test_keys_no_queue_owns_share_one_slot_on_a_cluster_and_keep_their_names_on_plain_redis():
+    assert Keys("conveyor").shared == "conveyor"
+    assert Keys("conveyor", cluster=True).shared == "{conveyor}"
+    assert Keys("conveyor", cluster=True).scope("emails").shared == "{conveyor}"
+
+
 def test_a_scope_refuses_another_queues_keys():
     with pytest.raises(ValueError):
         Keys("conveyor", cluster=True).scope("emails").scope("default")

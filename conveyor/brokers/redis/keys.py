@@ -42,6 +42,8 @@ class Keys:
     cluster: bool = False
     #: The queue this scope belongs to (cluster mode), None for the unscoped namespace.
     owner: str | None = None
+    #: The unscoped namespace a scope was made from ("" for the unscoped one itself).
+    base: str = ""
 
     def __post_init__(self) -> None:
         if self.cluster and self.owner is None and ("{" in self.ns or "}" in self.ns):
@@ -57,7 +59,7 @@ class Keys:
             if self.owner != canonical:
                 raise ValueError(f"keys of queue {self.owner!r} asked for queue {canonical!r}")
             return self
-        return Keys(f"{self.ns}{{{canonical}}}", cluster=True, owner=canonical)
+        return Keys(f"{self.ns}{{{canonical}}}", cluster=True, owner=canonical, base=self.ns)
 
     def queue(self, name: str) -> str:
         """The list of rids waiting in a queue (``name`` may be a delay queue, ``$queue.DQ``)."""
@@ -98,7 +100,7 @@ class Keys:
     @property
     def shared(self) -> str:
         """The namespace of keys no queue owns that one script call touches together (see the module doc)."""
-        return shared_namespace(self.ns, cluster=self.cluster and self.owner is None)
+        return shared_namespace(self.base or self.ns, cluster=self.cluster)
 
     def wake(self, name: str) -> str:
         """The list idle consumers of ``name`` block on."""
