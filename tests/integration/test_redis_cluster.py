@@ -193,3 +193,20 @@ def test_a_stream_follower_blocks_on_the_node_of_its_stream_and_wakes_on_a_chunk
             return [e.seq for e in await follower.entries(0, timeout=5)]
 
     assert asyncio.run(follow()) == [1]
+
+
+def test_a_script_call_sent_to_a_node_not_owning_its_slot_ran_nothing_and_is_not_sent(made):
+    """MOVED is NotSent: the enqueue's next attempt (after a topology refresh) may go, nothing doubles."""
+    from conveyor.brokers.redis.cluster import NodeClient
+    from conveyor.brokers.redis.sending import NotSent, call_once
+
+    broker: Any = made()
+    scope = broker.keys.scope("shard1").ns
+    owner = broker.client.get_node_from_key(scope)
+    other = next(n for n in broker.client.get_primaries() if n.name != owner.name)
+    wrong = NodeClient(broker.client.get_redis_connection(other), broker.client)
+    args = ["enqueue", "", broker.broker_id, 1000, 1, "shard1", "rid-1", "id-1", "{}", "job.shard1", "", "", ""]
+    with pytest.raises(NotSent) as caught:
+        call_once(wrong, broker._jobs, [scope], args)
+    assert "MOVED" in str(caught.value.cause) or type(caught.value.cause).__name__ == "MovedError"
+    assert broker.get_job("id-1") is None

@@ -43,12 +43,13 @@ from conveyor.brokers.base import (
     malformed_error,
     unknown_job_error,
 )
+from conveyor.brokers.redis.cluster import node_client
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
 from conveyor.brokers.redis.replies import text
 from conveyor.brokers.redis.scripts import JOBS
-from conveyor.brokers.redis.sending import MaybeSent, NotSent, SendFailed, call_once
+from conveyor.brokers.redis.sending import MaybeSent, SendFailed, call_once
 from conveyor.errors import (
     BrokerRejected,
     BrokerUnavailable,
@@ -57,8 +58,8 @@ from conveyor.errors import (
     EnqueueOutcomeUnknown,
 )
 from conveyor.logs import log_error, log_event
-from conveyor.redis_client import UNAVAILABLE, is_cluster, is_unavailable, translated
 from conveyor.redis_client import client as redis_client
+from conveyor.redis_client import is_cluster, is_unavailable, translated
 
 if TYPE_CHECKING:
     from conveyor.settings import Settings
@@ -443,20 +444,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {last}") from last.cause
 
     def _node_of(self, scope: str) -> Any:
-        """The client of the node that owns ``scope``'s slot (on a plain Redis, the one client).
-
-        On a cluster, call_once talks to that node's own pool: a reply of MOVED, ASK, TRYAGAIN or
-        CLUSTERDOWN ran nothing, so it is NotSent (the topology is read again and the call repeated).
-        """
-        if not self.cluster:
-            return self.client
-        cluster: Any = self.client
-        try:
-            node = cluster.get_node_from_key(scope)
-            found: redis.Redis = cluster.get_redis_connection(node)
-        except (redis.RedisError, *UNAVAILABLE) as exc:
-            raise NotSent(exc) from exc
-        return _ClusterNodeClient(found, cluster)
+        """The client ``call_once`` sends ``scope``'s script call on: the one client, or its slot's node's."""
+        return node_client(self.client, scope) if self.cluster else self.client
 
     def _stash_retry(self, message: Message[Any], delay: int | None) -> Message[Any]:
         """The Retries middleware's retry of a running delivery. It is written by that delivery's ack, in the
@@ -921,32 +910,6 @@ def storable(text: str | None) -> str:
 #: Error replies of a script refused at its first write, before it changed anything (redis-py names them
 #: by class: OOM, READONLY; a LOADING reply is a BusyLoadingError, which is_unavailable counts already).
 _REFUSED_BEFORE_WRITING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
-
-#: Cluster replies that ran nothing: the slot is elsewhere (MOVED, ASK), moving (TRYAGAIN) or unserved.
-_CLUSTER_REDIRECTS = (
-    redis.exceptions.AskError,  # MovedError is one
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
-)
-
-
-class _ClusterNodeClient:
-    """One node's client for call_once, whose redirect replies are NotSent after a topology refresh."""
-
-    def __init__(self, node: redis.Redis, cluster: Any) -> None:
-        self._node = node
-        self._cluster = cluster
-        self.connection_pool = node.connection_pool
-
-    def parse_response(self, conn: Any, command: str) -> Any:
-        try:
-            return self._node.parse_response(conn, command)  # type: ignore[no-untyped-call]
-        except _CLUSTER_REDIRECTS as exc:
-            self._cluster.nodes_manager.initialize()
-            raise NotSent(exc) from exc
-
-    def script_load(self, script: str) -> Any:
-        return self._node.script_load(script)
 
 
 def _summary(exc: BaseException) -> str:
