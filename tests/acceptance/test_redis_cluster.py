@@ -27,7 +27,7 @@ def settings(clean_env, database_url, redis_cluster_url):
 def test_charges_on_a_redis_cluster_survive_a_sigkilled_worker_exactly_once(app, workers, settings, database_url):
     group = workers("critical", processes=2)
     wait_for(lambda: len(group.child_pids()) == 2, timeout=60, message="two worker processes")
-    requests = charges(120, "cluster", sleep=0.05)
+    requests = charges(120, "cluster", sleep=0.2)
     app.jobs.enqueue_many(requests)
     wait_for(
         lambda: rows(database_url, "SELECT count(*) FROM credit_entries")[0][0] >= 15,
@@ -36,6 +36,7 @@ def test_charges_on_a_redis_cluster_survive_a_sigkilled_worker_exactly_once(app,
         message="charges running before the kill",
     )
     os.kill(group.child_pids()[0], signal.SIGKILL)
+    assert rows(database_url, "SELECT count(*) FROM credit_entries")[0][0] < len(requests), "killed mid-run"
     wait_for(
         lambda: all_done(app, "critical", len(requests)), timeout=120, interval=0.2, message="every charge to be done"
     )
