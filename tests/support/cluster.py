@@ -68,10 +68,10 @@ class ClusterNode(RedisServer):
 class RedisCluster:
     """Three primaries holding all slots; ``flush()`` empties every node (a test's clean state)."""
 
-    def __init__(self, primaries: int = 3) -> None:
+    def __init__(self, primaries: int = 3, replicas: int = 0) -> None:
         self.nodes: list[ClusterNode] = []
         try:
-            for _ in range(primaries):
+            for _ in range(primaries * (1 + replicas)):
                 self.nodes.append(ClusterNode())
             cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
             done = subprocess.run(
@@ -81,7 +81,7 @@ class RedisCluster:
                     "create",
                     *(f"127.0.0.1:{n.port}" for n in self.nodes),
                     "--cluster-replicas",
-                    "0",
+                    str(replicas),
                     "--cluster-yes",
                 ],
                 capture_output=True,
@@ -100,7 +100,24 @@ class RedisCluster:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
     def _node_clients(self) -> list[redis.Redis]:
-        return [redis.Redis(host="127.0.0.1", port=n.port, socket_timeout=5) for n in self.nodes]
+        return [redis.Redis(host="127.0.0.1", port=n.port, socket_timeout=5) for n in self.nodes if n.is_running]
+
+    def owner(self, key: str) -> ClusterNode:
+        """The running primary that serves ``key``'s slot now."""
+        for node in self.nodes:
+            if not node.is_running:
+                continue
+            with redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=5) as c:
+                slot = int(c.execute_command("CLUSTER", "KEYSLOT", key))
+                for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                    if start <= slot <= end:
+                        port = int(primary[1])
+                        return next(n for n in self.nodes if n.port == port)
+        raise ServerStartError("no running node answers CLUSTER SLOTS")
+
+    def wait_ready(self) -> None:
+        """Until every running node says the cluster is ok and serves all slots (after a failover, say)."""
+        self._wait_ready()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT
@@ -116,10 +133,11 @@ class RedisCluster:
             time.sleep(0.1)
 
     def flush(self) -> None:
-        """FLUSHALL on every primary."""
+        """FLUSHALL on every primary (a replica follows its primary)."""
         for c in self._node_clients():
             with c:
-                c.flushall()
+                if c.execute_command("ROLE")[0] == b"master":
+                    c.flushall()
 
     def close(self) -> None:
         for node in self.nodes:

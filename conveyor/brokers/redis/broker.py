@@ -43,7 +43,7 @@ from conveyor.brokers.base import (
     malformed_error,
     unknown_job_error,
 )
-from conveyor.brokers.redis.cluster import node_client
+from conveyor.brokers.redis.cluster import node_client, refresh
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
@@ -421,6 +421,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 return call_once(self._node_of(scope), self._jobs, [scope], args, replicas=self.replicas)
             except SendFailed as exc:
                 last = exc
+                if self.cluster:  # the node may be gone and its slots served by a promoted replica
+                    refresh(self.client)
                 if isinstance(exc, MaybeSent):
                     maybe = exc
             except redis.RedisError as exc:

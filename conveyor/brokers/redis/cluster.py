@@ -34,6 +34,14 @@ def node_client(cluster: Any, key: str) -> NodeClient:
     return NodeClient(found, cluster)
 
 
+def refresh(cluster: Any) -> None:
+    """Read the topology again (after a call to a node failed: a failover may have moved its slots)."""
+    try:
+        cluster.nodes_manager.initialize()
+    except (redis.RedisError, *UNAVAILABLE):
+        pass  # no node answers yet: the next attempt finds out again
+
+
 class NodeClient:
     """One node's client as ``call_once`` uses it, whose redirect replies are NotSent after a topology refresh."""
 
@@ -46,7 +54,7 @@ class NodeClient:
         try:
             return self._node.parse_response(conn, command)  # type: ignore[no-untyped-call]
         except REDIRECTS as exc:
-            self._cluster.nodes_manager.initialize()
+            refresh(self._cluster)
             raise NotSent(exc) from exc
 
     def script_load(self, script: str) -> Any:
