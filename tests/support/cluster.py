@@ -1,4 +1,4 @@
-"""A private Redis Cluster: three primaries (no replicas) as local processes on free ports.
+"""A private Redis Cluster: three primaries (and optionally a replica each) as local processes on free ports.
 
 Each node is a ``redis-server --cluster-enabled yes`` in its own temp dir on
 loopback; ``redis-cli --cluster create`` splits the 16384 slots over them.
