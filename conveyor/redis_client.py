@@ -20,10 +20,11 @@ import contextlib
 import urllib.parse
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import redis
 import redis.asyncio
+import redis.cluster
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
@@ -69,6 +70,58 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     return SentinelURL(sentinels, service, int(db or 0), password)
 
 
+#: The scheme of a Redis Cluster: ``redis+cluster://[:password@]host:port[,host:port…]`` (any nodes of it).
+CLUSTER_SCHEME = "redis+cluster://"
+
+
+class ClusterURL(NamedTuple):
+    nodes: list[tuple[str, int]]
+    password: str | None
+
+
+def parse_cluster_url(url: str) -> ClusterURL:
+    """``redis+cluster://[:password@]host:port[,host:port…]``; a clear error (the URL not echoed) for anything else."""
+    hosts = url[len(CLUSTER_SCHEME) :].rstrip("/")
+    password = None
+    if "@" in hosts:
+        auth, _, hosts = hosts.rpartition("@")
+        password = urllib.parse.unquote(auth.partition(":")[2]) or None
+    nodes = []
+    for part in filter(None, hosts.split(",")):
+        host, _, port = part.rpartition(":")
+        if not host or not port.isdigit() or "/" in part:
+            raise ConfigurationError("REDIS_URL: expected redis+cluster://host:port[,host:port...] (no database)")
+        nodes.append((host.strip("[]"), int(port)))
+    if not nodes:
+        raise ConfigurationError("REDIS_URL: expected redis+cluster://host:port[,host:port...] (no database)")
+    return ClusterURL(nodes, password)
+
+
+def is_cluster(client: object) -> bool:
+    """True for a Redis Cluster client (see :func:`cluster_client`)."""
+    return isinstance(client, redis.cluster.RedisCluster)
+
+
+def cluster_client(url: str, settings: Settings) -> redis.Redis:
+    """A ``redis.cluster.RedisCluster`` on any nodes of the cluster, with the settings' timeouts and retries.
+
+    Typed as ``redis.Redis``: it answers the same commands, each routed to the node owning its key's slot
+    (a script call to the slot of its first key); what differs is checked with :func:`is_cluster`.
+    """
+    found = parse_cluster_url(url)
+    options = _options(settings)
+    options.pop("retry_on_error")  # the cluster client retries connection errors itself, after a topology refresh
+    cluster = redis.cluster.RedisCluster(
+        startup_nodes=[
+            redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call,unused-ignore]
+            for host, port in found.nodes
+        ],
+        password=found.password,
+        **options,
+    )
+    return cast("redis.Redis", cluster)
+
+
 def _options(settings: Settings) -> dict[str, Any]:
     return {
         "socket_connect_timeout": settings.redis_connect_timeout,
@@ -88,8 +141,8 @@ def client(url: str, settings: Settings) -> redis.Redis:
     connections find the new primary through the sentinels (a connection to a
     demoted primary is dropped at its first READONLY reply, and the call retried).
     """
-    if url.startswith("redis+cluster://"):
-        raise ConfigurationError("REDIS_URL: Redis Cluster (redis+cluster://) is not supported yet; see docs/hosts.md")
+    if url.startswith(CLUSTER_SCHEME):
+        return cluster_client(url, settings)
     if url.startswith(SENTINEL_SCHEME):
         found = parse_sentinel_url(url)
         sentinel = redis.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
@@ -113,11 +166,24 @@ def async_reader(url: str, settings: Settings) -> redis.asyncio.Redis:
         "socket_connect_timeout": settings.redis_connect_timeout,
         "socket_timeout": settings.redis_socket_timeout,
     }
+    if url.startswith(CLUSTER_SCHEME):
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        nodes = parse_cluster_url(url)
+        # XREAD BLOCK on one key goes to the node owning its slot, on a connection of its own.
+        cluster = RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in nodes.nodes],
+            password=nodes.password,
+            **options,
+        )
+        return cast("redis.asyncio.Redis", cluster)
     if url.startswith(SENTINEL_SCHEME):
         from redis.asyncio.sentinel import Sentinel
 
         found = parse_sentinel_url(url)
-        sentinel = Sentinel(found.sentinels, sentinel_kwargs=options, **options)  # type: ignore[no-untyped-call,unused-ignore]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
+            found.sentinels, sentinel_kwargs=options, **options
+        )
         reader: redis.asyncio.Redis = sentinel.master_for(
             found.service, db=found.db, password=found.password, single_connection_client=True
         )

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cluster import RedisCluster
 from tests.support.servers import PgBouncerServer, PostgresServer, RedisServer
 from tests.support.waiting import wait_for
 
@@ -45,7 +46,7 @@ for _name in [n for n in os.environ if is_config_var(n)]:
 
 
 #: Fixtures that start a server: a unit test (``tests/unit``) may use none of them.
-SERVER_FIXTURES = frozenset({"redis_server", "pg_server"})
+SERVER_FIXTURES = frozenset({"redis_server", "redis_cluster", "pg_server"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -97,6 +98,20 @@ def redis_url(redis_server: RedisServer) -> str:
     finally:
         client.close()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A private three-primary Redis Cluster for the whole session (tests/support/cluster.py)."""
+    with RedisCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisCluster) -> str:
+    """``redis+cluster://…`` of the session's cluster, every node emptied (FLUSHALL) for this test."""
+    redis_cluster.flush()
+    return redis_cluster.url
 
 
 def _initial_aof_written(client) -> bool:

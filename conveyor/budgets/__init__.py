@@ -45,7 +45,13 @@ def build_store(app: "App") -> BudgetStore:
 
         if not app.settings.redis_url:
             raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
-        return RedisBudgets(client(app.settings.redis_url, app.settings), app.settings.redis_namespace)
+        from conveyor.brokers.redis.keys import shared_namespace
+        from conveyor.redis_client import is_cluster
+
+        redis_client = client(app.settings.redis_url, app.settings)
+        # A take spans several budgets' keys in one script call: on a cluster they share one slot.
+        namespace = shared_namespace(app.settings.redis_namespace, cluster=is_cluster(redis_client))
+        return RedisBudgets(redis_client, namespace)
     if store == "postgres":
         from conveyor.budgets.postgres import PostgresBudgets
 

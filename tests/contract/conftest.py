@@ -47,6 +47,15 @@ LACKS: dict[str, dict[str, str]] = {
 PGBOUNCER = "postgres+pgbouncer"
 LACKS[PGBOUNCER] = LACKS.get("postgres", {})
 
+#: The redis broker again, on a private three-primary Redis Cluster (``redis+cluster://``): each queue's keys
+#: carry the queue as their hash tag, so what spans queues is what it lacks.
+REDIS_CLUSTER = "redis-cluster"
+LACKS[REDIS_CLUSTER] = {
+    **LACKS["redis"],
+    "cross_queue_keys": "a queue's keys live on its own slot: a dedup key is held within its queue, and a batch "
+    "spanning queues is one atomic call per queue",
+}
+
 #: Seconds without a heartbeat before a worker's jobs may be recovered (Redis timeout, Postgres lease).
 LEASE = 1.0
 
@@ -71,10 +80,10 @@ def _builder(request: pytest.FixtureRequest, name: str) -> Callable[[], Any]:
     def on_dead(broker: Any, message: Any, error: str) -> None:
         hooks.append((message.message_id, message.actor_name, error))
 
-    if name == "redis":
+    if name in ("redis", REDIS_CLUSTER):
         from conveyor.brokers.redis import RedisBroker
 
-        url = request.getfixturevalue("redis_url")
+        url = request.getfixturevalue("redis_url" if name == "redis" else "redis_cluster_url")
         settings = Settings(broker="redis", redis_url=url, heartbeat_timeout=LEASE, maintenance_interval=0.1)
 
         def build() -> Any:
@@ -124,6 +133,7 @@ def _builder(request: pytest.FixtureRequest, name: str) -> Callable[[], Any]:
 #: SIGKILLed): besides its consumer, which ``Pump.freeze`` stops. Redis heartbeats only with its calls.
 SILENCE: dict[str, Callable[[Any], None]] = {
     "redis": lambda broker: None,
+    REDIS_CLUSTER: lambda broker: None,
     "postgres": lambda broker: broker.listener.stop(),
     PGBOUNCER: lambda broker: broker.listener.stop(),
 }
@@ -136,8 +146,10 @@ def final_failures() -> list[tuple[str, str, str]]:
 
 
 def _store_redis(broker: Any, job_id: str, data: bytes) -> None:
-    rid = broker.client.hget(broker.keys.job(job_id), "rid").decode()
-    broker.client.hset(broker.keys.messages(broker.get_job(job_id).queue), rid, data)
+    queue = broker.get_job(job_id).queue
+    keys = broker.keys.scope(queue)
+    rid = broker.client.hget(keys.job(job_id), "rid").decode()
+    broker.client.hset(keys.messages(queue), rid, data)
 
 
 def _store_postgres(broker: Any, job_id: str, data: bytes) -> None:
@@ -150,6 +162,7 @@ def _store_postgres(broker: Any, job_id: str, data: bytes) -> None:
 #: How to overwrite the message a job's waiting delivery is stored as (a newer producer's format, say).
 STORE: dict[str, Callable[[Any, str, bytes], None]] = {
     "redis": _store_redis,
+    REDIS_CLUSTER: _store_redis,
     "postgres": _store_postgres,
     PGBOUNCER: _store_postgres,
 }
@@ -161,7 +174,7 @@ def store_message(broker_name: str) -> Callable[[Any, str, bytes], None]:
     return STORE[broker_name]
 
 
-@pytest.fixture(params=[*ALL_BROKERS, PGBOUNCER])
+@pytest.fixture(params=[*ALL_BROKERS, PGBOUNCER, REDIS_CLUSTER])
 def broker_name(request: pytest.FixtureRequest) -> str:
     name = request.param
     for marker in request.node.iter_markers("needs"):

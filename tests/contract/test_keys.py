@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from conveyor.brokers.base import EnqueueItem
 from tests.contract.drive import LONG_TTL, OTHER_JOB, OTHER_QUEUE, enqueue, message, record_in
 
@@ -18,6 +20,7 @@ def test_a_duplicate_key_returns_the_holder_and_enqueues_nothing(broker):
     assert broker.queue_counts("contract").waiting == 1
 
 
+@pytest.mark.needs("cross_queue_keys")
 def test_a_key_is_held_across_queues_and_within_one_batch(broker):
     first = enqueue(broker, {"n": 1}, key="k:shared")
     refs = broker.enqueue_jobs(

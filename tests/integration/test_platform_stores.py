@@ -14,9 +14,13 @@ from conveyor.settings import Settings
 from tests.support.brokers import ALL_BROKERS
 
 
-@pytest.fixture(params=[*ALL_BROKERS, "postgres+pgbouncer"])
+@pytest.fixture(params=[*ALL_BROKERS, "postgres+pgbouncer", "redis-cluster"])
 def app(request, redis_url, database_url):
-    if request.param == "postgres+pgbouncer":  # through a transaction-mode pooler, LISTEN and slots direct
+    if request.param == "redis-cluster":  # redis+cluster://: every script call on one slot
+        settings = Settings(
+            broker="redis", redis_url=request.getfixturevalue("redis_cluster_url"), database_url=database_url
+        )
+    elif request.param == "postgres+pgbouncer":  # through a transaction-mode pooler, LISTEN and slots direct
         through = request.getfixturevalue("pgbouncer").url(database_url.rsplit("/", 1)[1])
         settings = Settings(
             broker="postgres", database_url=through, database_pooled=True, listen_database_url=database_url

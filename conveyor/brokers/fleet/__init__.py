@@ -82,7 +82,7 @@ def fleet_store(app: "App") -> FleetStore:
             from conveyor.brokers.redis import RedisBroker
 
             assert isinstance(broker, RedisBroker)  # the App builds it from the same setting
-            store = RedisFleetStore(broker.client, broker.namespace)
+            store = RedisFleetStore(broker.client, broker.keys.shared, dedup_keys=broker.dedup_keys)
         elif name == "postgres":
             from conveyor.brokers.fleet.postgres_store import PostgresFleetStore
 

@@ -7,6 +7,7 @@ method's redis errors leave translated (``wrap_errors``), as the broker's reads 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,13 @@ ATTEMPTS_PER_CALL = 200
 
 
 class RedisFleetStore(FleetStore):
-    def __init__(self, client: redis.Redis, namespace: str) -> None:
+    def __init__(
+        self, client: redis.Redis, namespace: str, *, dedup_keys: Callable[[str], list[str]] | None = None
+    ) -> None:
+        """``namespace``: the broker's ``keys.shared``; ``dedup_keys(key)``: where the broker may hold ``key``."""
         self.client = client
         self.ns = namespace
+        self._dedup_keys = dedup_keys or (lambda key: [f"{namespace}:dedup:{key}"])
         self._script = client.register_script(_SCRIPT)
 
     def _call(self, *args: str | int, client: Pipeline | None = None) -> Any:
@@ -120,9 +125,13 @@ class RedisFleetStore(FleetStore):
 
     @wrap_errors("finding a job by key")
     def find_by_key(self, key: str) -> list[str]:
-        # The broker's own dedup entry ($ns:dedup:$key, see redis/jobs.lua): held while the key's TTL runs.
-        job_id = self.client.get(f"{self.ns}:dedup:{key}")
-        return [text(job_id)] if job_id else []
+        # The broker's own dedup entries ($ns:dedup:$key, see redis/jobs.lua; one per queue on a cluster):
+        # held while the key's TTL runs.
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in self._dedup_keys(key):
+                pipe.get(name)
+            found = pipe.execute()
+        return [text(job_id) for job_id in found if job_id]
 
 
 def _fields(info: WorkerInfo) -> list[str | int]:

@@ -25,7 +25,7 @@ import redis
 from dramatiq import Message, Middleware
 from dramatiq.brokers.redis import RedisBroker as DramatiqRedisBroker
 from dramatiq.common import current_millis, dq_name, q_name
-from dramatiq.errors import ConnectionClosed, DecodeError
+from dramatiq.errors import ConnectionClosed, DecodeError, QueueJoinTimeout
 from dramatiq.middleware import SkipMessage
 
 from conveyor.brokers.base import (
@@ -46,17 +46,24 @@ from conveyor.brokers.base import (
     malformed_error,
     unknown_job_error,
 )
+from conveyor.brokers.redis.cluster import node_client, refresh
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
 from conveyor.brokers.redis.replies import text
 from conveyor.brokers.redis.scripts import JOBS
 from conveyor.brokers.redis.sending import MaybeSent, SendFailed, call_once
-from conveyor.errors import BrokerRejected, BrokerUnavailable, BrokerUnreachable, EnqueueOutcomeUnknown
+from conveyor.errors import (
+    BrokerRejected,
+    BrokerUnavailable,
+    BrokerUnreachable,
+    ConfigurationError,
+    EnqueueOutcomeUnknown,
+)
 from conveyor.events import PARK
 from conveyor.logs import log_error, log_event
 from conveyor.redis_client import client as redis_client
-from conveyor.redis_client import is_unavailable, translated
+from conveyor.redis_client import is_cluster, is_unavailable, translated
 
 if TYPE_CHECKING:
     from conveyor.settings import Settings
@@ -123,10 +130,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self.recovery_gap_ms = int(max(heartbeat_timeout / 2, 3 * settings.maintenance_interval) * _MS)
         #: An idle consumer's BLPOP never outlasts half the socket timeout (or it would read as a timeout).
         self.wait_cap = max(0.1, settings.redis_socket_timeout / 2)
-        self.keys = Keys(namespace)
+        #: On Redis Cluster every key of a queue carries the queue as its hash tag (see keys.py).
+        self.cluster = is_cluster(client)
+        self.keys = Keys(namespace, cluster=self.cluster)
+        self._registered: set[str] = set()  # queues this process recorded in keys.queues (cluster)
         #: Runs the final-failure hook of a job the broker itself fails (an undecodable message), as on Postgres.
         self._on_dead = on_dead
         self._jobs = self.client.register_script(JOBS)
+        if self.cluster and settings.redis_wait_replicas:
+            raise ConfigurationError("CONVEYOR_REDIS_WAIT_REPLICAS is not supported on Redis Cluster (yet)")
         #: (replicas, timeout ms) each enqueue and claim WAITs for; None: no WAIT (redis_wait_replicas = 0).
         self.replicas = (
             (settings.redis_wait_replicas, int(settings.redis_wait_timeout * _MS))
@@ -151,7 +163,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     def _call(self, command: str, queue: str, *args: Any, client: Any = None) -> Any:
         sent = time.monotonic()
-        result = self._jobs(keys=[self.namespace], args=[command, queue, self.broker_id, *args], client=client)
+        scope = self.keys.scope(queue).ns
+        result = self._jobs(keys=[scope], args=[command, queue, self.broker_id, *args], client=client)
         if command in HEARTBEATS and client is None:
             with self._lock:  # the server wrote the heartbeat after `sent`
                 self._beat_at = sent if self._beat_at is None else max(self._beat_at, sent)
@@ -192,11 +205,45 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 left = any(self._held.values())
                 consumed = bool(self._consumed)
             if consumed and not left:
-                self._call("leave", "")
+                self._leave()
         except Exception as exc:
             log_error(f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}")
+        if self.cluster:
+            # Each node's connections are dropped, the client stays usable (a later call reconnects),
+            # as a plain client's close() leaves it; the cluster client's close() would forget the topology.
+            for node in self._cluster_nodes():
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
+            return
         self.client.close()
         self.client.connection_pool.disconnect()
+
+    def _cluster_nodes(self) -> list[Any]:
+        cluster: Any = self.client
+        return list(cluster.get_nodes())
+
+    def _leave(self) -> None:
+        """Forget this worker's heartbeat (on a cluster: in each consumed queue's scope, one call each)."""
+        if not self.cluster:
+            self._call("leave", "")
+            return
+        with self._lock:
+            queues = sorted({q_name(name) for name in self._consumed})
+        for queue in queues:
+            self._call("leave", queue)
+
+    def dedup_keys(self, key: str) -> list[str]:
+        """Where a dedup key may be held: the namespace's entry, or on a cluster each known queue's."""
+        if not self.cluster:
+            return [self.keys.dedup(key)]
+        return [self.keys.scope(q).dedup(key) for q in self.known_queues()]
+
+    def known_queues(self) -> list[str]:
+        """Every queue declared here, and on a cluster every queue anyone enqueued to (keys.queues)."""
+        names = set(self.queues)
+        if self.cluster:
+            names |= {text(q) for q in self.client.smembers(self.keys.queues)}
+        return sorted(q_name(q) for q in names)
 
     # -- what this process holds ------------------------------------------------
 
@@ -236,7 +283,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         assert self.replicas is not None
         sent = time.monotonic()
         with self.client.pipeline(transaction=False) as pipe:
-            self._jobs(keys=[self.namespace], args=["fetch", name, self.broker_id, room], client=pipe)
+            self._jobs(keys=[self.keys.scope(name).ns], args=["fetch", name, self.broker_id, room], client=pipe)
             pipe.execute_command("WAIT", *self.replicas)  # type: ignore[no-untyped-call]
             rows, acked = pipe.execute()
         with self._lock:
@@ -302,7 +349,42 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return message
 
     def _enqueue_many(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[tuple[Message[Any], JobRef]]:
-        """The whole batch in one script call: all of it is enqueued or none, and the error says which."""
+        """The whole batch in one script call: all of it is enqueued or none, and the error says which.
+
+        On Redis Cluster one script call reaches one queue's slot: a batch spanning queues is one call
+        per queue, each all or nothing; a call failing after another succeeded is an outcome unknown.
+        """
+        if not self.cluster:
+            return self._enqueue_scope(items, dedup_ttl=dedup_ttl, scope=self.namespace)
+        by_queue: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            by_queue.setdefault(q_name(item.message.queue_name), []).append(i)
+        out: list[tuple[Message[Any], JobRef] | None] = [None] * len(items)
+        done: list[str] = []
+        for queue, positions in by_queue.items():
+            if queue not in self._registered:
+                with contextlib.suppress(redis.RedisError):  # lookups by job id read it; the enqueue may go on
+                    self.client.sadd(self.keys.queues, queue)
+                    self._registered.add(queue)
+            try:
+                part = self._enqueue_scope(
+                    [items[i] for i in positions], dedup_ttl=dedup_ttl, scope=self.keys.scope(queue).ns
+                )
+            except (BrokerUnavailable, EnqueueOutcomeUnknown) as exc:
+                if not done:
+                    raise
+                raise EnqueueOutcomeUnknown(
+                    f"the jobs of queue(s) {', '.join(done)} were enqueued, those of {queue} and after it may not "
+                    f"have been ({exc}); on Redis Cluster a batch is atomic per queue: enqueue again only with a key"
+                ) from exc
+            for i, result in zip(positions, part):
+                out[i] = result
+            done.append(queue)
+        return [x for x in out if x is not None]
+
+    def _enqueue_scope(
+        self, items: list[EnqueueItem], *, dedup_ttl: float, scope: str
+    ) -> list[tuple[Message[Any], JobRef]]:
         prepared: list[tuple[Message[Any], EnqueueItem]] = []
         args: list[Any] = ["enqueue", "", self.broker_id, int(dedup_ttl * _MS), len(items)]
         for item in items:
@@ -319,7 +401,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 "" if item.delay_ms is None else int(item.delay_ms),
                 storable(message.options.get("last_error", "")),
             ]
-        results = self._send_enqueue(args, len(items))
+        results = self._send_enqueue(args, len(items), scope)
         out: list[tuple[Message[Any], JobRef]] = []
         for i, (message, item) in enumerate(prepared):
             ref = JobRef(text(results[2 * i]), bool(int(results[2 * i + 1])))
@@ -328,7 +410,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             out.append((message, ref))
         return out
 
-    def _send_enqueue(self, args: list[Any], count: int) -> Any:
+    def _send_enqueue(self, args: list[Any], count: int, scope: str) -> Any:
         """The enqueue's script call, repeated (up to ``redis_retries`` times) only where that is exact.
 
         A call that may have reached Redis is repeated as it was: the script
@@ -343,9 +425,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             if attempt:
                 time.sleep(min(2.0, 0.1 * 2 ** (attempt - 1)))
             try:
-                return call_once(self.client, self._jobs, [self.namespace], args, replicas=self.replicas)
+                return call_once(self._node_of(scope), self._jobs, [scope], args, replicas=self.replicas)
             except SendFailed as exc:
                 last = exc
+                if self.cluster:  # the node may be gone and its slots served by a promoted replica
+                    refresh(self.client)
                 if isinstance(exc, MaybeSent):
                     maybe = exc
             except redis.RedisError as exc:
@@ -367,6 +451,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 f"have, so they may have been enqueued; enqueue them again only with a key"
             ) from maybe.cause
         raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {last}") from last.cause
+
+    def _node_of(self, scope: str) -> Any:
+        """The client ``call_once`` sends ``scope``'s script call on: the one client, or its slot's node's."""
+        return node_client(self.client, scope) if self.cluster else self.client
 
     def _stash_retry(self, message: Message[Any], delay: int | None) -> Message[Any]:
         """The Retries middleware's retry of a running delivery. It is written by that delivery's ack, in the
@@ -522,7 +610,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if held is None:
             return False
         rid, delivery = held
-        current_rid, current = self.client.hmget(self.keys.job(message.message_id), ["rid", "delivery"])
+        job_key = self.keys.scope(message.queue_name).job(message.message_id)
+        current_rid, current = self.client.hmget(job_key, ["rid", "delivery"])
         return current_rid is not None and text(current_rid) == rid and current is not None and int(current) == delivery
 
     def fail_malformed(self, name: str, rid: str, delivery: int, exc: Exception) -> None:
@@ -589,19 +678,22 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     @translated
     def maintain(self) -> dict[str, list[str]]:
         """Recover dead workers' jobs (server clock), hand back what this worker holds but runs nowhere, prune."""
-        names = sorted(self.queues) + sorted(dq_name(q) for q in self.queues)
+        # On a cluster each queue's scope has its own heartbeats, acks sets and markers: one pass per queue.
+        groups = [sorted(self.queues)] if not self.cluster else [[q] for q in sorted(self.queues)]
         recovered: dict[str, list[str]] = {}
-        rows = self._call(
-            "maintain",
-            "",
-            self.heartbeat_timeout,
-            self.retention_ms,
-            self.dead_message_ttl,
-            self.recovery_gap_ms,
-            *names,
-        )
-        for i in range(0, len(rows), 2):
-            recovered.setdefault(rows[i].decode(), []).append(rows[i + 1].decode())
+        for group in groups:
+            names = group + [dq_name(q) for q in group]
+            rows = self._call(
+                "maintain",
+                group[0] if self.cluster else "",
+                self.heartbeat_timeout,
+                self.retention_ms,
+                self.dead_message_ttl,
+                self.recovery_gap_ms,
+                *names,
+            )
+            for i in range(0, len(rows), 2):
+                recovered.setdefault(rows[i].decode(), []).append(rows[i + 1].decode())
         self.release_orphans()
         return recovered
 
@@ -691,7 +783,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def queue_counts(self, queue: str) -> QueueCounts:
-        keys = self.keys
+        keys = self.keys.scope(queue)
         with self.client.pipeline(transaction=False) as pipe:
             for state in ("waiting", "delayed", "active", "failed", "cancelled"):
                 pipe.zcard(keys.index(queue, state))
@@ -736,30 +828,48 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def get_job(self, job_id: str) -> JobRecord | None:
-        return record_from_hash(job_id, self.client.hgetall(self.keys.job(job_id)))
+        found = self._find(job_id)
+        return None if found is None else record_from_hash(job_id, found[1])
+
+    def _find(self, job_id: str) -> tuple[Keys, dict[Any, Any]] | None:
+        """The job's record and the keys of its scope; on a cluster, looked up in each known queue's scope."""
+        if not self.cluster:
+            row: dict[Any, Any] = self.client.hgetall(self.keys.job(job_id))
+            return (self.keys, row) if row else None
+        scopes = [self.keys.scope(q) for q in self.known_queues()]
+        with self.client.pipeline(transaction=False) as pipe:
+            for keys in scopes:
+                pipe.hgetall(keys.job(job_id))
+            rows = pipe.execute()
+        for keys, row in zip(scopes, rows):
+            if row:
+                return keys, row
+        return None
 
     @translated
     def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
         check_state(state)
-        ids = self.client.zrevrange(self.keys.index(queue, state), offset, offset + limit - 1)
+        keys = self.keys.scope(queue)
+        ids = self.client.zrevrange(keys.index(queue, state), offset, offset + limit - 1)
         with self.client.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hgetall(self.keys.job(text(job_id)))
+                pipe.hgetall(keys.job(text(job_id)))
             rows = pipe.execute()
         return [r for r in (record_from_hash(text(i), row) for i, row in zip(ids, rows)) if r]
 
     @translated
     def pause_queue(self, queue: str) -> None:
-        self.client.sadd(self.keys.paused, queue)
+        self.client.sadd(self.keys.scope(queue).paused, queue)
 
     @translated
     def resume_queue(self, queue: str) -> None:
-        self.client.srem(self.keys.paused, queue)
+        self.client.srem(self.keys.scope(queue).paused, queue)
 
     # -- operator actions ----------------------------------------------------
 
     def _job_queue(self, job_id: str) -> str | None:
-        queue = self.client.hget(self.keys.job(job_id), "queue")
+        found = self._find(job_id)
+        queue = None if found is None else found[1].get(b"queue")
         return text(queue) if queue else None
 
     @translated
@@ -781,11 +891,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def promote_job(self, job_id: str) -> bool:
         """The delayed message, re-encoded for its queue without its eta (as :meth:`_promote` does), moves in
         one script call (``promote_job`` in jobs.lua), which re-checks that the job is still delayed with it."""
-        queue, rid, state = self.client.hmget(self.keys.job(job_id), ["queue", "rid", "state"])
-        if queue is None or rid is None or state not in (b"delayed", b"awaiting"):
+        found = self._find(job_id)
+        if found is None:
             return False
-        queue, rid = text(queue), text(rid)
-        data = self.client.hget(self.keys.messages(dq_name(queue)), rid)
+        keys, row = found
+        stored_queue, stored_rid, state = row.get(b"queue"), row.get(b"rid"), row.get(b"state")
+        if stored_queue is None or stored_rid is None or state not in (b"delayed", b"awaiting"):
+            return False
+        queue, rid = text(stored_queue), text(stored_rid)
+        data = self.client.hget(keys.scope(queue).messages(dq_name(queue)), rid)
         if data is None:
             return False
         data = data if isinstance(data, bytes) else data.encode()
@@ -801,13 +915,18 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def signal_event(self, name: str, resolution: str, ttl: float) -> int:
-        """One script call (``signal`` in jobs.lua): the awaiting jobs move, the signal is kept."""
-        return int(self._call("signal", "", name, resolution, max(1, int(ttl * _MS))))
+        """One script call (``signal`` in jobs.lua): the awaiting jobs move, the signal is kept. On a cluster
+        each queue's scope keeps its own waiters and kept signals: one call per known queue."""
+        ttl_ms = max(1, int(ttl * _MS))
+        if not self.cluster:
+            return int(self._call("signal", "", name, resolution, ttl_ms))
+        return sum(int(self._call("signal", q, name, resolution, ttl_ms)) for q in self.known_queues())
 
     @translated
     def resolve_wait(self, job_id: str, name: str, *, timed_out: bool) -> str | None:
         """One script call (``resolve_wait`` in jobs.lua): read, or record insert-first."""
-        found = self._call("resolve_wait", "", job_id, name, "1" if timed_out else "0")
+        queue = self._job_queue(job_id) if self.cluster else ""
+        found = self._call("resolve_wait", queue or "", job_id, name, "1" if timed_out else "0")
         return None if found is None else text(found)
 
     @translated
@@ -845,7 +964,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
         if not job_ids:
             return set()
-        return {text(i) for i in self._call("cancel_requested", "", *job_ids)}
+        if not self.cluster:
+            return {text(i) for i in self._call("cancel_requested", "", *job_ids)}
+        asked: set[str] = set()
+        for job_id in job_ids:  # each record is in its own queue's scope
+            queue = self._job_queue(job_id)
+            if queue is not None:
+                asked |= {text(i) for i in self._call("cancel_requested", queue, job_id)}
+        return asked
 
     def cancel_listener(self) -> CancelListener | None:
         return _RedisCancels(self.client, self.keys.cancels)
@@ -854,11 +980,29 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def flush(self, queue_name: str) -> None:
-        super().flush(queue_name)
+        if not self.cluster:
+            super().flush(queue_name)
+            return
+        # Dramatiq's purge script builds its keys from the bare namespace: on a cluster, per scope.
+        keys = self.keys.scope(queue_name)
+        for name in (q_name(queue_name), dq_name(queue_name)):
+            self.client.delete(keys.queue(name), keys.messages(name))
 
     @translated
     def flush_all(self) -> None:
         super().flush_all()
+
+    def join(self, queue_name: str, *, interval: int = 100, timeout: int | None = None) -> None:
+        """Dramatiq's join (tests): until no message of the queue or its delay queue is stored."""
+        if not self.cluster:
+            super().join(queue_name, interval=interval, timeout=timeout)
+            return
+        keys = self.keys.scope(queue_name)
+        deadline = timeout and time.monotonic() + timeout / 1000
+        while sum(self.client.hlen(keys.messages(n)) for n in (q_name(queue_name), dq_name(queue_name))):
+            if deadline and time.monotonic() >= deadline:
+                raise QueueJoinTimeout(queue_name)
+            time.sleep(interval / 1000)
 
 
 def storable(text: str | None) -> str:

@@ -141,7 +141,7 @@ class RedisConsumer(Consumer):
         self.timeout = timeout
         self.is_delay = queue_name.endswith(".DQ")
         self.misses = 0
-        self.wake_key = broker.keys.wake(queue_name)
+        self.wake_key = broker.keys.scope(queue_name).wake(queue_name)
         #: Fetched and decoded, not handed to Dramatiq yet.
         self.cache: deque[SafeMessageProxy] = deque()
         #: Delay queue only: handed to the consumer thread's in-memory delay queue, not promoted yet.

@@ -44,6 +44,9 @@
 --
 -- ARGV: command, queue, worker_id, then the command's arguments.
 
+-- KEYS[1] is the scope every key below is built from: the namespace on a
+-- plain Redis, the queue's `ns{queue}` on Redis Cluster (keys.py: one slot
+-- per queue), so a new key must be built from `ns` too.
 local ns = KEYS[1]
 local command = ARGV[1]
 local worker = ARGV[3]

@@ -55,7 +55,7 @@ def rollup_store(app: "App") -> RollupStore:
             from conveyor.brokers.rollup.redis_store import RedisRollupStore
 
             assert isinstance(broker, RedisBroker)  # the App builds it from the same setting
-            store = RedisRollupStore(broker.client, broker.namespace)
+            store = RedisRollupStore(broker.client, broker.keys.shared)
         elif name == "postgres":
             from conveyor.brokers.rollup.postgres_store import PostgresRollupStore
 

@@ -1,0 +1,112 @@
+"""The exactly-once credit run on a private three-primary Redis Cluster (``redis+cluster://``).
+
+Worker processes on ``REDIS_URL=redis+cluster://…`` (tests/support/cluster.py)
+charge through the ledger; one of them is SIGKILLed mid-run. Its jobs come back
+after the heartbeat timeout, every charge is applied exactly once, and the
+queue's keys, the fleet's and the rollups' all stay on their own slots (a
+script touching two slots would have failed the run). On a cluster with a
+replica per primary, the primary serving the queue is SIGKILLed mid-run: its
+replica takes over, the workers follow it, and every charge is still applied
+once (what the dead primary acknowledged but had not replicated can run
+again — at least once, as after a crash — never charge twice).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.acceptance.test_pg_processes import all_done, assert_ledger_exact, charges, rows
+from tests.support.harness import make_settings
+from tests.support.waiting import wait_for
+
+
+@pytest.fixture
+def settings(clean_env, database_url, redis_cluster_url):
+    return make_settings("redis", redis_cluster_url, database_url)
+
+
+def test_charges_on_a_redis_cluster_survive_a_sigkilled_worker_exactly_once(app, workers, settings, database_url):
+    group = workers("critical", processes=2)
+    wait_for(lambda: len(group.child_pids()) == 2, timeout=60, message="two worker processes")
+    requests = charges(120, "cluster", sleep=0.05)
+    app.jobs.enqueue_many(requests)
+    wait_for(
+        lambda: rows(database_url, "SELECT count(*) FROM credit_entries")[0][0] >= 15,
+        timeout=60,
+        interval=0.05,
+        message="charges running before the kill",
+    )
+    os.kill(group.child_pids()[0], signal.SIGKILL)
+    wait_for(
+        lambda: all_done(app, "critical", len(requests)), timeout=120, interval=0.2, message="every charge to be done"
+    )
+    assert_ledger_exact(settings, database_url, requests)
+    # The kill is the one error: no script call, fleet beat or rollup flush was refused by the cluster.
+    errors = [e for e in group.events() if e.get("level") == "error" and e.get("event") != "worker_died"]
+    assert not errors, errors[:3]
+
+
+@pytest.fixture(scope="module")
+def replicated():
+    """Three primaries, each with one replica."""
+    from tests.support.cluster import RedisCluster
+
+    with RedisCluster(replicas=1) as cluster:
+        yield cluster
+
+
+def test_charges_go_on_when_the_primary_of_their_queue_dies_and_its_replica_takes_over(
+    clean_env, database_url, replicated, tmp_path
+):
+    import redis
+
+    from conveyor.app import App
+    from conveyor.errors import ConveyorError
+    from tests.support.harness import WorkerProcess
+
+    settings = make_settings("redis", replicated.url, database_url, redis_socket_timeout=3)
+    app = App(settings)
+    group = WorkerProcess(settings, "critical", 2, log=tmp_path / "worker.log")
+    try:
+        wait_for(lambda: len(group.child_pids()) == 2, timeout=60, message="two worker processes")
+        requests = charges(120, "failover", sleep=0.3)
+        first, second = requests[:60], requests[60:]
+        app.jobs.enqueue_many(first)
+        victim = replicated.owner("conveyor{critical}")
+        with redis.Redis(host="127.0.0.1", port=victim.port, socket_timeout=5) as primary:
+            primary.execute_command("WAIT", 1, 5000)  # the enqueues are on the replica: replication is asynchronous
+        wait_for(
+            lambda: rows(database_url, "SELECT count(*) FROM credit_entries")[0][0] >= 15,
+            timeout=60,
+            interval=0.05,
+            message="charges running before the failover",
+        )
+        victim.kill()
+        assert rows(database_url, "SELECT count(*) FROM credit_entries")[0][0] < len(first), "killed mid-run"
+        wait_for(lambda: replicated.owner("conveyor{critical}") is not victim, timeout=60, message="a replica promoted")
+        replicated.wait_ready()
+        for _ in range(50):  # keyed: an enqueue repeated after an error returns the first job
+            try:
+                app.jobs.enqueue_many(second)
+                break
+            except ConveyorError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("no enqueue went through after the failover")
+
+        def done() -> bool:
+            try:
+                return all_done(app, "critical", len(requests))
+            except ConveyorError:
+                return False
+
+        wait_for(done, timeout=120, interval=0.5, message="every charge to be done on the new primary")
+        assert_ledger_exact(settings, database_url, requests)
+    finally:
+        group.send_stop()
+        group.terminate()
+        app.close()
