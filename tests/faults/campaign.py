@@ -567,9 +567,9 @@ class Stage:
             threads = 3
             spec = {"job": "fault.hammer", "payload": {"token": token, "seconds": fault.duration}}
             hammers = [ref.id for ref in self.cluster.app.jobs.enqueue_many([spec] * threads)]
-            states = self._ended(hammers, fault.duration + 30 + READY_SECONDS)
+            states = self._ended(hammers, fault.duration + 20 + READY_SECONDS)
             census = self.cluster.app.jobs.enqueue_many([{"job": "fault.census", "payload": {"token": token}}])[0].id
-            state = self._ended([census], 30)[census]
+            state = self._ended([census], 20)[census]
             rows = _rows(
                 self.cluster.settings.database_url,
                 f"SELECT what, got, size, landed FROM fault_pools WHERE what IN ('hammer', '{token}') ORDER BY id",
@@ -578,11 +578,11 @@ class Stage:
             left = self._leave(group, DRAIN_SECONDS)
         landed = sum(r[3] for r in rows if r[0] == "hammer")
         counted = [r for r in rows if r[0] == token]
-        if state != "completed" or not counted:
-            self.pool_problems.append(f"{token}: the census after the time limits ended {state} (hammers {states})")
-        elif counted[-1][1] < counted[-1][2]:
+        if counted and counted[-1][1] < counted[-1][2]:
             got, size = counted[-1][1], counted[-1][2]
             self.pool_problems.append(f"{token}: {size - got} of {size} pool connections leaked ({landed} time limits)")
+        elif state != "completed" or not counted:
+            self.pool_problems.append(f"{token}: the census after the time limits ended {state} (hammers {states})")
         got = f"{counted[-1][1]}/{counted[-1][2]}" if counted else "none"
         return f"{landed} time limits so far; census {got}; {left}"
 
