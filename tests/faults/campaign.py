@@ -539,6 +539,9 @@ class Stage:
     def _old_worker(self, fault: nemesis.Fault) -> str:
         old = self.cluster.start_workers("old", wait=False, CONVEYOR_IMPORTS=IMPORTS_OLD)
         self.old_workers.append(old)
+        # Its window starts once it runs: on a loaded machine a worker takes longer to start than the
+        # window lasts, and an old worker drained before it started saw nothing (seen: five in a row).
+        old.wait_ready()
         time.sleep(fault.duration)
         return self._leave(old, DRAIN_SECONDS)
 
