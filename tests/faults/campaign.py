@@ -45,13 +45,14 @@ from tests.faults import history as hist
 from tests.faults import nemesis
 from tests.faults.harness import DEDUP_TTL, FAKETIME_LIB, LEASE, RECOVERY, Cluster, fault_settings, utc
 from tests.faults.jobs import WORK_QUEUES, child, uptime
+from tests.faults.jobs_extra import EXTRA_QUEUES, LIMITS_QUEUE, POLL_QUEUE
 from tests.faults.netns import NetworkNamespace
 from tests.faults.proxy import ReplyDroppingProxy
 from tests.support.harness import ROOT, env_for
 from tests.support.servers import PostgresServer, RedisServer
 
 #: The job modules of a current worker and of the producer; an old worker has only the first.
-IMPORTS_NEW = "tests.faults.jobs,tests.faults.jobs_v2"
+IMPORTS_NEW = "tests.faults.jobs,tests.faults.jobs_v2,tests.faults.jobs_extra"
 IMPORTS_OLD = "tests.faults.jobs"
 
 #: Seconds of quiet after the last fault healed for every acknowledged job to end (lease, recovery,
@@ -69,6 +70,9 @@ DRAIN_SECONDS = 10.0
 
 #: Seconds a skewed worker runs after its clock stepped, before it leaves.
 WORKER_STEP_SECONDS = 2.0
+
+#: Seconds a worker group that joins for a window may take to start (a loaded CI machine).
+READY_SECONDS = 30.0
 
 #: The Redis client timeout of the campaign (producer and workers): short, so a lost reply shows soon.
 REDIS_TIMEOUT = 2.0
@@ -306,6 +310,10 @@ class Stage:
         self.stopped: set[int] = set()
         self.old_workers: list = []
         self.poisoned: list[Item] = []
+        #: Requests a kind made itself (user-retries' poll jobs), checked like the workload's.
+        self.added: list[Item] = []
+        #: What the time-limits kind found wrong with a worker's pool (a census short of connections, or none).
+        self.pool_problems: list[str] = []
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._threads: list[threading.Thread] = []
 
@@ -531,8 +539,81 @@ class Stage:
     def _old_worker(self, fault: nemesis.Fault) -> str:
         old = self.cluster.start_workers("old", wait=False, CONVEYOR_IMPORTS=IMPORTS_OLD)
         self.old_workers.append(old)
+        # Its window starts once it runs: on a loaded machine a worker takes longer to start than the
+        # window lasts, and an old worker drained before it started saw nothing (seen: five in a row).
+        old.wait_ready()
         time.sleep(fault.duration)
         return self._leave(old, DRAIN_SECONDS)
+
+    def _ended(self, job_ids: list[str], timeout: float) -> dict[str, str]:
+        """Wait (up to ``timeout``) for the jobs to be terminal; their states then."""
+        deadline, states = time.time() + timeout, {}
+        while True:
+            for job_id in job_ids:
+                try:
+                    record = self.cluster.app.broker.get_job(job_id)
+                except ConveyorError:
+                    continue  # the store is away (another fault): ask again
+                states[job_id] = record.state if record else "missing"
+            if all(states.get(j) in hist.TERMINAL for j in job_ids) or time.time() > deadline:
+                return states
+            time.sleep(0.2)
+
+    def _time_limits(self, fault: nemesis.Fault) -> str:
+        """A worker group (one process) on its own queue: hammering jobs meet thousands of time limits around
+        pool checkouts and returns (tests.faults.jobs_extra), then a census in that process counts the
+        connections its pool can still hand out: all of them, or a time limit leaked some (finding 8)."""
+        group = self.cluster.start_workers("limits", queues=(LIMITS_QUEUE,), wait=False)
+        self.old_workers.append(group)
+        token = f"limits-{fault.at}"
+        try:
+            threads = 3
+            spec = {"job": "fault.hammer", "payload": {"token": token, "seconds": fault.duration}}
+            hammers = [ref.id for ref in self.cluster.app.jobs.enqueue_many([spec] * threads)]
+            states = self._ended(hammers, fault.duration + 20 + READY_SECONDS)
+            census = self.cluster.app.jobs.enqueue_many([{"job": "fault.census", "payload": {"token": token}}])[0].id
+            state = self._ended([census], 20)[census]
+            rows = _rows(
+                self.cluster.settings.database_url,
+                f"SELECT what, got, size, landed FROM fault_pools WHERE what IN ('hammer', '{token}') ORDER BY id",
+            )
+        finally:
+            left = self._leave(group, DRAIN_SECONDS)
+        landed = sum(r[3] for r in rows if r[0] == "hammer")
+        counted = [r for r in rows if r[0] == token]
+        if counted and counted[-1][1] < counted[-1][2]:
+            got, size = counted[-1][1], counted[-1][2]
+            self.pool_problems.append(f"{token}: {size - got} of {size} pool connections leaked ({landed} time limits)")
+        elif state != "completed" or not counted:
+            self.pool_problems.append(f"{token}: the census after the time limits ended {state} (hammers {states})")
+        got = f"{counted[-1][1]}/{counted[-1][2]}" if counted else "none"
+        return f"{landed} time limits so far; census {got}; {left}"
+
+    def _user_retries(self, fault: nemesis.Fault) -> str:
+        """A worker group with a user's middleware that re-enqueues the message proxy (tests.faults.user_retries)
+        runs poll jobs on its own queue: each must run as often as it asked, then once with its effect, and
+        end completed; a lost re-enqueue ends it early without its effect, a looping one never (finding 9)."""
+        imports = f"{IMPORTS_NEW},tests.faults.user_retries"
+        group = self.cluster.start_workers("polls", queues=(POLL_QUEUE,), wait=False, CONVEYOR_IMPORTS=imports)
+        self.old_workers.append(group)
+        rng = random.Random(f"polls:{fault.at}")
+        made = []
+        try:
+            for i in range(rng.randint(3, 6)):
+                token = f"poll-{fault.at}-{i}"
+                polls = rng.randint(1, 3)
+                req = hist.Request(token=token, job="fault.poll", outcome=hist.ACKED, polls=polls)
+                item = Item(req, {"token": token, "effect": True, "sleep": 0.02, "polls": polls})
+                req.first_sent = time.time()
+                req.job_ids.append(self.cluster.app.jobs.enqueue_many([item.body()])[0].id)
+                req.last_sent = time.time()
+                self.added.append(item)
+                made += req.job_ids
+            time.sleep(fault.duration)
+            states = self._ended(made, 40 + READY_SECONDS)
+        finally:
+            left = self._leave(group, DRAIN_SECONDS)
+        return f"{len(made)} poll jobs: {dict(Counter(states.values()))}; {left}"
 
     def _redis(self) -> redis_lib.Redis:
         return redis_lib.Redis.from_url(self.servers.redis.url, socket_timeout=5)
@@ -597,7 +678,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
     hooks = [
         hist.Hook(r[0], r[1], r[2]) for r in _rows(url, "SELECT job_id, token, ended_at IS NOT NULL FROM fault_dead")
     ]
-    requests = _merge([item.request for item in items + stage.poisoned])
+    requests = _merge([item.request for item in items + stage.poisoned + stage.added])
     if stage.broker == "postgres":  # the broker's own clock stepped: keys' dedup windows are on it
         for req in requests:
             req.clock_stepped = any(
@@ -612,7 +693,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         if record is not None:
             why[job_id] = f"attempts {record.attempts}, error {(record.error or '')[:300]!r}"
     leftovers = {}
-    for queue in WORK_QUEUES:
+    for queue in WORK_QUEUES + EXTRA_QUEUES:
         counts = cluster.app.broker.queue_counts(queue)
         leftovers[queue] = (counts.waiting, counts.delayed, counts.active)
     reserved: dict[str, int] = {}
@@ -642,6 +723,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         entries=entries,
         balances=balances,
         verify=ledger_verify(cluster, len(entries)),
+        pool_problems=list(stage.pool_problems),
         dedup_ttl=DEDUP_TTL,
         why=why,
     )
@@ -706,13 +788,14 @@ def settle(stage: Stage, items: list[Item], deadline: float) -> None:
     broker = stage.cluster.app.broker
     ended: set[str] = set()
     while time.time() < deadline:
-        ids = {j for item in items + stage.poisoned for j in item.request.job_ids[:1]} - ended
+        ids = {j for item in items + stage.poisoned + stage.added for j in item.request.job_ids[:1]} - ended
         for job_id in ids:
             record = broker.get_job(job_id)
             if record and record.state in hist.TERMINAL:
                 ended.add(job_id)
         if ids <= ended and all(
-            not (c.waiting or c.delayed or c.active) for c in (broker.queue_counts(q) for q in WORK_QUEUES)
+            not (c.waiting or c.delayed or c.active)
+            for c in (broker.queue_counts(q) for q in WORK_QUEUES + EXTRA_QUEUES)
         ):
             return
         time.sleep(0.3)

@@ -51,3 +51,16 @@ CREATE TABLE fault_effects (
     fenced      BOOLEAN NOT NULL,
     at          TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
+
+-- The campaign's time-limits kind: what each hammering job did to its worker's pool (what =
+-- 'hammer': got = checkouts, landed = time limits it met), and each census after (got = the
+-- connections the pool could still hand out, size = its max_size).
+CREATE TABLE fault_pools (
+    id      BIGSERIAL PRIMARY KEY,
+    pid     INT NOT NULL,
+    what    TEXT NOT NULL,
+    got     INT NOT NULL,
+    size    INT NOT NULL,
+    landed  INT NOT NULL,
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);

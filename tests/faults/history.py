@@ -25,6 +25,9 @@ The rules (issue 18):
 - **hook**: a job that failed for good without exactly one completed hook
   (hooks run at least once; "completed" is the hook's effect, which the
   test's hook applies once per job with ``ctx.once`` where it can).
+- **leaked**: a worker that met thousands of time limits around pool
+  checkouts (the time-limits kind) could no longer hand out every
+  connection of its pool, or no longer completed a job.
 - **stuck**: anything active, waiting, delayed or reserved after the quiet
   period, or a job that is not in a terminal state.
 """
@@ -41,7 +44,7 @@ TERMINAL = ("completed", "failed")
 #: A request's outcome over all of its tries.
 ACKED, UNKNOWN, REFUSED = "acked", "unknown", "refused"
 
-KINDS = ("lost", "refused-ran", "doubled", "overlapping", "hook", "stuck", "ledger")
+KINDS = ("lost", "refused-ran", "doubled", "overlapping", "hook", "stuck", "ledger", "leaked")
 
 
 @dataclasses.dataclass
@@ -70,6 +73,9 @@ class Request:
     #: The broker's server clock stepped while this request's tries went out: its key's dedup window
     #: (server time) may have passed at once, so a second job of the key is no anomaly.
     clock_stepped: bool = False
+    #: Runs the body asks for before the one that ends it, each re-enqueued by a user's middleware
+    #: (the user-retries kind): it must run at least that many times + 1, and not loop.
+    polls: int = 0
 
 
 @dataclasses.dataclass
@@ -131,6 +137,8 @@ class History:
     dedup_ttl: float = 4.0
     #: Job id -> "attempts N, error …" from the broker's record: why a job ended as it did.
     why: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: What the time-limits kind found wrong with a worker's pool (tests.faults.campaign, Stage._time_limits).
+    pool_problems: list[str] = dataclasses.field(default_factory=list)
 
 
 def check(h: History) -> dict[str, list[str]]:
@@ -195,6 +203,7 @@ def check(h: History) -> dict[str, list[str]]:
             out["stuck"].append(f"{where}: {n} message(s) still reserved or stored at the end")
 
     out["ledger"] += _ledger(h, charged)
+    out["leaked"] += h.pool_problems
     return {kind: found for kind, found in out.items() if found}
 
 
@@ -225,6 +234,15 @@ def _check_acked(req, job_id, h, runs_by_job, effects_by_job, hooks_by_job, char
             out["lost"].append(f"{req.token} ({job_id}) is completed but its charge is missing")
         if hooks_by_job.get(job_id):
             out["doubled"].append(f"{req.token} ({job_id}) completed, yet its final-failure hook ran")
+        if req.polls:
+            runs = runs_by_job.get(job_id, [])
+            ok = sum(1 for r in runs if r.ok)
+            if ok < req.polls + 1:
+                out["lost"].append(
+                    f"{req.token} ({job_id}) asked for {req.polls} more run(s), ran to its end {ok} time(s)"
+                )
+            if len(runs) > 2 * (req.polls + 1) + 2:
+                out["doubled"].append(f"{req.token} ({job_id}) looped: {len(runs)} runs for {req.polls} re-enqueue(s)")
     elif len(completed_hooks) != 1:
         kind = "doubled" if len(completed_hooks) > 1 else "hook"
         out[kind].append(

@@ -65,6 +65,22 @@ KINDS = {
         Kind("redis-oom", ("redis",), ("redis",), (1.0, 3.0), 1, "Redis at maxmemory (noeviction) for a window"),
         Kind("poison", BOTH, ("queue",), (0, 0), 1, "undecodable messages (an unknown top-level field)"),
         Kind("old-worker", BOTH, ("queue",), (4.0, 8.0), 1, "an old worker without the v2 job module beside the new"),
+        Kind(
+            "time-limits",
+            BOTH,
+            ("limits",),
+            (3.0, 6.0),
+            1,
+            "a worker group whose jobs meet thousands of time limits around pool checkouts, then counts its pool",
+        ),
+        Kind(
+            "user-retries",
+            BOTH,
+            ("polls",),
+            (3.0, 6.0),
+            1,
+            "a worker group with a user's middleware that re-enqueues the message proxy (stock Retries style)",
+        ),
     ]
 }
 

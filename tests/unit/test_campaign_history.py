@@ -248,3 +248,23 @@ def test_a_run_killed_after_its_transactional_completion_counts_as_ended():
     assert any("no run reached its end" in x for x in check(h)["lost"])  # its effect was not fenced
     h.effects[0] = Effect(h.runs[0].run_id, "A", "a", 1, True)
     assert check(h) == {}
+
+
+def test_a_job_re_enqueued_by_a_users_middleware_must_run_as_asked_and_not_loop():
+    h = clean()
+    h.requests[0] = dataclasses.replace(h.requests[0], polls=2)
+    # Asked for two more runs: three runs that reached their end (the last with the effect) is clean.
+    h.runs += [run("A", "a", 2, 1.5, 2), run("A", "a", 3, 2.5, 3)]
+    assert check(h) == {}
+    lost = clean()
+    lost.requests[0] = dataclasses.replace(lost.requests[0], polls=2)
+    lost.runs.append(run("A", "a", 2, 1.5, 2))  # two runs: the second re-enqueue was lost
+    assert any("asked for 2 more run(s), ran to its end 2 time(s)" in x for x in check(lost)["lost"])
+    h.runs += [run("A", "a", d, d, d + 0.5, ok=False) for d in range(4, 10)]  # rerun at once, again and again
+    assert any("looped" in x for x in check(h)["doubled"])
+
+
+def test_a_pool_the_time_limits_leaked_is_flagged():
+    h = clean()
+    h.pool_problems.append("limits-1.0: 3 of 20 pool connections leaked (700 time limits)")
+    assert check(h) == {"leaked": ["limits-1.0: 3 of 20 pool connections leaked (700 time limits)"]}
