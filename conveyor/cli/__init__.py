@@ -20,12 +20,11 @@ if TYPE_CHECKING:
     #: What each command module's ``register`` adds its subcommands to.
     Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
-#: Modules with a ``register(subparsers)`` function, in --help order.
+#: The library's modules with a ``register(subparsers)`` function, in --help order; the blueprints an
+#: App built from the environment holds add theirs after (``jobs.add_commands``: the platform's demo).
 COMMAND_MODULES = (
     "conveyor.cli.core",
     "conveyor.cli.ledger",
-    "conveyor.cli.demo",
-    "conveyor.cli.builds",
     "conveyor.cli.api",
     "conveyor.cli.schedules",
     "conveyor.cli.bench",
@@ -64,7 +63,9 @@ def resolve_settings_flags(args: argparse.Namespace, settings: Settings) -> argp
     return args
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``conveyor`` parser: the library's commands, and the blueprints' unless ``argv`` names a library one
+    (their modules, the platform's job types say, are then not imported for nothing)."""
     epilog = "environment:\n" + "\n".join(f"  {name:<34} {text}" for name, text in env_help())
     parser = argparse.ArgumentParser(
         prog="conveyor",
@@ -76,7 +77,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)
+    command = next((arg for arg in argv or () if not arg.startswith("-")), None)
+    if command is None or command not in sub.choices:
+        for module in dict.fromkeys(m for m in blueprint_commands() if m not in COMMAND_MODULES):
+            importlib.import_module(module).register(sub)
     return parser
+
+
+def blueprint_commands() -> list[str]:
+    """The command modules of the blueprints an App built from the environment holds.
+
+    A blueprint module that does not import (or settings that do not validate) brings no command
+    here: the command that builds the App reports why, in one line.
+    """
+    from conveyor.app import blueprint_modules
+    from conveyor.blueprints import blueprints_in
+    from conveyor.importing import import_job_module
+
+    try:
+        settings = get_settings()
+        add_paths(settings.import_paths)
+    except ValidationError:
+        return []
+    found: list[object] = []
+    for name in blueprint_modules(settings):
+        try:
+            found += vars(import_job_module(name, settings.import_paths)).values()
+        except ConveyorError:
+            continue
+    return [module for blueprint in blueprints_in(found) for module in blueprint.commands]
 
 
 def path_flag(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +120,8 @@ def path_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         if getattr(args, "path", None):
             # Before the settings are first read: the App, this process's and every child's, sees them.
