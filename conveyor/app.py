@@ -102,7 +102,7 @@ class App:
         from conveyor.schema.migrate import migrate
 
         url = start_embedded(self.settings.data_dir)
-        migrate(url)
+        migrate(url, self.blueprints)
         return url
 
     def build_middleware(self) -> list[Middleware]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, cast
 
 from pydantic import BaseModel
@@ -161,6 +162,8 @@ class Jobs:
     #: Factories of schedule firers (``firer(app)``, with ``tick()`` and ``run(stop)``) that
     #: ``conveyor scheduler`` and ``conveyor up`` run besides the code schedules' own.
     firers: list[Callable[[App], Any]] = field(default_factory=list)
+    #: Directories of numbered ``NNNN_*.sql`` migrations applied with the library's (``conveyor migrate``).
+    migrations: list[Path] = field(default_factory=list)
     app: App | None = field(default=None, repr=False, compare=False)
 
     def queue(self, queue: Queue | str, **fields: Any) -> Queue:
@@ -276,6 +279,13 @@ class Jobs:
     def add_firer(self, factory: Callable[[App], Any]) -> None:
         """Have ``conveyor scheduler`` and ``conveyor up`` run ``factory(app)`` beside the code schedules' firer."""
         self.firers.append(factory)
+
+    def add_migrations(self, directory: Path) -> None:
+        """Apply ``directory``'s numbered migrations with the library's wherever an App with this blueprint migrates.
+
+        Each is recorded by file name: pick numbers the library and other blueprints do not use.
+        """
+        self.migrations.append(directory)
 
     def check_settings(self, fn: SettingsCheck) -> SettingsCheck:
         """Register ``fn(settings)``: it raises ``ValueError`` when the settings this blueprint reads cannot work."""

@@ -47,7 +47,7 @@ def firers(app: App) -> list[Firer]:
     if added or app.backend.queue_in_postgres:
         from conveyor.schema.migrate import migrate
 
-        migrate(app.database_url)
+        migrate(app.database_url, app.blueprints)
     return [CronFirer(app), *(make(app) for make in added)]
 
 

@@ -7,6 +7,7 @@ the App includes it unless ``CONVEYOR_PLATFORM=false``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conveyor.blueprints import Jobs
@@ -21,6 +22,7 @@ jobs = Jobs()
 for _queue in QUEUES.values():
     jobs.queue(_queue)
 
+jobs.add_migrations(Path(__file__).with_name("migrations"))
 for _router in ("runs", "resources", "schedules", "builds"):
     jobs.add_router(f"conveyor.platform.api.{_router}:router")
 for _commands in ("demo", "builds", "schedules"):
