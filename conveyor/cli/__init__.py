@@ -95,7 +95,7 @@ def blueprint_commands() -> list[str]:
     from conveyor.importing import import_job_module
 
     try:
-        settings = get_settings()
+        settings = Settings()  # not get_settings(): main() may yet set CONVEYOR_PATH from --path before that is read
         add_paths(settings.import_paths)
     except ValidationError:
         return []
