@@ -35,6 +35,11 @@ R = TypeVar("R", bound=Closeable)
 PLATFORM_JOBS = "conveyor.platform.jobs"
 
 
+def blueprint_modules(settings: Settings) -> list[str]:
+    """The modules an App built from the environment takes its blueprints from: the platform's, CONVEYOR_IMPORTS'."""
+    return [*([PLATFORM_JOBS] if settings.platform else []), *settings.import_modules]
+
+
 class App:
     """Everything a producer or a worker process needs, created lazily.
 
@@ -88,9 +93,8 @@ class App:
 
     def _blueprints_from_settings(self) -> list[Jobs]:
         """The platform's blueprint (by name), those CONVEYOR_IMPORTS' modules hold, then the default one."""
-        modules = [*([PLATFORM_JOBS] if self.settings.platform else []), *self.settings.import_modules]
         found: list[Jobs] = []
-        for name in modules:
+        for name in blueprint_modules(self.settings):
             found += vars(import_job_module(name, self.settings.import_paths)).values()
         return blueprints_in([*found, DEFAULT])
 
@@ -103,7 +107,7 @@ class App:
         from conveyor.schema.migrate import migrate
 
         url = start_embedded(self.settings.data_dir)
-        migrate(url)
+        migrate(url, self.blueprints)
         return url
 
     def build_middleware(self) -> list[Middleware]:

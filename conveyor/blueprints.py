@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, cast
 
 from pydantic import BaseModel
@@ -157,6 +158,16 @@ class Jobs:
     #: Factories of Dramatiq middleware every App with this blueprint adds (a worker started by
     #: ``conveyor worker`` too): called once per App, so no instance is shared between brokers.
     middleware: list[Callable[[], Middleware]] = field(default_factory=list)
+    #: What the blueprint adds to the HTTP API and to the ``conveyor`` command, named by module so
+    #: nothing is imported until served or parsed: ``"module:attribute"`` of FastAPI routers
+    #: (:func:`conveyor.api.app.create_app` includes them), modules with a ``register(subparsers)``.
+    routers: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    #: Factories of schedule firers (``firer(app)``, with ``tick()`` and ``run(stop)``) that
+    #: ``conveyor scheduler`` and ``conveyor up`` run besides the code schedules' own.
+    firers: list[Callable[[App], Any]] = field(default_factory=list)
+    #: Directories of numbered ``NNNN_*.sql`` migrations applied with the library's (``conveyor migrate``).
+    migrations: list[Path] = field(default_factory=list)
     app: App | None = field(default=None, repr=False, compare=False)
 
     def queue(self, queue: Queue | str, **fields: Any) -> Queue:
@@ -278,6 +289,25 @@ class Jobs:
     def add_middleware(self, factory: Callable[[], Middleware]) -> None:
         """Have every App built with this blueprint run ``factory()`` (a Middleware class, say) after conveyor's."""
         self.middleware.append(factory)
+
+    def add_router(self, spec: str) -> None:
+        """Serve the FastAPI router ``"module:attribute"`` in every App's HTTP API that includes this blueprint."""
+        self.routers.append(spec)
+
+    def add_commands(self, module: str) -> None:
+        """Add the subcommands ``module``'s ``register(subparsers)`` declares to ``conveyor``, when this blueprint is loaded."""
+        self.commands.append(module)
+
+    def add_firer(self, factory: Callable[[App], Any]) -> None:
+        """Have ``conveyor scheduler`` and ``conveyor up`` run ``factory(app)`` beside the code schedules' firer."""
+        self.firers.append(factory)
+
+    def add_migrations(self, directory: Path) -> None:
+        """Apply ``directory``'s numbered migrations with the library's wherever an App with this blueprint migrates.
+
+        Each is recorded by file name: pick numbers the library and other blueprints do not use.
+        """
+        self.migrations.append(directory)
 
     def check_settings(self, fn: SettingsCheck) -> SettingsCheck:
         """Register ``fn(settings)``: it raises ``ValueError`` when the settings this blueprint reads cannot work."""

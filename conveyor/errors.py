@@ -183,38 +183,6 @@ class MalformedMessage(PermanentError):
     """A message in a queue could not be decoded or its payload no longer validates."""
 
 
-class BuildFailed(PermanentError):
-    """A build can never succeed as requested (its build script failed, its archive is bad,
-    its rollback target does not exist): the build and its agent or connector end ``failed``."""
-
-
-class BuildTimeout(JobError):
-    """A build ran past its kind's time limit; it is retried while attempts remain."""
-
-
-class UnsafePath(BuildFailed):
-    """A path made from a request would leave the directory it belongs in (``..``, a slash, a symlink out)."""
-
-
-class SourceUnusable(BuildFailed):
-    """A build's source cannot be used: not an upload or under a configured root, missing, corrupt, too large.
-
-    One message for every reason, so a build request cannot probe the host's files.
-    """
-
-
-class SandboxUnavailable(JobError):
-    """This worker cannot start the build sandbox (bubblewrap missing or refused): another worker may."""
-
-
-class UploadRefused(ConveyorError):
-    """An uploaded archive was not stored: not a zip, malformed, or missing its fields."""
-
-
-class UploadTooLarge(UploadRefused):
-    """An uploaded archive is larger than ``CONVEYOR_UPLOAD_MAX_BYTES``; nothing was stored."""
-
-
 # -- schedules and secrets ----------------------------------------------------
 
 
@@ -292,42 +260,19 @@ class DatabaseUnavailable(StoreUnavailable):
     """Postgres could not be reached."""
 
 
-# -- agent platform -----------------------------------------------------------
+# -- records and limits --------------------------------------------------------
 
 
-class PlatformError(ConveyorError):
-    """The agent platform refused a request about its records."""
+class RecordNotFound(ConveyorError):
+    """No record (a user, an API key; a blueprint's task, run or resource) has this ID."""
 
 
-class RecordNotFound(PlatformError):
-    """No task, run or resource has this ID."""
-
-
-class RecordConflict(PlatformError):
+class RecordConflict(ConveyorError):
     """The record exists with other content, or is in a state that forbids the change."""
 
 
-class QuotaExceeded(PlatformError):
-    """A user is at one of their limits (active runs, open streams, stream data kept): try again later.
-
-    The message names the limit and its setting, never the request's values.
-    """
-
-
-class ProviderError(JobError):
-    """The model provider failed in a way a retry may fix (5xx, dropped connection, timeout)."""
-
-
-class ProviderRejected(PermanentError):
-    """The model provider refused the request (4xx other than 429): a retry cannot help."""
-
-
-class ProviderRateLimited(RetryLater, ProviderError):
-    """The model provider, or conveyor's own rate limit, said: not now. Run again after ``delay``.
-
-    A :class:`RetryLater` first (the job waits, no attempt spent); also a :class:`ProviderError`,
-    so a caller of a provider catches every provider trouble with one ``except``.
-    """
+class LimitExceeded(ConveyorError):
+    """A caller is at one of their limits: try again later. The message names the limit, never the request's values."""
 
 
 class DatabaseRefused(StoreRefused):

@@ -139,11 +139,12 @@ def _ensure_running(server: PostgresServer) -> None:
 @pytest.fixture(scope="session")
 def pg_template(pg_server: PostgresServer) -> str:
     """Name of a database with every migration applied, to copy per test."""
+    from conveyor.platform.blueprint import jobs as platform
     from conveyor.schema.migrate import migrate
 
     pg_server.drop_database(TEMPLATE_DB)
     pg_server.create_database(TEMPLATE_DB)
-    migrate(pg_server.url(TEMPLATE_DB))
+    migrate(pg_server.url(TEMPLATE_DB), [platform])  # the platform's tables too: most tests' Apps include it
     with pg_server.connect(TEMPLATE_DB) as conn:  # the tables tests/support/jobs.py writes to
         conn.execute((Path(__file__).parent / "support" / "jobs.sql").read_text())
     # A copy fails while anyone is connected to its source.

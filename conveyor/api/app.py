@@ -1,4 +1,5 @@
-"""The FastAPI application: every router of :data:`ROUTERS`, sharing one conveyor :class:`~conveyor.app.App`."""
+"""The FastAPI application: the routers of the App's blueprints, then the library's :data:`ROUTERS`,
+sharing one conveyor :class:`~conveyor.app.App`."""
 
 from __future__ import annotations
 
@@ -16,14 +17,10 @@ from conveyor.api.guard import Guard
 if TYPE_CHECKING:
     from conveyor.app import App
 
-#: Routers, as ``"module:attribute"``, included in this order. Adding an area
-#: (agent runs, schedules) is one line here; its module defines an ``APIRouter``
-#: and reaches the conveyor App through :func:`conveyor.api.deps.conveyor_app`.
+#: The library's routers, as ``"module:attribute"``, included in this order after those the App's
+#: blueprints bring (``jobs.add_router(...)``: the agent platform's runs, resources, schedules, builds).
+#: Each module defines an ``APIRouter`` and reaches the App through :func:`conveyor.api.deps.conveyor_app`.
 ROUTERS = (
-    "conveyor.platform.api.runs:router",
-    "conveyor.platform.api.resources:router",
-    "conveyor.platform.api.schedules:router",
-    "conveyor.platform.api.builds:router",
     "conveyor.api.admin:router",
     "conveyor.api.events:router",
     "conveyor.api.dashboard:router",
@@ -138,7 +135,7 @@ def create_app(app: "App") -> FastAPI:
     #: Path prefixes of routes whose JSON body may be a long text (up to CONVEYOR_API_MAX_BODY_BYTES, not
     #: CONVEYOR_API_MAX_JSON_BYTES): a router's module lists them as ``LONG_TEXT_PREFIXES``.
     long_text_prefixes: list[str] = []
-    for spec in ROUTERS:
+    for spec in dict.fromkeys([*(spec for blueprint in app.blueprints for spec in blueprint.routers), *ROUTERS]):
         module_name, _, attribute = spec.partition(":")
         module = importlib.import_module(module_name)
         api.include_router(getattr(module, attribute))

@@ -19,12 +19,11 @@ if TYPE_CHECKING:
     #: What each command module's ``register`` adds its subcommands to.
     Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
-#: Modules with a ``register(subparsers)`` function, in --help order.
+#: The library's modules with a ``register(subparsers)`` function, in --help order; the blueprints an
+#: App built from the environment holds add theirs after (``jobs.add_commands``: the platform's demo).
 COMMAND_MODULES = (
     "conveyor.cli.core",
     "conveyor.cli.ledger",
-    "conveyor.cli.demo",
-    "conveyor.cli.builds",
     "conveyor.cli.api",
     "conveyor.cli.schedules",
     "conveyor.cli.bench",
@@ -87,10 +86,15 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``conveyor`` parser: the library's commands, and the blueprints' unless ``argv`` names none or a
+    library one (their modules, the platform's job types say, are then not imported for nothing: the
+    top-level ``--help`` stays fast and says where they are). ``argv`` None: every command."""
     parser = _Parser(
         prog="conveyor",
-        description="Celery-style distributed jobs for AI-agent platforms.",
+        description="Celery-style distributed jobs for AI-agent platforms.\n\nCommands the app's blueprints "
+        "bring (the bundled agent platform's demo, build and schedules) are not listed below; "
+        "`conveyor COMMAND --help` shows each.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"conveyor {__version__}")
@@ -98,7 +102,38 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=argparse.ArgumentParser)
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)
+    command = None if argv is None else next((arg for arg in argv if not arg.startswith("-")), "")
+    if command is None or (command and command not in sub.choices):
+        for module in dict.fromkeys(m for m in blueprint_commands() if m not in COMMAND_MODULES):
+            importlib.import_module(module).register(sub)
     return parser
+
+
+def blueprint_commands() -> list[str]:
+    """The command modules of the blueprints an App built from the environment holds.
+
+    A blueprint module that does not import (or settings that do not validate) brings no command
+    here: the command that builds the App reports why, in one line.
+    """
+    from pydantic import ValidationError
+
+    from conveyor.app import blueprint_modules
+    from conveyor.blueprints import blueprints_in
+    from conveyor.importing import add_paths, import_job_module
+    from conveyor.settings import Settings
+
+    try:
+        settings = Settings()  # not get_settings(): main() may yet set CONVEYOR_PATH from --path before that is read
+        add_paths(settings.import_paths)
+    except ValidationError:
+        return []
+    found: list[object] = []
+    for name in blueprint_modules(settings):
+        try:
+            found += vars(import_job_module(name, settings.import_paths)).values()
+        except ConveyorError:
+            continue
+    return [module for blueprint in blueprints_in(found) for module in blueprint.commands]
 
 
 def path_flag(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +148,8 @@ def path_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     from pydantic import ValidationError
 
     from conveyor.importing import add_paths

@@ -132,7 +132,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             progress.advance(bar, 1, description=_running(names, len(done)))
 
         try:
-            migrate(url, on_pending=pending, on_applied=applied)
+            migrate(url, app.blueprints, on_pending=pending, on_applied=applied)
         except BaseException:
             progress.summary(
                 f"applied {len(done)} of {len(names)} migration(s), then failed",
@@ -180,7 +180,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if app.backend.queue_in_postgres:
         from conveyor.schema.migrate import migrate
 
-        migrate(app.database_url)  # the embedded default must be ready before the children start
+        migrate(app.database_url, app.blueprints)  # the embedded default must be ready before the children start
     return Supervisor(
         queues,
         args.processes,
@@ -241,7 +241,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     app = _app()
     broker = app.settings.broker_name
     where = "embedded Postgres in " + str(app.settings.data_dir) if app.settings.embedded else "configured services"
-    migrate(app.database_url)
+    migrate(app.database_url, app.blueprints)
     print(f"conveyor up: broker={broker}, database={where}, queues={', '.join(app.queues)}", file=sys.stderr)
     if args.port:
         print(

@@ -32,7 +32,7 @@ def _conn() -> Connection[Any]:
     from conveyor.schema.migrate import migrate
 
     app = App()
-    migrate(app.database_url)
+    migrate(app.database_url, app.blueprints)
     return connect(app.database_url, autocommit=True, **through_pooler(app.settings.database_pooled))
 
 

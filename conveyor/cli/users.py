@@ -40,7 +40,7 @@ def _app() -> App:
 
     app = App()
     configure_logging(app.settings.log_level)
-    migrate(app.database_url)
+    migrate(app.database_url, app.blueprints)
     return app
 
 

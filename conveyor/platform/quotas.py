@@ -11,7 +11,7 @@ past the cap, and there are at most ``CONVEYOR_USER_MAX_ACTIVE_RUNS`` of
 those); an open stream holds a lease that its reader renews and a dead
 process's lets run out (``CONVEYOR_USER_STREAM_LEASE``).
 
-Past a limit: :class:`~conveyor.errors.QuotaExceeded`, 429 naming the limit
+Past a limit: :class:`~conveyor.platform.errors.QuotaExceeded`, 429 naming the limit
 and its setting.
 """
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg import Connection
 
 from conveyor.db import load_queries
-from conveyor.errors import QuotaExceeded
+from conveyor.platform.errors import QuotaExceeded
 
 if TYPE_CHECKING:
     from conveyor.settings import Settings

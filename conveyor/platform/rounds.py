@@ -49,7 +49,7 @@ def start_round(
     retry its POST safely. Raises :class:`~conveyor.errors.RecordNotFound` for
     an unknown task and :class:`~conveyor.errors.RecordConflict` when the
     message ID is taken by other content; with a ``quota`` (the API's, per user),
-    :class:`~conveyor.errors.QuotaExceeded` when the task's user has no room for
+    :class:`~conveyor.platform.errors.QuotaExceeded` when the task's user has no room for
     a new run, counted in the transaction that creates it (nothing is kept then).
     """
     message_id = message_id or new_id("msg")

@@ -1,5 +1,9 @@
 """``conveyor migrate``: apply ``migrations/NNNN_*.sql`` in order, each exactly once.
 
+The library's own, then, merged in by number, those of each blueprint the App includes
+(``jobs.add_migrations(directory)``: the agent platform's tables come with it, never without it).
+Each is recorded by its file name, so numbers are unique across the library and the blueprints.
+
 A transaction-level advisory lock serialises concurrent runs: each
 migration is applied in a transaction of its own that takes the lock and
 looks again whether it was applied, so two replicas starting at once cannot
@@ -11,10 +15,14 @@ PgBouncer gave it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conveyor.db import connect, load_queries
+
+if TYPE_CHECKING:
+    from conveyor.blueprints import Jobs
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 QUERIES = load_queries(Path(__file__).with_name("migrate.sql"))
@@ -25,21 +33,30 @@ _LOCK_ID = 0x636F6E76  # "conv"
 logger = logging.getLogger(__name__)
 
 
-def migration_files() -> list[Path]:
-    files = sorted(MIGRATIONS.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+def migration_directories(blueprints: Iterable[Jobs] = ()) -> list[Path]:
+    """The library's migrations directory, then each of ``blueprints``' (once each, in order)."""
+    return list(dict.fromkeys([MIGRATIONS, *(d for blueprint in blueprints for d in blueprint.migrations)]))
+
+
+def migration_files(blueprints: Iterable[Jobs] = ()) -> list[Path]:
+    """Every migration of the library and of ``blueprints``, in the order they apply (by number)."""
+    directories = migration_directories(blueprints)
+    files = sorted((f for d in directories for f in d.glob("[0-9][0-9][0-9][0-9]_*.sql")), key=lambda f: f.name)
     numbers = [f.name[:4] for f in files]
     if len(numbers) != len(set(numbers)):
-        raise RuntimeError(f"two migrations share a number in {MIGRATIONS}")
+        clash = sorted({n for n in numbers if numbers.count(n) > 1})
+        raise RuntimeError(f"two migrations share a number ({', '.join(clash)}) in {', '.join(map(str, directories))}")
     return files
 
 
 def migrate(
     database_url: str,
+    blueprints: Iterable[Jobs] = (),
     *,
     on_pending: Callable[[list[str]], None] | None = None,
     on_applied: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Apply pending migrations; return the names applied by this call.
+    """Apply pending migrations, the library's and ``blueprints``'; return the names applied by this call.
 
     ``on_pending`` hears the names about to be applied, in order, once the
     lock is held; ``on_applied`` each name once it is committed:
@@ -52,7 +69,7 @@ def migrate(
             conn.execute(QUERIES["lock"], {"lock": _LOCK_ID})
             conn.execute(QUERIES["create_table"])
             done = {row[0] for row in conn.execute(QUERIES["applied"])}
-        pending = [path for path in migration_files() if path.name not in done]
+        pending = [path for path in migration_files(blueprints) if path.name not in done]
         if on_pending:
             on_pending([path.name for path in pending])
         for path in pending:

@@ -24,10 +24,11 @@ import psutil
 import pytest
 
 from conveyor.app import App
-from conveyor.errors import BuildFailed, InvalidPayload
+from conveyor.errors import InvalidPayload
 from conveyor.platform.builds.builder import BuildLog, Deadline
 from conveyor.platform.builds.cgroups import PREFIX, detect
 from conveyor.platform.builds.sandbox import Sandbox
+from conveyor.platform.errors import BuildFailed
 from conveyor.settings import QueueOverride
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     GATED,
@@ -424,8 +425,8 @@ def test_a_worker_that_cannot_make_a_cgroup_says_so_and_refuses_builds_unless_to
     """A container without cgroup delegation (simulated: the detection finds nothing) is never silently weaker."""
     import logging
 
-    from conveyor.errors import SandboxUnavailable
     from conveyor.platform.builds import sandbox as sandbox_module
+    from conveyor.platform.errors import SandboxUnavailable
     from conveyor.platform.processors.build import build_isolation
 
     monkeypatch.setattr(sandbox_module, "detect", lambda: (None, "cgroup v1: the worker's pids cgroup is not writable"))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.platform.blueprint import jobs as platform
 from conveyor.schema.migrate import migration_files
 from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import ROOT, env_for, make_settings
@@ -170,7 +171,7 @@ def empty_database(make_database) -> str:
 
 def test_migrate_through_pipes_prints_one_json_line(clean_env, redis_url, empty_database):
     env = _env(make_settings("postgres", redis_url, empty_database))
-    names = [path.name for path in migration_files()]
+    names = [path.name for path in migration_files([platform])]  # conveyor migrate: the platform is in by default
 
     first = piped(env, "migrate")
     assert first.returncode == 0, first.stderr
@@ -184,7 +185,7 @@ def test_migrate_through_pipes_prints_one_json_line(clean_env, redis_url, empty_
 
 def test_migrate_on_a_terminal_shows_a_bar_and_a_sentence(clean_env, redis_url, empty_database):
     env = _env(make_settings("postgres", redis_url, empty_database))
-    names = [path.name for path in migration_files()]
+    names = [path.name for path in migration_files([platform])]  # conveyor migrate: the platform is in by default
 
     code, shown = in_terminal(env, "migrate")
     assert code == 0, shown

@@ -64,12 +64,13 @@ def fault_pg():
 
 def ensure_template(pg: PostgresServer) -> str:
     """The migrated database (plus the fault tables) that each test's database is copied from."""
+    from conveyor.platform.blueprint import jobs as platform
     from conveyor.schema.migrate import migrate
 
     if id(pg) not in _templates:
         pg.drop_database(TEMPLATE)
         pg.create_database(TEMPLATE)
-        migrate(pg.url(TEMPLATE))
+        migrate(pg.url(TEMPLATE), [platform])
         with pg.connect(TEMPLATE) as conn:
             conn.execute(SQL.read_text())
         pg.terminate_connections(TEMPLATE)

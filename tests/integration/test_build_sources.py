@@ -16,10 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor.errors import InvalidPayload, UnsafePath
+from conveyor.errors import InvalidPayload
 from conveyor.platform.builds.local import LocalBuilder
 from conveyor.platform.builds.paths import inside
 from conveyor.platform.builds.unpack import UNUSABLE
+from conveyor.platform.errors import UnsafePath
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     ADMIN_AUTH,
     StoreReads,

@@ -108,12 +108,13 @@ def durable_pg():
 
 @pytest.fixture
 def durable_url(durable_pg):
+    from conveyor.platform.blueprint import jobs as platform
     from conveyor.schema.migrate import migrate
 
     name = f"crash_{int(time.time() * 1000)}"
     durable_pg.create_database(name)
     url = durable_pg.url(name)
-    migrate(url)
+    migrate(url, [platform])
     yield url
     if not durable_pg.is_running:
         durable_pg.start()

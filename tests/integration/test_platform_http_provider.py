@@ -8,7 +8,8 @@ import pytest
 from pydantic import SecretStr
 
 from conveyor.app import App
-from conveyor.errors import JobError, ProviderError, ProviderRateLimited, ProviderRejected, RetryLater
+from conveyor.errors import JobError, RetryLater
+from conveyor.platform.errors import ProviderError, ProviderRateLimited, ProviderRejected
 from conveyor.platform.providers.base import ChatMessage
 from conveyor.platform.providers.openai import OpenAIProvider
 from conveyor.settings import Settings

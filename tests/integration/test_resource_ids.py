@@ -8,6 +8,7 @@ import pytest
 
 from conveyor.app import App
 from conveyor.platform import records
+from conveyor.platform.blueprint import jobs as platform
 from conveyor.schema import migrate as migrator
 from conveyor.settings import Settings
 from tests.support.platform_support import serve, user_key, workers
@@ -50,10 +51,11 @@ def test_two_users_use_one_resource_id_and_no_answer_tells_one_of_the_others(app
 
 def test_resources_made_before_the_migration_keep_their_owner_and_index(make_database, monkeypatch):
     url = make_database()
-    before = [path for path in migrator.migration_files() if path.name < "0062"]
+    every = migrator.migration_files([platform])
+    before = [path for path in every if path.name < "0062"]
     with monkeypatch.context() as patched:
-        patched.setattr(migrator, "migration_files", lambda: before)
-        migrator.migrate(url)
+        patched.setattr(migrator, "migration_files", lambda *_: before)
+        migrator.migrate(url, [platform])
     with App(Settings(broker="postgres", database_url=url)).pool.connection() as conn:
         conn.execute(
             "INSERT INTO resources (id, user_id, title, body, version) VALUES ('doc', 'carol', 't', 'old words', 'v1')"
@@ -61,7 +63,7 @@ def test_resources_made_before_the_migration_keep_their_owner_and_index(make_dat
         conn.execute(
             "INSERT INTO resource_chunks (resource_id, seq, version, body) VALUES ('doc', 1, 'v1', 'old words')"
         )
-    assert migrator.migrate(url) == [p.name for p in migrator.migration_files() if p.name >= "0062"]
+    assert migrator.migrate(url, [platform]) == [p.name for p in every if p.name >= "0062"]
     app = App(Settings(broker="postgres", database_url=url))
     try:
         with app.pool.connection() as conn:

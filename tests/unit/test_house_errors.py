@@ -6,6 +6,7 @@ import pytest
 
 from conveyor import errors as e
 from conveyor.api.errors import STATUS, detail_for, status_for
+from conveyor.platform import errors as platform_errors
 
 
 def test_every_unavailable_store_is_one_store_unavailable():
@@ -24,8 +25,8 @@ def test_every_refusal_is_one_store_refused():
 
 def test_retry_later_is_no_failure_but_a_rate_limited_provider_is_a_provider_error():
     assert not issubclass(e.RetryLater, e.JobError)
-    assert issubclass(e.ProviderRateLimited, e.RetryLater)
-    assert issubclass(e.ProviderRateLimited, e.ProviderError)
+    assert issubclass(platform_errors.ProviderRateLimited, e.RetryLater)
+    assert issubclass(platform_errors.ProviderRateLimited, platform_errors.ProviderError)
 
 
 @pytest.mark.parametrize(
@@ -37,8 +38,10 @@ def test_retry_later_is_no_failure_but_a_rate_limited_provider_is_a_provider_err
         (e.EnqueueOutcomeUnknown("broke"), 503),
         (e.DatabaseRefused("no"), 500),
         (e.BrokerRejected("no"), 500),
-        (e.UploadRefused("bad"), 422),
-        (e.UploadTooLarge("big"), 413),
+        (platform_errors.UploadRefused("bad"), 422),
+        (platform_errors.UploadTooLarge("big"), 413),
+        (platform_errors.QuotaExceeded("runs"), 429),
+        (platform_errors.ProviderRejected("no"), 500),
         (e.UnknownJob("x", []), 422),
         (e.InvalidPayload("x", []), 422),
         (e.PayloadTooLarge("big"), 413),
@@ -62,6 +65,14 @@ def test_status_of_each_error(error, status):
 def test_every_error_class_has_a_status_through_its_parents():
     classes = [c for c in vars(e).values() if isinstance(c, type) and issubclass(c, e.ConveyorError)]
     assert all(any(k in STATUS for k in c.__mro__) for c in classes)
+
+
+def test_the_platforms_errors_live_in_its_package_under_the_librarys_bases():
+    """The library's tree names no platform error; each of the platform's has a library base (and so a status)."""
+    moved = [c for c in vars(platform_errors).values() if isinstance(c, type) and issubclass(c, e.ConveyorError)]
+    own = [c for c in moved if c.__module__ == platform_errors.__name__]
+    assert len(own) >= 12 and not any(hasattr(e, c.__name__) for c in own)
+    assert all(any(k.__module__ == e.__name__ for k in c.__mro__) for c in own)
 
 
 @pytest.mark.parametrize(

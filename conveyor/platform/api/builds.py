@@ -39,11 +39,12 @@ from starlette.requests import ClientDisconnect
 from conveyor.api.auth import UserOrAdmin, require_admin
 from conveyor.api.deps import ConveyorApp, NamePath
 from conveyor.api.errors import UNAVAILABLE_RESPONSES, not_found
-from conveyor.errors import ConveyorError, UploadRefused
+from conveyor.errors import ConveyorError
 from conveyor.platform import records
 from conveyor.platform.builds import store
 from conveyor.platform.builds.requests import request_build
 from conveyor.platform.builds.uploads import Uploads, UploadWriter
+from conveyor.platform.errors import UploadRefused
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from conveyor.errors import BuildTimeout
+from conveyor.platform.errors import BuildTimeout
 from conveyor.redaction import Scrubber
 
 #: A build's log keeps its last this many characters (the builds row is not a log store).

@@ -15,7 +15,6 @@ from typing import Any, Generic, TypeVar
 
 from psycopg_pool import ConnectionPool
 
-from conveyor.errors import BuildFailed
 from conveyor.platform.builds import store
 from conveyor.platform.builds.builder import (
     ArchiveSource,
@@ -39,6 +38,7 @@ from conveyor.platform.builds.payloads import (
     Upload,
 )
 from conveyor.platform.builds.store import Outcome
+from conveyor.platform.errors import BuildFailed
 
 #: The variant a context carries: each executor takes the context of its own kind's request.
 R = TypeVar("R", bound=BuildVariant)

@@ -36,7 +36,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from conveyor.errors import BuildFailed, BuildTimeout, SourceUnusable
 from conveyor.platform.builds.builder import (
     ArchiveSource,
     Artifact,
@@ -52,6 +51,7 @@ from conveyor.platform.builds.paths import inside, safe_name, under_roots
 from conveyor.platform.builds.sandbox import Sandbox
 from conveyor.platform.builds.unpack import UNUSABLE, Caps, check_tree, copy_tree, unpack
 from conveyor.platform.builds.uploads import Uploads
+from conveyor.platform.errors import BuildFailed, BuildTimeout, SourceUnusable
 from conveyor.settings import Settings
 
 #: The build script a source tree may carry at its root.

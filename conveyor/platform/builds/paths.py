@@ -17,7 +17,7 @@ from typing import Annotated
 
 from pydantic import StringConstraints
 
-from conveyor.errors import UnsafePath
+from conveyor.platform.errors import UnsafePath
 
 #: A name that is safe as one path component: letters, digits, ``_`` and ``-``; never ``.`` or ``/``.
 SAFE_NAME = r"^[A-Za-z0-9_-]{1,128}$"

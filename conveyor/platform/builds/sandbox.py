@@ -53,13 +53,13 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from conveyor.errors import BuildFailed, BuildTimeout, SandboxUnavailable, SourceUnusable
 from conveyor.logs import log_event
 from conveyor.platform.builds.builder import BuildLog, Deadline
 from conveyor.platform.builds.cgroups import BuildCgroup, Hierarchy, Limits, Usage, detect
 from conveyor.platform.builds.envnames import unsafe_names
 from conveyor.platform.builds.uids import claim_uid
 from conveyor.platform.builds.unpack import Caps, unpack
+from conveyor.platform.errors import BuildFailed, BuildTimeout, SandboxUnavailable, SourceUnusable
 from conveyor.settings import Settings
 
 #: Where the workspace appears inside the sandbox, and the tree in it (the script's working directory).

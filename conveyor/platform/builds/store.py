@@ -21,8 +21,9 @@ from typing import Any
 from psycopg import Connection
 
 from conveyor.db import load_queries
-from conveyor.errors import BuildFailed, RecordNotFound
+from conveyor.errors import RecordNotFound
 from conveyor.platform.builds.payloads import BuildVariant
+from conveyor.platform.errors import BuildFailed
 
 QUERIES = load_queries(Path(__file__).with_name("queries.sql"))
 

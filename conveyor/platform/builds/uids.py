@@ -18,7 +18,7 @@ import fcntl
 import os
 from dataclasses import dataclass, field
 
-from conveyor.errors import SandboxUnavailable
+from conveyor.platform.errors import SandboxUnavailable
 
 #: Where the claims live: host-local (never on a shared data volume, where flock may not hold), root's only.
 LOCK_DIR = "/run/conveyor-build-uids"

@@ -23,9 +23,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from conveyor.errors import SourceUnusable, UnsafePath
 from conveyor.platform.builds.builder import Deadline
 from conveyor.platform.builds.paths import inside
+from conveyor.platform.errors import SourceUnusable, UnsafePath
 
 #: The one answer to every unusable source.
 UNUSABLE = (

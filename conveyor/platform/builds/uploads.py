@@ -20,9 +20,9 @@ from typing import Annotated
 
 from pydantic import StringConstraints
 
-from conveyor.errors import SourceUnusable, UploadRefused, UploadTooLarge
 from conveyor.platform.builds.paths import inside
 from conveyor.platform.builds.unpack import UNUSABLE
+from conveyor.platform.errors import SourceUnusable, UploadRefused, UploadTooLarge
 
 UPLOAD_ID = r"^upl_[0-9a-f]{32}$"
 

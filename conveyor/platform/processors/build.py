@@ -31,7 +31,7 @@ from typing import Any
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from conveyor.errors import BuildFailed, BuildTimeout, JobError, PermanentError, RetryLater
+from conveyor.errors import JobError, PermanentError, RetryLater
 from conveyor.logs import log_event
 from conveyor.platform.blueprint import jobs
 from conveyor.platform.builds import store
@@ -41,6 +41,7 @@ from conveyor.platform.builds.executors import EXECUTORS, BuildContext
 from conveyor.platform.builds.local import LocalBuilder
 from conveyor.platform.builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINUTE, BuildPayload, BuildVariant
 from conveyor.platform.builds.uploads import Uploads
+from conveyor.platform.errors import BuildFailed, BuildTimeout
 from conveyor.platform.queues import AGENT
 from conveyor.redaction import Scrubber
 from conveyor.secrets import decrypt_env

@@ -65,9 +65,9 @@ class Generation:
 
 
 class Provider(ABC):
-    """A chat model. Implementations raise :class:`~conveyor.errors.ProviderError` for failures a
-    retry may fix, :class:`~conveyor.errors.ProviderRateLimited` (a ``RetryLater``) when told to wait,
-    and :class:`~conveyor.errors.ProviderRejected` when the request itself is refused."""
+    """A chat model. Implementations raise :class:`~conveyor.platform.errors.ProviderError` for failures a
+    retry may fix, :class:`~conveyor.platform.errors.ProviderRateLimited` (a ``RetryLater``) when told to wait,
+    and :class:`~conveyor.platform.errors.ProviderRejected` when the request itself is refused."""
 
     #: Short name for logs and records.
     name: str = "provider"

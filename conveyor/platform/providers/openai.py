@@ -2,7 +2,7 @@
 
 Works with any server that speaks ``POST {base}/chat/completions`` with
 ``"stream": true`` (OpenAI, vLLM, llama.cpp, Ollama's OpenAI endpoint...).
-A 429 is not a failure: it raises :class:`~conveyor.errors.ProviderRateLimited`
+A 429 is not a failure: it raises :class:`~conveyor.platform.errors.ProviderRateLimited`
 with the server's ``Retry-After``, so the job runs again later without
 spending an attempt. The API key is sent in a header and appears in no
 error, log line or repr.
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import httpx
 from pydantic import SecretStr
 
-from conveyor.errors import ProviderError, ProviderRateLimited, ProviderRejected
+from conveyor.platform.errors import ProviderError, ProviderRateLimited, ProviderRejected
 from conveyor.platform.providers.base import ChatMessage, Generation, Provider, Usage
 
 if TYPE_CHECKING:

@@ -131,7 +131,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"[bold]conveyor demo[/]: {args.runs} rounds on broker [cyan]{app.settings.broker_name}[/], "
         f"records in {where}, fault rate {args.fault_rate:g}"
     )
-    migrate(app.database_url)
+    migrate(app.database_url, app.blueprints)
 
     demo = Demo(app, args, console)
     try:
