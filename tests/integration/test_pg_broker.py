@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 import psycopg
@@ -262,6 +263,10 @@ def _strand(database_url: str, ids: list[str], worker: str, heartbeat_age: str, 
 
 def test_two_replicas_recovering_at_once_take_each_stuck_row_once(make_app, database_url):
     first, second = make_app(), make_app()
+    # Each has watched the server's clock for a lease (a fresh process declares nobody dead before).
+    for app in (first, second):
+        app.broker.recover()
+    time.sleep(first.broker.recovery.lease * 1.2)
     refs = first.jobs.enqueue_many([{"job": "test.probe.nudge", "payload": {"token": f"stuck-{i}"}} for i in range(60)])
     ids = [r.id for r in refs]
     spent, retry, alive = ids[:10], ids[10:50], ids[50:]
