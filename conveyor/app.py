@@ -231,20 +231,7 @@ class App:
                     error=f"result readers not woken: {type(exc).__name__}",
                 )
         if job_type and job_type.on_final_failure:
-            from conveyor.tasks.actors import load_payload
-
-            try:
-                payload = load_payload(job_type, message.args[0] if message.args else None)
-            except Exception:
-                payload = None
-            ctx = JobContext(
-                job=job_type.name,
-                queue=job_type.queue,
-                job_id=message.message_id,
-                attempt=message.options.get("attempt", 0),
-                max_attempts=self.max_attempts(job_type),
-                app=self,
-            )
+            payload, ctx = self._hook_args(job_type, message)
             try:
                 job_type.on_final_failure(payload, error, ctx)
             except StoreUnavailable as exc:
@@ -275,6 +262,22 @@ class App:
         job_type = self.job_types.get(message.actor_name)
         if job_type is None or job_type.on_cancel is None:
             return
+        payload, ctx = self._hook_args(job_type, message)
+        try:
+            job_type.on_cancel(payload, ctx)
+        except BaseException as exc:  # an interrupt too: the outcome is still written
+            log_event(
+                "error",
+                level="error",
+                queue=message.queue_name,
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=message.options.get("attempt"),
+                error=f"cancel hook raised {type(exc).__name__}: {exc}",
+            )
+
+    def _hook_args(self, job_type: JobType, message: AnyMessage) -> tuple[Any, JobContext]:
+        """A hook's payload (None when it no longer loads: the hook still runs) and its context."""
         from conveyor.tasks.actors import load_payload
 
         try:
@@ -289,18 +292,7 @@ class App:
             max_attempts=self.max_attempts(job_type),
             app=self,
         )
-        try:
-            job_type.on_cancel(payload, ctx)
-        except BaseException as exc:  # an interrupt too: the outcome is still written
-            log_event(
-                "error",
-                level="error",
-                queue=message.queue_name,
-                job=message.actor_name,
-                job_id=message.message_id,
-                attempt=message.options.get("attempt"),
-                error=f"cancel hook raised {type(exc).__name__}: {exc}",
-            )
+        return payload, ctx
 
     def resource(self, key: object, build: Callable[[], R]) -> R:
         """The App's one object under ``key``, built by ``build()`` on first use and closed by :meth:`close`."""
