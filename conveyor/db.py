@@ -17,7 +17,10 @@ psycopg.errors.UniqueViolation`` inside such a block still sees psycopg's error.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -65,6 +68,48 @@ def translate(exc: BaseException, what: str) -> DatabaseUnavailable | DatabaseRe
     if isinstance(exc, UNAVAILABLE):
         return DatabaseUnavailable(f"Postgres is unavailable ({what}): {summary}")
     return DatabaseRefused(f"Postgres refused {what}: {summary}")
+
+
+class ReplyDeadline:
+    """``with ReplyDeadline(conn, seconds) as deadline:``: past ``seconds``, ``conn``'s socket is shut down.
+
+    libpq waits for a reply without a bound, and neither TCP's user timeout
+    nor keepalives notice a peer (a proxy, a pooler) that holds the line up
+    but never answers, nor a COMMIT held by a synchronous standby that is
+    gone. Shutting the socket down from a timer makes the wait end with an
+    OperationalError; :attr:`expired` then says that was the deadline. An
+    expired connection is closed on the way out (its pool drops it), even if
+    its reply came just in time.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], seconds: float) -> None:
+        self.conn, self.seconds = conn, seconds
+        self.expired = False
+        self._done = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> ReplyDeadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._done = True
+        if self.expired:
+            self.conn.close()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.expired = True
+            with contextlib.suppress(OSError, psycopg.Error):
+                # A dup of the descriptor: shutdown reaches the socket itself, the close only the dup.
+                with socket.socket(fileno=os.dup(self.conn.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 class wrap_errors(contextlib.ContextDecorator):

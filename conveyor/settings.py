@@ -167,6 +167,14 @@ class Settings(BaseSettings):
         "deploy) is offered again; it is handed back, never attempted or failed.",
     )
     pg_poll_seconds: float = Field(5, gt=0, description="Postgres broker: poll interval in case a wake-up was lost.")
+    pg_enqueue_timeout: float = Field(
+        30,
+        gt=0,
+        description="Postgres broker: seconds an enqueue waits for Postgres's answers (its whole transaction) "
+        "before its connection is dropped: nothing was enqueued, or, if it was waiting for its COMMIT, the "
+        "outcome is unknown (enqueue again only with a key). Bounds a reply lost behind a proxy or pooler "
+        "that keeps the connection up, which no TCP timeout notices.",
+    )
     pg_recovery_seconds: float = Field(
         10, gt=0, description="Postgres broker: interval of the dead-worker recovery pass."
     )

@@ -109,8 +109,10 @@ FINDING_OF = {
 #: today's tree (a local patch, never committed): ``CAMPAIGN_KINDS=<kind> CAMPAIGN_SEED=<s>``, CI size,
 #: seeds 1, 2, 3 until the first run the checker flags; measured on 2026-12-04 (faultsleft branch).
 #: A kind not listed for a broker was not measured there (its finding is on the other broker only,
-#: or the time ran out). drop-replies on Redis is not listed: seed 3 flags a keyed request that became
-#: two jobs with the fix in place too (an open anomaly), so a reverted run proves nothing there.
+#: or the time ran out). drop-replies on Redis: seed 3 flagged a keyed request that became two jobs with
+#: finding 3's first fix in place too (a deduplicated enqueue repeated after its key expired made a job;
+#: fixed on the dupreply branch: jobs.lua keeps a duplicate's answer by rid). Its entry counts seeds with
+#: that second fix reverted (seeds 1 and 2 pass without it); seeds 1-4 pass with it.
 #: postgres-clock on Postgres (finding 7), its step guard reverted: not flagged in seeds 1 and 2; the
 #: rerun beside itself is still there, but the workload's effects are fenced, and a stale delivery's
 #: fenced effect rolling back is no anomaly: the campaign needs an unfenced effect to show this one.
@@ -118,6 +120,7 @@ SEEDS_TO_FIND: dict[tuple[str, str], int] = {
     ("kill-hook", "redis"): 1,
     ("kill-hook", "postgres"): 1,
     ("redis-oom", "redis"): 1,
+    ("drop-replies", "redis"): 3,
     ("poison", "redis"): 1,
     # With the old worker's window starting once it runs (before that change: not found in 3 seeds).
     ("old-worker", "redis"): 1,

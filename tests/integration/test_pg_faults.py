@@ -431,3 +431,64 @@ def test_skipped_outcomes_leave_no_mark_that_could_swallow_a_later_one(make_app)
         assert not app.broker.deliveries._abandoned, "a stale mark would drop a re-issued delivery's outcome"
     finally:
         consumer.close()
+
+
+# -- an enqueue whose reply is lost ----------------------------------------------------
+
+
+@pytest.fixture
+def pg_proxy(database_url):
+    """A TCP proxy in front of the test's Postgres that can drop its replies (the requests still arrive)."""
+    from tests.support.proxy import ReplyDroppingProxy
+
+    port = int(psycopg.conninfo.conninfo_to_dict(database_url)["port"])
+    with ReplyDroppingProxy(port) as proxy:
+        yield proxy, database_url.replace(f":{port}/", f":{proxy.port}/")
+
+
+def _jobs_keyed(database_url: str, key: str) -> int:
+    return sql(database_url, "SELECT count(*) FROM conveyor_jobs WHERE job_key = %s", (key,))[0][0]
+
+
+@pytest.mark.timeout(60)
+def test_an_enqueue_whose_commit_reply_is_lost_fails_in_time_as_unknown_and_its_keyed_resend_gets_the_job(
+    pg_proxy, make_app, database_url
+):
+    """The proxy lets the COMMIT through (Postgres commits) and loses its answer, the connection staying up:
+    no TCP timeout or keepalive notices. The enqueue must not wait for ever: after pg_enqueue_timeout it says
+    the job may exist, and enqueued again with its key it returns that one job."""
+    from conveyor.errors import EnqueueOutcomeUnknown
+
+    proxy, url = pg_proxy
+    app = make_app(url, pg_enqueue_timeout=1.0)
+    app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})  # a pooled connection is open
+    proxy.drop_next(1, containing=b"COMMIT")
+    began = time.monotonic()
+    with pytest.raises(EnqueueOutcomeUnknown, match="may have been enqueued"):
+        app.jobs.enqueue("test.probe.critical", {"token": "commit-lost"}, key="pg-lost-commit")
+    waited = time.monotonic() - began
+    assert proxy.dropped == 1, "no reply was lost: the test proved nothing"
+    assert waited < 10, f"the enqueue waited {waited:.1f} s for a reply that never came"
+    assert _jobs_keyed(database_url, "pg-lost-commit") == 1, "Postgres committed the enqueue whose reply was lost"
+    again = app.jobs.enqueue("test.probe.critical", {"token": "commit-lost"}, key="pg-lost-commit")
+    assert again.deduplicated and _jobs_keyed(database_url, "pg-lost-commit") == 1
+    assert sql(database_url, "SELECT id FROM conveyor_jobs WHERE job_key = 'pg-lost-commit'")[0][0] == again.id
+
+
+@pytest.mark.timeout(60)
+def test_an_enqueue_whose_statement_reply_is_lost_fails_in_time_and_nothing_was_enqueued(
+    pg_proxy, make_app, database_url
+):
+    """Lost before the COMMIT was sent, the transaction never commits: a definite "nothing was enqueued"."""
+    from conveyor.errors import BrokerUnavailable
+
+    proxy, url = pg_proxy
+    app = make_app(url, pg_enqueue_timeout=1.0)
+    app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})
+    proxy.drop_next(1, containing=b"SELECT 1\x00")  # the enqueue statement's completion
+    with pytest.raises(BrokerUnavailable, match="nothing was enqueued"):
+        app.jobs.enqueue("test.probe.critical", {"token": "insert-lost"}, key="pg-lost-insert")
+    assert proxy.dropped == 1
+    wait_for(lambda: _jobs_keyed(database_url, "pg-lost-insert") == 0, timeout=10, message="no job")
+    again = app.jobs.enqueue("test.probe.critical", {"token": "insert-lost"}, key="pg-lost-insert")
+    assert not again.deduplicated and _jobs_keyed(database_url, "pg-lost-insert") == 1

@@ -554,6 +554,41 @@ def test_an_enqueue_whose_first_reply_is_lost_is_repeated_and_counted_once(make_
     assert _waiting(client) == 6, "the repeat of an applied batch enqueued it again"
 
 
+def test_a_keyed_batch_whose_reply_is_lost_after_a_dedup_is_repeated_as_the_same_one_job(make_app, proxy, client):
+    """Issue 18, finding 3 again (campaign seed 3 on Redis): a batch holding a key twice is applied (one job, the
+    second a duplicate of it) and its reply lost; the repeat lands after the socket timeout, when the key's TTL is
+    over. The repeat must answer what the first call did (one job, the second deduplicated), not a second job."""
+    app = make_app(
+        redis_url=proxy.url(), redis_socket_timeout=1.0, redis_connect_timeout=0.5, redis_retries=1, dedup_ttl=0.3
+    )
+    app.jobs.enqueue(JOB, {"token": "warm-up"})  # the pooled connection is open before the reply goes
+    proxy.drop_next(1)
+    request = {"job": JOB, "payload": {"token": "keyed-twice"}, "key": "lost-after-dedup"}
+    first, second = app.jobs.enqueue_many([request, request])
+    assert proxy.dropped == 1, "no reply was lost: the test proved nothing"
+    assert (first.deduplicated, second.deduplicated) == (False, True)
+    assert second.id == first.id, "one keyed request became two jobs"
+    assert _waiting(client) == 2
+
+
+def test_a_keyed_enqueue_deduplicated_then_repeated_after_its_key_expired_gets_the_same_job(make_app, proxy, client):
+    """The same, one call at a time: the duplicate's call finds the key held (writes nothing), its reply is lost,
+    and its repeat comes after the key expired: it must still answer the holder, not enqueue a second job."""
+    app = make_app(
+        redis_url=proxy.url(), redis_socket_timeout=2.0, redis_connect_timeout=0.5, redis_retries=1, dedup_ttl=1.5
+    )
+    held = app.jobs.enqueue(JOB, {"token": "keyed-once"}, key="lost-after-dedup:2")
+    proxy.drop_next(1)
+    again = app.jobs.enqueue(JOB, {"token": "keyed-once"}, key="lost-after-dedup:2")
+    assert proxy.dropped == 1, "no reply was lost: the test proved nothing"
+    assert again.deduplicated and again.id == held.id, "the repeat of a deduplicated enqueue made a second job"
+    assert _waiting(client) == 1
+    answers = list(client.scan_iter(app.broker.keys.deduplicated("*")))
+    assert len(answers) == 1 and 0 < client.pttl(answers[0]) <= app.broker.answer_ttl_ms, (
+        "the answer is kept, not for ever"
+    )
+
+
 def test_an_enqueue_repeated_after_its_job_ran_and_was_retried_does_not_run_it_again(make_app, client):
     """The repeat of an applied enqueue may land seconds later (after a socket timeout): by then the job may
     have run, failed and been retried as a new message. The repeat must still find it, not push it again."""

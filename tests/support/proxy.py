@@ -22,6 +22,7 @@ class ReplyDroppingProxy:
         self.port = free_port()
         self.drop_replies = False
         self._drops_left = 0
+        self._containing = b""
         #: Replies (server->client reads) thrown away so far.
         self.dropped = 0
         self._lock = threading.Lock()
@@ -35,10 +36,12 @@ class ReplyDroppingProxy:
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
-    def drop_next(self, count: int) -> None:
-        """Drop the next ``count`` replies (one read of the server's socket each), then forward again."""
+    def drop_next(self, count: int, *, containing: bytes = b"") -> None:
+        """Drop the next ``count`` replies (one read of the server's socket each), then forward again;
+        with ``containing``, only replies holding those bytes count (Postgres's ``COMMIT`` completion)."""
         with self._lock:
             self._drops_left = count
+            self._containing = containing
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -59,12 +62,12 @@ class ReplyDroppingProxy:
             threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
             threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
 
-    def _drop(self) -> bool:
+    def _drop(self, data: bytes) -> bool:
         with self._lock:
             if self.drop_replies:
                 self.dropped += 1
                 return True
-            if self._drops_left > 0:
+            if self._drops_left > 0 and self._containing in data:
                 self._drops_left -= 1
                 self.dropped += 1
                 return True
@@ -76,7 +79,7 @@ class ReplyDroppingProxy:
                 data = source.recv(65536)
                 if not data:
                     break
-                if replies and self._drop():
+                if replies and self._drop(data):
                     continue
                 sink.sendall(data)
         except OSError:

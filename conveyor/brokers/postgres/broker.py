@@ -107,6 +107,7 @@ class PostgresBroker(ConveyorBroker, Broker):
             self.worker_id,
             pooled=settings.database_pooled,
             listen_url=settings.listen_database_url,
+            enqueue_timeout=settings.pg_enqueue_timeout,
         )
         self.deliveries = Deliveries(self.jobs)
         self.recovery = Recovery(

@@ -50,7 +50,15 @@ from psycopg_pool import PoolTimeout
 
 from conveyor.brokers.base import JobRecord, JobRef, QueueCounts
 from conveyor.brokers.postgres.records import LISTS, job_record
-from conveyor.db import STATEMENT_ERRORS, UNAVAILABLE, ShieldedPool, load_queries, through_pooler, translate
+from conveyor.db import (
+    STATEMENT_ERRORS,
+    UNAVAILABLE,
+    ReplyDeadline,
+    ShieldedPool,
+    load_queries,
+    through_pooler,
+    translate,
+)
 from conveyor.errors import (
     BrokerUnavailable,
     DatabaseRefused,
@@ -187,9 +195,17 @@ class Jobs:
     """Data access for the jobs table: pools, queries, error translation. Thread-safe."""
 
     def __init__(
-        self, database_url: str, worker_id: str, *, pooled: bool = False, listen_url: str | None = None
+        self,
+        database_url: str,
+        worker_id: str,
+        *,
+        pooled: bool = False,
+        listen_url: str | None = None,
+        enqueue_timeout: float = 30.0,
     ) -> None:
         self.database_url = database_url
+        #: Seconds an enqueue's transaction may wait for Postgres's answers (settings.pg_enqueue_timeout).
+        self.enqueue_timeout = enqueue_timeout
         self.worker_id = worker_id
         #: database_url goes through a transaction-mode pooler: no prepared statements, no session settings.
         self.pooled = pooled
@@ -334,11 +350,15 @@ class Jobs:
         # A pooled connection a Postgres restart broke fails before anything
         # was sent: then try once more. A failure at COMMIT is ambiguous and
         # is reported, never repeated (without a key it could enqueue twice).
+        # A reply that never comes is bounded by ReplyDeadline (enqueue_timeout): unanswered before the
+        # COMMIT was sent, the transaction dies with its connection (nothing enqueued); at the COMMIT,
+        # the outcome is unknown.
         attempt = 1
         while True:
             committing = False
+            deadline: ReplyDeadline | None = None
             try:
-                with self._conn() as conn:
+                with self._conn() as conn, ReplyDeadline(conn, self.enqueue_timeout) as deadline:
                     with conn.transaction():
                         refs = self._insert(conn, rows, dedup_ttl)
                         committing = True
@@ -347,6 +367,17 @@ class Jobs:
                 if not isinstance(exc, UNAVAILABLE):
                     raise _enqueue_error(exc) from exc
                 self.trouble()
+                if deadline is not None and deadline.expired:
+                    if committing:
+                        raise EnqueueOutcomeUnknown(
+                            f"Postgres did not answer the enqueue's COMMIT within {self.enqueue_timeout:g} s "
+                            f"(CONVEYOR_PG_ENQUEUE_TIMEOUT): the job(s) may have been enqueued; enqueue them "
+                            f"again only with a key"
+                        ) from exc
+                    raise BrokerUnavailable(
+                        f"Postgres did not answer the enqueue within {self.enqueue_timeout:g} s "
+                        f"(CONVEYOR_PG_ENQUEUE_TIMEOUT); it never committed, nothing was enqueued"
+                    ) from exc
                 if committing:
                     raise EnqueueOutcomeUnknown(
                         f"{translate(exc, 'the enqueue')}; the connection broke while "

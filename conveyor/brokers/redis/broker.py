@@ -147,6 +147,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         )
         #: Script calls an enqueue may make: a lost reply's call is repeated (exactly: see _send_enqueue).
         self.enqueue_attempts = 1 + settings.redis_retries
+        #: ms jobs.lua keeps a duplicate's answer, so a repeated call answers the same: twice the longest a
+        #: repeat can come after the first call (each attempt's connect, reply and WAIT timeouts and backoff
+        #: capped at 2 s), at least a minute.
+        attempt = settings.redis_connect_timeout + settings.redis_socket_timeout + settings.redis_wait_timeout + 2.0
+        self.answer_ttl_ms = int(max(60.0, 2 * self.enqueue_attempts * attempt) * _MS)
         self.acks = AckBuffer(self)
         self._lock = threading.Lock()
         self._fetch_locks: dict[str, threading.Lock] = {}
@@ -401,6 +406,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 "" if item.delay_ms is None else int(item.delay_ms),
                 storable(message.options.get("last_error", "")),
             ]
+        args.append(self.answer_ttl_ms)
         results = self._send_enqueue(args, len(items), scope)
         out: list[tuple[Message[Any], JobRef]] = []
         for i, (message, item) in enumerate(prepared):

@@ -17,6 +17,10 @@
 --   $ns:idx:$queue:$state zset of job ids by when they entered the state
 --   $ns:totals:$queue     hash completed / failed, never reset
 --   $ns:dedup:$key        job id that holds the key, with a TTL
+--   $ns:deduplicated:$rid the job id an enqueued message (rid) was found a
+--                         duplicate of, kept as long as that call may be
+--                         repeated (its reply lost): the repeat answers the
+--                         same, even once the key has expired
 --   $ns:paused            set of paused queue names
 --   $ns:deleted:$id       tombstone of a deleted job (TTL: the retention)
 --   $ns:wake:$queue       a short list idle consumers block on (BLPOP)
@@ -290,9 +294,10 @@ local function ack_buffered(first)
 end
 
 -- One job of an enqueue: returns its id and 1 when a live job held its key
--- (nothing written), else 0. With a key, the key is taken and the message
--- pushed in one step; a key whose job record is gone is free again.
-local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err)
+-- (nothing written but the answer), else 0. With a key, the key is taken and
+-- the message pushed in one step; a key whose job record is gone is free again.
+-- answer_ttl: ms a call may still be repeated (Python's _send_enqueue).
+local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, answer_ttl)
     -- A deleted job's message may still come back: drop it. A call repeated
     -- after a lost reply (same rid) must not push the message twice, even
     -- if the job ran and was retried as a new message meanwhile (its record
@@ -302,10 +307,19 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err)
             or redis.call("exists", ns .. ":deleted:" .. id) == 1 then
         return id, 0
     end
+    -- Nor may it enqueue a message the first call found a duplicate: by the
+    -- repeat (a socket timeout later) the key may have expired, or its job
+    -- been deleted. The repeat answers what the call did: that holder.
+    local answered = ns .. ":deduplicated:" .. rid
+    local first = redis.call("get", answered)
+    if first then
+        return first, 1
+    end
     if key ~= "" then
         local dedup_key = ns .. ":dedup:" .. key
         local holder = redis.call("get", dedup_key)
         if holder and redis.call("exists", job_key(holder)) == 1 then
+            redis.call("set", answered, holder, "PX", answer_ttl)
             return holder, 1
         end
         redis.call("set", dedup_key, id, "PX", dedup_ttl)
@@ -335,18 +349,21 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err)
 end
 
 -- enqueue(dedup_ttl_ms, n, then n times: queue, rid, id, data, job, key,
--- delay_ms, error) -> {id, deduplicated, ...}, one pair per job in order.
--- A whole batch is one script call, so it is all or nothing: Redis runs a
--- script alone, and refuses one over maxmemory (OOM) at its first write,
--- never after it (a script that has written runs to its end). Repeated
--- after a lost reply, every job is found by its rid and nothing doubles.
+-- delay_ms, error, then answer_ttl_ms) -> {id, deduplicated, ...}, one pair
+-- per job in order. A whole batch is one script call, so it is all or
+-- nothing: Redis runs a script alone, and refuses one over maxmemory (OOM)
+-- at its first write, never after it (a script that has written runs to its
+-- end). Repeated after a lost reply, every job is found by its rid (a
+-- duplicate by the answer it got) and nothing doubles. answer_ttl_ms: how
+-- long a duplicate's answer is kept (an hour when the caller omits it).
 if command == "enqueue" then
     local dedup_ttl, count = ARGV[4], tonumber(ARGV[5])
+    local answer_ttl = tonumber(ARGV[6 + 8 * count]) or 3600000
     local out = {}
     for i = 0, count - 1 do
         local b = 6 + 8 * i
         local id, duplicate = enqueue_one(Q(ARGV[b]), ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
-                                          ARGV[b + 5], dedup_ttl, ARGV[b + 6], ARGV[b + 7])
+                                          ARGV[b + 5], dedup_ttl, ARGV[b + 6], ARGV[b + 7], answer_ttl)
         out[#out + 1] = id
         out[#out + 1] = duplicate
     end

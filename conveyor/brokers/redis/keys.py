@@ -105,6 +105,11 @@ class Keys:
         """The job id holding a dedup key (with a TTL; set by jobs.lua's enqueue)."""
         return f"{self.ns}:dedup:{key}"
 
+    def deduplicated(self, rid: str) -> str:
+        """The job id an enqueue's message ``rid`` was deduplicated to (with a TTL): a repeat of that call after a
+        lost reply answers it again, though the key may have expired since (set by jobs.lua's enqueue)."""
+        return f"{self.ns}:deduplicated:{rid}"
+
     @property
     def shared(self) -> str:
         """The namespace of keys no queue owns that one script call touches together (see the module doc)."""
