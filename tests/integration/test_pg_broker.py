@@ -119,7 +119,7 @@ def test_a_long_history_stays_out_of_the_claim_path(app, database_url):
                 "EXPLAIN " + QUERIES["claim"], {"queue": "indexing", "limit": 16, "worker": "w"}
             ).fetchall()
         )
-    assert "conveyor_jobs_pending" in plan, plan
+    assert "conveyor_jobs_ready" in plan, plan
 
 
 def test_start_of_a_deleted_job_returns_zero(app, database_url):

@@ -7,15 +7,15 @@
 -- caller then looks the key's holder up). One NOTIFY per queue that got a
 -- job, sent when the enqueue's transaction commits, wakes idle workers.
 WITH ins AS (
-    INSERT INTO conveyor_jobs AS j (id, queue, job, priority, max_attempts, job_key, key_expires_at,
+    INSERT INTO conveyor_jobs AS j (id, queue, job, priority, rank_lead, max_attempts, job_key, key_expires_at,
                                     message, error, available_at)
-    SELECT i.id, i.queue, i.job, i.priority, i.max_attempts, i.job_key,
+    SELECT i.id, i.queue, i.job, i.priority, i.rank_lead, i.max_attempts, i.job_key,
            CASE WHEN i.job_key IS NOT NULL THEN now() + make_interval(secs => %(dedup_ttl)s) END,
            i.message::jsonb, i.error, now() + make_interval(secs => i.delay)
     FROM unnest(%(ids)s::text[], %(queues)s::text[], %(jobs)s::text[], %(priorities)s::int[],
-                %(max_attempts)s::int[], %(keys)s::text[], %(messages)s::text[], %(errors)s::text[],
-                %(delays)s::float8[])
-         AS i(id, queue, job, priority, max_attempts, job_key, message, error, delay)
+                %(rank_leads)s::float8[], %(max_attempts)s::int[], %(keys)s::text[], %(messages)s::text[],
+                %(errors)s::text[], %(delays)s::float8[])
+         AS i(id, queue, job, priority, rank_lead, max_attempts, job_key, message, error, delay)
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.queue
 ), woke AS (
@@ -35,7 +35,9 @@ WHERE job_key = ANY(%(keys)s::text[]) AND key_expires_at <= now()
 -- name: claim
 -- Claim up to `limit` runnable jobs in one statement: lock them skipping
 -- rows other workers hold, mark them in progress, stamp the pick time and
--- the worker, count the delivery. FIFO by available time within priority.
+-- the worker, count the delivery. Lowest rank first (rank_at: available
+-- time minus priority x aging, kept by a trigger, migration 0074; the index
+-- conveyor_jobs_ready is in this order, so the claim stays an index scan).
 -- The delivery number is the fence of every later start, outcome, retry and
 -- final-failure claim, and must never be handed out twice, not even after a
 -- crash: a claim commits asynchronously and is proven durable before any of
@@ -44,14 +46,14 @@ WITH picked AS (
     SELECT id FROM conveyor_jobs
     WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
       AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
-    ORDER BY priority, available_at
+    ORDER BY rank_at, priority DESC
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE conveyor_jobs j
 SET status = 'in_progress', delivery = j.delivery + 1, worker_id = %(worker)s, picked_at = now()
 FROM picked WHERE j.id = picked.id
-RETURNING j.id, j.queue, j.job, j.delivery, j.priority, j.available_at, j.message::text,
+RETURNING j.id, j.queue, j.job, j.delivery, j.rank_at, -j.priority, j.message::text,
           j.final_failure_at IS NOT NULL
 
 -- name: next_due

@@ -1,0 +1,81 @@
+"""Priorities within a queue: higher first, with aging so that no job starves.
+
+A job's rank is the time it became ready minus priority x the broker's
+``priority_aging`` (CONVEYOR_PRIORITY_AGING_SECONDS); the lowest rank is
+claimed first. Tests move the aging, not the clock, and sleep only a
+fraction of a second.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conveyor.brokers.base import EnqueueItem
+from tests.contract.drive import LONG_TTL, enqueue, message
+
+
+def _drain(broker, consumer, count):
+    out = []
+    for _ in range(count):
+        delivered = consumer.receive()
+        broker.start_job(delivered)
+        consumer.ack(delivered)
+        out.append(delivered.args[0]["n"])
+    return out
+
+
+def _take(consumer, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        delivered = next(consumer)
+        if delivered is not None:
+            return delivered
+    raise AssertionError("nothing was handed out in time")
+
+
+@pytest.mark.needs("priority")
+def test_a_higher_priority_job_is_claimed_first(broker, pump):
+    for n, priority in enumerate([0, 5, 9, 0, 5]):
+        enqueue(broker, {"n": n}, priority=priority)
+    assert _drain(broker, pump(broker), 5) == [2, 1, 4, 0, 3], "higher first, FIFO within a priority"
+
+
+@pytest.mark.needs("priority")
+def test_a_batch_is_ordered_by_priority_too(broker, pump):
+    items = [EnqueueItem(message({"n": n}, priority=p)) for n, p in enumerate([1, 0, 3, 1])]
+    broker.enqueue_jobs(items, dedup_ttl=LONG_TTL)
+    assert _drain(broker, pump(broker), 4) == [2, 0, 3, 1]
+
+
+@pytest.mark.needs("priority")
+def test_aging_lets_an_older_lower_priority_job_through(broker, pump):
+    broker.priority_aging = 0.05  # one level is worth 50 ms of waiting
+    enqueue(broker, {"n": 0})  # ready first, priority 0
+    time.sleep(0.3)
+    enqueue(broker, {"n": 1}, priority=1)  # 300 ms later: its 50 ms lead is not enough
+    enqueue(broker, {"n": 2}, priority=9)  # its 450 ms lead is
+    assert _drain(broker, pump(broker), 3) == [2, 0, 1]
+
+
+@pytest.mark.needs("priority")
+def test_a_handed_back_job_keeps_its_place(broker):
+    enqueue(broker, {"n": 0})
+    first = enqueue(broker, {"n": 1}, priority=4)
+    enqueue(broker, {"n": 2}, priority=4)
+    consumer = broker.consume("contract", prefetch=1, timeout=100)
+    try:
+        taken = _take(consumer)
+        assert taken.message_id == first.id
+        consumer.requeue([taken])
+        again = _take(consumer)
+        assert again.message_id == first.id, "handed back to the front of its level"
+    finally:
+        consumer.close()
+
+
+def test_counts_and_lists_include_every_priority(broker):
+    refs = [enqueue(broker, {"n": n}, priority=p) for n, p in enumerate([0, 3, 9])]
+    assert broker.queue_counts("contract").waiting == 3
+    assert {r.id for r in broker.list_jobs("contract", "waiting", limit=10, offset=0)} == {r.id for r in refs}
