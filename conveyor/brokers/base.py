@@ -201,6 +201,8 @@ class JobRecord:
     eta: float | None = None
     #: The event an ``awaiting`` job waits for (``ctx.wait_for``); None in every other state.
     event: str | None = None
+    #: 0-9, higher runs first (the enqueue's ``priority``).
+    priority: int = 0
 
 
 def as_message(message: AnyMessage) -> Message[Any]:

@@ -25,6 +25,7 @@ from conveyor.brokers.base import (
     CANCELLED,
     CANCELLED_AT_START,
     AnyMessage,
+    priority_of,
     CancelListener,
     CancelOutcome,
     ConveyorBroker,
@@ -110,6 +111,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                     key=message.options.get("key"),
                     payload=(message.args or [{}])[0],
                     enqueued_at=time.time(),
+                    priority=priority_of(message),
                 )
             record.state = "delayed" if delay is not None else "waiting"
             if event is not None:

@@ -78,4 +78,6 @@ def test_a_handed_back_job_keeps_its_place(broker):
 def test_counts_and_lists_include_every_priority(broker):
     refs = [enqueue(broker, {"n": n}, priority=p) for n, p in enumerate([0, 3, 9])]
     assert broker.queue_counts("contract").waiting == 3
-    assert {r.id for r in broker.list_jobs("contract", "waiting", limit=10, offset=0)} == {r.id for r in refs}
+    listed = {r.id: r.priority for r in broker.list_jobs("contract", "waiting", limit=10, offset=0)}
+    assert listed == {refs[0].id: 0, refs[1].id: 3, refs[2].id: 9}
+    assert broker.get_job(refs[2].id).priority == 9, "the record shows the job's priority"
