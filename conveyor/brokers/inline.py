@@ -25,7 +25,6 @@ from conveyor.brokers.base import (
     CANCELLED,
     CANCELLED_AT_START,
     AnyMessage,
-    priority_of,
     CancelListener,
     CancelOutcome,
     ConveyorBroker,
@@ -36,6 +35,7 @@ from conveyor.brokers.base import (
     SafeMessageProxy,
     as_message,
     check_state,
+    priority_of,
 )
 from conveyor.events import PARK, TIMED_OUT
 
