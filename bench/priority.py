@@ -5,7 +5,8 @@
 Private Redis and Postgres (bench/servers.py). Per broker and mode, on a
 fresh store: ``--jobs`` jobs enqueued in batches of 500 (not timed), then
 one consumer drains them (fetch/claim + ack, no job body, no middleware);
-the drain's jobs/s is the figure. ``off``: every job priority 0 (Redis: the
+the drain's jobs/s is the figure, and again for the claims alone (the
+fetch script, the claim statement: no start, no ack). ``off``: every job priority 0 (Redis: the
 plain FIFO list alone); ``on``: priorities 0-9 in turn (Redis: ten level
 lists compared at every fetch; Postgres: the same index either way). The
 drain is checked to be in rank order. Median (min-max) of ``--reps``.
@@ -55,7 +56,20 @@ def _broker(kind: str, servers: Servers, n: int) -> Any:
     return broker
 
 
-def run_once(kind: str, servers: Servers, jobs: int, prefetch: int, on: bool, n: int) -> float:
+def _claim_all(kind: str, broker: Any, jobs: int, prefetch: int) -> float:
+    """Claims alone: the fetch script (Redis) or the claim statement (Postgres), ``prefetch`` at a time."""
+    t0 = time.perf_counter()
+    got = 0
+    while got < jobs:
+        if kind == "redis":
+            rows = broker._call("fetch", QUEUE, prefetch, int(broker.priority_aging * 1000))
+            got += len(rows) // 5
+        else:
+            got += len(broker.jobs.claim(QUEUE, prefetch, synchronous=True))
+    return jobs / (time.perf_counter() - t0)
+
+
+def run_once(kind: str, servers: Servers, jobs: int, prefetch: int, on: bool, n: int, claims: bool) -> float:
     broker = _broker(kind, servers, n)
     try:
         for start in range(0, jobs, 500):
@@ -65,6 +79,8 @@ def run_once(kind: str, servers: Servers, jobs: int, prefetch: int, on: bool, n:
                 message = Message(queue_name=QUEUE, actor_name=JOB, args=({"i": i},), kwargs={}, options=options)
                 items.append(EnqueueItem(message))
             broker.enqueue_jobs(items, dedup_ttl=60)
+        if claims:
+            return _claim_all(kind, broker, jobs, prefetch)
         consumer = broker.consume(QUEUE, prefetch=prefetch, timeout=100)
         seen: list[int] = []
         t0 = time.perf_counter()
@@ -96,19 +112,20 @@ def main() -> None:
     n = 0
     with Servers.start() as servers:
         for kind in args.only.split(","):
-            rates: dict[bool, list[float]] = {False: [], True: []}
-            for _ in range(args.reps):
-                for on in (False, True):  # interleaved, so drift hits both modes alike
-                    n += 1
-                    rates[on].append(run_once(kind, servers, args.jobs, args.prefetch, on, n))
-            for on in (False, True):
-                r = rates[on]
-                print(
-                    f"{kind:9} priorities {'on ' if on else 'off'}: {statistics.median(r):8.0f} jobs/s "
-                    f"({min(r):.0f}-{max(r):.0f}), {1e6 / statistics.median(r):6.1f} us/job, "
-                    f"{args.jobs} jobs, prefetch {args.prefetch}",
-                    flush=True,
-                )
+            for claims in (True, False):
+                rates: dict[bool, list[float]] = {False: [], True: []}
+                for _ in range(args.reps):
+                    for on in (False, True):  # interleaved, so drift hits both modes alike
+                        n += 1
+                        rates[on].append(run_once(kind, servers, args.jobs, args.prefetch, on, n, claims))
+                for on in (False, True):
+                    r = rates[on]
+                    print(
+                        f"{kind:9} {'claims only' if claims else 'full drain '} priorities {'on ' if on else 'off'}: "
+                        f"{statistics.median(r):8.0f} jobs/s ({min(r):.0f}-{max(r):.0f}), "
+                        f"{1e6 / statistics.median(r):6.1f} us/job, {args.jobs} jobs, prefetch {args.prefetch}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
