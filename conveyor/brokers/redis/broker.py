@@ -1007,7 +1007,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """The priority levels' lists (jobs.lua ready_push), which Dramatiq's purge does not know."""
         keys = self.keys.scope(queue_name)
         name = q_name(queue_name)
-        self.client.delete(keys.levels(name), *(keys.level(name, p) for p in range(1, MAX_PRIORITY + 1)))
+        levels = (keys.level(name, p) for p in range(1, MAX_PRIORITY + 1))
+        self.client.delete(keys.levels(name), f"{keys.queue(name)}.ranks", *levels)
 
     @translated
     def flush_all(self) -> None:

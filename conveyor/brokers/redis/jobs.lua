@@ -5,6 +5,7 @@
 --   $ns:$queue            list of redis message ids (rid), FIFO: priority-0 jobs
 --   $ns:$queue.p$p        the same for jobs of priority p (1..9), see ready_push
 --   $ns:$queue.levels     set of the levels p > 0 that may hold rids
+--   $ns:$queue.ranks      hash rid -> ready_at of the rids in those levels
 --   $ns:$queue.msgs       hash rid -> encoded message
 --   $ns:$queue.XQ(.msgs)  dead letters, scored by when they died
 --   $ns:__acks__.$worker.$queue   rids fetched by a worker, not yet settled
@@ -181,6 +182,12 @@ local function levels_key(q)
     return q.list .. ".levels"
 end
 
+-- ready_at of each rid waiting in a level above 0, so a head's rank is one
+-- read (a priority-0 head's comes from its record).
+local function ranks_key(q)
+    return q.list .. ".ranks"
+end
+
 local function priority_of(id)
     local p = tonumber(redis.call("hget", job_key(id), "priority") or "") or 0
     return math.max(0, math.min(MAX_PRIORITY, p))
@@ -198,6 +205,7 @@ local function ready_push(q, rid, id, front)
     end
     if p > 0 then
         redis.call("sadd", levels_key(q), p)
+        redis.call("hset", ranks_key(q), rid, redis.call("hget", job_key(id), "ready_at"))
     end
     redis.call(front and "lpush" or "rpush", level_list(q, p), rid)
 end
@@ -208,6 +216,7 @@ local function ready_remove(q, rid, id)
     local p = (id and not q.delay) and priority_of(id) or 0
     if p > 0 then
         redis.call("lrem", level_list(q, p), 0, rid)
+        redis.call("hdel", ranks_key(q), rid)
     end
 end
 
@@ -218,6 +227,12 @@ local function head_rank(q, p, aging)
     local rid = redis.call("lindex", level_list(q, p), 0)
     if not rid then
         return nil
+    end
+    if p > 0 then
+        local ready = tonumber(redis.call("hget", ranks_key(q), rid) or "")
+        if ready then
+            return ready - p * aging
+        end
     end
     local data = redis.call("hget", q.msgs, rid)
     local id = data and message_id(data)
@@ -265,6 +280,9 @@ local function ready_pop(q, aging, heads)
         return nil
     end
     local rid = redis.call("lpop", level_list(q, best))
+    if best > 0 then
+        redis.call("hdel", ranks_key(q), rid)
+    end
     heads[best] = head_rank(q, best, aging) or false
     if best > 0 and not heads[best] then
         redis.call("srem", levels_key(q), best)
