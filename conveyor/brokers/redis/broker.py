@@ -1008,7 +1008,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         keys = self.keys.scope(queue_name)
         name = q_name(queue_name)
         levels = (keys.level(name, p) for p in range(1, MAX_PRIORITY + 1))
-        self.client.delete(keys.levels(name), f"{keys.queue(name)}.ranks", *levels)
+        self.client.delete(keys.levels(name), keys.ranks(name), *levels)
 
     @translated
     def flush_all(self) -> None:

@@ -73,6 +73,10 @@ class Keys:
         """The set of queue ``name``'s priority levels above 0 that may hold rids."""
         return f"{self.queue(name)}.levels"
 
+    def ranks(self, name: str) -> str:
+        """Hash rid -> ready_at (server ms) of the rids in queue ``name``'s levels above 0."""
+        return f"{self.queue(name)}.ranks"
+
     def messages(self, name: str) -> str:
         """Hash rid -> encoded message of a queue."""
         return f"{self.ns}:{name}.msgs"
