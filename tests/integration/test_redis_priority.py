@@ -34,3 +34,15 @@ def test_levels_and_their_ranks_are_emptied_by_fetch_delete_and_cancel(clean_env
         consumer.close()
     finally:
         app.close()
+
+
+def test_flushing_a_queue_empties_its_levels_too(clean_env, redis_url, database_url):
+    app = App(make_settings("redis", redis_url, database_url))
+    try:
+        app.jobs.enqueue("credit.consume", GOOD, priority=5)
+        client = redis.Redis.from_url(redis_url)
+        assert client.keys("*critical.p5")
+        app.broker.flush("critical")
+        assert client.keys("*critical.p*") == [] and client.keys("*critical.ranks") == []
+    finally:
+        app.close()
