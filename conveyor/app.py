@@ -180,6 +180,7 @@ class App:
             from conveyor.brokers.inline import InlineBroker
 
             broker = InlineBroker(middleware=middleware)
+            broker.priority_aging = self.settings.priority_aging_seconds
         declare_actors(broker, self)
         return broker
 

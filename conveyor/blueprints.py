@@ -346,11 +346,14 @@ class JobHandle(Generic[P, R]):
         *,
         key: str | None = None,
         delay: float | None = None,
+        priority: int = 0,
         connection: Connection[Any] | None = None,
     ) -> Enqueued[R]:
-        """Enqueue this job on its App; the payload is checked against the job's model first."""
+        """Enqueue this job on its App; the payload is checked against the job's model first.
+
+        ``priority``: 0-9, higher first (see :meth:`conveyor.tasks.jobqueue.JobQueue.enqueue`)."""
         app = self.blueprint.bound_app(self.name)
-        ref = app.jobs.enqueue(self.name, payload, key=key, delay=delay, connection=connection)
+        ref = app.jobs.enqueue(self.name, payload, key=key, delay=delay, priority=priority, connection=connection)
         return Enqueued(ref.id, ref.deduplicated, self.name, app)
 
     def get(self, job_id: str) -> JobView:

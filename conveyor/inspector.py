@@ -127,6 +127,8 @@ class JobView:
     history: list[AttemptView] = field(default_factory=list)
     #: The event an ``awaiting`` job waits for (``ctx.wait_for``); None in every other state.
     event: str | None = None
+    #: 0-9, higher runs first.
+    priority: int = 0
 
     @property
     def run_seconds(self) -> float | None:
@@ -555,6 +557,7 @@ class Inspector:
             finished_at=record.finished_at,
             eta=record.eta,
             event=record.event,
+            priority=record.priority,
         )
 
     def _history(self, record: JobRecord, view: JobView) -> list[AttemptView]:

@@ -102,6 +102,12 @@ class Settings(BaseSettings):
         description="Where the embedded Postgres, build artifacts and build work trees live.",
     )
     dedup_ttl: float = Field(24 * 3600, gt=0, description="Seconds a job key makes a second enqueue a no-op.")
+    priority_aging_seconds: float = Field(
+        60,
+        gt=0,
+        description="Seconds of waiting one priority level is worth: a priority-p job overtakes lower ones that "
+        "became ready at most p x this earlier, never more (no starvation).",
+    )
     result_ttl: float = Field(
         24 * 3600, gt=0, description="Seconds a job's stored result (store_result=True) is kept for readers."
     )

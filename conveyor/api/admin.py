@@ -104,6 +104,8 @@ class Job(_Out):
     history: list[Attempt] = []
     #: The event an ``awaiting`` job waits for (``ctx.wait_for``); null in every other state.
     event: str | None = None
+    #: 0-9, higher runs first (with aging: CONVEYOR_PRIORITY_AGING_SECONDS).
+    priority: int = 0
 
 
 class JobList(_Out):

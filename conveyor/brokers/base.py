@@ -53,6 +53,19 @@ def log_delivery_error(
 #: body never runs again; the hooks run again (they are at least once). Never stored with the job.
 FINALIZE = "conveyor_finalize"
 
+#: The message option holding a job's priority: Dramatiq's per-message ``broker_priority`` (its
+#: RabbitMQ broker's, higher first). conveyor takes 0..MAX_PRIORITY; absent means 0.
+PRIORITY = "broker_priority"
+MAX_PRIORITY = 9
+
+
+def priority_of(message: AnyMessage) -> int:
+    """The job's priority, 0 (the default) to MAX_PRIORITY, higher runs first; out of range is clamped."""
+    value = message.options.get(PRIORITY, 0)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return 0
+    return max(0, min(MAX_PRIORITY, value))
+
 
 def unknown_job_error(job: str) -> str:
     """The mark a job of an unknown type carries (its record's error, shown by the dashboard)."""
@@ -188,6 +201,8 @@ class JobRecord:
     eta: float | None = None
     #: The event an ``awaiting`` job waits for (``ctx.wait_for``); None in every other state.
     event: str | None = None
+    #: 0-9, higher runs first (the enqueue's ``priority``).
+    priority: int = 0
 
 
 def as_message(message: AnyMessage) -> Message[Any]:

@@ -9,12 +9,14 @@ anything that must survive a restart.
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import queue
 import threading
 import time
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from dramatiq import Consumer, Message, Middleware
 from dramatiq.broker import MessageProxy
@@ -35,12 +37,40 @@ from conveyor.brokers.base import (
     SafeMessageProxy,
     as_message,
     check_state,
+    priority_of,
 )
 from conveyor.events import PARK, TIMED_OUT
 
 
+class _RankedQueue(queue.Queue):  # type: ignore[type-arg]
+    """A queue's ready messages, lowest rank first: the time it was put minus priority x aging
+    (the rule of the Redis and Postgres brokers; FIFO within a priority). Entries are
+    ``(rank, -priority, seq, encoded message)``; ``queue`` is the heap, as Dramatiq's code reads it."""
+
+    def __init__(self, aging: Callable[[], float]) -> None:
+        self._aging = aging
+        self._seq = itertools.count()
+        super().__init__()
+
+    def _init(self, maxsize: int) -> None:
+        self.queue: list[tuple[float, int, int, bytes]] = []
+
+    def _qsize(self) -> int:
+        return len(self.queue)
+
+    def _put(self, item: bytes) -> None:
+        p = priority_of(Message.decode(item))
+        heapq.heappush(self.queue, (time.time() - p * self._aging(), -p, next(self._seq), item))
+
+    def _get(self) -> bytes:
+        return heapq.heappop(self.queue)[3]
+
+
 class InlineBroker(ConveyorBroker, StubBroker):
     """Dramatiq's in-memory broker plus conveyor's records, keys and pausing."""
+
+    #: Seconds of waiting one priority level is worth (CONVEYOR_PRIORITY_AGING_SECONDS; the App sets it).
+    priority_aging: float = 60.0
 
     def __init__(self, middleware: list[Middleware]) -> None:
         super().__init__(middleware=middleware, fail_fast_default=False)
@@ -66,6 +96,13 @@ class InlineBroker(ConveyorBroker, StubBroker):
         self._events: dict[str, tuple[str, float]] = {}
         self._resolutions: dict[tuple[str, str], str] = {}
         self._awaiting: dict[str, str] = {}
+
+    def declare_queue(self, queue_name: str) -> None:
+        """Dramatiq's declaration; a queue's (not a delay queue's) messages are then ranked by priority."""
+        fresh = queue_name not in self.queues
+        super().declare_queue(queue_name)
+        if fresh:
+            self.queues[queue_name] = _RankedQueue(lambda: self.priority_aging)
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 100) -> _Consumer:
         consumer = super().consume(queue_name, prefetch, timeout)
@@ -110,6 +147,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                     key=message.options.get("key"),
                     payload=(message.args or [{}])[0],
                     enqueued_at=time.time(),
+                    priority=priority_of(message),
                 )
             record.state = "delayed" if delay is not None else "waiting"
             if event is not None:
@@ -306,11 +344,14 @@ class InlineBroker(ConveyorBroker, StubBroker):
         if queue is None:
             return False
         with queue.mutex:
-            kept = [data for data in queue.queue if Message.decode(data).message_id != job_id]
-            taken = len(queue.queue) - len(kept)
+            entries: Any = queue.queue
+            kept = [e for e in entries if Message.decode(e[-1] if isinstance(e, tuple) else e).message_id != job_id]
+            taken = len(entries) - len(kept)
             if taken:
-                queue.queue.clear()
-                queue.queue.extend(kept)
+                entries.clear()
+                entries.extend(kept)
+                if isinstance(queue, _RankedQueue):
+                    heapq.heapify(entries)
                 queue.unfinished_tasks -= taken  # as task_done() would, for join()
                 if not queue.unfinished_tasks:
                     queue.all_tasks_done.notify_all()

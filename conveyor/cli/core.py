@@ -61,9 +61,16 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--key", help="dedup key: a second enqueue with it is a no-op")
     p.add_argument("--delay", type=float, help="seconds before the job may run")
     p.add_argument(
+        "--priority",
+        type=_priority,
+        default=0,
+        help="0 (default) to 9, higher runs first; a job overtakes lower ones ready at most "
+        "priority x CONVEYOR_PRIORITY_AGING_SECONDS earlier",
+    )
+    p.add_argument(
         "--batch",
         action="store_true",
-        help='read {"job", "payload", "key", "delay"} JSON lines from stdin; every line is checked '
+        help='read {"job", "payload", "key", "delay", "priority"} JSON lines from stdin; every line is checked '
         'before any is sent, then they go in chunks, and each job\'s {"id", "deduplicated"} '
         "line is printed once its chunk is in (not when stdout is a terminal: there a bar "
         "and a summary show; elsewhere the summary is one JSON line on stderr)",
@@ -288,6 +295,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     ).run()
 
 
+def _priority(text: str) -> int:
+    """``--priority``: an integer 0-9 (the error never repeats the input)."""
+    from conveyor.brokers.base import MAX_PRIORITY
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_PRIORITY:
+        raise argparse.ArgumentTypeError(f"must be an integer 0-{MAX_PRIORITY}")
+    return value
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
     app = _app()
     if args.batch:
@@ -295,7 +315,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if not args.job or args.payload is None:
         print("conveyor: error: enqueue needs JOB and --payload (or --batch)", file=sys.stderr)
         return 2
-    ref = app.jobs.enqueue(args.job, args.payload, key=args.key, delay=args.delay)
+    ref = app.jobs.enqueue(args.job, args.payload, key=args.key, delay=args.delay, priority=args.priority)
     print(json.dumps({"id": ref.id, "deduplicated": ref.deduplicated}))
     return 0
 
@@ -334,7 +354,9 @@ def _enqueue_batch(app: App, chunk_size: int) -> int:
                     row = json.loads(line)
                     if json_depth_exceeds(row, app.settings.api_max_json_depth):
                         raise ValueError(f"nested deeper than {app.settings.api_max_json_depth} levels")
-                    request = JobRequest(row["job"], row.get("payload"), row.get("key"), row.get("delay"))
+                    request = JobRequest(
+                        row["job"], row.get("payload"), row.get("key"), row.get("delay"), row.get("priority", 0)
+                    )
                     app.jobs.prepare(request)  # validated now: a bad line stops the batch before anything is sent
                 except RecursionError:
                     raise _BadLine(f"line {n} is not a job: nested too deep") from None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar
 from dramatiq import Message
 from pydantic import BaseModel, ValidationError
 
-from conveyor.brokers.base import EnqueueItem, JobRef, is_transactional
+from conveyor.brokers.base import MAX_PRIORITY, PRIORITY, EnqueueItem, JobRef, is_transactional
 from conveyor.errors import InvalidPayload, PayloadTooLarge, TransactionalEnqueueUnsupported, UnknownJob
 from conveyor.middleware.base import conveyor_middleware
 
@@ -31,6 +31,8 @@ class JobRequest:
     payload: Any
     key: str | None = None
     delay: float | None = None
+    #: 0 (the default) to 9, higher runs first; aging keeps a low one from starving (CONVEYOR_PRIORITY_AGING_SECONDS).
+    priority: int = 0
 
 
 class JobQueue:
@@ -51,9 +53,13 @@ class JobQueue:
         *,
         key: str | None = None,
         delay: float | None = None,
+        priority: int = 0,
         connection: Connection[Any] | None = None,
     ) -> JobRef:
         """Enqueue one job. With ``key``, a second enqueue within ``CONVEYOR_DEDUP_TTL`` returns the first job.
+
+        ``priority`` (0-9, higher first): a job overtakes lower-priority ones that became ready at most
+        ``priority x CONVEYOR_PRIORITY_AGING_SECONDS`` earlier, never more, so none starves.
 
         With ``connection`` (a psycopg connection to the broker's database;
         postgres broker only), the job is enqueued inside that connection's
@@ -63,7 +69,7 @@ class JobQueue:
         except :class:`~conveyor.errors.EnqueueOutcomeUnknown`: the job may exist (enqueue it again only
         with a key, which then returns it).
         """
-        return self.enqueue_many([JobRequest(job, payload, key, delay)], connection=connection)[0]
+        return self.enqueue_many([JobRequest(job, payload, key, delay, priority)], connection=connection)[0]
 
     def enqueue_many(
         self, requests: Iterable[JobRequest | Mapping[str, Any]], *, connection: Connection[Any] | None = None
@@ -157,7 +163,12 @@ class JobQueue:
             raise InvalidPayload(request.job, [{"loc": ("key",), "msg": f"must be 1-{MAX_KEY_LENGTH} characters"}])
         if request.delay is not None and not (0 <= request.delay <= MAX_DELAY_SECONDS):
             raise InvalidPayload(request.job, [{"loc": ("delay",), "msg": f"must be 0-{MAX_DELAY_SECONDS} seconds"}])
-        options = {"key": request.key} if request.key else {}
+        priority = request.priority
+        if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
+            raise InvalidPayload(request.job, [{"loc": ("priority",), "msg": f"must be an integer 0-{MAX_PRIORITY}"}])
+        options: dict[str, Any] = {"key": request.key} if request.key else {}
+        if priority:
+            options[PRIORITY] = priority  # absent means 0: a plain job's message is as before
         message: Message[Any] = Message(
             queue_name=job_type.queue,
             actor_name=job_type.name,

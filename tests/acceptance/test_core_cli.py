@@ -109,3 +109,18 @@ def test_verify_exits_non_zero_on_a_mismatch(settings, database_url):
         conn.execute("UPDATE credit_accounts SET balance = 2 WHERE user_id = 'bob'")
     result = conveyor(settings, "ledger", "verify")
     assert result.returncode == 1 and "MISMATCH bob" in result.stderr
+
+
+def test_enqueue_takes_a_priority_flag_and_a_batch_field(settings):
+    payload = {"user_id": "u", "task_id": "t", "message_id": "m", "total_tokens": 1}
+    one = conveyor(settings, "enqueue", "credit.consume", "--payload", json.dumps(payload), "--priority", "7")
+    assert one.returncode == 0, one.stderr
+    bad = conveyor(settings, "enqueue", "credit.consume", "--payload", json.dumps(payload), "--priority", "12x")
+    assert bad.returncode == 2 and "must be an integer 0-9" in bad.stderr and "12x" not in bad.stderr
+    line = json.dumps({"job": "credit.consume", "payload": {**payload, "message_id": "m2"}, "priority": 3})
+    assert conveyor(settings, "enqueue", "--batch", stdin=line).returncode == 0
+    wrong = json.dumps({"job": "credit.consume", "payload": payload, "priority": 10})
+    refused = conveyor(settings, "enqueue", "--batch", stdin=wrong)
+    assert refused.returncode != 0 and "priority" in refused.stderr and "Traceback" not in refused.stderr
+    status = json.loads(conveyor(settings, "status", "--json").stdout)
+    assert next(q for q in status if q["queue"] == "critical")["waiting"] == 2

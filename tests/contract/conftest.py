@@ -32,13 +32,12 @@ LACKS: dict[str, dict[str, str]] = {
         "recovery": "one process holds every inline job: no worker can die and leave jobs held behind it",
         "fence": "no inline delivery is ever superseded: a message is handed to one thread of the one process",
         "transactional_completion": "inline jobs live in the process's memory, not in a database a transaction spans",
-        "priority": "a queue is Dramatiq's in-memory FIFO; actor priority orders only a worker's work queue",
+        "hand_back": "nothing takes an inline message back from the one process that holds it",
         "stock_records": "inline records move to active at conveyor's start_job: with Dramatiq's stock middleware "
         "alone (no conveyor Retries) they never leave waiting, so a test cannot wait on them",
     },
     "redis": {
         "transactional_completion": "Redis jobs are not rows of the Postgres database the caller's transaction is on",
-        "priority": "a queue is one FIFO list; actor priority orders only a worker's work queue (Dramatiq's design)",
     },
 }
 

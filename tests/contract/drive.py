@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from dramatiq import Message
 from dramatiq.common import current_millis, q_name
 
-from conveyor.brokers.base import EnqueueItem, JobRecord, JobRef
+from conveyor.brokers.base import PRIORITY, EnqueueItem, JobRecord, JobRef
 
 T = TypeVar("T")
 
@@ -40,9 +40,10 @@ LONG_TTL = 60.0
 CONSUMER_TIMEOUT_MS = 100
 
 
-def message(payload: dict | None = None, *, queue_name: str = QUEUE, job: str = JOB) -> Message:
+def message(payload: dict | None = None, *, queue_name: str = QUEUE, job: str = JOB, priority: int = 0) -> Message:
     """A new message as conveyor's JobQueue builds one: the payload is the one positional argument."""
-    return Message(queue_name=queue_name, actor_name=job, args=(payload or {},), kwargs={}, options={})
+    options = {PRIORITY: priority} if priority else {}
+    return Message(queue_name=queue_name, actor_name=job, args=(payload or {},), kwargs={}, options=options)
 
 
 def enqueue(
@@ -54,9 +55,10 @@ def enqueue(
     dedup_ttl: float = LONG_TTL,
     queue_name: str = QUEUE,
     job: str = JOB,
+    priority: int = 0,
 ) -> JobRef:
     """One keyed or plain enqueue through ``enqueue_jobs``."""
-    item = EnqueueItem(message(payload, queue_name=queue_name, job=job), key, delay_ms)
+    item = EnqueueItem(message(payload, queue_name=queue_name, job=job, priority=priority), key, delay_ms)
     (ref,) = broker.enqueue_jobs([item], dedup_ttl=dedup_ttl)
     return ref
 

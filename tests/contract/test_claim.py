@@ -1,8 +1,6 @@
-"""Claiming: FIFO within a queue, priority where the broker orders by it, queues apart, pausing."""
+"""Claiming: FIFO within a queue, queues apart, pausing (job priorities: test_priority.py)."""
 
 from __future__ import annotations
-
-import pytest
 
 from conveyor.brokers.base import EnqueueItem
 from tests.contract.drive import JOB, LONG_TTL, OTHER_JOB, OTHER_QUEUE, URGENT_JOB, enqueue, message
@@ -29,11 +27,12 @@ def test_a_batch_is_claimed_in_its_order(broker, pump):
     assert _drain(broker, pump(broker), 4) == [0, 1, 2, 3]
 
 
-@pytest.mark.needs("priority")
-def test_a_higher_priority_job_is_claimed_first(broker, pump):
-    enqueue(broker, {"n": 0}, job=JOB)  # priority 10
-    enqueue(broker, {"n": 1}, job=URGENT_JOB)  # priority 0: first
-    assert _drain(broker, pump(broker), 2) == [1, 0]
+def test_an_actors_dramatiq_priority_orders_no_claim(broker, pump):
+    # Jobs are ordered by their own priority (test_priority.py); Dramatiq's actor option
+    # (lower first) orders only a worker's own work queue.
+    enqueue(broker, {"n": 0}, job=JOB)  # actor priority 10
+    enqueue(broker, {"n": 1}, job=URGENT_JOB)  # actor priority 0
+    assert _drain(broker, pump(broker), 2) == [0, 1]
 
 
 def test_a_consumer_gets_only_its_own_queue(broker, pump):

@@ -6,6 +6,7 @@ import pytest
 
 from conveyor.app import App
 from conveyor.errors import BrokerUnavailable, InvalidPayload, PayloadTooLarge, UnknownJob
+from conveyor.tasks.jobqueue import JobRequest
 from tests.support.brokers import ALL_BROKERS
 from tests.support.harness import make_settings
 
@@ -122,3 +123,29 @@ def test_undecodable_message_is_dead_lettered_alone(clean_env, redis_url, databa
         assert app.broker.queue_counts("critical").failed_total == 1
     finally:
         app.close()
+
+
+@pytest.mark.parametrize("priority", [-1, 10, 2.5, "5", True, "sk-live-secret"])
+def test_a_priority_out_of_range_is_refused_without_echoing_it(app, priority):
+    with pytest.raises(InvalidPayload) as info:
+        app.jobs.enqueue("credit.consume", GOOD, priority=priority)
+    assert "priority" in str(info.value) and "0-9" in str(info.value)
+    assert "sk-live-secret" not in str(info.value)
+    assert nothing_enqueued(app)
+
+
+def test_a_job_handle_and_a_batch_carry_the_priority(app):
+    from conveyor.brokers.base import priority_of
+
+    ref = app.jobs.enqueue("credit.consume", GOOD, priority=7)
+    (batched,) = app.jobs.enqueue_many(
+        [{"job": "credit.consume", "payload": {**GOOD, "message_id": "m2"}, "priority": 3}]
+    )
+    assert app.broker.queue_counts("critical").waiting == 2
+    items = [
+        app.jobs.prepare(r)
+        for r in (JobRequest("credit.consume", GOOD, priority=9), JobRequest("credit.consume", GOOD))
+    ]
+    assert [priority_of(i.message) for i in items] == [9, 0]
+    assert "broker_priority" not in items[1].message.options, "a plain job's message is as before"
+    assert ref.id and batched.id

@@ -258,8 +258,9 @@ def test_a_paused_queue_is_not_consumed_until_resumed(api, app, workers):
 def test_the_dashboard_renders_queues_jobs_and_a_job(api, app, workers, tmp_path):
     marker = tmp_path / "fail"
     marker.touch()
-    ref = app.jobs.enqueue("obs.work", {"n": 1, "api_key": SECRET, "fail_while": str(marker)})
+    ref = app.jobs.enqueue("obs.work", {"n": 1, "api_key": SECRET, "fail_while": str(marker)}, priority=6)
     wait_for(lambda: app.broker.queue_counts(QUEUE).failed == 1, message="a failed job")
+    assert api.get(f"/api/admin/jobs/{ref.id}", headers=AUTH).json()["priority"] == 6
     cookies = session(app)
     overview = api.get("/admin/queues", headers=cookies)
     assert overview.status_code == 200 and 'data-queue="indexing"' in overview.text
@@ -267,6 +268,7 @@ def test_the_dashboard_renders_queues_jobs_and_a_job(api, app, workers, tmp_path
     assert ref.id in listing.text and 'data-bulk="retry"' in listing.text
     page = api.get(f"/admin/jobs/{ref.id}", headers=cookies)
     assert page.status_code == 200 and "failed on purpose" in page.text and "[redacted]" in page.text
+    assert '<dd id="job-priority">6</dd>' in page.text
     assert api.get("/admin/jobs/unknown", headers=cookies).status_code == 404
     assert api.get("/admin/queues/unknown", headers=cookies).status_code == 404
 

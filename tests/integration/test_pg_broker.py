@@ -119,7 +119,35 @@ def test_a_long_history_stays_out_of_the_claim_path(app, database_url):
                 "EXPLAIN " + QUERIES["claim"], {"queue": "indexing", "limit": 16, "worker": "w"}
             ).fetchall()
         )
-    assert "conveyor_jobs_pending" in plan, plan
+    assert "conveyor_jobs_ready" in plan, plan
+
+
+def test_a_backlog_of_mixed_priorities_is_claimed_by_an_index_scan_in_rank_order(app, database_url):
+    sql(
+        database_url,
+        "INSERT INTO conveyor_jobs (id, queue, job, message, priority, rank_lead, available_at) "
+        "SELECT 'p-' || i, 'indexing', 'test.probe.indexing', '{}', i % 10, (i % 10) * 60.0, "
+        "now() - make_interval(secs => i) FROM generate_series(1, 20000) i",
+    )
+    sql(database_url, "ANALYZE conveyor_jobs")
+    from conveyor.brokers.postgres import QUERIES
+
+    with psycopg.connect(database_url) as conn:  # EXPLAIN only: nothing is claimed
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN " + QUERIES["claim"], {"queue": "indexing", "limit": 16, "worker": "w"}
+            ).fetchall()
+        )
+        assert "conveyor_jobs_ready" in plan and "Sort" not in plan, plan
+        # The trigger ranked every row: available time minus priority x aging.
+        off = conn.execute(
+            "SELECT count(*) FROM conveyor_jobs WHERE rank_at <> available_at - make_interval(secs => priority * 60.0)"
+        ).fetchone()[0]
+        assert off == 0
+        conn.execute("UPDATE conveyor_jobs SET available_at = available_at + interval '1 hour' WHERE id = 'p-9'")
+        moved = conn.execute("SELECT rank_at = available_at - interval '9 minutes' FROM conveyor_jobs WHERE id = 'p-9'")
+        assert moved.fetchone()[0], "a moved available time re-ranks the row"
 
 
 def test_start_of_a_deleted_job_returns_zero(app, database_url):

@@ -49,6 +49,7 @@ from conveyor.brokers.base import (
     check_state,
     log_delivery_error,
     malformed_error,
+    priority_of,
     unknown_job_error,
 )
 from conveyor.brokers.postgres.consumer import DELIVERY_OPTIONS, PostgresConsumer
@@ -101,6 +102,7 @@ class PostgresBroker(ConveyorBroker, Broker):
         self.poll_seconds = settings.pg_poll_seconds
         self.lease = settings.pg_lease_seconds
         self.unknown_job_delay = settings.unknown_job_delay
+        self.priority_aging = settings.priority_aging_seconds
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.jobs = Jobs(
             database_url,
@@ -237,11 +239,13 @@ class PostgresBroker(ConveyorBroker, Broker):
             )
         self.emit_before("enqueue", message, item.delay_ms)
         actor = self.actors.get(message.actor_name)
+        priority = priority_of(message)  # the job's own 0..9; Dramatiq's actor.priority orders no claim
         return {
             "id": message.message_id,
             "queue": q_name(message.queue_name),
             "job": message.actor_name,
-            "priority": actor.priority if actor else 0,
+            "priority": priority,
+            "rank_lead": priority * self.priority_aging,
             "max_attempts": actor.options.get("max_attempts") if actor else None,
             "key": item.key,
             "message": message.encode().decode(),

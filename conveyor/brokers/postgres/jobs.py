@@ -99,7 +99,10 @@ class NewJob(TypedDict):
     id: str
     queue: str
     job: str
+    #: 0..9, higher first (the enqueue's priority).
     priority: int
+    #: Seconds the job's rank is ahead of its available time: priority x CONVEYOR_PRIORITY_AGING_SECONDS.
+    rank_lead: float
     #: None when the actor has no such option.
     max_attempts: int | None
     key: str | None
@@ -429,7 +432,7 @@ class Jobs:
     # -- one delivery's life ------------------------------------------------------
 
     def claim(self, queue: str, limit: int, *, synchronous: bool) -> list[tuple[str, str, str, int, str, bool]]:
-        """Claim up to ``limit`` runnable jobs, FIFO within priority: (id, queue, job, delivery, message,
+        """Claim up to ``limit`` runnable jobs, lowest rank first (priority with aging): (id, queue, job, delivery, message,
         finalize). ``finalize``: the job failed for good and its final-failure hooks are to run (only them).
 
         ``synchronous=False``: the caller proves the claim durable before its jobs start (durability.py).
@@ -437,7 +440,7 @@ class Jobs:
         rows = self._execute(
             "claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all", fast=not synchronous
         )
-        rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: FIFO within priority
+        rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: rank, then higher priority
         return [(r[0], r[1], r[2], r[3], r[6], r[7]) for r in rows]
 
     def next_due(self, queue: str) -> float | None:
@@ -757,6 +760,7 @@ def _enqueue_params(rows: list[NewJob], dedup_ttl: float) -> dict[str, Any]:
         "queues": [r["queue"] for r in rows],
         "jobs": [r["job"] for r in rows],
         "priorities": [r["priority"] for r in rows],
+        "rank_leads": [r["rank_lead"] for r in rows],
         "max_attempts": [r["max_attempts"] for r in rows],
         "keys": [r["key"] for r in rows],
         "messages": [r["message"] for r in rows],

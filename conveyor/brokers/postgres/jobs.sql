@@ -7,15 +7,15 @@
 -- caller then looks the key's holder up). One NOTIFY per queue that got a
 -- job, sent when the enqueue's transaction commits, wakes idle workers.
 WITH ins AS (
-    INSERT INTO conveyor_jobs AS j (id, queue, job, priority, max_attempts, job_key, key_expires_at,
+    INSERT INTO conveyor_jobs AS j (id, queue, job, priority, rank_lead, max_attempts, job_key, key_expires_at,
                                     message, error, available_at)
-    SELECT i.id, i.queue, i.job, i.priority, i.max_attempts, i.job_key,
+    SELECT i.id, i.queue, i.job, i.priority, i.rank_lead, i.max_attempts, i.job_key,
            CASE WHEN i.job_key IS NOT NULL THEN now() + make_interval(secs => %(dedup_ttl)s) END,
            i.message::jsonb, i.error, now() + make_interval(secs => i.delay)
     FROM unnest(%(ids)s::text[], %(queues)s::text[], %(jobs)s::text[], %(priorities)s::int[],
-                %(max_attempts)s::int[], %(keys)s::text[], %(messages)s::text[], %(errors)s::text[],
-                %(delays)s::float8[])
-         AS i(id, queue, job, priority, max_attempts, job_key, message, error, delay)
+                %(rank_leads)s::float8[], %(max_attempts)s::int[], %(keys)s::text[], %(messages)s::text[],
+                %(errors)s::text[], %(delays)s::float8[])
+         AS i(id, queue, job, priority, rank_lead, max_attempts, job_key, message, error, delay)
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.queue
 ), woke AS (
@@ -35,7 +35,9 @@ WHERE job_key = ANY(%(keys)s::text[]) AND key_expires_at <= now()
 -- name: claim
 -- Claim up to `limit` runnable jobs in one statement: lock them skipping
 -- rows other workers hold, mark them in progress, stamp the pick time and
--- the worker, count the delivery. FIFO by available time within priority.
+-- the worker, count the delivery. Lowest rank first (rank_at: available
+-- time minus priority x aging, kept by a trigger, migration 0074; the index
+-- conveyor_jobs_ready is in this order, so the claim stays an index scan).
 -- The delivery number is the fence of every later start, outcome, retry and
 -- final-failure claim, and must never be handed out twice, not even after a
 -- crash: a claim commits asynchronously and is proven durable before any of
@@ -44,14 +46,14 @@ WITH picked AS (
     SELECT id FROM conveyor_jobs
     WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
       AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
-    ORDER BY priority, available_at
+    ORDER BY rank_at, priority DESC
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE conveyor_jobs j
 SET status = 'in_progress', delivery = j.delivery + 1, worker_id = %(worker)s, picked_at = now()
 FROM picked WHERE j.id = picked.id
-RETURNING j.id, j.queue, j.job, j.delivery, j.priority, j.available_at, j.message::text,
+RETURNING j.id, j.queue, j.job, j.delivery, j.rank_at, -j.priority, j.message::text,
           j.final_failure_at IS NOT NULL
 
 -- name: next_due
@@ -423,38 +425,38 @@ FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pending', 'in_progres
 
 -- name: get_job
 SELECT id, queue, job, status, available_at > now() AS delayed, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, priority
 FROM conveyor_jobs WHERE id = %(id)s
 
 -- name: list_waiting
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, priority
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_delayed
 SELECT id, queue, job, status, true, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, priority
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at > now()
   AND wait_event IS NULL
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_awaiting
 SELECT id, queue, job, status, true, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, priority
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at > now()
   AND wait_event IS NOT NULL
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_active
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, priority
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'in_progress'
 ORDER BY picked_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_finished
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, priority
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = %(status)s
 ORDER BY completed_at DESC LIMIT %(limit)s OFFSET %(offset)s
 

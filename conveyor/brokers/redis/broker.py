@@ -31,6 +31,7 @@ from dramatiq.middleware import SkipMessage
 from conveyor.brokers.base import (
     CANCELLED,
     CANCELLED_AT_START,
+    MAX_PRIORITY,
     AnyMessage,
     CancelListener,
     ConveyorBroker,
@@ -44,6 +45,7 @@ from conveyor.brokers.base import (
     check_state,
     log_delivery_error,
     malformed_error,
+    priority_of,
     unknown_job_error,
 )
 from conveyor.brokers.redis.cluster import node_client, refresh
@@ -125,6 +127,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         )
         self.retention_ms = int(retention * _MS)
         self.unknown_job_delay = settings.unknown_job_delay
+        #: Seconds of waiting one priority level is worth (jobs.lua: a rank is ready_at - priority x this).
+        self.priority_aging = settings.priority_aging_seconds
         #: A pause between recovery passes (anyone's) longer than this means Redis or every worker was away:
         #: recovery waits a heartbeat timeout before declaring anyone dead (see maintain in jobs.lua).
         self.recovery_gap_ms = int(max(heartbeat_timeout / 2, 3 * settings.maintenance_interval) * _MS)
@@ -259,7 +263,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
         """Fetch up to ``room`` messages; each is held from the same critical section the release pass uses."""
         with self._fetch_lock(name):
-            rows = self._call("fetch", name, room) if self.replicas is None else self._fetch_replicated(name, room)
+            rows = (
+                self._call("fetch", name, room, int(self.priority_aging * _MS))
+                if self.replicas is None
+                else self._fetch_replicated(name, room)
+            )
             out = []
             with self._lock:
                 held = self._held.setdefault(name, {})
@@ -288,7 +296,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         assert self.replicas is not None
         sent = time.monotonic()
         with self.client.pipeline(transaction=False) as pipe:
-            self._jobs(keys=[self.keys.scope(name).ns], args=["fetch", name, self.broker_id, room], client=pipe)
+            self._jobs(
+                keys=[self.keys.scope(name).ns],
+                args=["fetch", name, self.broker_id, room, int(self.priority_aging * _MS)],
+                client=pipe,
+            )
             pipe.execute_command("WAIT", *self.replicas)  # type: ignore[no-untyped-call]
             rows, acked = pipe.execute()
         with self._lock:
@@ -405,6 +417,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 item.key or "",
                 "" if item.delay_ms is None else int(item.delay_ms),
                 storable(message.options.get("last_error", "")),
+                priority_of(message),
             ]
         args.append(self.answer_ttl_ms)
         results = self._send_enqueue(args, len(items), scope)
@@ -988,11 +1001,20 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def flush(self, queue_name: str) -> None:
         if not self.cluster:
             super().flush(queue_name)
+            self._flush_levels(queue_name)
             return
         # Dramatiq's purge script builds its keys from the bare namespace: on a cluster, per scope.
         keys = self.keys.scope(queue_name)
         for name in (q_name(queue_name), dq_name(queue_name)):
             self.client.delete(keys.queue(name), keys.messages(name))
+        self._flush_levels(queue_name)
+
+    def _flush_levels(self, queue_name: str) -> None:
+        """The priority levels' lists (jobs.lua ready_push), which Dramatiq's purge does not know."""
+        keys = self.keys.scope(queue_name)
+        name = q_name(queue_name)
+        levels = (keys.level(name, p) for p in range(1, MAX_PRIORITY + 1))
+        self.client.delete(keys.levels(name), keys.ranks(name), *levels)
 
     @translated
     def flush_all(self) -> None:

@@ -2,7 +2,10 @@
 --
 -- Key names are those of keys.py (the Python side reads them there); the
 -- queue layout is Dramatiq's, so Dramatiq's own tools still read it:
---   $ns:$queue            list of redis message ids (rid), FIFO
+--   $ns:$queue            list of redis message ids (rid), FIFO: priority-0 jobs
+--   $ns:$queue.p$p        the same for jobs of priority p (1..9), see ready_push
+--   $ns:$queue.levels     set of the levels p > 0 that may hold rids
+--   $ns:$queue.ranks      hash rid -> ready_at of the rids in those levels
 --   $ns:$queue.msgs       hash rid -> encoded message
 --   $ns:$queue.XQ(.msgs)  dead letters, scored by when they died
 --   $ns:__acks__.$worker.$queue   rids fetched by a worker, not yet settled
@@ -14,6 +17,7 @@
 --   $ns:job:$id           hash: queue job state rid delivery attempts key
 --                         payload enqueued_at started_at finished_at error
 --                         eta worker final_failure updated_at enqueued_rid
+--                         priority ready_at
 --   $ns:idx:$queue:$state zset of job ids by when they entered the state
 --   $ns:totals:$queue     hash completed / failed, never reset
 --   $ns:dedup:$key        job id that holds the key, with a TTL
@@ -159,6 +163,137 @@ local function message_id(data)
     return nil, nil
 end
 
+-- Priorities (0..9, higher first) and aging. A job of priority 0 waits
+-- in Dramatiq's FIFO list, so the plain path is as before; one of priority
+-- p > 0 waits in its level's list ($queue.p$p), and $queue.levels names the
+-- levels that may hold any. The record keeps `priority` and `ready_at`
+-- (server ms it last became ready; a hand-back keeps it). Its rank is
+-- ready_at - p x aging_ms, and fetch takes the lowest rank among the
+-- levels' heads (on a tie the higher level): a job overtakes lower ones
+-- that became ready at most p x aging earlier, never more (no starvation).
+-- A delay queue ($queue.DQ) has no levels: its jobs land in theirs when
+-- they are promoted.
+local MAX_PRIORITY = 9
+
+local function level_list(q, p)
+    if p == 0 then
+        return q.list
+    end
+    return q.list .. ".p" .. p
+end
+
+local function levels_key(q)
+    return q.list .. ".levels"
+end
+
+-- ready_at of each rid waiting in a level above 0, so a head's rank is one
+-- read (a priority-0 head's comes from its record).
+local function ranks_key(q)
+    return q.list .. ".ranks"
+end
+
+local function priority_of(id)
+    local p = tonumber(redis.call("hget", job_key(id), "priority") or "") or 0
+    return math.max(0, math.min(MAX_PRIORITY, p))
+end
+
+-- A ready message enters its level: at the tail, ready now; or handed back
+-- (front), at the head with the ready_at it had, so it keeps its place.
+local function ready_push(q, rid, id, front)
+    local p = 0
+    if id and not q.delay then
+        p = priority_of(id)
+        if not front or not redis.call("hget", job_key(id), "ready_at") then
+            redis.call("hset", job_key(id), "ready_at", now)
+        end
+    end
+    if p > 0 then
+        redis.call("sadd", levels_key(q), p)
+        redis.call("hset", ranks_key(q), rid, redis.call("hget", job_key(id), "ready_at"))
+    end
+    redis.call(front and "lpush" or "rpush", level_list(q, p), rid)
+end
+
+-- A ready message leaves its queue (deleted, cancelled) whatever its level.
+local function ready_remove(q, rid, id)
+    redis.call("lrem", q.list, 0, rid)
+    local p = (id and not q.delay) and priority_of(id) or 0
+    if p > 0 then
+        redis.call("lrem", level_list(q, p), 0, rid)
+        redis.call("hdel", ranks_key(q), rid)
+    end
+end
+
+-- The rank of a level's head; nil when the level is empty. A head whose
+-- record has no ready_at (undecodable, adopted, stale) ranks first: fetch
+-- deals with it as it did in the plain list.
+local function head_rank(q, p, aging)
+    local rid = redis.call("lindex", level_list(q, p), 0)
+    if not rid then
+        return nil
+    end
+    if p > 0 then
+        local ready = tonumber(redis.call("hget", ranks_key(q), rid) or "")
+        if ready then
+            return ready - p * aging
+        end
+    end
+    local data = redis.call("hget", q.msgs, rid)
+    local id = data and message_id(data)
+    local ready = id and tonumber(redis.call("hget", job_key(id), "ready_at") or "")
+    if not ready then
+        return -math.huge
+    end
+    return ready - p * aging
+end
+
+-- One fetch's view of the levels' heads (level -> rank, false when empty);
+-- nil when no level above 0 holds anything: then the plain FIFO list alone.
+local function ready_heads(q, aging)
+    if q.delay then
+        return nil
+    end
+    local levels = redis.call("smembers", levels_key(q))
+    if #levels == 0 then
+        return nil
+    end
+    local heads = {[0] = head_rank(q, 0, aging) or false}
+    for _, level in ipairs(levels) do
+        local p = tonumber(level)
+        heads[p] = head_rank(q, p, aging) or false
+        if not heads[p] then
+            redis.call("srem", levels_key(q), level)
+        end
+    end
+    return heads
+end
+
+-- The next ready rid: the lowest-ranked head (see ready_heads); nil when none.
+local function ready_pop(q, aging, heads)
+    if not heads then
+        return redis.call("lpop", q.list)
+    end
+    local best = nil
+    for p = MAX_PRIORITY, 0, -1 do
+        local r = heads[p]
+        if r and (best == nil or r < heads[best]) then
+            best = p
+        end
+    end
+    if best == nil then
+        return nil
+    end
+    local rid = redis.call("lpop", level_list(q, best))
+    if best > 0 then
+        redis.call("hdel", ranks_key(q), rid)
+    end
+    heads[best] = head_rank(q, best, aging) or false
+    if best > 0 and not heads[best] then
+        redis.call("srem", levels_key(q), best)
+    end
+    return rid
+end
+
 -- 1 when the record still points at this message and this delivery;
 -- 0 when the record is gone (deleted, expired); -1 when superseded.
 local function fence(id, rid, delivery)
@@ -211,7 +346,7 @@ local function hand_back(q, holder, rid)
             end
         end
     end
-    redis.call("lpush", q.list, rid)
+    ready_push(q, rid, id, true)
     wake(q)
     return id or rid
 end
@@ -232,7 +367,7 @@ local function retry_one(id)
     redis.call("zrem", main.xq, rid)
     redis.call("hdel", main.xmsgs, rid)
     redis.call("hset", main.msgs, rid, data)
-    redis.call("rpush", main.list, rid)
+    ready_push(main, rid, id)
     wake(main)
     redis.call("hset", record, "attempts", 0)
     redis.call("hdel", record, "final_failure", "finished_at", "eta")
@@ -297,7 +432,7 @@ end
 -- (nothing written but the answer), else 0. With a key, the key is taken and
 -- the message pushed in one step; a key whose job record is gone is free again.
 -- answer_ttl: ms a call may still be repeated (Python's _send_enqueue).
-local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, answer_ttl)
+local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, priority, answer_ttl)
     -- A deleted job's message may still come back: drop it. A call repeated
     -- after a lost reply (same rid) must not push the message twice, even
     -- if the job ran and was retried as a new message meanwhile (its record
@@ -325,13 +460,14 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, an
         redis.call("set", dedup_key, id, "PX", dedup_ttl)
     end
     redis.call("hset", q.msgs, rid, data)
-    redis.call("rpush", q.list, rid)
-    wake(q)
     local record = job_key(id)
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
     redis.call("hsetnx", record, "delivery", 0)
-    redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "enqueued_rid", rid, "payload", data)
+    redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "enqueued_rid", rid, "payload", data,
+               "priority", tonumber(priority) or 0)
+    ready_push(q, rid, id)
+    wake(q)
     if key ~= "" then
         redis.call("hset", record, "key", key)
     end
@@ -349,28 +485,29 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, an
 end
 
 -- enqueue(dedup_ttl_ms, n, then n times: queue, rid, id, data, job, key,
--- delay_ms, error, then answer_ttl_ms) -> {id, deduplicated, ...}, one pair
--- per job in order. A whole batch is one script call, so it is all or
--- nothing: Redis runs a script alone, and refuses one over maxmemory (OOM)
+-- delay_ms, error, priority, then answer_ttl_ms) -> {id, deduplicated, ...},
+-- one pair per job in order. A whole batch is one script call, so it is all
+-- or nothing: Redis runs a script alone, and refuses one over maxmemory (OOM)
 -- at its first write, never after it (a script that has written runs to its
 -- end). Repeated after a lost reply, every job is found by its rid (a
 -- duplicate by the answer it got) and nothing doubles. answer_ttl_ms: how
 -- long a duplicate's answer is kept (an hour when the caller omits it).
 if command == "enqueue" then
     local dedup_ttl, count = ARGV[4], tonumber(ARGV[5])
-    local answer_ttl = tonumber(ARGV[6 + 8 * count]) or 3600000
+    local answer_ttl = tonumber(ARGV[6 + 9 * count]) or 3600000
     local out = {}
     for i = 0, count - 1 do
-        local b = 6 + 8 * i
+        local b = 6 + 9 * i
         local id, duplicate = enqueue_one(Q(ARGV[b]), ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
-                                          ARGV[b + 5], dedup_ttl, ARGV[b + 6], ARGV[b + 7], answer_ttl)
+                                          ARGV[b + 5], dedup_ttl, ARGV[b + 6], ARGV[b + 7], ARGV[b + 8],
+                                          answer_ttl)
         out[#out + 1] = id
         out[#out + 1] = duplicate
     end
     return out
 
--- fetch(count) -> {rid, data, delivery, note, wait_ms, ...}; nothing from a paused
--- queue. Each message handed out is a new delivery; a job fetched from
+-- fetch(count, aging_ms) -> {rid, data, delivery, note, wait_ms, ...}; nothing from a paused
+-- queue; lowest rank first (ready_pop). Each message handed out is a new delivery; a job fetched from
 -- its queue reads `active` (claimed, as on Postgres) until it ends or is
 -- handed back. A message without a record (an older producer's) gets one
 -- (note "adopted"); one whose record points at another message, or whose
@@ -388,8 +525,10 @@ elseif command == "fetch" then
     end
     local out = {}
     local wanted = tonumber(ARGV[4])
+    local aging = tonumber(ARGV[5] or "") or 60000
+    local heads = ready_heads(queue, aging)
     while #out < 5 * wanted do
-        local rid = redis.call("lpop", queue.list)
+        local rid = ready_pop(queue, aging, heads)
         if not rid then
             break
         end
@@ -537,7 +676,7 @@ elseif command == "retry" then
     end
     local target = Q(delay ~= "" and (queue.canonical .. ".DQ") or queue.canonical)
     redis.call("hset", target.msgs, new_rid, data)
-    redis.call("rpush", target.list, new_rid)
+    ready_push(target, new_rid, id)
     wake(target)
     redis.call("hset", record, "rid", new_rid, "payload", data)
     redis.call("hdel", record, "worker")
@@ -571,7 +710,7 @@ elseif command == "promote" then
     if f == 1 and held == 1 then
         local main = Q(queue.canonical)
         redis.call("hset", main.msgs, rid, data)
-        redis.call("rpush", main.list, rid)
+        ready_push(main, rid, id)
         wake(main)
         redis.call("hdel", job_key(id), "eta")
         forget_wait(id)
@@ -606,7 +745,7 @@ elseif command == "promote_job" then
     redis.call("hincrby", record, "delivery", 1)
     local main = Q(queue.canonical)
     redis.call("hset", main.msgs, rid, data)
-    redis.call("rpush", main.list, rid)
+    ready_push(main, rid, id)
     wake(main)
     redis.call("hdel", record, "eta")
     forget_wait(id)
@@ -637,7 +776,7 @@ elseif command == "signal" then
             redis.call("hdel", dq.msgs, rid)
             redis.call("hincrby", record, "delivery", 1)
             redis.call("hset", main.msgs, rid, r[5])
-            redis.call("rpush", main.list, rid)
+            ready_push(main, rid, id)
             wake(main)
             redis.call("hsetnx", record, "wait:" .. name, resolution)
             redis.call("hset", record, "payload", r[5])
@@ -882,7 +1021,7 @@ elseif command == "delete" then
     if rid then
         for _, name in ipairs({queue.canonical, queue.canonical .. ".DQ"}) do
             local q = Q(name)
-            redis.call("lrem", q.list, 0, rid)
+            ready_remove(q, rid, id)
             redis.call("hdel", q.msgs, rid)
         end
         redis.call("zrem", queue.xq, rid)
@@ -923,7 +1062,7 @@ elseif command == "cancel" then
     if rid then
         local dq = Q(queue.canonical .. ".DQ")
         for _, q in ipairs({queue, dq}) do
-            redis.call("lrem", q.list, 0, rid)
+            ready_remove(q, rid, id)
             redis.call("hdel", q.msgs, rid)
         end
         for _, holder in ipairs(redis.call("zrange", heartbeats_key, 0, -1)) do

@@ -65,6 +65,18 @@ class Keys:
         """The list of rids waiting in a queue (``name`` may be a delay queue, ``$queue.DQ``)."""
         return f"{self.ns}:{name}"
 
+    def level(self, name: str, priority: int) -> str:
+        """The list of rids of priority 1..9 waiting in queue ``name`` (priority 0: :meth:`queue`)."""
+        return f"{self.queue(name)}.p{priority}"
+
+    def levels(self, name: str) -> str:
+        """The set of queue ``name``'s priority levels above 0 that may hold rids."""
+        return f"{self.queue(name)}.levels"
+
+    def ranks(self, name: str) -> str:
+        """Hash rid -> ready_at (server ms) of the rids in queue ``name``'s levels above 0."""
+        return f"{self.queue(name)}.ranks"
+
     def messages(self, name: str) -> str:
         """Hash rid -> encoded message of a queue."""
         return f"{self.ns}:{name}.msgs"
