@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from psycopg import Connection
     from psycopg_pool import ConnectionPool
 
-    from conveyor.brokers.base import AnyMessage, ConveyorBroker
+    from conveyor.brokers.base import AnyMessage, Capabilities, ConveyorBroker
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,11 @@ class App:
             Cancellation(self),
             *self.user_middleware,
         ]
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the configured broker declares it can do, read from its class (no broker is built)."""
+        return self.backend.capabilities
 
     @cached_property
     def broker(self) -> ConveyorBroker:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from dramatiq import Consumer, Message, Middleware
 from dramatiq.broker import MessageProxy
@@ -27,10 +27,12 @@ from conveyor.brokers.base import (
     AnyMessage,
     CancelListener,
     CancelOutcome,
+    Capabilities,
     ConveyorBroker,
     EnqueueItem,
     JobRecord,
     JobRef,
+    PoolOwner,
     QueueCounts,
     SafeMessageProxy,
     as_message,
@@ -38,9 +40,28 @@ from conveyor.brokers.base import (
 )
 from conveyor.events import PARK, TIMED_OUT
 
+if TYPE_CHECKING:
+    from conveyor.brokers.fleet.base import FleetStore
+    from conveyor.brokers.rollup.base import RollupStore
+
 
 class InlineBroker(ConveyorBroker, StubBroker):
     """Dramatiq's in-memory broker plus conveyor's records, keys and pausing."""
+
+    #: One process holds every job in its memory: its workers live in the process that enqueues, no worker
+    #: can die and leave jobs behind (no recovery), no delivery is ever superseded (no fence), a message never
+    #: leaves the process that encoded it (always decodes), and a queue is Dramatiq's in-memory FIFO.
+    capabilities = Capabilities(store="memory", in_process=True, recovery=False, fence=False, stored_messages=False)
+
+    def fleet_store(self, pools: PoolOwner) -> FleetStore:
+        from conveyor.brokers.fleet.memory_store import MemoryFleetStore
+
+        return MemoryFleetStore(self)
+
+    def rollup_store(self, pools: PoolOwner) -> RollupStore:
+        from conveyor.brokers.rollup.memory_store import MemoryRollupStore
+
+        return MemoryRollupStore()
 
     def __init__(self, middleware: list[Middleware]) -> None:
         super().__init__(middleware=middleware, fail_fast_default=False)

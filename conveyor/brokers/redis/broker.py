@@ -33,11 +33,13 @@ from conveyor.brokers.base import (
     CANCELLED_AT_START,
     AnyMessage,
     CancelListener,
+    Capabilities,
     ConveyorBroker,
     EnqueueItem,
     FinalFailure,
     JobRecord,
     JobRef,
+    PoolOwner,
     QueueCounts,
     announce_unknown_job,
     as_message,
@@ -66,6 +68,8 @@ from conveyor.redis_client import client as redis_client
 from conveyor.redis_client import is_cluster, is_unavailable, translated
 
 if TYPE_CHECKING:
+    from conveyor.brokers.fleet.base import FleetStore
+    from conveyor.brokers.rollup.base import RollupStore
     from conveyor.settings import Settings
 
 _MS = 1000  # settings are in seconds, the script counts milliseconds
@@ -99,6 +103,28 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     #: Built here, with decode_responses off: replies are bytes (see replies.text).
     client: redis.Redis
+
+    #: Jobs are Redis keys: none joins a Postgres transaction; a queue is a FIFO list (actor priority orders
+    #: only a worker's work queue, Dramatiq's design).
+    capabilities = Capabilities(store="redis")
+
+    def fleet_store(self, pools: PoolOwner) -> FleetStore:
+        from conveyor.brokers.fleet.redis_store import RedisFleetStore
+
+        return RedisFleetStore(self.client, self.keys.shared, dedup_keys=self.dedup_keys)
+
+    @classmethod
+    def fleet_store_without_broker(cls, settings: Settings, pools: PoolOwner) -> FleetStore | None:
+        from conveyor.brokers.fleet.redis_store import RedisFleetStore
+
+        if not settings.redis_url:
+            return None
+        return RedisFleetStore(redis_client(settings.redis_url, settings), settings.redis_namespace)
+
+    def rollup_store(self, pools: PoolOwner) -> RollupStore:
+        from conveyor.brokers.rollup.redis_store import RedisRollupStore
+
+        return RedisRollupStore(self.client, self.keys.shared)
 
     def __init__(
         self,
