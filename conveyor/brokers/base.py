@@ -44,6 +44,7 @@ from conveyor.errors import EventsUnsupported, InvalidQuery, describe_error
 from conveyor.logs import Level, log_event
 
 if TYPE_CHECKING:
+    from dramatiq import Middleware
     from psycopg import Connection
     from psycopg_pool import ConnectionPool
 
@@ -296,6 +297,23 @@ class ConveyorBroker(Broker):
 
     #: What this broker can do beyond the contract; each broker class declares its own.
     capabilities: ClassVar[Capabilities]
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        middleware: list[Middleware],
+        on_dead: FinalFailure | None,
+        database_url: Callable[[], str],
+    ) -> ConveyorBroker:
+        """The broker ``settings`` configure (the App's composition root calls it; no one else picks a class).
+
+        ``on_dead`` runs the final failure of a job the broker fails by itself (recovery, an undecodable
+        message). ``database_url`` is called only by a broker that keeps its queue in Postgres: it may
+        start the embedded server. Raises ConfigurationError when a setting the broker needs is missing.
+        """
+        raise NotImplementedError
 
     # -- companion stores: the broker builds them, on its own server --------------------
 

@@ -41,8 +41,12 @@ from conveyor.brokers.base import (
 from conveyor.events import PARK, TIMED_OUT
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from conveyor.brokers.base import FinalFailure
     from conveyor.brokers.fleet.base import FleetStore
     from conveyor.brokers.rollup.base import RollupStore
+    from conveyor.settings import Settings
 
 
 class InlineBroker(ConveyorBroker, StubBroker):
@@ -52,6 +56,17 @@ class InlineBroker(ConveyorBroker, StubBroker):
     #: can die and leave jobs behind (no recovery), no delivery is ever superseded (no fence), a message never
     #: leaves the process that encoded it (always decodes), and a queue is Dramatiq's in-memory FIFO.
     capabilities = Capabilities(store="memory", in_process=True, recovery=False, fence=False, stored_messages=False)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        middleware: list[Middleware],
+        on_dead: FinalFailure | None,
+        database_url: Callable[[], str],
+    ) -> InlineBroker:
+        return cls(middleware=middleware)
 
     def fleet_store(self, pools: PoolOwner) -> FleetStore:
         from conveyor.brokers.fleet.memory_store import MemoryFleetStore

@@ -21,6 +21,7 @@ from conveyor.brokers.fleet import fleet_store, recovery_after, store_without_br
 from conveyor.brokers.fleet.memory_store import MemoryFleetStore
 from conveyor.brokers.rollup import rollup_store
 from conveyor.brokers.rollup.memory_store import MemoryRollupStore
+from conveyor.errors import ConfigurationError
 from conveyor.inspector import Inspector
 from conveyor.settings import Settings
 
@@ -33,7 +34,8 @@ def test_each_broker_class_declares_capabilities_its_methods_keep(name):
     # The transactional capabilities are the methods the Protocols describe, no more and no less.
     assert caps.transactional_completion == (hasattr(cls, "complete_in") and hasattr(cls, "completed_in_transaction"))
     assert caps.transactional_enqueue == ("connection" in inspect.signature(cls.enqueue_jobs).parameters)
-    # Every broker builds its own companion stores.
+    # Every broker builds itself from the settings, and its own companion stores.
+    assert cls.from_settings.__func__ is not ConveyorBroker.from_settings.__func__
     assert cls.fleet_store is not ConveyorBroker.fleet_store
     assert cls.rollup_store is not ConveyorBroker.rollup_store
 
@@ -65,9 +67,10 @@ def test_a_broker_with_recovery_leases_workers_for_its_own_setting(name, lease):
         app.close()
 
 
-#: Modules that may compare the broker's name: the settings (a leaf: it picks which setting is the lease)
-#: and the composition root (it builds the named broker). Everything else reads the capabilities.
-MAY_NAME_THE_BROKER = {"settings.py", "app.py"}
+#: The one module that may compare the broker's name: the settings (a leaf, it imports no broker: it picks
+#: which of its own values is the lease). The App builds ``backends``' class for the name (from_settings);
+#: everything else reads the capabilities.
+MAY_NAME_THE_BROKER = {"settings.py"}
 
 
 def _name_comparisons(tree: ast.AST) -> list[int]:
@@ -100,3 +103,12 @@ def test_nothing_outside_the_composition_root_branches_on_the_broker_name():
         if lines:
             found[relative] = lines
     assert found == {}, "branch on the broker's Capabilities (conveyor.brokers.base), not its name"
+
+
+def test_the_redis_broker_refuses_to_build_without_redis_url():
+    app = App(Settings(broker="redis", database_url="postgresql://unused/db"))
+    try:
+        with pytest.raises(ConfigurationError, match="needs REDIS_URL"):
+            app.broker
+    finally:
+        app.close()

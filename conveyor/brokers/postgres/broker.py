@@ -64,6 +64,8 @@ from conveyor.events import PARK
 from conveyor.logs import log_error, log_event
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from conveyor.brokers.fleet.base import FleetStore
     from conveyor.brokers.rollup.base import RollupStore
     from conveyor.settings import Settings
@@ -96,6 +98,17 @@ class PostgresBroker(ConveyorBroker, Broker):
         transactional_completion=True,
         priority=True,
     )
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        middleware: list[Middleware],
+        on_dead: FinalFailure | None,
+        database_url: Callable[[], str],
+    ) -> PostgresBroker:
+        return cls(database_url(), middleware=middleware, settings=settings, on_dead=on_dead)
 
     def fleet_store(self, pools: PoolOwner) -> FleetStore:
         from conveyor.brokers.fleet.postgres_store import PostgresFleetStore

@@ -68,6 +68,8 @@ from conveyor.redis_client import client as redis_client
 from conveyor.redis_client import is_cluster, is_unavailable, translated
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from conveyor.brokers.fleet.base import FleetStore
     from conveyor.brokers.rollup.base import RollupStore
     from conveyor.settings import Settings
@@ -107,6 +109,27 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     #: Jobs are Redis keys: none joins a Postgres transaction; a queue is a FIFO list (actor priority orders
     #: only a worker's work queue, Dramatiq's design).
     capabilities = Capabilities(store="redis")
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        middleware: list[Middleware],
+        on_dead: FinalFailure | None,
+        database_url: Callable[[], str],
+    ) -> RedisBroker:
+        if not settings.redis_url:
+            raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
+        return cls(
+            url=settings.redis_url,
+            middleware=middleware,
+            namespace=settings.redis_namespace,
+            heartbeat_timeout=settings.heartbeat_timeout,
+            retention=settings.retention,
+            settings=settings,
+            on_dead=on_dead,
+        )
 
     def fleet_store(self, pools: PoolOwner) -> FleetStore:
         from conveyor.brokers.fleet.redis_store import RedisFleetStore
