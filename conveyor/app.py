@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from psycopg import Connection
     from psycopg_pool import ConnectionPool
 
-    from conveyor.brokers.base import AnyMessage, ConveyorBroker
+    from conveyor.brokers.base import AnyMessage, Capabilities, ConveyorBroker
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +144,11 @@ class App:
             *self.user_middleware,
         ]
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the configured broker declares it can do, read from its class (no broker is built)."""
+        return self.backend.capabilities
+
     @cached_property
     def broker(self) -> ConveyorBroker:
         """The configured broker, with conveyor's middleware and every job type declared on it.
@@ -154,33 +159,9 @@ class App:
 
         settings = self.settings
         middleware = self.build_middleware()
-        name = self.backend.broker
-        broker: ConveyorBroker
-        if name == "redis":
-            from conveyor.brokers.redis import RedisBroker
-
-            if not settings.redis_url:
-                raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
-            broker = RedisBroker(
-                url=settings.redis_url,
-                middleware=middleware,
-                namespace=settings.redis_namespace,
-                heartbeat_timeout=settings.heartbeat_timeout,
-                retention=settings.retention,
-                settings=settings,
-                on_dead=self.final_failure,
-            )
-        elif name == "postgres":
-            from conveyor.brokers.postgres import PostgresBroker
-
-            broker = PostgresBroker(
-                self.database_url, middleware=middleware, settings=settings, on_dead=self.final_failure
-            )
-        else:
-            from conveyor.brokers.inline import InlineBroker
-
-            broker = InlineBroker(middleware=middleware)
-            broker.priority_aging = self.settings.priority_aging_seconds
+        broker = self.backend.broker_class.from_settings(
+            settings, middleware=middleware, on_dead=self.final_failure, database_url=lambda: self.database_url
+        )
         declare_actors(broker, self)
         return broker
 

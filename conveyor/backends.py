@@ -1,38 +1,49 @@
-"""What each broker name means for everything that goes with it: the one place a backend is chosen.
+"""Which broker class each broker name means: the one place a name is looked up.
 
 ``CONVEYOR_BROKER`` (or its default, see :attr:`Settings.broker_name`) names a broker; the
-row of :data:`BACKENDS` says which store the broker's companions use (a run's stream
-buffer, the fleet-wide limits), whether its workers must live in the producing process,
-and whether its queue is in Postgres (so the schema is migrated before workers start).
-Modules that keep state next to the broker switch on :attr:`Backend.store`, never on the
+row of :data:`BACKENDS` names its class, imported on first use. What goes with the
+broker (which store its companions use, whether its workers must live in the producing
+process, whether its queue is in Postgres) is the class's own
+:class:`~conveyor.brokers.base.Capabilities`, readable without building a broker. Modules
+that keep state next to the broker switch on :attr:`Capabilities.store`, never on the
 broker's name.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING
 
 from conveyor.settings import BrokerName, Settings
 
-Store = Literal["redis", "postgres", "memory"]
+if TYPE_CHECKING:
+    from conveyor.brokers.base import Capabilities, ConveyorBroker
 
 
 @dataclass(frozen=True)
 class Backend:
     broker: BrokerName
-    #: Where state that goes with the broker lives: Redis, the database, or this process's memory.
-    store: Store
-    #: True when workers must run inside the process that enqueues (the inline broker).
-    in_process: bool
-    #: True when the broker's queue is a Postgres table: migrate before any worker starts.
-    queue_in_postgres: bool
+    #: ``module:Class`` of the broker; imported only when its class or capabilities are asked for.
+    path: str
+
+    @property
+    def broker_class(self) -> type[ConveyorBroker]:
+        """The broker's class (its module imported now, once)."""
+        module, _, name = self.path.partition(":")
+        cls: type[ConveyorBroker] = getattr(importlib.import_module(module), name)
+        return cls
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the broker declares it can do (its class's ``capabilities``)."""
+        return self.broker_class.capabilities
 
 
 BACKENDS: dict[BrokerName, Backend] = {
-    "redis": Backend("redis", "redis", in_process=False, queue_in_postgres=False),
-    "postgres": Backend("postgres", "postgres", in_process=False, queue_in_postgres=True),
-    "inline": Backend("inline", "memory", in_process=True, queue_in_postgres=False),
+    "redis": Backend("redis", "conveyor.brokers.redis:RedisBroker"),
+    "postgres": Backend("postgres", "conveyor.brokers.postgres:PostgresBroker"),
+    "inline": Backend("inline", "conveyor.brokers.inline:InlineBroker"),
 }
 
 

@@ -213,9 +213,8 @@ class Inspector:
 
     def config_warnings(self) -> list[str]:
         """What in the broker's configuration can lose jobs, one sentence each (a banner); [] when unknown."""
-        warnings = getattr(self.broker, "config_warnings", None)
         try:
-            return list(warnings()) if warnings else []
+            return self.broker.config_warnings()
         except Exception:  # the broker is down: the queue counts say so already
             return []
 

@@ -39,6 +39,18 @@ UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, TimeoutError, Connecti
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
+def text(value: object) -> str:
+    """A Redis reply as text: bytes decoded (UTF-8), anything else as ``str()`` gives it.
+
+    conveyor's Redis clients keep ``decode_responses`` off, so keys, fields and
+    ids come back as bytes; redis-py types them ``bytes | str`` (a decoding
+    client's replies too), and a script's reply may hold numbers. This is the
+    one place that turns a reply into ``str`` (here, below the broker, so the
+    stores beside it use it without importing the broker's package).
+    """
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 #: The scheme of a primary found through Redis Sentinel: ``redis+sentinel://host:port,host:port/mymaster[/db]``.
 SENTINEL_SCHEME = "redis+sentinel://"
 

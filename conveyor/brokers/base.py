@@ -1,17 +1,40 @@
-"""What every conveyor broker adds to Dramatiq's ``Broker`` contract.
+"""The broker contract, stated once: what every conveyor broker adds to Dramatiq's ``Broker``.
 
 Dramatiq moves messages; conveyor also needs keyed enqueues, a count of
 how often each job started, job records for status and the dashboard,
 and a recovery pass for dead workers. Each broker module (redis,
-postgres, inline) implements this one small interface, and one behaviour
-suite in ``tests/`` runs against all of them.
+postgres, inline) implements :class:`ConveyorBroker`, declares what it
+can do beyond the contract in one :class:`Capabilities` on its class
+(River's ``SupportsListener()``), and builds its own companion stores
+(:meth:`ConveyorBroker.fleet_store`, :meth:`ConveyorBroker.rollup_store`).
+Code above the brokers reads the capabilities, never the broker's name.
+One behaviour suite (``tests/contract``) runs against every broker and
+skips a test only where the broker's capabilities say it lacks what the
+test needs.
+
+The delivery fence. Every delivery of a job carries a number that grows
+with each delivery (:meth:`ConveyorBroker.delivery`). Every write a
+delivery makes to its job (start, ack, nack, retry, final-failure claim,
+cancel outcome, :meth:`TransactionalCompletion.complete_in`) is checked
+against the job's current number on the broker's server, in the same
+atomic step as the write (the Redis scripts, ``jobs.sql``'s statements):
+a superseded delivery changes nothing. Reads (:meth:`ConveyorBroker.is_current`)
+answer the same question but may be stale by the time the caller acts.
+
+Safe to repeat: reads; :meth:`ConveyorBroker.maintain` (from many
+processes at once); a keyed enqueue (the key returns the first job); the
+fenced writes (a repeat of a write its delivery already made, or of a
+superseded delivery's, changes nothing); operator actions that answer
+False or ``finished`` when there is nothing left to do (retry, promote,
+cancel, delete, pause, resume). Not safe to repeat: an enqueue without a
+key (each call makes a new job).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias, TypeGuard
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Protocol, TypeAlias, TypeGuard
 
 from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
@@ -21,7 +44,13 @@ from conveyor.errors import EventsUnsupported, InvalidQuery, describe_error
 from conveyor.logs import Level, log_event
 
 if TYPE_CHECKING:
+    from dramatiq import Middleware
     from psycopg import Connection
+    from psycopg_pool import ConnectionPool
+
+    from conveyor.brokers.fleet.base import FleetStore
+    from conveyor.brokers.rollup.base import RollupStore
+    from conveyor.settings import Settings
 
 __all__ = ["describe_error"]  # brokers import it from here
 
@@ -229,6 +258,47 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+#: Where the state that goes with a broker lives: its Redis, its Postgres database, or this process's memory.
+Store = Literal["redis", "postgres", "memory"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a broker can do beyond the contract every broker keeps: declared once, on its class.
+
+    Read from the class (``RedisBroker.capabilities``) as well as from a broker: the
+    CLI and a worker's supervisor decide by it before (or without) building one.
+    Everything else a broker does, it does on every broker; code that depends on one
+    of these asks here, never which broker it runs on.
+    """
+
+    #: Where state that goes with the broker lives: results, budgets, limits, stream buffers, the schedules'
+    #: clock. Companions above the brokers layer pick their own store module by it.
+    store: Store
+    #: Workers must run inside the process that enqueues (the queue is this process's memory).
+    in_process: bool = False
+    #: The queue is a Postgres table: the schema is migrated before any worker starts, and ``ctx.once``'s
+    #: steps are pruned with the jobs (by the broker), not by the workers.
+    queue_in_postgres: bool = False
+    #: ``enqueue_jobs`` takes ``connection=``: jobs enqueued in the caller's transaction (:class:`TransactionalEnqueue`).
+    transactional_enqueue: bool = False
+    #: The broker has ``complete_in``: a job completed inside the caller's transaction (:class:`TransactionalCompletion`).
+    transactional_completion: bool = False
+    #: A dead worker's jobs come back to the queue after its lease (heartbeats, :meth:`ConveyorBroker.maintain`).
+    recovery: bool = True
+    #: A delivery can be superseded (taken back, handed to another): :meth:`ConveyorBroker.is_current` can say False.
+    fence: bool = True
+    #: Messages are stored encoded and decoded by whoever claims them, so a stored message can fail to decode.
+    stored_messages: bool = True
+
+
+class PoolOwner(Protocol):
+    """What a Postgres store beside the broker needs: the App's connection pool, opened on first use."""
+
+    @property
+    def pool(self) -> ConnectionPool[Connection[Any]]: ...
+
+
 class ConveyorBroker(Broker):
     """Dramatiq's ``Broker`` plus the operations conveyor needs beyond it.
 
@@ -238,11 +308,49 @@ class ConveyorBroker(Broker):
     name "a Dramatiq broker that is also a conveyor broker".
     """
 
-    #: True when ``enqueue_jobs`` takes ``connection=``: jobs enqueued in the caller's transaction (postgres).
-    transactional_enqueue: bool = False
+    #: What this broker can do beyond the contract; each broker class declares its own.
+    capabilities: ClassVar[Capabilities]
 
-    #: True when the broker has ``complete_in``: a job completed inside the caller's transaction (postgres).
-    transactional_completion: bool = False
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        middleware: list[Middleware],
+        on_dead: FinalFailure | None,
+        database_url: Callable[[], str],
+    ) -> ConveyorBroker:
+        """The broker ``settings`` configure (the App's composition root calls it; no one else picks a class).
+
+        ``on_dead`` runs the final failure of a job the broker fails by itself (recovery, an undecodable
+        message). ``database_url`` is called only by a broker that keeps its queue in Postgres: it may
+        start the embedded server. Raises ConfigurationError when a setting the broker needs is missing.
+        """
+        raise NotImplementedError
+
+    # -- companion stores: the broker builds them, on its own server --------------------
+
+    def fleet_store(self, pools: PoolOwner) -> FleetStore:
+        """A new store of the worker registry and attempt history beside this broker's data (``conveyor.brokers.fleet``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def fleet_store_without_broker(cls, settings: Settings, pools: PoolOwner) -> FleetStore | None:
+        """The same data's store for a process that builds no broker (a worker's supervisor); None when no
+        other process can reach it (inline)."""
+        return None
+
+    def rollup_store(self, pools: PoolOwner) -> RollupStore:
+        """A new store of the per-minute history beside this broker's data (``conveyor.brokers.rollup``)."""
+        raise NotImplementedError
+
+    def config_warnings(self) -> list[str]:
+        """What in the broker server's configuration can lose acknowledged jobs, one sentence each (a banner)."""
+        return list(self.config_warning_reasons().values())
+
+    def config_warning_reasons(self) -> dict[str, str]:
+        """:meth:`config_warnings` by reason (a metric label); empty when nothing is known to be wrong."""
+        return {}
 
     def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
         """Enqueue messages, each atomically with its key: a key held by an existing job returns that job."""
@@ -476,5 +584,10 @@ class TransactionalCompletion(Protocol):
 
 
 def is_transactional(broker: ConveyorBroker) -> TypeGuard[TransactionalEnqueue]:
-    """True when ``broker.enqueue_jobs`` takes ``connection=`` (its ``transactional_enqueue``)."""
-    return broker.transactional_enqueue
+    """True when ``broker.enqueue_jobs`` takes ``connection=`` (its capability ``transactional_enqueue``)."""
+    return broker.capabilities.transactional_enqueue
+
+
+def completes_in_transaction(broker: ConveyorBroker) -> TypeGuard[TransactionalCompletion]:
+    """True when ``broker`` has ``complete_in`` (its capability ``transactional_completion``)."""
+    return broker.capabilities.transactional_completion

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from dramatiq import Consumer, Message, Middleware
 from dramatiq.broker import MessageProxy
@@ -29,10 +29,12 @@ from conveyor.brokers.base import (
     AnyMessage,
     CancelListener,
     CancelOutcome,
+    Capabilities,
     ConveyorBroker,
     EnqueueItem,
     JobRecord,
     JobRef,
+    PoolOwner,
     QueueCounts,
     SafeMessageProxy,
     as_message,
@@ -40,6 +42,14 @@ from conveyor.brokers.base import (
     priority_of,
 )
 from conveyor.events import PARK, TIMED_OUT
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from conveyor.brokers.base import FinalFailure
+    from conveyor.brokers.fleet.base import FleetStore
+    from conveyor.brokers.rollup.base import RollupStore
+    from conveyor.settings import Settings
 
 
 class _RankedQueue(queue.Queue):  # type: ignore[type-arg]
@@ -71,6 +81,34 @@ class InlineBroker(ConveyorBroker, StubBroker):
 
     #: Seconds of waiting one priority level is worth (CONVEYOR_PRIORITY_AGING_SECONDS; the App sets it).
     priority_aging: float = 60.0
+
+    #: One process holds every job in its memory: its workers live in the process that enqueues, no worker
+    #: can die and leave jobs behind (no recovery), no delivery is ever superseded (no fence), a message never
+    #: leaves the process that encoded it (always decodes), and a queue is Dramatiq's in-memory FIFO.
+    capabilities = Capabilities(store="memory", in_process=True, recovery=False, fence=False, stored_messages=False)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        middleware: list[Middleware],
+        on_dead: FinalFailure | None,
+        database_url: Callable[[], str],
+    ) -> InlineBroker:
+        broker = cls(middleware=middleware)
+        broker.priority_aging = settings.priority_aging_seconds
+        return broker
+
+    def fleet_store(self, pools: PoolOwner) -> FleetStore:
+        from conveyor.brokers.fleet.memory_store import MemoryFleetStore
+
+        return MemoryFleetStore(self)
+
+    def rollup_store(self, pools: PoolOwner) -> RollupStore:
+        from conveyor.brokers.rollup.memory_store import MemoryRollupStore
+
+        return MemoryRollupStore()
 
     def __init__(self, middleware: list[Middleware]) -> None:
         super().__init__(middleware=middleware, fail_fast_default=False)

@@ -38,7 +38,7 @@ MIN_JITTER = 0.05
 
 def build_store(app: "App") -> BudgetStore:
     """The budget store beside ``app``'s broker (``conveyor.backends``)."""
-    store = app.backend.store
+    store = app.capabilities.store
     if store == "redis":
         from conveyor.budgets.redis import RedisBudgets
         from conveyor.redis_client import client

@@ -176,7 +176,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     app = _app()
     queues = _selected_queues(app, args.queues)
-    if app.backend.in_process:
+    if app.capabilities.in_process:
         from conveyor.errors import ConfigurationError
 
         raise ConfigurationError("the inline broker lives inside one process: use `conveyor up` or a real broker")
@@ -184,7 +184,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from conveyor.scheduling.firing import CronFirer
 
         CronFirer(app)  # a schedule setting that cannot work stops here, not in every child
-    if app.backend.queue_in_postgres:
+    if app.capabilities.queue_in_postgres:
         from conveyor.schema.migrate import migrate
 
         migrate(app.database_url, app.blueprints)  # the embedded default must be ready before the children start
@@ -257,7 +257,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print("Ctrl-C or SIGTERM stops it after in-flight jobs finish.", file=sys.stderr, flush=True)
-    if app.backend.in_process:
+    if app.capabilities.in_process:
         import signal
         import threading
 
@@ -428,11 +428,12 @@ NOT_RUNNING = 3
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from conveyor.backends import backend_for
     from conveyor.settings import get_settings
 
     settings = get_settings()
     url = None
-    if settings.broker_name == "postgres" and not settings.database_url and not args.start:
+    if backend_for(settings).capabilities.queue_in_postgres and not settings.database_url and not args.start:
         # The embedded default: look in on the server `conveyor up` or a worker runs; never start one
         # (a start and a stop per call took ~3 s, and would stop nothing an operator had running).
         # Before the App is built: "nothing runs" needs neither the job modules nor the broker.

@@ -44,7 +44,7 @@ def firers(app: App) -> list[Firer]:
     from conveyor.scheduling.firing import CronFirer
 
     added = [make for blueprint in app.blueprints for make in blueprint.firers]
-    if added or app.backend.queue_in_postgres:
+    if added or app.capabilities.queue_in_postgres:
         from conveyor.schema.migrate import migrate
 
         migrate(app.database_url, app.blueprints)

@@ -297,9 +297,8 @@ class QueueCollector(Collector):
             "1 for each way the broker's configuration can lose acknowledged jobs (see the dashboard's banner).",
             labels=["reason"],
         )
-        reasons = getattr(self.app.broker, "config_warning_reasons", None)
         with contextlib.suppress(Exception):
-            for reason in reasons() if reasons else {}:
+            for reason in self.app.broker.config_warning_reasons():
                 warning.add_metric([reason], 1)
         yield warning
         depth = GaugeMetricFamily(

@@ -42,7 +42,7 @@ MARKER_RECHECK_MAX = 1.0
 @per_app
 def results_store(app: App) -> ResultStore:
     """The App's result store, beside its broker's data (the backend's store)."""
-    store = app.backend.store
+    store = app.capabilities.store
     if store == "redis":
         from conveyor.redis_client import client
         from conveyor.results.redis import RedisResults

@@ -69,7 +69,7 @@ def _redis_clock(app: App) -> _RedisClock:
 
 def server_now(app: App) -> datetime:
     """Now by the clock of the server the broker keeps its data on."""
-    store = app.backend.store
+    store = app.capabilities.store
     if store == "postgres":
         from conveyor.db import wrap_errors
 

@@ -30,8 +30,9 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
+from conveyor.brokers.base import completes_in_transaction
 from conveyor.budgets.base import Budget
 from conveyor.errors import (
     DeliveryFenced,
@@ -156,7 +157,7 @@ class JobContext:
     @property
     def can_complete_in_transaction(self) -> bool:
         """True when :meth:`transaction` and :meth:`complete_in` work here (the postgres broker, in a delivery)."""
-        return self.message is not None and self.app.broker.transactional_completion
+        return self.message is not None and self.app.capabilities.transactional_completion
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Connection[Any]]:
@@ -221,9 +222,9 @@ class JobContext:
         broker = self.app.broker
         if self.message is None:
             raise NoDelivery(f"job {self.job_id}: a final-failure hook has no delivery to complete")
-        if not broker.transactional_completion:
+        if not completes_in_transaction(broker):
             raise TransactionalCompletionUnsupported(
                 f"the {self.app.settings.broker_name} broker keeps jobs outside Postgres: a job completes in a "
                 "transaction on the postgres broker only (ctx.once works on every broker)"
             )
-        return cast("TransactionalCompletion", broker), self.message
+        return broker, self.message

@@ -23,7 +23,7 @@ STALE_AFTER = 30.0
 def broker_check(app: App) -> Callable[[], None]:
     """A call that raises unless the App's broker server answers: a Redis PING, or a Postgres connection."""
     settings = app.settings
-    if app.backend.broker == "redis" and settings.redis_url:
+    if app.capabilities.store == "redis" and settings.redis_url:
         from conveyor.redis_client import client
 
         redis = client(settings.redis_url, settings)

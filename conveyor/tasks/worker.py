@@ -150,7 +150,7 @@ class ProcessWorker:
         Only when this process has opened the database: its jobs' ``ctx.once`` writes there; a
         process that never did has no steps to prune and must not start an embedded server for it.
         """
-        if self.app.settings.broker_name == "postgres" or not self.app.pool_opened:
+        if self.app.capabilities.queue_in_postgres or not self.app.pool_opened:
             return
         from conveyor.tasks import steps
 

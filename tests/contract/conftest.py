@@ -8,9 +8,11 @@ the fence); ``pump(broker, queue)`` runs the broker's consumer of a queue on
 a thread (see ``drive.Pump``). Leases and heartbeat timeouts are a second
 or so, so a test of recovery waits seconds, never minutes.
 
-What a broker truly lacks is in :data:`LACKS`, with the reason, and nowhere
-else: a test that needs a capability says so with ``@pytest.mark.needs(...)``
-and is skipped, with that reason, on the brokers that lack it.
+What a broker lacks is what its class declares it lacks, in its
+:class:`~conveyor.brokers.base.Capabilities` (the reasons are written there), and
+what only a deployment of it lacks (a Redis Cluster) or only this harness cannot
+drive is in :data:`LACKS`, with the reason: a test that needs a capability says so
+with ``@pytest.mark.needs(...)`` and is skipped on the brokers that lack it.
 """
 
 from __future__ import annotations
@@ -21,46 +23,50 @@ from typing import Any
 import dramatiq
 import pytest
 
+from conveyor.backends import BACKENDS
+from conveyor.brokers.base import Capabilities
 from conveyor.settings import Settings
 from tests.contract.drive import JOB, OTHER_JOB, OTHER_QUEUE, QUEUE, URGENT_JOB, Pump
 from tests.support.brokers import ALL_BROKERS
 
-#: Capabilities a broker does not have, and why; the only place a contract test is skipped.
+#: The broker class behind each name the contract runs (the deployments run their broker's class).
+PGBOUNCER = "postgres+pgbouncer"  # the postgres broker through a private PgBouncer in transaction pooling mode
+REDIS_CLUSTER = "redis-cluster"  # the redis broker on a private three-primary Redis Cluster (``redis+cluster://``)
+BROKER_OF = {**{name: name for name in ALL_BROKERS}, PGBOUNCER: "postgres", REDIS_CLUSTER: "redis"}
+
+#: What a run lacks beyond what its broker class declares, and why: a deployment's limit, or this harness's.
 LACKS: dict[str, dict[str, str]] = {
     "inline": {
-        "stored messages": "an inline message never leaves the process that encoded it: it always decodes",
-        "recovery": "one process holds every inline job: no worker can die and leave jobs held behind it",
-        "fence": "no inline delivery is ever superseded: a message is handed to one thread of the one process",
-        "transactional_completion": "inline jobs live in the process's memory, not in a database a transaction spans",
         "hand_back": "nothing takes an inline message back from the one process that holds it",
         "stock_records": "inline records move to active at conveyor's start_job: with Dramatiq's stock middleware "
         "alone (no conveyor Retries) they never leave waiting, so a test cannot wait on them",
     },
-    "redis": {
-        "transactional_completion": "Redis jobs are not rows of the Postgres database the caller's transaction is on",
+    # Each queue's keys carry the queue as their hash tag, so what spans queues is what it lacks.
+    REDIS_CLUSTER: {
+        "cross_queue_keys": "a queue's keys live on its own slot: a dedup key is held within its queue, and a batch "
+        "spanning queues is one atomic call per queue",
     },
 }
 
-#: The postgres broker again, through a private PgBouncer in transaction pooling mode
-#: (CONVEYOR_DATABASE_POOLED, LISTEN on a direct connection): it lacks what postgres lacks.
-PGBOUNCER = "postgres+pgbouncer"
-LACKS[PGBOUNCER] = LACKS.get("postgres", {})
 
-#: The redis broker again, on a private three-primary Redis Cluster (``redis+cluster://``): each queue's keys
-#: carry the queue as their hash tag, so what spans queues is what it lacks.
-REDIS_CLUSTER = "redis-cluster"
-LACKS[REDIS_CLUSTER] = {
-    **LACKS["redis"],
-    "cross_queue_keys": "a queue's keys live on its own slot: a dedup key is held within its queue, and a batch "
-    "spanning queues is one atomic call per queue",
-}
+def lacks(name: str, capability: str) -> str | None:
+    """Why the run ``name`` lacks ``capability`` (a field of Capabilities, or a key of LACKS); None if it has it."""
+    capabilities = BACKENDS[BROKER_OF[name]].capabilities  # type: ignore[index]  # a BrokerName by construction
+    if capability in Capabilities.__dataclass_fields__:
+        if not getattr(capabilities, capability):
+            return f"its broker class declares {capability}=False (see its capabilities)"
+        return None
+    return LACKS.get(name, {}).get(capability)
+
 
 #: Seconds without a heartbeat before a worker's jobs may be recovered (Redis timeout, Postgres lease).
 LEASE = 1.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "needs(capability): skipped on the brokers LACKS says lack it")
+    config.addinivalue_line(
+        "markers", "needs(capability): skipped on the brokers that lack it (their Capabilities, or LACKS)"
+    )
 
 
 def _declare_actors(broker: Any) -> None:
@@ -178,7 +184,7 @@ def broker_name(request: pytest.FixtureRequest) -> str:
     name = request.param
     for marker in request.node.iter_markers("needs"):
         for capability in marker.args:
-            reason = LACKS.get(name, {}).get(capability)
+            reason = lacks(name, capability)
             if reason:
                 pytest.skip(f"{name} has no {capability}: {reason}")
     return name

@@ -148,7 +148,7 @@ def test_a_paused_worker_resuming_after_its_lease_applies_no_fenced_effect_twice
     assert [r["delivery"] for r in rows if r["kind"] == "once"] == [current], "the once-guarded step applied once"
     assert steps(database_url, ref.id) == [("effect", current)]
     assert "fence_raised" in stale_kinds and "fence_raised" not in current_kinds, rows
-    if app.broker.transactional_completion:
+    if app.capabilities.transactional_completion:
         assert [r["delivery"] for r in rows if r["kind"] == "transactional"] == [current], rows
         assert "rolled_back" in stale_kinds, "the stale delivery's completion was refused and its effect rolled back"
     record = app.broker.get_job(ref.id)
@@ -181,7 +181,7 @@ def test_a_once_guarded_step_applies_once_across_a_retry_and_each_delivery_has_i
     assert [r["delivery"] for r in rows if r["kind"] == "once"] == [deliveries[0]], "the first delivery's step holds"
     assert kinds(rows, kind="naive") == ["naive", "naive"]
     assert not kinds(rows, kind="fence_raised"), "a current delivery passes its fence check"
-    if app.broker.transactional_completion:
+    if app.capabilities.transactional_completion:
         assert [r["delivery"] for r in rows if r["kind"] == "transactional"] == [deliveries[1]]
     assert app.broker.queue_counts(QUEUE).completed_total == 1
 

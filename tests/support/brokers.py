@@ -13,4 +13,6 @@ from conveyor.backends import BACKENDS
 ALL_BROKERS: tuple[str, ...] = tuple(BACKENDS)
 
 #: Brokers with a server of their own, whose workers are separate processes.
-SERVER_BROKERS: tuple[str, ...] = tuple(name for name, backend in BACKENDS.items() if not backend.in_process)
+SERVER_BROKERS: tuple[str, ...] = tuple(
+    name for name, backend in BACKENDS.items() if not backend.capabilities.in_process
+)

@@ -48,13 +48,8 @@ __all__ = [
 
 
 def recovery_after(app: "App") -> float | None:
-    """Seconds of silence after which the broker recovers a worker's jobs (None: inline, nothing to recover)."""
-    name = app.settings.broker_name
-    if name == "redis":
-        return app.settings.heartbeat_timeout
-    if name == "postgres":
-        return app.settings.pg_lease_seconds
-    return None
+    """Seconds of silence after which the broker recovers a worker's jobs (None: no recovery, inline)."""
+    return app.settings.worker_lease if app.capabilities.recovery else None
 
 
 def beat_interval(app: "App") -> float:
@@ -72,28 +67,11 @@ _stores: "weakref.WeakKeyDictionary[Any, FleetStore]" = weakref.WeakKeyDictionar
 
 
 def fleet_store(app: "App") -> FleetStore:
-    """The store of ``app``'s broker (one per broker object)."""
+    """The store of ``app``'s broker (one per broker object), built by the broker beside its data."""
     broker = app.broker
     store = _stores.get(broker)
     if store is None:
-        name = app.settings.broker_name
-        if name == "redis":
-            from conveyor.brokers.fleet.redis_store import RedisFleetStore
-            from conveyor.brokers.redis import RedisBroker
-
-            assert isinstance(broker, RedisBroker)  # the App builds it from the same setting
-            store = RedisFleetStore(broker.client, broker.keys.shared, dedup_keys=broker.dedup_keys)
-        elif name == "postgres":
-            from conveyor.brokers.fleet.postgres_store import PostgresFleetStore
-
-            store = PostgresFleetStore(app)
-        else:
-            from conveyor.brokers.fleet.memory_store import MemoryFleetStore
-            from conveyor.brokers.inline import InlineBroker
-
-            assert isinstance(broker, InlineBroker)  # the App builds it from the same setting
-            store = MemoryFleetStore(broker)
-        _stores[broker] = store
+        store = _stores[broker] = broker.fleet_store(app)
     return store
 
 
@@ -108,17 +86,7 @@ def store_without_broker(app: "App") -> FleetStore | None:
     namespace, or the App's Postgres pool. Building ``app.broker`` would declare every actor and
     start conveyor's middleware in a process that runs no job.
     """
-    name = app.settings.broker_name
-    if name == "redis" and app.settings.redis_url:
-        from conveyor.brokers.fleet.redis_store import RedisFleetStore
-        from conveyor.redis_client import client
-
-        return RedisFleetStore(client(app.settings.redis_url, app.settings), app.settings.redis_namespace)
-    if name == "postgres":
-        from conveyor.brokers.fleet.postgres_store import PostgresFleetStore
-
-        return PostgresFleetStore(app)
-    return None
+    return app.backend.broker_class.fleet_store_without_broker(app.settings, app)
 
 
 def mark_process_gone(store: FleetStore, host: str, pid: int, reason: str = DIED) -> list[str]:

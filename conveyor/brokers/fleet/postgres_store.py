@@ -14,7 +14,7 @@ from conveyor.brokers.fleet.base import FORGET_AFTER, AttemptEvent, AttemptInfo,
 from conveyor.db import load_queries
 
 if TYPE_CHECKING:
-    from conveyor.app import App
+    from conveyor.brokers.base import PoolOwner
 
 QUERIES = load_queries(Path(__file__).with_name("fleet.sql"))
 
@@ -23,8 +23,10 @@ PRUNE_INTERVAL = 60.0
 
 
 class PostgresFleetStore(FleetStore):
-    def __init__(self, app: "App") -> None:
+    def __init__(self, app: PoolOwner, *, retention: float) -> None:
         self.app = app
+        #: Seconds attempts are kept (CONVEYOR_RETENTION), as the broker keeps its jobs.
+        self.retention = retention
         self._pruned_at = -PRUNE_INTERVAL
 
     def _execute(self, name: str, params: dict[str, Any] | None = None) -> int:
@@ -62,7 +64,7 @@ class PostgresFleetStore(FleetStore):
         if time.monotonic() - self._pruned_at >= PRUNE_INTERVAL:  # the retention is days: no need to hurry
             self._pruned_at = time.monotonic()
             self._execute("forget", {"after": FORGET_AFTER})
-            self._execute("prune_attempts", {"retention": self.app.settings.retention})
+            self._execute("prune_attempts", {"retention": self.retention})
         return marked
 
     def workers(self) -> tuple[float, list[WorkerInfo]]:

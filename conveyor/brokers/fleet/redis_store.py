@@ -15,8 +15,7 @@ import redis
 from redis.client import Pipeline
 
 from conveyor.brokers.fleet.base import FORGET_AFTER, AttemptEvent, AttemptInfo, FleetStore, WorkerInfo
-from conveyor.brokers.redis.replies import text
-from conveyor.redis_client import wrap_errors
+from conveyor.redis_client import text, wrap_errors
 
 _SCRIPT = Path(__file__).with_name("fleet.lua").read_text()
 

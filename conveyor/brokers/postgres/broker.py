@@ -38,11 +38,13 @@ from conveyor.brokers.base import (
     AnyMessage,
     CancelListener,
     CancelOutcome,
+    Capabilities,
     ConveyorBroker,
     EnqueueItem,
     FinalFailure,
     JobRecord,
     JobRef,
+    PoolOwner,
     QueueCounts,
     announce_unknown_job,
     as_message,
@@ -63,6 +65,10 @@ from conveyor.events import PARK
 from conveyor.logs import log_error, log_event
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from conveyor.brokers.fleet.base import FleetStore
+    from conveyor.brokers.rollup.base import RollupStore
     from conveyor.settings import Settings
 
 #: Seconds a job's start waits for Postgres to come back before the job is handed back unstarted.
@@ -85,8 +91,37 @@ class PostgresBroker(ConveyorBroker, Broker):
     middleware, so the broker never imports a middleware.
     """
 
-    transactional_enqueue = True
-    transactional_completion = True
+    #: Jobs are rows of the database the caller's transactions run on.
+    capabilities = Capabilities(
+        store="postgres", queue_in_postgres=True, transactional_enqueue=True, transactional_completion=True
+    )
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        middleware: list[Middleware],
+        on_dead: FinalFailure | None,
+        database_url: Callable[[], str],
+    ) -> PostgresBroker:
+        return cls(database_url(), middleware=middleware, settings=settings, on_dead=on_dead)
+
+    def fleet_store(self, pools: PoolOwner) -> FleetStore:
+        from conveyor.brokers.fleet.postgres_store import PostgresFleetStore
+
+        return PostgresFleetStore(pools, retention=self.recovery.retention)
+
+    @classmethod
+    def fleet_store_without_broker(cls, settings: Settings, pools: PoolOwner) -> FleetStore | None:
+        from conveyor.brokers.fleet.postgres_store import PostgresFleetStore
+
+        return PostgresFleetStore(pools, retention=settings.retention)
+
+    def rollup_store(self, pools: PoolOwner) -> RollupStore:
+        from conveyor.brokers.rollup.postgres_store import PostgresRollupStore
+
+        return PostgresRollupStore(pools)
 
     def __init__(
         self,

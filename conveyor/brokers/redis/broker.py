@@ -34,11 +34,13 @@ from conveyor.brokers.base import (
     MAX_PRIORITY,
     AnyMessage,
     CancelListener,
+    Capabilities,
     ConveyorBroker,
     EnqueueItem,
     FinalFailure,
     JobRecord,
     JobRef,
+    PoolOwner,
     QueueCounts,
     announce_unknown_job,
     as_message,
@@ -68,6 +70,10 @@ from conveyor.redis_client import client as redis_client
 from conveyor.redis_client import is_cluster, is_unavailable, translated
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from conveyor.brokers.fleet.base import FleetStore
+    from conveyor.brokers.rollup.base import RollupStore
     from conveyor.settings import Settings
 
 _MS = 1000  # settings are in seconds, the script counts milliseconds
@@ -101,6 +107,49 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     #: Built here, with decode_responses off: replies are bytes (see replies.text).
     client: redis.Redis
+
+    #: Jobs are Redis keys: none joins a Postgres transaction; a queue is a FIFO list (actor priority orders
+    #: only a worker's work queue, Dramatiq's design).
+    capabilities = Capabilities(store="redis")
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        middleware: list[Middleware],
+        on_dead: FinalFailure | None,
+        database_url: Callable[[], str],
+    ) -> RedisBroker:
+        if not settings.redis_url:
+            raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
+        return cls(
+            url=settings.redis_url,
+            middleware=middleware,
+            namespace=settings.redis_namespace,
+            heartbeat_timeout=settings.heartbeat_timeout,
+            retention=settings.retention,
+            settings=settings,
+            on_dead=on_dead,
+        )
+
+    def fleet_store(self, pools: PoolOwner) -> FleetStore:
+        from conveyor.brokers.fleet.redis_store import RedisFleetStore
+
+        return RedisFleetStore(self.client, self.keys.shared, dedup_keys=self.dedup_keys)
+
+    @classmethod
+    def fleet_store_without_broker(cls, settings: Settings, pools: PoolOwner) -> FleetStore | None:
+        from conveyor.brokers.fleet.redis_store import RedisFleetStore
+
+        if not settings.redis_url:
+            return None
+        return RedisFleetStore(redis_client(settings.redis_url, settings), settings.redis_namespace)
+
+    def rollup_store(self, pools: PoolOwner) -> RollupStore:
+        from conveyor.brokers.rollup.redis_store import RedisRollupStore
+
+        return RedisRollupStore(self.client, self.keys.shared)
 
     def __init__(
         self,

@@ -45,24 +45,9 @@ _stores: "weakref.WeakKeyDictionary[Any, RollupStore]" = weakref.WeakKeyDictiona
 
 
 def rollup_store(app: "App") -> RollupStore:
-    """The rollup store of ``app``'s broker (one per broker object)."""
+    """The rollup store of ``app``'s broker (one per broker object), built by the broker beside its data."""
     broker = app.broker
     store = _stores.get(broker)
     if store is None:
-        name = app.settings.broker_name
-        if name == "redis":
-            from conveyor.brokers.redis import RedisBroker
-            from conveyor.brokers.rollup.redis_store import RedisRollupStore
-
-            assert isinstance(broker, RedisBroker)  # the App builds it from the same setting
-            store = RedisRollupStore(broker.client, broker.keys.shared)
-        elif name == "postgres":
-            from conveyor.brokers.rollup.postgres_store import PostgresRollupStore
-
-            store = PostgresRollupStore(app)
-        else:
-            from conveyor.brokers.rollup.memory_store import MemoryRollupStore
-
-            store = MemoryRollupStore()
-        _stores[broker] = store
+        store = _stores[broker] = broker.rollup_store(app)
     return store

@@ -23,13 +23,13 @@ from conveyor.brokers.rollup.base import (
 from conveyor.db import load_queries
 
 if TYPE_CHECKING:
-    from conveyor.app import App
+    from conveyor.brokers.base import PoolOwner
 
 QUERIES = load_queries(Path(__file__).with_name("rollup.sql"))
 
 
 class PostgresRollupStore(RollupStore):
-    def __init__(self, app: "App") -> None:
+    def __init__(self, app: PoolOwner) -> None:
         self.app = app
 
     def write(self, flush_id: str, groups: list[TallyGroup]) -> bool:

@@ -12,7 +12,6 @@ from pathlib import Path
 import redis
 from redis.client import Pipeline
 
-from conveyor.brokers.redis.replies import text
 from conveyor.brokers.rollup.base import (
     BUCKETS,
     COUNTERS,
@@ -23,7 +22,7 @@ from conveyor.brokers.rollup.base import (
     Tally,
     TallyGroup,
 )
-from conveyor.redis_client import wrap_errors
+from conveyor.redis_client import text, wrap_errors
 
 _SCRIPT = Path(__file__).with_name("rollup.lua").read_text()
 

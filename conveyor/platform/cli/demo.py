@@ -194,7 +194,7 @@ class Demo:
         self.baseline = {
             q: (c.completed_total, c.failed_total) for q in self.app.queues for c in [self.app.broker.queue_counts(q)]
         }
-        if self.app.backend.in_process:
+        if self.app.capabilities.in_process:
             from conveyor.tasks.worker import InlineWorkers
 
             self.inline = InlineWorkers(self.app).start()

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def build_limits(app: "App") -> Limits:
     """Limits on the store of ``app``'s broker."""
     settings = app.settings
-    store = app.backend.store  # the broker's store (conveyor.backends)
+    store = app.capabilities.store  # where the broker keeps its state (its capabilities)
     if store == "redis":
         from conveyor.platform.limits.redis import RedisLimits
         from conveyor.redis_client import client

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 def build_buffer(app: "App") -> StreamBuffer:
     """A new buffer on the store that goes with ``app``'s broker."""
     settings = app.settings
-    store = app.backend.store
+    store = app.capabilities.store
     if store == "redis":
         from conveyor.platform.streams.redis import RedisStreamBuffer
         from conveyor.redis_client import async_reader, client
