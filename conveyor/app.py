@@ -181,6 +181,7 @@ class App:
 
             broker = InlineBroker(middleware=middleware)
         declare_actors(broker, self)
+        broker.group_caps = {n: q.group_concurrency for n, q in self.queues.items() if q.group_concurrency}
         return broker
 
     @cached_property

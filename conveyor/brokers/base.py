@@ -229,6 +229,9 @@ class ConveyorBroker(Broker):
     #: True when the broker has ``complete_in``: a job completed inside the caller's transaction (postgres).
     transactional_completion: bool = False
 
+    #: Queue -> its group cap (``Queue.group_concurrency``), set by the App; queues without a cap are absent.
+    group_caps: dict[str, int] = {}
+
     def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
         """Enqueue messages, each atomically with its key: a key held by an existing job returns that job."""
         raise NotImplementedError

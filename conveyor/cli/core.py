@@ -61,9 +61,14 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--key", help="dedup key: a second enqueue with it is a no-op")
     p.add_argument("--delay", type=float, help="seconds before the job may run")
     p.add_argument(
+        "--group",
+        help="fair-share group (a tenant, e.g. user:42): the queue serves its groups round-robin "
+        "and runs at most CONVEYOR_QUEUES__<QUEUE>__GROUP_CONCURRENCY jobs of one group at once",
+    )
+    p.add_argument(
         "--batch",
         action="store_true",
-        help='read {"job", "payload", "key", "delay"} JSON lines from stdin; every line is checked '
+        help='read {"job", "payload", "key", "delay", "group"} JSON lines from stdin; every line is checked '
         'before any is sent, then they go in chunks, and each job\'s {"id", "deduplicated"} '
         "line is printed once its chunk is in (not when stdout is a terminal: there a bar "
         "and a summary show; elsewhere the summary is one JSON line on stderr)",
@@ -295,7 +300,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if not args.job or args.payload is None:
         print("conveyor: error: enqueue needs JOB and --payload (or --batch)", file=sys.stderr)
         return 2
-    ref = app.jobs.enqueue(args.job, args.payload, key=args.key, delay=args.delay)
+    ref = app.jobs.enqueue(args.job, args.payload, key=args.key, delay=args.delay, group=args.group)
     print(json.dumps({"id": ref.id, "deduplicated": ref.deduplicated}))
     return 0
 
@@ -334,7 +339,9 @@ def _enqueue_batch(app: App, chunk_size: int) -> int:
                     row = json.loads(line)
                     if json_depth_exceeds(row, app.settings.api_max_json_depth):
                         raise ValueError(f"nested deeper than {app.settings.api_max_json_depth} levels")
-                    request = JobRequest(row["job"], row.get("payload"), row.get("key"), row.get("delay"))
+                    request = JobRequest(
+                        row["job"], row.get("payload"), row.get("key"), row.get("delay"), row.get("group")
+                    )
                     app.jobs.prepare(request)  # validated now: a bad line stops the batch before anything is sent
                 except RecursionError:
                     raise _BadLine(f"line {n} is not a job: nested too deep") from None

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 #: Dramatiq's delay queues keep a message at most 7 days.
 MAX_DELAY_SECONDS = 7 * 24 * 3600
 MAX_KEY_LENGTH = 512
+#: A group name is stored on every job of the group and in the broker's group keys: short, printable.
+MAX_GROUP_LENGTH = 128
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class JobRequest:
     payload: Any
     key: str | None = None
     delay: float | None = None
+    group: str | None = None
 
 
 class JobQueue:
@@ -52,6 +55,7 @@ class JobQueue:
         key: str | None = None,
         delay: float | None = None,
         connection: Connection[Any] | None = None,
+        group: str | None = None,
     ) -> JobRef:
         """Enqueue one job. With ``key``, a second enqueue within ``CONVEYOR_DEDUP_TTL`` returns the first job.
 
@@ -59,11 +63,16 @@ class JobQueue:
         postgres broker only), the job is enqueued inside that connection's
         transaction: it exists if and only if the transaction commits.
 
+        With ``group`` (a tenant, e.g. ``"user:42"``; 1-128 printable characters), the queue serves
+        its groups round-robin, so one group's backlog does not delay the others, and runs at most
+        the queue's ``group_concurrency`` jobs of one group at once. Jobs without a group are one
+        group of their own. The inline broker accepts the group and ignores it.
+
         Raises :class:`~conveyor.errors.EnqueueError` subclasses; when one is raised nothing was enqueued,
         except :class:`~conveyor.errors.EnqueueOutcomeUnknown`: the job may exist (enqueue it again only
         with a key, which then returns it).
         """
-        return self.enqueue_many([JobRequest(job, payload, key, delay)], connection=connection)[0]
+        return self.enqueue_many([JobRequest(job, payload, key, delay, group)], connection=connection)[0]
 
     def enqueue_many(
         self, requests: Iterable[JobRequest | Mapping[str, Any]], *, connection: Connection[Any] | None = None
@@ -157,7 +166,13 @@ class JobQueue:
             raise InvalidPayload(request.job, [{"loc": ("key",), "msg": f"must be 1-{MAX_KEY_LENGTH} characters"}])
         if request.delay is not None and not (0 <= request.delay <= MAX_DELAY_SECONDS):
             raise InvalidPayload(request.job, [{"loc": ("delay",), "msg": f"must be 0-{MAX_DELAY_SECONDS} seconds"}])
-        options = {"key": request.key} if request.key else {}
+        options: dict[str, Any] = {"key": request.key} if request.key else {}
+        if request.group is not None:
+            if not valid_group(request.group):
+                raise InvalidPayload(
+                    request.job, [{"loc": ("group",), "msg": f"must be 1-{MAX_GROUP_LENGTH} printable characters"}]
+                )
+            options["group"] = request.group
         message: Message[Any] = Message(
             queue_name=job_type.queue,
             actor_name=job_type.name,
@@ -173,6 +188,11 @@ class JobQueue:
             )
         delay_ms = None if request.delay is None else int(request.delay * 1000)
         return EnqueueItem(message, request.key, delay_ms)
+
+
+def valid_group(group: object) -> bool:
+    """Whether ``group`` may name a fair-share group: a string of 1-MAX_GROUP_LENGTH printable characters."""
+    return isinstance(group, str) and 0 < len(group) <= MAX_GROUP_LENGTH and group.isprintable()
 
 
 #: A payload model: a :class:`Payload`, or a root model such as agent.build's union of variants.

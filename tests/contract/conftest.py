@@ -33,12 +33,14 @@ LACKS: dict[str, dict[str, str]] = {
         "fence": "no inline delivery is ever superseded: a message is handed to one thread of the one process",
         "transactional_completion": "inline jobs live in the process's memory, not in a database a transaction spans",
         "priority": "a queue is Dramatiq's in-memory FIFO; actor priority orders only a worker's work queue",
+        "groups": "one process runs every inline job in queue order: it keeps a job's group and serves none apart",
         "stock_records": "inline records move to active at conveyor's start_job: with Dramatiq's stock middleware "
         "alone (no conveyor Retries) they never leave waiting, so a test cannot wait on them",
     },
     "redis": {
         "transactional_completion": "Redis jobs are not rows of the Postgres database the caller's transaction is on",
         "priority": "a queue is one FIFO list; actor priority orders only a worker's work queue (Dramatiq's design)",
+        "groups": "fair shares per group are built on the postgres broker only so far (issue 21.2)",
     },
 }
 
