@@ -11,7 +11,9 @@ from tests.contract.drive import JOB, LONG_TTL, QUEUE
 
 def grouped(n: int, group: str | None) -> EnqueueItem:
     options = {"group": group} if group else {}
-    return EnqueueItem(Message(queue_name=QUEUE, actor_name=JOB, args=({"n": n, "g": group},), kwargs={}, options=options))
+    return EnqueueItem(
+        Message(queue_name=QUEUE, actor_name=JOB, args=({"n": n, "g": group},), kwargs={}, options=options)
+    )
 
 
 def _take(broker, pump, count):
@@ -65,6 +67,7 @@ def test_a_group_never_holds_more_than_its_cap_across_workers(peer, pump):
     again = [m for _ in range(6) for p in held if (m := p.poll(0.25)) is not None]
     assert [d.args[0]["g"] for d in again] == ["a"]
 
+
 @pytest.mark.needs("groups")
 def test_a_nack_and_a_hand_back_free_the_slot_they_held(peer, pump):
     broker = peer()
@@ -81,4 +84,3 @@ def test_a_nack_and_a_hand_back_free_the_slot_they_held(peer, pump):
     # Handed back: its slot is free again (which of the two waiting goes next is a tie: one batch, one time).
     assert p.receive().args[0]["n"] in (1, 2)
     p.nothing(within=0.5)
-
