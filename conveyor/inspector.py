@@ -127,6 +127,8 @@ class JobView:
     history: list[AttemptView] = field(default_factory=list)
     #: The event an ``awaiting`` job waits for (``ctx.wait_for``); None in every other state.
     event: str | None = None
+    #: Its fair-share group (``enqueue(..., group=...)``); None: the default group.
+    group: str | None = None
 
     @property
     def run_seconds(self) -> float | None:
@@ -555,6 +557,7 @@ class Inspector:
             finished_at=record.finished_at,
             eta=record.eta,
             event=record.event,
+            group=record.group,
         )
 
     def _history(self, record: JobRecord, view: JobView) -> list[AttemptView]:

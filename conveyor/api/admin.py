@@ -104,6 +104,8 @@ class Job(_Out):
     history: list[Attempt] = []
     #: The event an ``awaiting`` job waits for (``ctx.wait_for``); null in every other state.
     event: str | None = None
+    #: Its fair-share group (``enqueue(..., group=...)``); null: the default group.
+    group: str | None = None
 
 
 class JobList(_Out):

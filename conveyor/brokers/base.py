@@ -188,6 +188,8 @@ class JobRecord:
     eta: float | None = None
     #: The event an ``awaiting`` job waits for (``ctx.wait_for``); None in every other state.
     event: str | None = None
+    #: Its fair-share group (``enqueue(..., group=...)``); None: the default group.
+    group: str | None = None
 
 
 def as_message(message: AnyMessage) -> Message[Any]:

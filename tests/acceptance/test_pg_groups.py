@@ -16,6 +16,7 @@ import sys
 import psycopg
 import pytest
 
+from conveyor.app import App
 from conveyor.errors import InvalidPayload
 from tests.support.harness import FAST_QUEUES, ROOT, env_for, make_settings
 from tests.support.waiting import wait_for
@@ -105,6 +106,18 @@ def test_cli_enqueue_takes_a_group_and_the_batch_a_group_field(settings, databas
     assert batch.returncode == 0, batch.stderr
     got = rows(database_url, "SELECT job_group, count(*) FROM conveyor_jobs GROUP BY 1 ORDER BY 1")
     assert got == [("", 1), ("user:42", 1), ("user:7", 2)]
+    # The admin views show the group; queue counts are as before.
+    app = App(settings)
+    try:
+        assert app.jobs.get(json.loads(one.stdout)["id"]).group == "user:42"
+        assert {j.group for j in app.broker.list_jobs(QUEUE, "waiting", limit=10, offset=0)} == {
+            "user:42",
+            "user:7",
+            None,
+        }
+        assert app.broker.queue_counts(QUEUE).waiting == 4
+    finally:
+        app.close()
 
 
 @pytest.mark.parametrize("bad", ["", "x" * 129, "tab\there", "new\nline"])

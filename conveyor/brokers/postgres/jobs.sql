@@ -496,38 +496,38 @@ FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pending', 'in_progres
 
 -- name: get_job
 SELECT id, queue, job, status, available_at > now() AS delayed, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, nullif(job_group, '')
 FROM conveyor_jobs WHERE id = %(id)s
 
 -- name: list_waiting
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_delayed
 SELECT id, queue, job, status, true, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at > now()
   AND wait_event IS NULL
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_awaiting
 SELECT id, queue, job, status, true, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at > now()
   AND wait_event IS NOT NULL
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_active
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'in_progress'
 ORDER BY picked_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_finished
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event
+       error, created_at, started_at, completed_at, available_at, wait_event, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = %(status)s
 ORDER BY completed_at DESC LIMIT %(limit)s OFFSET %(offset)s
 

@@ -46,6 +46,7 @@ def job_record(row: tuple[Any, ...]) -> JobRecord:
         completed_at,
         available_at,
         wait_event,
+        group,
     ) = row
     state = "delayed" if status == "pending" and delayed else _STATES[status]
     awaiting = state == "delayed" and wait_event is not None
@@ -64,4 +65,5 @@ def job_record(row: tuple[Any, ...]) -> JobRecord:
         finished_at=completed_at.timestamp() if completed_at else None,
         eta=available_at.timestamp() if state in ("delayed", "awaiting") else None,
         event=wait_event if awaiting else None,
+        group=group,
     )
