@@ -74,12 +74,17 @@ SELECT EXISTS (SELECT 1 FROM conveyor_job_groups WHERE queue = %(queue)s)
 -- skipped, so two claimers never count the same group's slots at once. A
 -- capped group (`cap`: CONVEYOR_QUEUES__<Q>__GROUP_CONCURRENCY) already at
 -- its cap is passed over; the default group '' has no cap.
+-- The runnable check is a LATERAL probe in the index's order with a LIMIT:
+-- one index probe per group. As EXISTS, the planner may turn it into a scan
+-- of every waiting row; unordered, into a sequential scan.
 SELECT g.job_group FROM conveyor_job_groups g
+CROSS JOIN LATERAL (SELECT 1 FROM conveyor_jobs j
+                    WHERE j.queue = %(queue)s AND j.job_group = g.job_group AND j.status = 'pending'
+                      AND j.available_at <= now()
+                    ORDER BY j.priority, j.available_at
+                    LIMIT 1) AS runnable
 WHERE g.queue = %(queue)s
   AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
-  AND EXISTS (SELECT 1 FROM conveyor_jobs j
-              WHERE j.queue = g.queue AND j.job_group = g.job_group AND j.status = 'pending'
-                AND j.available_at <= now())
   AND (%(cap)s::int IS NULL OR g.job_group = ''
        OR (SELECT count(*) FROM conveyor_jobs h
            WHERE h.queue = g.queue AND h.job_group = g.job_group AND h.status = 'in_progress') < %(cap)s)
