@@ -84,3 +84,13 @@ def test_a_nack_and_a_hand_back_free_the_slot_they_held(peer, pump):
     # Handed back: its slot is free again (which of the two waiting goes next is a tie: one batch, one time).
     assert p.receive().args[0]["n"] in (1, 2)
     p.nothing(within=0.5)
+
+
+@pytest.mark.needs("groups")
+def test_a_worker_busy_with_ungrouped_jobs_serves_a_group_that_appears_meanwhile(broker, pump):
+    broker.enqueue_jobs([grouped(n, None) for n in range(100)], dedup_ttl=LONG_TTL)
+    p = pump(broker, prefetch=2)
+    assert _take(broker, p, 4) == [None] * 4  # full claims of the default group, one after another
+    broker.enqueue_jobs([grouped(n, "late") for n in range(2)], dedup_ttl=LONG_TTL)
+    # Not after the default group's backlog: within a few claims.
+    assert _take(broker, p, 10).count("late") == 2

@@ -418,11 +418,16 @@ class Jobs:
         )
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: FIFO within priority
         claimed = [(r[0], r[1], r[2], r[3], r[6], r[7]) for r in rows]
-        # A short claim (the queue looks empty) is when a queue turns grouped: its first grouped
-        # job is not the plain claim's. Once grouped, a queue stays so (its groups are kept).
-        if len(claimed) < limit and _single(self._execute("has_groups", {"queue": queue}, fetch="one"), "groups")[0]:
+        # A queue turns grouped with its first named group: each claimed row says so, and a short
+        # claim (none, or too few: the grouped jobs are not the plain claim's) looks it up.
+        # Once grouped, a queue stays so (its groups are kept).
+        short = len(claimed) < limit
+        if any(r[8] for r in rows) or (
+            short and _single(self._execute("has_groups", {"queue": queue}, fetch="one"), "groups")[0]
+        ):
             self._grouped.add(queue)
-            claimed += self.claim_groups(queue, limit - len(claimed), synchronous=synchronous, group_cap=group_cap)
+            if short:
+                claimed += self.claim_groups(queue, limit - len(claimed), synchronous=synchronous, group_cap=group_cap)
         return claimed
 
     def claim_groups(

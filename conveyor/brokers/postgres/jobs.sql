@@ -61,7 +61,9 @@ UPDATE conveyor_jobs j
 SET status = 'in_progress', delivery = j.delivery + 1, worker_id = %(worker)s, picked_at = now()
 FROM picked WHERE j.id = picked.id
 RETURNING j.id, j.queue, j.job, j.delivery, j.priority, j.available_at, j.message::text,
-          j.final_failure_at IS NOT NULL
+          j.final_failure_at IS NOT NULL,
+          -- The queue has named groups now (one index probe per claim): claim_groups from the next claim on.
+          EXISTS (SELECT 1 FROM conveyor_job_groups g WHERE g.queue = %(queue)s)
 
 -- name: has_groups
 -- Whether the queue ever had a named group: then claim_groups claims its jobs.
