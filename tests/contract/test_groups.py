@@ -94,3 +94,10 @@ def test_a_worker_busy_with_ungrouped_jobs_serves_a_group_that_appears_meanwhile
     broker.enqueue_jobs([grouped(n, "late") for n in range(2)], dedup_ttl=LONG_TTL)
     # Not after the default group's backlog: within a few claims.
     assert _take(broker, p, 10).count("late") == 2
+
+
+def test_every_broker_takes_a_grouped_job_and_runs_it(broker, pump):
+    # Redis and inline accept the group and serve the job as any other (fair shares are postgres's so far).
+    (ref,) = broker.enqueue_jobs([grouped(1, "user:42")], dedup_ttl=LONG_TTL)
+    assert not ref.deduplicated
+    assert _take(broker, pump(broker), 1) == ["user:42"]
