@@ -5,8 +5,14 @@
 -- groups, the claim serves groups round-robin (least recently served
 -- first), so one tenant's backlog does not hold the others back; within a
 -- group the queue's order holds (priority, then available time).
-ALTER TABLE conveyor_jobs ADD COLUMN IF NOT EXISTS job_group TEXT NOT NULL DEFAULT ''
-    CHECK (length(job_group) <= 128);
+-- A constant default: no table rewrite. The check is NOT VALID so adding it
+-- does not scan a big table under its lock (every existing row is '' anyway);
+-- it holds for every row written from now on.
+ALTER TABLE conveyor_jobs ADD COLUMN IF NOT EXISTS job_group TEXT NOT NULL DEFAULT '';
+DO $$ BEGIN
+    ALTER TABLE conveyor_jobs ADD CONSTRAINT conveyor_jobs_group_length CHECK (length(job_group) <= 128) NOT VALID;
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
 
 -- The grouped claim's scan: one group's waiting rows in claim order.
 CREATE INDEX IF NOT EXISTS conveyor_jobs_group_pending
