@@ -163,6 +163,7 @@ class App:
             settings, middleware=middleware, on_dead=self.final_failure, database_url=lambda: self.database_url
         )
         declare_actors(broker, self)
+        broker.group_caps = {n: q.group_concurrency for n, q in self.queues.items() if q.group_concurrency}
         return broker
 
     @cached_property

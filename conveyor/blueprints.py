@@ -63,6 +63,9 @@ class Queue:
     max_backoff: float = 60.0
     time_limit: float = 10 * 60
     why: str = ""
+    #: At most this many jobs of one named group held (claimed or running) at once, fleet-wide;
+    #: None: no cap. Groups are served round-robin either way (``enqueue(..., group=...)``).
+    group_concurrency: int | None = None
     #: Budgets every job of the queue takes from (``conveyor.budgets``), besides its job type's own.
     budgets: tuple[Budget, ...] = ()
 
@@ -71,6 +74,8 @@ class Queue:
         _check_budgets(f"queue {self.name!r}", self.budgets)
         if not QUEUE_NAME.match(self.name):
             raise ValueError(f"queue name {self.name!r} must match {QUEUE_NAME.pattern}")
+        if self.group_concurrency is not None and self.group_concurrency < 1:
+            raise ValueError(f"queue {self.name!r}: group_concurrency must be >= 1 (or None: no cap)")
         if self.concurrency < 1 or self.max_attempts < 1 or self.time_limit <= 0:
             raise ValueError(f"queue {self.name!r}: concurrency and max_attempts must be >= 1, time_limit > 0")
 
@@ -348,12 +353,16 @@ class JobHandle(Generic[P, R]):
         delay: float | None = None,
         priority: int = 0,
         connection: Connection[Any] | None = None,
+        group: str | None = None,
     ) -> Enqueued[R]:
         """Enqueue this job on its App; the payload is checked against the job's model first.
 
-        ``priority``: 0-9, higher first (see :meth:`conveyor.tasks.jobqueue.JobQueue.enqueue`)."""
+        ``priority``: 0-9, higher first; ``group``: its fair-share group (see
+        :meth:`conveyor.tasks.jobqueue.JobQueue.enqueue`)."""
         app = self.blueprint.bound_app(self.name)
-        ref = app.jobs.enqueue(self.name, payload, key=key, delay=delay, priority=priority, connection=connection)
+        ref = app.jobs.enqueue(
+            self.name, payload, key=key, delay=delay, priority=priority, connection=connection, group=group
+        )
         return Enqueued(ref.id, ref.deduplicated, self.name, app)
 
     def get(self, job_id: str) -> JobView:

@@ -129,6 +129,8 @@ class JobView:
     event: str | None = None
     #: 0-9, higher runs first.
     priority: int = 0
+    #: Its fair-share group (``enqueue(..., group=...)``); None: the default group.
+    group: str | None = None
 
     @property
     def run_seconds(self) -> float | None:
@@ -557,6 +559,7 @@ class Inspector:
             eta=record.eta,
             event=record.event,
             priority=record.priority,
+            group=record.group,
         )
 
     def _history(self, record: JobRecord, view: JobView) -> list[AttemptView]:

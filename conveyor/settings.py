@@ -44,6 +44,8 @@ class QueueOverride(BaseModel):
     min_backoff: float | None = Field(None, ge=0)
     max_backoff: float | None = Field(None, ge=0)
     time_limit: float | None = Field(None, gt=0)
+    #: CONVEYOR_QUEUES__<QUEUE>__GROUP_CONCURRENCY: jobs of one group held at once, fleet-wide.
+    group_concurrency: int | None = Field(None, ge=1, le=100_000)
 
 
 class BudgetOverride(BaseModel):

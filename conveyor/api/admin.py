@@ -106,6 +106,8 @@ class Job(_Out):
     event: str | None = None
     #: 0-9, higher runs first (with aging: CONVEYOR_PRIORITY_AGING_SECONDS).
     priority: int = 0
+    #: Its fair-share group (``enqueue(..., group=...)``); null: the default group.
+    group: str | None = None
 
 
 class JobList(_Out):

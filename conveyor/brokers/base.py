@@ -232,6 +232,8 @@ class JobRecord:
     event: str | None = None
     #: 0-9, higher runs first (the enqueue's ``priority``).
     priority: int = 0
+    #: Its fair-share group (``enqueue(..., group=...)``); None: the default group.
+    group: str | None = None
 
 
 def as_message(message: AnyMessage) -> Message[Any]:
@@ -351,6 +353,9 @@ class ConveyorBroker(Broker):
     def config_warning_reasons(self) -> dict[str, str]:
         """:meth:`config_warnings` by reason (a metric label); empty when nothing is known to be wrong."""
         return {}
+
+    #: Queue -> its group cap (``Queue.group_concurrency``), set by the App; queues without a cap are absent.
+    group_caps: dict[str, int] = {}
 
     def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
         """Enqueue messages, each atomically with its key: a key held by an existing job returns that job."""

@@ -68,9 +68,15 @@ def register(sub: Subcommands) -> None:
         "priority x CONVEYOR_PRIORITY_AGING_SECONDS earlier",
     )
     p.add_argument(
+        "--group",
+        help="fair-share group (a tenant, e.g. user:42): the queue serves its groups round-robin "
+        "and runs at most CONVEYOR_QUEUES__<QUEUE>__GROUP_CONCURRENCY jobs of one group at once",
+    )
+    p.add_argument(
         "--batch",
         action="store_true",
-        help='read {"job", "payload", "key", "delay", "priority"} JSON lines from stdin; every line is checked '
+        help='read {"job", "payload", "key", "delay", "priority", "group"} JSON lines from stdin; every line is '
+        "checked "
         'before any is sent, then they go in chunks, and each job\'s {"id", "deduplicated"} '
         "line is printed once its chunk is in (not when stdout is a terminal: there a bar "
         "and a summary show; elsewhere the summary is one JSON line on stderr)",
@@ -315,7 +321,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if not args.job or args.payload is None:
         print("conveyor: error: enqueue needs JOB and --payload (or --batch)", file=sys.stderr)
         return 2
-    ref = app.jobs.enqueue(args.job, args.payload, key=args.key, delay=args.delay, priority=args.priority)
+    ref = app.jobs.enqueue(
+        args.job, args.payload, key=args.key, delay=args.delay, priority=args.priority, group=args.group
+    )
     print(json.dumps({"id": ref.id, "deduplicated": ref.deduplicated}))
     return 0
 
@@ -355,7 +363,12 @@ def _enqueue_batch(app: App, chunk_size: int) -> int:
                     if json_depth_exceeds(row, app.settings.api_max_json_depth):
                         raise ValueError(f"nested deeper than {app.settings.api_max_json_depth} levels")
                     request = JobRequest(
-                        row["job"], row.get("payload"), row.get("key"), row.get("delay"), row.get("priority", 0)
+                        row["job"],
+                        row.get("payload"),
+                        row.get("key"),
+                        row.get("delay"),
+                        row.get("priority", 0),
+                        row.get("group"),
                     )
                     app.jobs.prepare(request)  # validated now: a bad line stops the batch before anything is sent
                 except RecursionError:

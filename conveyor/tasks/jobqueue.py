@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 #: Dramatiq's delay queues keep a message at most 7 days.
 MAX_DELAY_SECONDS = 7 * 24 * 3600
 MAX_KEY_LENGTH = 512
+#: A group name is stored on every job of the group and in the broker's group keys: short, printable.
+MAX_GROUP_LENGTH = 128
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class JobRequest:
     delay: float | None = None
     #: 0 (the default) to 9, higher runs first; aging keeps a low one from starving (CONVEYOR_PRIORITY_AGING_SECONDS).
     priority: int = 0
+    #: Its fair-share group (a tenant): a queue serves its groups round-robin; None: the default group.
+    group: str | None = None
 
 
 class JobQueue:
@@ -55,6 +59,7 @@ class JobQueue:
         delay: float | None = None,
         priority: int = 0,
         connection: Connection[Any] | None = None,
+        group: str | None = None,
     ) -> JobRef:
         """Enqueue one job. With ``key``, a second enqueue within ``CONVEYOR_DEDUP_TTL`` returns the first job.
 
@@ -65,11 +70,17 @@ class JobQueue:
         postgres broker only), the job is enqueued inside that connection's
         transaction: it exists if and only if the transaction commits.
 
+        With ``group`` (a tenant, e.g. ``"user:42"``; 1-128 printable characters), the queue serves
+        its groups round-robin, so one group's backlog does not delay the others, and runs at most
+        the queue's ``group_concurrency`` jobs of one group at once. Jobs without a group are one
+        group of their own. Fair shares are the postgres broker's so far: redis and inline accept the
+        group and serve the job as any other.
+
         Raises :class:`~conveyor.errors.EnqueueError` subclasses; when one is raised nothing was enqueued,
         except :class:`~conveyor.errors.EnqueueOutcomeUnknown`: the job may exist (enqueue it again only
         with a key, which then returns it).
         """
-        return self.enqueue_many([JobRequest(job, payload, key, delay, priority)], connection=connection)[0]
+        return self.enqueue_many([JobRequest(job, payload, key, delay, priority, group)], connection=connection)[0]
 
     def enqueue_many(
         self, requests: Iterable[JobRequest | Mapping[str, Any]], *, connection: Connection[Any] | None = None
@@ -169,6 +180,12 @@ class JobQueue:
         options: dict[str, Any] = {"key": request.key} if request.key else {}
         if priority:
             options[PRIORITY] = priority  # absent means 0: a plain job's message is as before
+        if request.group is not None:
+            if not valid_group(request.group):
+                raise InvalidPayload(
+                    request.job, [{"loc": ("group",), "msg": f"must be 1-{MAX_GROUP_LENGTH} printable characters"}]
+                )
+            options["group"] = request.group
         message: Message[Any] = Message(
             queue_name=job_type.queue,
             actor_name=job_type.name,
@@ -184,6 +201,11 @@ class JobQueue:
             )
         delay_ms = None if request.delay is None else int(request.delay * 1000)
         return EnqueueItem(message, request.key, delay_ms)
+
+
+def valid_group(group: object) -> bool:
+    """Whether ``group`` may name a fair-share group: a string of 1-MAX_GROUP_LENGTH printable characters."""
+    return isinstance(group, str) and 0 < len(group) <= MAX_GROUP_LENGTH and group.isprintable()
 
 
 #: A payload model: a :class:`Payload`, or a root model such as agent.build's union of variants.

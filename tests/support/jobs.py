@@ -282,3 +282,30 @@ def cancellable(payload: Cancellable, ctx) -> None:
 @jobs.on_cancel("test.cancellable")
 def cancellable_hook(payload: Cancellable | None, ctx) -> None:
     _cancel_log(ctx, payload.token if payload else "?", "hook")
+
+
+class Grouped(Payload):
+    grp: str
+    sleep: float = 0
+
+
+GROUP_ENTER = (
+    "INSERT INTO group_load AS g (grp, running, peak) VALUES (%s, 1, 1) ON CONFLICT (grp) DO UPDATE "
+    "SET running = g.running + 1, peak = greatest(g.peak, g.running + 1)"
+)
+GROUP_LEAVE = "UPDATE group_load SET running = running - 1 WHERE grp = %s"
+GROUP_DONE = "INSERT INTO group_done (job_id, grp) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+
+
+@jobs.job("test.grouped", queue=QUEUES["indexing"], payload=Grouped)
+def grouped(payload: Grouped, ctx) -> None:
+    """Counts its group's jobs running at once (group_load.peak) and records its finish (group_done)."""
+    with ctx.app.pool.connection() as conn:
+        conn.execute(GROUP_ENTER, (payload.grp,))
+    try:
+        time.sleep(payload.sleep)
+    finally:
+        with ctx.app.pool.connection() as conn:
+            conn.execute(GROUP_LEAVE, (payload.grp,))
+    with ctx.app.pool.connection() as conn:
+        conn.execute(GROUP_DONE, (ctx.job_id, payload.grp))

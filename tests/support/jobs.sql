@@ -24,3 +24,15 @@ CREATE TABLE effect_log (
     kind      TEXT NOT NULL,
     at        TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
+-- What test.grouped did (tests/acceptance/test_pg_groups.py): each group's jobs
+-- running now and the most ever running at once, and when each job finished.
+CREATE TABLE group_load (
+    grp      TEXT PRIMARY KEY,
+    running  INT NOT NULL DEFAULT 0,
+    peak     INT NOT NULL DEFAULT 0
+);
+CREATE TABLE group_done (
+    job_id  TEXT PRIMARY KEY,
+    grp     TEXT NOT NULL,
+    seq     BIGSERIAL
+);

@@ -286,6 +286,7 @@ class PostgresBroker(ConveyorBroker, Broker):
             "message": message.encode().decode(),
             "error": message.options.get("last_error"),
             "delay": (item.delay_ms or 0) / 1000,
+            "group": str(message.options.get("group") or ""),
         }
 
     # -- worker side ---------------------------------------------------------------

@@ -121,7 +121,9 @@ class PostgresConsumer(Consumer):
     def _claim(self, room: int) -> int:
         proofs = self.broker.proofs
         epoch = proofs.epoch_before_claim()
-        rows = self.broker.jobs.claim(self.queue, room, synchronous=epoch == 0)
+        rows = self.broker.jobs.claim(
+            self.queue, room, synchronous=epoch == 0, group_cap=self.broker.group_caps.get(self.queue)
+        )
         ticket = proofs.request(epoch) if rows and epoch else PROVEN
         for job_id, queue, job, delivery, text, finalize in rows:
             self.broker.deliveries.hold(job_id, delivery)

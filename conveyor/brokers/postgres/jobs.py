@@ -111,6 +111,8 @@ class NewJob(TypedDict):
     error: str | None
     #: Seconds until it may run.
     delay: float
+    #: Its fair-share group ('': the default group, jobs enqueued without one).
+    group: str
 
 
 class ConnectionOptions(TypedDict):
@@ -220,6 +222,8 @@ class Jobs:
         self._lock = threading.Lock()
         self._pools: dict[bool, ShieldedPool] = {}  # fast -> pool
         self._pool_checked = -math.inf
+        #: Queues seen with named groups: claimed by claim_groups from then on.
+        self._grouped: set[str] = set()
 
     # -- connections -----------------------------------------------------------
 
@@ -431,16 +435,54 @@ class Jobs:
 
     # -- one delivery's life ------------------------------------------------------
 
-    def claim(self, queue: str, limit: int, *, synchronous: bool) -> list[tuple[str, str, str, int, str, bool]]:
-        """Claim up to ``limit`` runnable jobs, lowest rank first (priority with aging): (id, queue, job, delivery, message,
-        finalize). ``finalize``: the job failed for good and its final-failure hooks are to run (only them).
+    def claim(
+        self, queue: str, limit: int, *, synchronous: bool, group_cap: int | None = None
+    ) -> list[tuple[str, str, str, int, str, bool]]:
+        """Claim up to ``limit`` runnable jobs, lowest rank first (priority with aging): (id, queue, job,
+        delivery, message, finalize). ``finalize``: the job failed for good and its final-failure hooks are to run (only them).
 
-        ``synchronous=False``: the caller proves the claim durable before its jobs start (durability.py).
+        A queue with named groups is claimed by :meth:`claim_groups` (fair shares; ``group_cap`` jobs of
+        one group held at once at most). ``synchronous=False``: the caller proves the claim durable
+        before its jobs start (durability.py).
         """
+        if queue in self._grouped:
+            return self.claim_groups(queue, limit, synchronous=synchronous, group_cap=group_cap)
         rows = self._execute(
             "claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all", fast=not synchronous
         )
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: rank, then higher priority
+        claimed = [(r[0], r[1], r[2], r[3], r[6], r[7]) for r in rows]
+        # A queue turns grouped with its first named group: each claimed row says so, and a short
+        # claim (none, or too few: the grouped jobs are not the plain claim's) looks it up.
+        # Once grouped, a queue stays so (its groups are kept).
+        short = len(claimed) < limit
+        if any(r[8] for r in rows) or (
+            short and _single(self._execute("has_groups", {"queue": queue}, fetch="one"), "groups")[0]
+        ):
+            self._grouped.add(queue)
+            if short:
+                claimed += self.claim_groups(queue, limit - len(claimed), synchronous=synchronous, group_cap=group_cap)
+        return claimed
+
+    def claim_groups(
+        self, queue: str, limit: int, *, synchronous: bool, group_cap: int | None
+    ) -> list[tuple[str, str, str, int, str, bool]]:
+        """The claim of a queue with named groups: groups served round-robin, each group's jobs in the
+        queue's order, at most ``group_cap`` held per named group fleet-wide (lock_groups, claim_groups
+        in jobs.sql). Returns what :meth:`claim` does, interleaved by group."""
+        params = {"queue": queue, "limit": limit, "worker": self.worker_id, "cap": group_cap}
+        try:
+            with self._conn(fast=not synchronous) as conn:
+                with conn.transaction():
+                    groups = [r[0] for r in conn.execute(QUERIES["lock_groups"], params)]
+                    if not groups:
+                        return []
+                    rows = conn.execute(QUERIES["claim_groups"], {**params, "groups": groups}).fetchall()
+        except STATEMENT_ERRORS as exc:
+            if isinstance(exc, UNAVAILABLE):
+                self.trouble()
+            raise translate(exc, "claim") from exc
+        rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: round-robin over the groups
         return [(r[0], r[1], r[2], r[3], r[6], r[7]) for r in rows]
 
     def next_due(self, queue: str) -> float | None:
@@ -766,6 +808,7 @@ def _enqueue_params(rows: list[NewJob], dedup_ttl: float) -> dict[str, Any]:
         "messages": [r["message"] for r in rows],
         "errors": [storable(r["error"]) for r in rows],
         "delays": [r["delay"] for r in rows],
+        "groups": [r["group"] for r in rows],
         "dedup_ttl": float(dedup_ttl),
         "channel": CHANNEL,
     }

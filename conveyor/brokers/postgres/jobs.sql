@@ -8,16 +8,24 @@
 -- job, sent when the enqueue's transaction commits, wakes idle workers.
 WITH ins AS (
     INSERT INTO conveyor_jobs AS j (id, queue, job, priority, rank_lead, max_attempts, job_key, key_expires_at,
-                                    message, error, available_at)
+                                    message, error, available_at, job_group)
     SELECT i.id, i.queue, i.job, i.priority, i.rank_lead, i.max_attempts, i.job_key,
            CASE WHEN i.job_key IS NOT NULL THEN now() + make_interval(secs => %(dedup_ttl)s) END,
-           i.message::jsonb, i.error, now() + make_interval(secs => i.delay)
+           i.message::jsonb, i.error, now() + make_interval(secs => i.delay), i.job_group
     FROM unnest(%(ids)s::text[], %(queues)s::text[], %(jobs)s::text[], %(priorities)s::int[],
                 %(rank_leads)s::float8[], %(max_attempts)s::int[], %(keys)s::text[], %(messages)s::text[],
-                %(errors)s::text[], %(delays)s::float8[])
-         AS i(id, queue, job, priority, rank_lead, max_attempts, job_key, message, error, delay)
+                %(errors)s::text[], %(delays)s::float8[], %(groups)s::text[])
+         AS i(id, queue, job, priority, rank_lead, max_attempts, job_key, message, error, delay, job_group)
     ON CONFLICT DO NOTHING
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.job_group
+), groups AS (
+    -- A queue's first named group makes it a grouped queue (claim_groups), with
+    -- the default group '' (jobs without a group) as one more group of its rotation.
+    INSERT INTO conveyor_job_groups (queue, job_group)
+    SELECT DISTINCT ins.queue, g.job_group
+    FROM ins CROSS JOIN LATERAL (VALUES (ins.job_group), ('')) AS g(job_group)
+    WHERE ins.job_group <> ''
+    ON CONFLICT DO NOTHING
 ), woke AS (
     SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM ins) q
 )
@@ -46,6 +54,7 @@ WITH picked AS (
     SELECT id FROM conveyor_jobs
     WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
       AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
+      AND job_group = ''  -- a named group's jobs are claim_groups' only (fair shares, caps)
     ORDER BY rank_at, priority DESC
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -54,6 +63,77 @@ UPDATE conveyor_jobs j
 SET status = 'in_progress', delivery = j.delivery + 1, worker_id = %(worker)s, picked_at = now()
 FROM picked WHERE j.id = picked.id
 RETURNING j.id, j.queue, j.job, j.delivery, j.rank_at, -j.priority, j.message::text,
+          j.final_failure_at IS NOT NULL,
+          -- The queue has named groups now (one index probe per claim): claim_groups from the next claim on.
+          EXISTS (SELECT 1 FROM conveyor_job_groups g WHERE g.queue = %(queue)s)
+
+-- name: has_groups
+-- Whether the queue ever had a named group: then claim_groups claims its jobs.
+SELECT EXISTS (SELECT 1 FROM conveyor_job_groups WHERE queue = %(queue)s)
+
+-- name: lock_groups
+-- The grouped claim, first statement (claim_groups runs next, in the same
+-- transaction): lock up to `limit` groups of the queue that have a runnable
+-- job, least recently served first. A group another claimer holds is
+-- skipped, so two claimers never count the same group's slots at once. A
+-- capped group (`cap`: CONVEYOR_QUEUES__<Q>__GROUP_CONCURRENCY) already at
+-- its cap is passed over; the default group '' has no cap.
+-- The runnable check is a LATERAL probe in the index's order with a LIMIT:
+-- one index probe per group. As EXISTS, the planner may turn it into a scan
+-- of every waiting row; unordered, into a sequential scan.
+SELECT g.job_group FROM conveyor_job_groups g
+CROSS JOIN LATERAL (SELECT 1 FROM conveyor_jobs j
+                    WHERE j.queue = %(queue)s AND j.job_group = g.job_group AND j.status = 'pending'
+                      AND j.available_at <= now()
+                    ORDER BY j.rank_at, j.priority DESC
+                    LIMIT 1) AS runnable
+WHERE g.queue = %(queue)s
+  AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
+  AND (%(cap)s::int IS NULL OR g.job_group = ''
+       OR (SELECT count(*) FROM conveyor_jobs h
+           WHERE h.queue = g.queue AND h.job_group = g.job_group AND h.status = 'in_progress') < %(cap)s)
+ORDER BY g.last_served, g.job_group
+LIMIT %(limit)s
+FOR UPDATE OF g SKIP LOCKED
+
+-- name: claim_groups
+-- The grouped claim, second statement: a fresh snapshot (READ COMMITTED)
+-- taken while this transaction holds the groups' locks, so each group's
+-- held count includes every claim of it that committed before (a claimer
+-- commits before it lets the lock go). Each group gets up to its room
+-- (cap minus held, or `limit`), oldest first in the queue's order; the
+-- picks interleave the groups (first of each, in rotation order, then the
+-- second of each, ...) up to `limit`. The groups served move to the back
+-- of the rotation. Fenced and counted like claim.
+WITH g AS (
+    SELECT l.job_group, l.ord,
+           CASE WHEN %(cap)s::int IS NULL OR l.job_group = '' THEN %(limit)s
+                ELSE greatest(0, %(cap)s - (SELECT count(*) FROM conveyor_jobs h
+                                            WHERE h.queue = %(queue)s AND h.job_group = l.job_group
+                                              AND h.status = 'in_progress'))::int
+           END AS room
+    FROM unnest(%(groups)s::text[]) WITH ORDINALITY AS l(job_group, ord)
+), candidates AS (
+    SELECT c.id, g.job_group, g.ord,
+           row_number() OVER (PARTITION BY g.ord ORDER BY c.rank_at, c.priority DESC) AS rn
+    FROM g CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.rank_at FROM conveyor_jobs j
+        WHERE j.queue = %(queue)s AND j.job_group = g.job_group AND j.status = 'pending'
+          AND j.available_at <= now()
+        ORDER BY j.rank_at, j.priority DESC
+        LIMIT least(g.room, %(limit)s)
+        FOR UPDATE SKIP LOCKED
+    ) c
+), picked AS (
+    SELECT id, job_group, rn, ord FROM candidates ORDER BY rn, ord LIMIT %(limit)s
+), served AS (
+    UPDATE conveyor_job_groups s SET last_served = clock_timestamp()
+    WHERE s.queue = %(queue)s AND s.job_group IN (SELECT job_group FROM picked)
+)
+UPDATE conveyor_jobs j
+SET status = 'in_progress', delivery = j.delivery + 1, worker_id = %(worker)s, picked_at = now()
+FROM picked WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.job, j.delivery, picked.rn, picked.ord, j.message::text,
           j.final_failure_at IS NOT NULL
 
 -- name: next_due
@@ -425,38 +505,38 @@ FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pending', 'in_progres
 
 -- name: get_job
 SELECT id, queue, job, status, available_at > now() AS delayed, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event, priority
+       error, created_at, started_at, completed_at, available_at, wait_event, priority, nullif(job_group, '')
 FROM conveyor_jobs WHERE id = %(id)s
 
 -- name: list_waiting
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event, priority
+       error, created_at, started_at, completed_at, available_at, wait_event, priority, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_delayed
 SELECT id, queue, job, status, true, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event, priority
+       error, created_at, started_at, completed_at, available_at, wait_event, priority, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at > now()
   AND wait_event IS NULL
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_awaiting
 SELECT id, queue, job, status, true, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event, priority
+       error, created_at, started_at, completed_at, available_at, wait_event, priority, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending' AND available_at > now()
   AND wait_event IS NOT NULL
 ORDER BY available_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_active
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event, priority
+       error, created_at, started_at, completed_at, available_at, wait_event, priority, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'in_progress'
 ORDER BY picked_at DESC LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_finished
 SELECT id, queue, job, status, false, attempt, job_key, message -> 'args' -> 0,
-       error, created_at, started_at, completed_at, available_at, wait_event, priority
+       error, created_at, started_at, completed_at, available_at, wait_event, priority, nullif(job_group, '')
 FROM conveyor_jobs WHERE queue = %(queue)s AND status = %(status)s
 ORDER BY completed_at DESC LIMIT %(limit)s OFFSET %(offset)s
 

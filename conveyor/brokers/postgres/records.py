@@ -47,6 +47,7 @@ def job_record(row: tuple[Any, ...]) -> JobRecord:
         available_at,
         wait_event,
         priority,
+        group,
     ) = row
     state = "delayed" if status == "pending" and delayed else _STATES[status]
     awaiting = state == "delayed" and wait_event is not None
@@ -66,4 +67,5 @@ def job_record(row: tuple[Any, ...]) -> JobRecord:
         eta=available_at.timestamp() if state in ("delayed", "awaiting") else None,
         event=wait_event if awaiting else None,
         priority=priority,
+        group=group,
     )

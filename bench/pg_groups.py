@@ -1,0 +1,141 @@
+"""What fair shares cost the Postgres broker's claim (issue 21.2).
+
+    .venv/bin/python bench/pg_groups.py [--jobs 10000] [--claims 400] [--limit 8]
+
+Starts a private Postgres (tests/support/servers.py), and for each case, on a
+fresh migrated database, enqueues ``--jobs`` jobs, then times ``--claims``
+claims of ``--limit`` jobs each through ``Jobs.claim`` (the consumer's call);
+each claim's jobs are marked done right after, untimed, so held rows stay
+few as in a running fleet. Cases: no groups (the plain claim); one group
+holding every job but ten (the A-10,000 / B-10 case); a hundred groups; and
+a hundred groups under a cap of 4. Prints one JSON line per case (claim
+p50 / p95 / mean in ms) and the EXPLAIN ANALYZE of one grouped claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+QUEUE = "bench"
+
+
+def rows_for(jobs: int, groups: list[str]) -> list[dict]:
+    from dramatiq import Message
+
+    out = []
+    for i in range(jobs):
+        group = groups[i % len(groups)] if groups else ""
+        message = Message(queue_name=QUEUE, actor_name="bench.job", args=({"n": i},), kwargs={}, options={})
+        out.append(
+            {
+                "id": message.message_id,
+                "queue": QUEUE,
+                "job": "bench.job",
+                "priority": 0,
+                "max_attempts": 3,
+                "key": None,
+                "message": message.encode().decode(),
+                "error": None,
+                "delay": 0.0,
+                "group": group,
+            }
+        )
+    return out
+
+
+def case(url: str, name: str, groups: list[str], jobs: int, claims: int, limit: int, cap: int | None) -> dict:
+    import psycopg
+
+    from conveyor.brokers.postgres.jobs import Jobs
+    from conveyor.schema.migrate import migrate
+
+    migrate(url)
+    store = Jobs(url, "bench-worker")
+    batch = rows_for(jobs, groups)
+    if groups == ["a"]:  # A's backlog first, then B's ten
+        batch = rows_for(jobs - 10, ["a"]) + rows_for(10, ["b"])
+    for start in range(0, len(batch), 1000):
+        store.enqueue(batch[start : start + 1000], dedup_ttl=60)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE conveyor_jobs")
+        times = []
+        b_done_at = None
+        for n in range(claims):
+            t0 = time.perf_counter()
+            got = store.claim(QUEUE, limit, synchronous=False, group_cap=cap)
+            times.append((time.perf_counter() - t0) * 1000)
+            ids = [g[0] for g in got]
+            conn.execute(
+                "UPDATE conveyor_jobs SET status = 'done', completed_at = now(), worker_id = NULL WHERE id = ANY(%s)",
+                (ids,),
+            )
+            if b_done_at is None and groups == ["a"]:
+                left = conn.execute(
+                    "SELECT count(*) FROM conveyor_jobs WHERE job_group = 'b' AND status = 'pending'"
+                ).fetchone()[0]
+                if left == 0:
+                    b_done_at = n + 1
+    store.close()
+    times.sort()
+    out = {
+        "case": name,
+        "jobs": jobs,
+        "limit": limit,
+        "claims": claims,
+        "p50_ms": round(statistics.median(times), 3),
+        "p95_ms": round(times[int(len(times) * 0.95)], 3),
+        "mean_ms": round(statistics.fmean(times), 3),
+    }
+    if b_done_at is not None:
+        out["b_all_claimed_after_claims"] = b_done_at
+    return out
+
+
+def explain(url: str) -> str:
+    import psycopg
+
+    from conveyor.brokers.postgres.jobs import QUERIES
+
+    params = {"queue": QUEUE, "limit": 8, "worker": "explain", "cap": None, "groups": ["a", "b"]}
+    with psycopg.connect(url) as conn:
+        plan = conn.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + QUERIES["claim_groups"], params).fetchall()
+        conn.rollback()
+    return "\n".join(r[0] for r in plan)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--claims", type=int, default=400)
+    parser.add_argument("--limit", type=int, default=8)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from tests.support.servers import PostgresServer
+
+    hundred = [f"tenant-{i}" for i in range(100)]
+    cases = [
+        ("no groups", [], None),
+        ("one group of 9,990 + one of 10", ["a"], None),
+        ("100 groups", hundred, None),
+        ("100 groups, cap 4", hundred, 4),
+    ]
+    with PostgresServer(tempfile.mkdtemp(prefix="conveyor-bench-groups-")) as pg:
+        for name, groups, cap in cases:
+            db = f"bench_{uuid.uuid4().hex[:8]}"
+            pg.create_database(db)
+            print(json.dumps(case(pg.url(db), name, groups, args.jobs, args.claims, args.limit, cap)), flush=True)
+            if groups == ["a"]:
+                print(explain(pg.url(db)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""Fair shares per group on the postgres broker, with real worker processes (issue 21.2).
+
+The job body (``test.grouped``) counts its group's jobs running at once in the
+test's own Postgres (``group_load.peak``) and records each finish
+(``group_done``), so the cap and the interleaving are checked from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from conveyor.app import App
+from conveyor.errors import InvalidPayload
+from tests.support.harness import FAST_QUEUES, ROOT, env_for, make_settings
+from tests.support.waiting import wait_for
+
+QUEUE = "indexing"  # test.grouped's queue: 5 threads per process
+CAP = 2
+
+
+@pytest.fixture
+def settings(clean_env, database_url):
+    queues = {**FAST_QUEUES, QUEUE: {**FAST_QUEUES[QUEUE], "group_concurrency": CAP}}
+    return make_settings("postgres", None, database_url, queues=queues, pg_lease_seconds=1.5)
+
+
+def rows(database_url: str, query: str, params=None) -> list[tuple]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def done(database_url: str, grp: str) -> int:
+    return rows(database_url, "SELECT count(*) FROM group_done WHERE grp = %s", (grp,))[0][0]
+
+
+def jobs(grp: str | None, n: int, sleep: float = 0) -> list[dict]:
+    return [{"job": "test.grouped", "payload": {"grp": grp or "-", "sleep": sleep}, "group": grp} for _ in range(n)]
+
+
+def test_a_small_tenant_runs_promptly_behind_a_big_tenants_backlog(app, workers, database_url):
+    app.jobs.enqueue_many(jobs("tenant-a", 10_000))
+    app.jobs.enqueue_many(jobs("tenant-b", 10))
+    workers(QUEUE, processes=1)
+    wait_for(lambda: done(database_url, "tenant-b") == 10, timeout=120, message="tenant b's ten jobs to finish")
+    # Round-robin: b's ten ran between a's jobs, not after a's backlog (most of it still waits).
+    assert done(database_url, "tenant-a") < 2_000, done(database_url, "tenant-a")
+
+
+def test_a_group_never_runs_more_than_its_cap_across_two_worker_processes(app, workers, database_url):
+    app.jobs.enqueue_many(jobs("hot", 24, sleep=0.15) + jobs("warm", 8, sleep=0.15) + jobs(None, 8, sleep=0.15))
+    workers(QUEUE, processes=2)  # 10 threads in all, each prefetching
+    wait_for(
+        lambda: done(database_url, "hot") == 24 and done(database_url, "warm") == 8,
+        timeout=120,
+        message="every grouped job to finish",
+    )
+    wait_for(lambda: done(database_url, "-") == 8, timeout=60, message="the ungrouped jobs to finish")
+    peaks = dict(rows(database_url, "SELECT grp, peak FROM group_load"))
+    assert peaks["hot"] == CAP and peaks["warm"] == CAP, peaks  # the cap held, and was used
+    assert peaks["-"] > CAP, peaks  # jobs without a group have no cap
+
+
+def test_a_sigkilled_workers_slot_is_released_by_recovery(app, workers, database_url):
+    group = workers(QUEUE, processes=1)
+    wait_for(lambda: len(group.child_pids()) == 1, timeout=60, message="a worker process")
+    app.jobs.enqueue_many(jobs("solo", 3, sleep=3))
+    held = wait_for(
+        lambda: rows(
+            database_url,
+            "SELECT w.pid, w.id FROM conveyor_jobs j JOIN conveyor_workers w ON w.id = j.worker_id "
+            "WHERE j.job_group = 'solo' AND j.status = 'in_progress' AND j.started_delivery = j.delivery",
+        ),
+        message="solo's jobs running",
+    )
+    assert len(held) == CAP, held
+    os.kill(held[0][0], signal.SIGKILL)
+    # Recovery takes the dead worker's jobs back; their slots come free once, and all three finish.
+    wait_for(lambda: done(database_url, "solo") == 3, timeout=90, message="every solo job to finish after the kill")
+    assert rows(database_url, "SELECT count(*) FROM conveyor_jobs WHERE status = 'in_progress'") == [(0,)]
+
+
+def conveyor(settings, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor", *args],
+        env=env_for(settings),
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_enqueue_takes_a_group_and_the_batch_a_group_field(settings, database_url):
+    one = conveyor(settings, "enqueue", "test.grouped", "--payload", '{"grp": "x"}', "--group", "user:42")
+    assert one.returncode == 0, one.stderr
+    lines = "\n".join(json.dumps(j) for j in jobs("user:7", 2) + jobs(None, 1))
+    batch = conveyor(settings, "enqueue", "--batch", stdin=lines)
+    assert batch.returncode == 0, batch.stderr
+    got = rows(database_url, "SELECT job_group, count(*) FROM conveyor_jobs GROUP BY 1 ORDER BY 1")
+    assert got == [("", 1), ("user:42", 1), ("user:7", 2)]
+    # The admin views show the group; queue counts are as before.
+    app = App(settings)
+    try:
+        assert app.jobs.get(json.loads(one.stdout)["id"]).group == "user:42"
+        assert {j.group for j in app.broker.list_jobs(QUEUE, "waiting", limit=10, offset=0)} == {
+            "user:42",
+            "user:7",
+            None,
+        }
+        assert app.broker.queue_counts(QUEUE).waiting == 4
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 129, "tab\there", "new\nline"])
+def test_a_bad_group_is_refused_without_echoing_it(app, settings, bad):
+    with pytest.raises(InvalidPayload) as raised:
+        app.jobs.enqueue("test.grouped", {"grp": "x"}, group=bad)
+    assert "group" in str(raised.value) and (not bad or bad not in str(raised.value))
+    cli = conveyor(settings, "enqueue", "test.grouped", "--payload", '{"grp": "x"}', "--group", bad)
+    assert cli.returncode != 0 and "printable" in cli.stderr and "Traceback" not in cli.stderr
+    if bad:
+        assert bad not in cli.stderr

@@ -1,0 +1,103 @@
+"""Fair shares per group: a queue serves its groups round-robin and caps one group's held jobs."""
+
+from __future__ import annotations
+
+import pytest
+from dramatiq import Message
+
+from conveyor.brokers.base import EnqueueItem
+from tests.contract.drive import JOB, LONG_TTL, QUEUE
+
+
+def grouped(n: int, group: str | None) -> EnqueueItem:
+    options = {"group": group} if group else {}
+    return EnqueueItem(
+        Message(queue_name=QUEUE, actor_name=JOB, args=({"n": n, "g": group},), kwargs={}, options=options)
+    )
+
+
+def _take(broker, pump, count):
+    out = []
+    for _ in range(count):
+        delivered = pump.receive()
+        broker.start_job(delivered)
+        pump.ack(delivered)
+        out.append(delivered.args[0]["g"])
+    return out
+
+
+@pytest.mark.needs("groups")
+def test_a_small_group_is_served_between_a_big_groups_jobs_not_after_them(broker, pump):
+    broker.enqueue_jobs([grouped(n, "a") for n in range(200)], dedup_ttl=LONG_TTL)
+    broker.enqueue_jobs([grouped(n, "b") for n in range(3)], dedup_ttl=LONG_TTL)
+    broker.enqueue_jobs([grouped(n, None) for n in range(3)], dedup_ttl=LONG_TTL)
+    served = _take(broker, pump(broker, prefetch=4), 12)
+    # All of b and of the default group within a few rounds, while a's backlog still waits.
+    assert served.count("b") == 3 and served.count(None) == 3, served
+
+
+@pytest.mark.needs("groups")
+def test_within_a_group_jobs_keep_the_queue_order(broker, pump):
+    broker.enqueue_jobs([grouped(n, "a") for n in range(5)] + [grouped(n, "b") for n in range(5)], dedup_ttl=LONG_TTL)
+    p = pump(broker, prefetch=1)
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    for _ in range(10):
+        delivered = p.receive()
+        broker.start_job(delivered)
+        p.ack(delivered)
+        seen[delivered.args[0]["g"]].append(delivered.args[0]["n"])
+    assert seen == {"a": [0, 1, 2, 3, 4], "b": [0, 1, 2, 3, 4]}
+
+
+@pytest.mark.needs("groups")
+def test_a_group_never_holds_more_than_its_cap_across_workers(peer, pump):
+    first, second = peer(), peer()
+    for b in (first, second):
+        b.group_caps = {QUEUE: 2}
+    first.enqueue_jobs([grouped(n, "a") for n in range(6)] + [grouped(n, "b") for n in range(2)], dedup_ttl=LONG_TTL)
+    held = [pump(first, prefetch=4), pump(second, prefetch=4)]
+    got = held[0].receive()
+    got = [(0, got)] + [(i, m) for _ in range(10) for i, p in enumerate(held) if (m := p.poll(0.3)) is not None]
+    # Two of a, two of b, whichever worker claimed them; a's third waits for a slot.
+    assert sorted(d.args[0]["g"] for _, d in got) == ["a", "a", "b", "b"]
+    # An ack frees one slot of a, once: exactly one more of a is handed out.
+    i, done = next((i, d) for i, d in got if d.args[0]["g"] == "a")
+    held[i].broker.start_job(done)
+    held[i].ack(done)
+    again = [m for _ in range(6) for p in held if (m := p.poll(0.25)) is not None]
+    assert [d.args[0]["g"] for d in again] == ["a"]
+
+
+@pytest.mark.needs("groups")
+def test_a_nack_and_a_hand_back_free_the_slot_they_held(peer, pump):
+    broker = peer()
+    broker.group_caps = {QUEUE: 1}
+    broker.enqueue_jobs([grouped(n, "a") for n in range(3)], dedup_ttl=LONG_TTL)
+    p = pump(broker, prefetch=3)
+    first = p.receive()
+    p.nothing(within=0.5)
+    broker.start_job(first)
+    p.nack(first)
+    second = p.receive()
+    assert second.args[0]["n"] == 1
+    p.requeue([second])
+    # Handed back: its slot is free again (which of the two waiting goes next is a tie: one batch, one time).
+    assert p.receive().args[0]["n"] in (1, 2)
+    p.nothing(within=0.5)
+
+
+@pytest.mark.needs("groups")
+def test_a_worker_busy_with_ungrouped_jobs_serves_a_group_that_appears_meanwhile(broker, pump):
+    broker.enqueue_jobs([grouped(n, None) for n in range(100)], dedup_ttl=LONG_TTL)
+    p = pump(broker, prefetch=2)
+    assert _take(broker, p, 4) == [None] * 4  # full claims of the default group, one after another
+    broker.enqueue_jobs([grouped(n, "late") for n in range(2)], dedup_ttl=LONG_TTL)
+    # Not after the default group's backlog: within a few claims.
+    assert _take(broker, p, 10).count("late") == 2
+
+
+def test_every_broker_takes_a_grouped_job_and_runs_it(broker, pump):
+    # Redis and inline accept the group and serve the job as any other (fair shares are postgres's so far).
+    (ref,) = broker.enqueue_jobs([grouped(1, "user:42")], dedup_ttl=LONG_TTL)
+    assert not ref.deduplicated
+    assert _take(broker, pump(broker), 1) == ["user:42"]
