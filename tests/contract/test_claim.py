@@ -18,6 +18,7 @@ def _drain(broker, consumer, count):
     return out
 
 
+@pytest.mark.topology
 def test_jobs_are_claimed_in_the_order_they_were_enqueued(broker, pump):
     for n in range(4):
         enqueue(broker, {"n": n})
@@ -36,6 +37,7 @@ def test_a_higher_priority_job_is_claimed_first(broker, pump):
     assert _drain(broker, pump(broker), 2) == [1, 0]
 
 
+@pytest.mark.topology
 def test_a_consumer_gets_only_its_own_queue(broker, pump):
     other = enqueue(broker, {"n": 1}, queue_name=OTHER_QUEUE, job=OTHER_JOB)
     mine = enqueue(broker, {"n": 2})
