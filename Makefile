@@ -27,7 +27,7 @@ $(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed
 	touch $@
 
 test: venv
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=30 $(PYTEST_ARGS)
 
 demo: $(VENV)/.installed-base
 	$(BIN)/conveyor demo

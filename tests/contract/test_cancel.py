@@ -54,6 +54,7 @@ def test_a_prefetched_job_cancelled_before_its_start_ends_at_the_start(broker, p
     assert record.attempts == 0, "never started"
 
 
+@pytest.mark.topology
 def test_a_running_job_is_asked_and_its_outcome_is_fenced(broker, pump):
     ref = enqueue(broker, {"n": 1})
     consumer = pump(broker)
@@ -110,6 +111,7 @@ def _recover(rescuer, job_id):
     eventually(lambda: job_id in rescuer.maintain().get(QUEUE, []), 8 * LEASE, f"recovery of {job_id}")
 
 
+@pytest.mark.topology
 @pytest.mark.needs("recovery", "fence")
 def test_a_superseded_delivery_cannot_write_the_cancel_outcome(broker, peer, pump, hang):
     ref = enqueue(broker, {"n": 1})
@@ -140,6 +142,7 @@ def test_unknown_and_finished_jobs(broker, pump):
     assert broker.get_job(ref.id).state == "completed"
 
 
+@pytest.mark.topology
 @pytest.mark.needs("recovery")
 def test_a_stored_cancel_ends_the_job_at_its_next_start_after_its_worker_died(broker, peer, pump, hang):
     """The cancellation is stored: the worker that held the job died; the next start ends it, unrun."""

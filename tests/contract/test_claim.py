@@ -16,6 +16,7 @@ def _drain(broker, consumer, count):
     return out
 
 
+@pytest.mark.topology
 def test_jobs_are_claimed_in_the_order_they_were_enqueued(broker, pump):
     for n in range(4):
         enqueue(broker, {"n": n})
@@ -35,6 +36,7 @@ def test_an_actors_dramatiq_priority_orders_no_claim(broker, pump):
     assert _drain(broker, pump(broker), 2) == [0, 1]
 
 
+@pytest.mark.topology
 def test_a_consumer_gets_only_its_own_queue(broker, pump):
     other = enqueue(broker, {"n": 1}, queue_name=OTHER_QUEUE, job=OTHER_JOB)
     mine = enqueue(broker, {"n": 2})

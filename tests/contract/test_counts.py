@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.contract.drive import OTHER_JOB, OTHER_QUEUE, QUEUE, enqueue, fail, record_in
 
 
+@pytest.mark.topology
 def test_counts_and_lists_follow_every_state_of_one_queue_only(broker, pump):
     empty = broker.queue_counts(QUEUE)
     assert (empty.waiting, empty.delayed, empty.active, empty.failed) == (0, 0, 0, 0)
@@ -63,6 +66,7 @@ def test_finished_jobs_are_listed_newest_first(broker, pump):
     assert [r.id for r in broker.list_jobs(QUEUE, "completed", limit=1, offset=1)] == [ids[1]]
 
 
+@pytest.mark.topology
 def test_retry_failed_puts_every_failed_job_of_a_queue_back(broker, pump):
     ids = [enqueue(broker, {"n": n}).id for n in range(2)]
     consumer = pump(broker)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.contract.drive import QUEUE, enqueue, record_in
 
 
+@pytest.mark.topology
 def test_a_delayed_job_is_delivered_after_its_delay_not_before(broker, pump):
     consumer = pump(broker)
     enqueued, wall = time.monotonic(), time.time()
@@ -50,6 +53,7 @@ def test_a_deleted_delayed_job_is_never_delivered(broker, pump):
     assert broker.queue_counts(QUEUE).delayed == 0
 
 
+@pytest.mark.topology
 def test_a_delayed_retry_waits_in_the_delayed_state(broker, pump):
     ref = enqueue(broker, {"n": 1})
     consumer = pump(broker)

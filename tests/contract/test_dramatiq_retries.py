@@ -65,6 +65,7 @@ def _ended(broker: Any, message: Any, state: str, timeout: float = 20.0) -> None
     time.sleep(0.3)
 
 
+@pytest.mark.topology
 def test_actors_retry_on_failure(stock):
     failures, successes = [], []
 

@@ -11,6 +11,7 @@ from conveyor.errors import InvalidQuery
 from tests.contract.drive import JOB, LONG_TTL, OTHER_JOB, OTHER_QUEUE, QUEUE, enqueue, message
 
 
+@pytest.mark.topology
 def test_an_enqueued_job_reads_back_as_waiting(broker):
     before = time.time()
     ref = enqueue(broker, {"n": 1, "text": "héllo"})
@@ -24,6 +25,7 @@ def test_an_enqueued_job_reads_back_as_waiting(broker):
     assert broker.get_job("no-such-job") is None
 
 
+@pytest.mark.topology
 def test_a_batch_returns_one_ref_per_item_in_order(broker):
     items = [EnqueueItem(message({"n": n})) for n in range(3)]
     items.append(EnqueueItem(message({"n": 3}, queue_name=OTHER_QUEUE, job=OTHER_JOB), key="batch:k"))

@@ -15,6 +15,7 @@ def _recover(rescuer, job_id):
     eventually(lambda: job_id in rescuer.maintain().get(QUEUE, []), 8 * LEASE, f"recovery of {job_id}")
 
 
+@pytest.mark.topology
 def test_a_delivery_is_current_while_it_runs_and_after_it_completed_the_job(broker, pump):
     ref = enqueue(broker, {"n": 1})
     consumer = pump(broker)
@@ -27,12 +28,14 @@ def test_a_delivery_is_current_while_it_runs_and_after_it_completed_the_job(brok
     assert broker.is_current(delivered), "the delivery that completed the job owned it"
 
 
+@pytest.mark.topology
 def test_a_message_no_consumer_handed_out_has_no_delivery(broker):
     from tests.contract.drive import message
 
     assert broker.delivery(message({"n": 1})) is None
 
 
+@pytest.mark.topology
 @pytest.mark.needs("recovery", "fence")
 def test_a_taken_back_delivery_is_no_longer_current_and_the_next_one_has_a_larger_number(broker, peer, pump, hang):
     ref = enqueue(broker, {"n": 1})
@@ -58,6 +61,7 @@ def _write_effect(conn, job_id: str) -> None:
     conn.execute("INSERT INTO probe_runs (token, job_id, attempt, pid) VALUES ('effect', %s, 1, 0)", (job_id,))
 
 
+@pytest.mark.topology
 @pytest.mark.needs("transactional_completion")
 def test_a_completion_in_the_callers_transaction_commits_with_its_effect_and_the_ack_after_it_changes_nothing(
     broker, pump, database_url
@@ -81,6 +85,7 @@ def test_a_completion_in_the_callers_transaction_commits_with_its_effect_and_the
     assert broker.is_current(delivered)
 
 
+@pytest.mark.topology
 @pytest.mark.needs("transactional_completion")
 def test_a_completion_whose_transaction_rolls_back_leaves_the_job_running(broker, pump, database_url):
     ref = enqueue(broker, {"n": 1})
@@ -97,6 +102,7 @@ def test_a_completion_whose_transaction_rolls_back_leaves_the_job_running(broker
     record_in(broker, ref.id, "completed")
 
 
+@pytest.mark.topology
 @pytest.mark.needs("recovery", "fence", "transactional_completion")
 def test_a_superseded_delivery_cannot_complete_in_a_transaction_and_its_effect_rolls_back(
     broker, peer, pump, hang, database_url

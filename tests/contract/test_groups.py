@@ -8,6 +8,9 @@ from dramatiq import Message
 from conveyor.brokers.base import EnqueueItem
 from tests.contract.drive import JOB, LONG_TTL, QUEUE
 
+#: Run on the pooler and the cluster too: the grouped claim is a two-statement transaction through the pooler; the group keys must share the queue's slot.
+pytestmark = pytest.mark.topology
+
 
 def grouped(n: int, group: str | None) -> EnqueueItem:
     options = {"group": group} if group else {}

@@ -11,6 +11,7 @@ from conveyor.brokers.base import EnqueueItem
 from tests.contract.drive import LONG_TTL, OTHER_JOB, OTHER_QUEUE, enqueue, message, record_in
 
 
+@pytest.mark.topology
 def test_a_duplicate_key_returns_the_holder_and_enqueues_nothing(broker):
     first = enqueue(broker, {"n": 1}, key="k:1")
     again = enqueue(broker, {"n": 2}, key="k:1")
@@ -20,6 +21,7 @@ def test_a_duplicate_key_returns_the_holder_and_enqueues_nothing(broker):
     assert broker.queue_counts("contract").waiting == 1
 
 
+@pytest.mark.topology
 @pytest.mark.needs("cross_queue_keys")
 def test_a_key_is_held_across_queues_and_within_one_batch(broker):
     first = enqueue(broker, {"n": 1}, key="k:shared")
@@ -70,6 +72,7 @@ def test_a_deleted_job_frees_its_key(broker):
     assert fresh.id != ref.id and not fresh.deduplicated
 
 
+@pytest.mark.topology
 def test_racing_enqueues_of_one_key_make_one_job(broker):
     refs, barrier = [], threading.Barrier(12)
 

@@ -16,6 +16,7 @@ def newer_format(job_id: str, payload: dict) -> bytes:
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
+@pytest.mark.topology
 @pytest.mark.needs("stored_messages")
 def test_a_message_that_no_longer_decodes_fails_its_job_and_runs_its_final_failure_hook(
     broker, pump, store_message, final_failures

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.contract.drive import enqueue, fail, record_in, retry
 
 
+@pytest.mark.topology
 def test_an_ack_completes_the_job(broker, pump):
     ref = enqueue(broker, {"n": 1})
     consumer = pump(broker)
@@ -28,6 +31,7 @@ def test_an_ack_completes_the_job(broker, pump):
     consumer.nothing(within=0.2)
 
 
+@pytest.mark.topology
 def test_a_retry_runs_again_after_its_delay_and_keeps_the_error(broker, pump):
     ref = enqueue(broker, {"n": 1})
     consumer = pump(broker)
@@ -64,6 +68,7 @@ def test_a_retry_without_delay_is_waiting_at_once(broker, pump):
     assert consumer.receive().message_id == ref.id
 
 
+@pytest.mark.topology
 def test_a_final_failure_is_dead_with_its_error_and_its_claim_is_won(broker, pump):
     ref = enqueue(broker, {"n": 1})
     consumer = pump(broker)

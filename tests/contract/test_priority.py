@@ -15,6 +15,9 @@ import pytest
 from conveyor.brokers.base import EnqueueItem
 from tests.contract.drive import LONG_TTL, QUEUE, Pump, enqueue, message, record_in
 
+#: Run on the pooler and the cluster too: the level lists must share the queue's cluster slot; the claim runs through the pooler.
+pytestmark = pytest.mark.topology
+
 
 def _drain(broker, consumer, count):
     out = []

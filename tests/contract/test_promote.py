@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.contract.drive import QUEUE, enqueue, record_in
 
 HOUR_MS = 3_600_000
@@ -20,6 +22,7 @@ def _runs_once(broker, consumer, job_id: str) -> None:
     assert broker.get_job(job_id).state == "completed"
 
 
+@pytest.mark.topology
 def test_a_promoted_delayed_job_runs_now_and_once(broker, pump):
     ref = enqueue(broker, {"n": 1}, delay_ms=HOUR_MS)
     assert broker.get_job(ref.id).state == "delayed"
@@ -43,6 +46,7 @@ def test_a_delayed_job_a_worker_holds_until_its_eta_runs_now_and_once(broker, pu
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.topology
 def test_the_holders_own_promotion_at_the_eta_is_refused(broker, pump):
     consumer = pump(broker)
     ref = enqueue(broker, {"n": 1}, delay_ms=1500)

@@ -27,6 +27,7 @@ def _recover(rescuer, ids, timeout=8 * LEASE):
     return recovered
 
 
+@pytest.mark.topology
 def test_a_dead_workers_jobs_go_back_to_their_queue(broker, peer, pump, hang):
     started, prefetched = enqueue(broker, {"n": 1}).id, enqueue(broker, {"n": 2}).id
     dying = pump(broker, prefetch=2)
@@ -47,6 +48,7 @@ def test_a_dead_workers_jobs_go_back_to_their_queue(broker, peer, pump, hang):
     assert rescuer.start_job(again[prefetched]) == 1
 
 
+@pytest.mark.topology
 def test_a_live_workers_jobs_are_left_alone(broker, peer, pump):
     ref = enqueue(broker, {"n": 1})
     alive = pump(broker)
@@ -65,6 +67,7 @@ def test_a_live_workers_jobs_are_left_alone(broker, peer, pump):
     record_in(broker, ref.id, "completed")
 
 
+@pytest.mark.topology
 def test_the_dead_workers_late_start_and_ack_are_refused(broker, peer, pump, hang):
     ref = enqueue(broker, {"n": 1})
     dying = pump(broker)
@@ -87,6 +90,7 @@ def test_the_dead_workers_late_start_and_ack_are_refused(broker, peer, pump, han
     assert rescuer.queue_counts(QUEUE).completed_total == 1
 
 
+@pytest.mark.topology
 def test_the_final_failure_claim_is_won_by_the_current_delivery_only(broker, peer, pump, hang):
     ref = enqueue(broker, {"n": 1})
     dying = pump(broker)
@@ -108,6 +112,7 @@ def test_the_final_failure_claim_is_won_by_the_current_delivery_only(broker, pee
     assert (counts.failed, counts.failed_total, counts.active) == (1, 1, 0)
 
 
+@pytest.mark.topology
 def test_hooks_claimed_by_a_dead_worker_run_again_in_a_finalize_delivery(broker, peer, pump, hang):
     """Claimed, never marked done (the worker died in its hooks): the job comes back to run the hooks only."""
     ref = enqueue(broker, {"n": 1})

@@ -11,6 +11,7 @@ from conveyor.middleware.retries import Retries
 from tests.contract.drive import JOB, enqueue
 
 
+@pytest.mark.topology
 @pytest.mark.needs("fence")
 def test_a_spent_job_whose_final_claim_fails_is_skipped_not_run(broker, pump, monkeypatch):
     broker.get_actor(JOB).options.update(max_attempts=1, min_backoff=10, max_backoff=10)

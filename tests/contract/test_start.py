@@ -9,6 +9,7 @@ import pytest
 from tests.contract.drive import enqueue, record_in
 
 
+@pytest.mark.topology
 def test_a_start_counts_an_attempt_and_makes_the_job_active(broker, pump):
     ref = enqueue(broker, {"n": 1})
     consumer = pump(broker)
@@ -41,6 +42,7 @@ def test_a_deleted_waiting_job_does_not_start(broker, pump):
     assert broker.get_job(ref.id) is None
 
 
+@pytest.mark.topology
 @pytest.mark.needs("fence")
 def test_a_handed_back_delivery_can_neither_start_nor_settle_the_next_one(broker, pump):
     ref = enqueue(broker, {"n": 1})

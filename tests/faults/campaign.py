@@ -570,6 +570,7 @@ class Stage:
             threads = 3
             spec = {"job": "fault.hammer", "payload": {"token": token, "seconds": fault.duration}}
             hammers = [ref.id for ref in self.cluster.app.jobs.enqueue_many([spec] * threads)]
+            group.wait_ready()  # only it serves its queue: started again if it refused to start (harness.py)
             states = self._ended(hammers, fault.duration + 20 + READY_SECONDS)
             census = self.cluster.app.jobs.enqueue_many([{"job": "fault.census", "payload": {"token": token}}])[0].id
             state = self._ended([census], 20)[census]
@@ -587,7 +588,7 @@ class Stage:
         elif state != "completed" or not counted:
             self.pool_problems.append(f"{token}: the census after the time limits ended {state} (hammers {states})")
         got = f"{counted[-1][1]}/{counted[-1][2]}" if counted else "none"
-        return f"{landed} time limits so far; census {got}; {left}"
+        return f"{landed} time limits so far; census {got}; {_restarts(group)}{left}"
 
     def _user_retries(self, fault: nemesis.Fault) -> str:
         """A worker group with a user's middleware that re-enqueues the message proxy (tests.faults.user_retries)
@@ -609,14 +610,19 @@ class Stage:
                 req.last_sent = time.time()
                 self.added.append(item)
                 made += req.job_ids
+            group.wait_ready()  # only it serves its queue: started again if it refused to start (harness.py)
             time.sleep(fault.duration)
             states = self._ended(made, 40 + READY_SECONDS)
         finally:
             left = self._leave(group, DRAIN_SECONDS)
-        return f"{len(made)} poll jobs: {dict(Counter(states.values()))}; {left}"
+        return f"{len(made)} poll jobs: {dict(Counter(states.values()))}; {_restarts(group)}{left}"
 
     def _redis(self) -> redis_lib.Redis:
         return redis_lib.Redis.from_url(self.servers.redis.url, socket_timeout=5)
+
+
+def _restarts(group) -> str:
+    return f"started again {group.restarts}x (a server was away); " if group.restarts else ""
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -51,6 +51,9 @@ FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 #: How long a worker supervisor may take to have all its processes running (a loaded CI machine).
 READY_TIMEOUT = 90.0
 
+#: The exit status of ``conveyor worker`` that stopped at its start with an error message (a server away).
+REFUSED_TO_START = 2
+
 
 def fault_settings(broker: str, redis_url: str | None, database_url: str, **overrides) -> Settings:
     return make_settings(broker, redis_url, database_url, **{**FAULT_SETTINGS, **overrides})
@@ -88,12 +91,26 @@ class Supervisor(WorkerProcess):
         )
 
     def wait_ready(self) -> None:
-        wait_for(
-            lambda: self.proc.poll() is None and len(self.child_pids()) >= self.expected,
-            timeout=READY_TIMEOUT,
-            interval=0.1,
-            message=f"{self.expected} worker processes of {self.name}",
-        )
+        """Wait for all its processes to run. A supervisor that refused to start because a server was away
+        (``conveyor: error: … is unavailable``, exit 2: a group started while another fault has Postgres
+        restarting, and slower to accept connections on a loaded machine) is started again, as its process
+        manager would; any other exit before it was ready fails here, with its log's last line."""
+
+        def ready() -> bool:
+            code = self.proc.poll()
+            if code is None:
+                return len(self.child_pids()) >= self.expected
+            last = self.last_line()
+            if code == REFUSED_TO_START and not self._stop_sent and "unavailable" in last:
+                self.start_again()
+                return False
+            raise AssertionError(f"worker group {self.name} exited {code} before it was ready: {last[:300]}")
+
+        wait_for(ready, timeout=READY_TIMEOUT, interval=0.2, message=f"{self.expected} worker processes of {self.name}")
+
+    def last_line(self) -> str:
+        lines = self.log.read_text(errors="replace").strip().splitlines() if self.log else []
+        return lines[-1] if lines else ""
 
     def terminate(self, timeout: float = 60) -> int | None:
         """SIGTERM (drain), then SIGKILL of the whole group if it did not exit in time; returns its exit code."""

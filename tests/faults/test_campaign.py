@@ -19,8 +19,9 @@ from tests.faults import campaign, nemesis, report
 from tests.support.brokers import SERVER_BROKERS
 
 #: The CI seeds: each broker runs every one; together they draw every fault kind on both brokers
-#: (tests/unit/test_campaign_history.py checks it) (about 35-60 s each on 2 cores).
-CI_SEEDS = (2, 20, 26)
+#: (tests/unit/test_campaign_history.py checks it) (about 35-60 s each on 2 cores). With time-limits and
+#: user-retries in, no three seeds below 400 but (0, 11, 358), (2, 10, 307), (10, 20, 394) and six more do.
+CI_SEEDS = (2, 10, 307)
 
 
 def seeds() -> list[int]:

@@ -152,7 +152,17 @@ class WorkerProcess:
         self.log = log
         self._stop_sent = False
         self._log_file = open(log, "wb") if log else subprocess.DEVNULL
+        self._command = (settings, queues, processes, tuple(prefix), extra_env)
+        #: Times :meth:`start_again` started it after it exited.
+        self.restarts = 0
         self.proc = start_worker(settings, queues, processes, stderr=self._log_file, prefix=prefix, **extra_env)
+
+    def start_again(self) -> None:
+        """Start the same command again after it exited, as a process manager would; its log goes on."""
+        assert self.proc.poll() is not None, "start_again of a worker that still runs"
+        settings, queues, processes, prefix, extra_env = self._command
+        self.proc = start_worker(settings, queues, processes, stderr=self._log_file, prefix=prefix, **extra_env)
+        self.restarts += 1
 
     def events(self, name: str | None = None) -> list[dict]:
         out = []
