@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conveyor.brokers.base import EnqueueItem
 from tests.contract.drive import JOB, LONG_TTL, OTHER_JOB, OTHER_QUEUE, URGENT_JOB, enqueue, message
 
