@@ -6,6 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from conveyor.brokers.postgres.jobs import CONNECTION_SLOTS
 from conveyor.errors import DeliveryFenced
 from tests.contract.conftest import LEASE
 from tests.contract.drive import QUEUE, enqueue, eventually, record_in
@@ -128,3 +129,30 @@ def test_a_superseded_delivery_cannot_complete_in_a_transaction_and_its_effect_r
             rescuer.complete_in(conn, current)
         assert _effects(conn) == 1
     record_in(broker, ref.id, "completed")
+
+
+@pytest.mark.needs("transactional_completion")
+def test_a_completion_waits_for_no_other_open_transaction_that_completed_jobs(broker, pump, database_url):
+    # A completion keeps its queue total's row locked until its transaction commits; a row
+    # picked at random from a few would make the next transaction's completion wait for that commit.
+    refs = [enqueue(broker, {"n": n}) for n in range(25)]
+    consumer = pump(broker, prefetch=25)
+    delivered = [consumer.receive() for _ in refs]
+    for one in delivered:
+        broker.start_job(one)
+    holding, *rest = delivered
+    with (
+        psycopg.connect(database_url, autocommit=True) as first,
+        psycopg.connect(database_url, autocommit=True) as others,
+        psycopg.connect(database_url, autocommit=True) as spare,
+    ):
+        if others.info.backend_pid % CONNECTION_SLOTS == first.info.backend_pid % CONNECTION_SLOTS:
+            others = spare  # the one case where two connections share a slot, by design
+        with first.transaction():
+            broker.complete_in(first, holding)
+            others.execute("SET lock_timeout = '1s'")
+            for one in rest:
+                with others.transaction():  # one each, waiting on no lock of `first`'s
+                    broker.complete_in(others, one)
+        counts = broker.queue_counts(QUEUE)
+    assert (counts.completed_total, counts.active) == (25, 0)

@@ -89,8 +89,13 @@ POOL_TIMEOUT = 5.0
 #: Rounds of insert / look up / release an expired key, for keys raced by other enqueuers.
 KEY_ROUNDS = 5
 
-#: Slots of conveyor_queue_totals (see the migration).
+#: Slots of conveyor_queue_totals (see the migration) that the worker's batched outcomes pick at random.
 TOTAL_SLOTS = 8
+
+#: Slots after those that completions in a job's own transaction use, one per connection (backend pid
+#: modulo this): such a completion holds its row until the job's commit, so two connections share one
+#: only when their pids collide. Bounds the rows per queue that ``counts`` sums (~1,000 at most).
+CONNECTION_SLOTS = 1024
 
 
 class NewJob(TypedDict):
@@ -522,7 +527,8 @@ class Jobs:
             )
         try:
             row = conn.execute(
-                QUERIES["complete_in_transaction"], {"id": job_id, "delivery": delivery, "slot": self.slot()}
+                QUERIES["complete_in_transaction"],
+                {"id": job_id, "delivery": delivery, "first_slot": TOTAL_SLOTS, "slots": CONNECTION_SLOTS},
             ).fetchone()
         except STATEMENT_ERRORS as exc:
             raise translate(exc, "completing a job in a transaction") from exc

@@ -198,6 +198,10 @@ SELECT count(*) FROM moved
 -- (SKIP LOCKED) cannot take the job back meanwhile. No row when the delivery
 -- is no longer current (taken back, handed to another delivery, deleted or
 -- ended): the caller raises DeliveryFenced and its transaction rolls back.
+-- The total's row is locked until the caller's (synchronous) commit, so it is
+-- the connection's own slot (from `first_slot`, one of `slots` by backend pid),
+-- never a random one another completion may hold: concurrent transactions
+-- would otherwise queue on one another's commits (issue 18).
 WITH moved AS (
     UPDATE conveyor_jobs
     SET status = 'done', error = NULL, completed_at = now(), worker_id = NULL
@@ -205,7 +209,7 @@ WITH moved AS (
     RETURNING queue
 ), totals AS (
     INSERT INTO conveyor_queue_totals AS t (queue, slot, completed)
-    SELECT queue, %(slot)s, 1 FROM moved
+    SELECT queue, %(first_slot)s + pg_backend_pid() %% %(slots)s, 1 FROM moved
     ON CONFLICT (queue, slot) DO UPDATE SET completed = t.completed + 1
 )
 SELECT count(*) FROM moved
