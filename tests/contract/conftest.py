@@ -40,7 +40,6 @@ LACKS: dict[str, dict[str, str]] = {
     "redis": {
         "transactional_completion": "Redis jobs are not rows of the Postgres database the caller's transaction is on",
         "priority": "a queue is one FIFO list; actor priority orders only a worker's work queue (Dramatiq's design)",
-        "groups": "fair shares per group are built on the postgres broker only so far (issue 21.2)",
     },
 }
 

@@ -254,7 +254,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
         """Fetch up to ``room`` messages; each is held from the same critical section the release pass uses."""
         with self._fetch_lock(name):
-            rows = self._call("fetch", name, room) if self.replicas is None else self._fetch_replicated(name, room)
+            cap = self.group_caps.get(q_name(name)) or 0  # held jobs of one named group, fleet-wide (0: no cap)
+            rows = (
+                self._call("fetch", name, room, cap)
+                if self.replicas is None
+                else self._fetch_replicated(name, room, cap)
+            )
             out = []
             with self._lock:
                 held = self._held.setdefault(name, {})
@@ -274,7 +279,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     )
         return out
 
-    def _fetch_replicated(self, name: str, room: int) -> Any:
+    def _fetch_replicated(self, name: str, room: int, cap: int) -> Any:
         """The claim, then WAIT on the same connection: a claim replicas lack is not started.
 
         Its rows are not recorded as held, so this worker's orphan pass hands
@@ -283,7 +288,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         assert self.replicas is not None
         sent = time.monotonic()
         with self.client.pipeline(transaction=False) as pipe:
-            self._jobs(keys=[self.keys.scope(name).ns], args=["fetch", name, self.broker_id, room], client=pipe)
+            self._jobs(keys=[self.keys.scope(name).ns], args=["fetch", name, self.broker_id, room, cap], client=pipe)
             pipe.execute_command("WAIT", *self.replicas)  # type: ignore[no-untyped-call]
             rows, acked = pipe.execute()
         with self._lock:
@@ -400,6 +405,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 item.key or "",
                 "" if item.delay_ms is None else int(item.delay_ms),
                 storable(message.options.get("last_error", "")),
+                str(message.options.get("group") or ""),
             ]
         results = self._send_enqueue(args, len(items), scope)
         out: list[tuple[Message[Any], JobRef]] = []

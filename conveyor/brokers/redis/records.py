@@ -39,4 +39,5 @@ def record_from_hash(job_id: str, raw: Mapping[bytes | str, bytes | str]) -> Job
         finished_at=seconds("finished_at"),
         eta=seconds("eta"),
         event=row.get("event") if row["state"] == "awaiting" else None,
+        group=row.get("group") or None,
     )
