@@ -986,13 +986,17 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def flush(self, queue_name: str) -> None:
+        keys = self.keys.scope(queue_name)
+        queue = q_name(queue_name)
         if not self.cluster:
             super().flush(queue_name)
-            return
-        # Dramatiq's purge script builds its keys from the bare namespace: on a cluster, per scope.
-        keys = self.keys.scope(queue_name)
-        for name in (q_name(queue_name), dq_name(queue_name)):
-            self.client.delete(keys.queue(name), keys.messages(name))
+        else:
+            # Dramatiq's purge script builds its keys from the bare namespace: on a cluster, per scope.
+            for name in (queue, dq_name(queue_name)):
+                self.client.delete(keys.queue(name), keys.messages(name))
+        # The groups' ready lists and their ring (their messages are gone with the queue's hash).
+        groups = {text(g) for g in self.client.lrange(keys.groups(queue), 0, -1)} - {""}
+        self.client.delete(keys.groups(queue), *(keys.group(queue, g) for g in groups))
 
     @translated
     def flush_all(self) -> None:
