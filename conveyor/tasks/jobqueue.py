@@ -73,8 +73,8 @@ class JobQueue:
         With ``group`` (a tenant, e.g. ``"user:42"``; 1-128 printable characters), the queue serves
         its groups round-robin, so one group's backlog does not delay the others, and runs at most
         the queue's ``group_concurrency`` jobs of one group at once. Jobs without a group are one
-        group of their own. Fair shares are the postgres broker's so far: redis and inline accept the
-        group and serve the job as any other.
+        group of their own. The postgres and redis brokers serve groups fairly; inline accepts the group
+        and serves the job as any other.
 
         Raises :class:`~conveyor.errors.EnqueueError` subclasses; when one is raised nothing was enqueued,
         except :class:`~conveyor.errors.EnqueueOutcomeUnknown`: the job may exist (enqueue it again only

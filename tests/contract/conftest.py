@@ -43,12 +43,8 @@ LACKS: dict[str, dict[str, str]] = {
         "stock_records": "inline records move to active at conveyor's start_job: with Dramatiq's stock middleware "
         "alone (no conveyor Retries) they never leave waiting, so a test cannot wait on them",
     },
-    "redis": {
-        "groups": "fair shares per group are built on the postgres broker only so far (issue 21.2)",
-    },
     # Each queue's keys carry the queue as their hash tag, so what spans queues is what it lacks.
     REDIS_CLUSTER: {
-        "groups": "fair shares per group are built on the postgres broker only so far (issue 21.2)",
         "cross_queue_keys": "a queue's keys live on its own slot: a dedup key is held within its queue, and a batch "
         "spanning queues is one atomic call per queue",
     },

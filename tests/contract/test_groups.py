@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from dramatiq import Message
 
-from conveyor.brokers.base import EnqueueItem
-from tests.contract.drive import JOB, LONG_TTL, QUEUE
+from conveyor.brokers.base import CancelOutcome, EnqueueItem
+from tests.contract.drive import JOB, LONG_TTL, QUEUE, retry
 
 #: Run on the pooler and the cluster too: the grouped claim is a two-statement transaction through the pooler; the group keys must share the queue's slot.
 pytestmark = pytest.mark.topology
@@ -104,3 +104,48 @@ def test_every_broker_takes_a_grouped_job_and_runs_it(broker, pump):
     (ref,) = broker.enqueue_jobs([grouped(1, "user:42")], dedup_ttl=LONG_TTL)
     assert not ref.deduplicated
     assert _take(broker, pump(broker), 1) == ["user:42"]
+
+
+@pytest.mark.needs("groups")
+def test_a_delayed_job_and_a_retry_of_a_group_wait_for_its_groups_slot(peer, pump):
+    broker = peer()
+    broker.group_caps = {QUEUE: 1}
+    broker.enqueue_jobs([grouped(0, "a")], dedup_ttl=LONG_TTL)
+    broker.enqueue_jobs([EnqueueItem(grouped(1, "a").message, None, 300)], dedup_ttl=LONG_TTL)
+    p = pump(broker, prefetch=3)
+    first = p.receive()
+    p.nothing(within=1.0)  # a1 is due, but a0 holds a's one slot
+    broker.start_job(first)
+    p.ack(first)
+    second = p.receive()
+    assert second.args[0]["n"] == 1
+    broker.start_job(second)
+    broker.enqueue_jobs([grouped(2, "a")], dedup_ttl=LONG_TTL)
+    p.nothing(within=0.5)
+    retry(broker, p, second, "boom", 200)  # the retry frees the slot: a2 runs
+    third = p.receive()
+    assert third.args[0]["n"] == 2
+    broker.start_job(third)
+    p.nothing(within=0.8)  # a1's retry is due, and waits for a2's slot
+    p.ack(third)
+    assert p.receive().args[0]["n"] == 1
+
+
+@pytest.mark.needs("groups")
+def test_cancelled_and_deleted_jobs_of_a_group_leave_its_turns_and_its_slot(peer, pump):
+    broker = peer()
+    broker.group_caps = {QUEUE: 1}
+    refs = broker.enqueue_jobs([grouped(n, "a") for n in range(3)] + [grouped(0, "b")], dedup_ttl=LONG_TTL)
+    assert broker.cancel_job(refs[3].id) == CancelOutcome.CANCELLED  # b's only job: b leaves the rotation
+    assert broker.delete_job(refs[2].id)
+    assert broker.queue_counts(QUEUE).waiting == 2  # grouped jobs count as waiting, as any other
+    p = pump(broker, prefetch=3)
+    first = p.receive()
+    assert first.args[0] == {"n": 0, "g": "a"}
+    p.nothing(within=0.5)
+    assert broker.start_job(first) == 1
+    assert broker.cancel_job(refs[0].id) == CancelOutcome.REQUESTED
+    assert broker.cancel_outcome(first, "JobCancelled: stopped")  # its holder ends it: the slot is free
+    assert p.receive().args[0] == {"n": 1, "g": "a"}
+    p.nothing(within=0.5)
+    assert broker.queue_counts(QUEUE).waiting == 0

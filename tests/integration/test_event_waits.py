@@ -278,3 +278,15 @@ def test_a_signal_racing_the_timeout_resumes_each_job_once(app: App, workers, da
         mine = [(phase, data) for job_id, phase, data, _ in rows if job_id == ref.id]
         assert [p for p, _ in mine] == ["start", "start", "resumed"], mine
         assert mine[-1][1] in (n, None), "the signal's data, or None when the timeout came first"
+
+
+def test_a_parked_job_frees_its_groups_slot_and_resumes_in_its_group(app: App, workers, database_url):
+    """Fair shares (issue 21.2): a wait ends the hold, so the group's next job runs meanwhile."""
+    workers("waits", CONVEYOR_QUEUES__WAITS__GROUP_CONCURRENCY="1")
+    ref = app.jobs.enqueue("test.wait.waiter", {"token": "grp-wait", "event": "approval:grp"}, group="t1")
+    awaiting(app, ref.id)
+    quick = app.jobs.enqueue("test.wait.quick", {"token": "grp-quick"}, group="t1")
+    completed(app, quick.id)  # t1's one slot was free while its first job awaited
+    assert app.events.signal("approval:grp", "go") == 1
+    completed(app, ref.id)
+    assert phases(database_url, "grp-wait") == ["start", "start", "resumed"]

@@ -312,10 +312,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
         """Fetch up to ``room`` messages; each is held from the same critical section the release pass uses."""
         with self._fetch_lock(name):
+            cap = self.group_caps.get(q_name(name)) or 0  # held jobs of one named group, fleet-wide (0: no cap)
             rows = (
-                self._call("fetch", name, room, int(self.priority_aging * _MS))
+                self._call("fetch", name, room, int(self.priority_aging * _MS), cap)
                 if self.replicas is None
-                else self._fetch_replicated(name, room)
+                else self._fetch_replicated(name, room, cap)
             )
             out = []
             with self._lock:
@@ -336,7 +337,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     )
         return out
 
-    def _fetch_replicated(self, name: str, room: int) -> Any:
+    def _fetch_replicated(self, name: str, room: int, cap: int) -> Any:
         """The claim, then WAIT on the same connection: a claim replicas lack is not started.
 
         Its rows are not recorded as held, so this worker's orphan pass hands
@@ -347,7 +348,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         with self.client.pipeline(transaction=False) as pipe:
             self._jobs(
                 keys=[self.keys.scope(name).ns],
-                args=["fetch", name, self.broker_id, room, int(self.priority_aging * _MS)],
+                args=["fetch", name, self.broker_id, room, int(self.priority_aging * _MS), cap],
                 client=pipe,
             )
             pipe.execute_command("WAIT", *self.replicas)  # type: ignore[no-untyped-call]
@@ -467,6 +468,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 "" if item.delay_ms is None else int(item.delay_ms),
                 storable(message.options.get("last_error", "")),
                 priority_of(message),
+                str(message.options.get("group") or ""),
             ]
         args.append(self.answer_ttl_ms)
         results = self._send_enqueue(args, len(items), scope)
@@ -1048,22 +1050,20 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def flush(self, queue_name: str) -> None:
+        keys = self.keys.scope(queue_name)
+        queue = q_name(queue_name)
         if not self.cluster:
             super().flush(queue_name)
-            self._flush_levels(queue_name)
-            return
-        # Dramatiq's purge script builds its keys from the bare namespace: on a cluster, per scope.
-        keys = self.keys.scope(queue_name)
-        for name in (q_name(queue_name), dq_name(queue_name)):
-            self.client.delete(keys.queue(name), keys.messages(name))
-        self._flush_levels(queue_name)
-
-    def _flush_levels(self, queue_name: str) -> None:
-        """The priority levels' lists (jobs.lua ready_push), which Dramatiq's purge does not know."""
-        keys = self.keys.scope(queue_name)
-        name = q_name(queue_name)
-        levels = (keys.level(name, p) for p in range(1, MAX_PRIORITY + 1))
-        self.client.delete(keys.levels(name), keys.ranks(name), *levels)
+        else:
+            # Dramatiq's purge script builds its keys from the bare namespace: on a cluster, per scope.
+            for name in (queue, dq_name(queue_name)):
+                self.client.delete(keys.queue(name), keys.messages(name))
+        # The priority levels' lists (jobs.lua ready_push), which Dramatiq's purge does not know.
+        levels = (keys.level(queue, p) for p in range(1, MAX_PRIORITY + 1))
+        self.client.delete(keys.levels(queue), keys.ranks(queue), *levels)
+        # The groups' ready lists and their ring (their messages are gone with the queue's hash).
+        groups = {text(g) for g in self.client.lrange(keys.groups(queue), 0, -1)} - {""}
+        self.client.delete(keys.groups(queue), *(keys.group(queue, g) for g in groups))
 
     @translated
     def flush_all(self) -> None:

@@ -28,6 +28,17 @@
 --   $ns:paused            set of paused queue names
 --   $ns:deleted:$id       tombstone of a deleted job (TTL: the retention)
 --   $ns:wake:$queue       a short list idle consumers block on (BLPOP)
+-- fair shares per group (job record field `group`; none: the default group,
+-- whose ready list is the queue's own list above):
+--   $ns:group:$queue:$group  ready rids of one named group, FIFO
+--   $ns:groups:$queue     ring (list) of the named groups with ready rids,
+--                         plus "" for the default group; empty (absent)
+--                         when no named group has a ready job, and fetch
+--                         then pops the queue's list as it always did
+--   $ns:running:$queue    hash group -> jobs of it held (active); a record
+--                         holding one carries `slot` (its group), taken
+--                         when it turns active and released by set_state
+--                         when it leaves active, so every path frees it once
 --   cancel channel        pub/sub channel (keys.py Keys.cancels, passed in
 --                         ARGV): the id of a held job whose cancel was asked
 -- A record whose cancellation was asked while a worker held it carries
@@ -107,10 +118,58 @@ local function wake(q)
     redis.call("ltrim", q.wake, 0, 63)
 end
 
+local function group_list(q, g)
+    return ns .. ":group:" .. q.canonical .. ":" .. g
+end
+
+local function ring_key(q)
+    return ns .. ":groups:" .. q.canonical
+end
+
+local function running_key(q)
+    return ns .. ":running:" .. q.canonical
+end
+
+-- A ring left with only the default group's turn is no ring: plain fetch again.
+local function tidy_ring(q)
+    local ring = ring_key(q)
+    if redis.call("llen", ring) == 1 and redis.call("lindex", ring, 0) == "" then
+        redis.call("del", ring)
+    end
+end
+
+-- A held job of a named group takes one of its group's slots (once).
+local function take_slot(q, id)
+    local record = job_key(id)
+    local g = redis.call("hget", record, "group")
+    if g and g ~= "" and not redis.call("hget", record, "slot") then
+        redis.call("hincrby", running_key(q), g, 1)
+        redis.call("hset", record, "slot", g)
+    end
+end
+
+-- The slot a record holds goes back to its group, exactly once.
+local function release_slot(q, id)
+    local record = job_key(id)
+    local g = redis.call("hget", record, "slot")
+    if g then
+        redis.call("hdel", record, "slot")
+        if redis.call("hincrby", running_key(q), g, -1) <= 0 then
+            redis.call("hdel", running_key(q), g)
+        end
+    end
+end
+
 -- Move a job record to a state, keeping exactly one index entry for it,
 -- and set any further fields ({name, value, ...}) in the same write.
+-- Turning active takes its group's slot; leaving active releases it.
 local function set_state(q, id, state, fields)
     local record = job_key(id)
+    if state == "active" then
+        take_slot(q, id)
+    else
+        release_slot(q, id)
+    end
     local previous = redis.call("hget", record, "state")
     if previous and previous ~= state then
         redis.call("zrem", index_key(q, previous), id)
@@ -221,6 +280,41 @@ local function ready_remove(q, rid, id)
     if p > 0 then
         redis.call("lrem", level_list(q, p), 0, rid)
         redis.call("hdel", ranks_key(q), rid)
+    end
+end
+
+-- A ready message enters its job's group's list (the queue's own list for
+-- the default group, a delay queue or no record: by priority, ready_push),
+-- at the back or the front;
+-- a named group whose list was empty joins the ring.
+local function push_ready(q, id, rid, front)
+    local g = (not q.delay) and id and redis.call("hget", job_key(id), "group")
+    local push = front and "lpush" or "rpush"
+    if g and g ~= "" then
+        if redis.call(push, group_list(q, g), rid) == 1 then
+            local ring = ring_key(q)
+            if redis.call("llen", ring) == 0 then
+                redis.call("rpush", ring, "")
+            end
+            redis.call(push, ring, g)
+        end
+    else
+        ready_push(q, rid, id, front) -- the default group: its priority level
+    end
+    wake(q)
+end
+
+-- A message leaves the ready lists of its job (deleted, cancelled).
+local function unready(q, id, rid)
+    ready_remove(q, rid, id)
+    local g = redis.call("hget", job_key(id), "group")
+    if g and g ~= "" and not q.delay then
+        local list = group_list(q, g)
+        redis.call("lrem", list, 0, rid)
+        if redis.call("llen", list) == 0 then
+            redis.call("lrem", ring_key(q), 0, g)
+            tidy_ring(q)
+        end
     end
 end
 
@@ -346,8 +440,7 @@ local function hand_back(q, holder, rid)
             end
         end
     end
-    ready_push(q, rid, id, true)
-    wake(q)
+    push_ready(q, id, rid, true)
     return id or rid
 end
 
@@ -367,8 +460,7 @@ local function retry_one(id)
     redis.call("zrem", main.xq, rid)
     redis.call("hdel", main.xmsgs, rid)
     redis.call("hset", main.msgs, rid, data)
-    ready_push(main, rid, id)
-    wake(main)
+    push_ready(main, id, rid)
     redis.call("hset", record, "attempts", 0)
     redis.call("hdel", record, "final_failure", "finished_at", "eta")
     redis.call("persist", record)
@@ -432,7 +524,7 @@ end
 -- (nothing written but the answer), else 0. With a key, the key is taken and
 -- the message pushed in one step; a key whose job record is gone is free again.
 -- answer_ttl: ms a call may still be repeated (Python's _send_enqueue).
-local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, priority, answer_ttl)
+local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, priority, group, answer_ttl)
     -- A deleted job's message may still come back: drop it. A call repeated
     -- after a lost reply (same rid) must not push the message twice, even
     -- if the job ran and was retried as a new message meanwhile (its record
@@ -459,15 +551,18 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
         end
         redis.call("set", dedup_key, id, "PX", dedup_ttl)
     end
-    redis.call("hset", q.msgs, rid, data)
     local record = job_key(id)
+    -- The record's priority and group first: push_ready reads them to pick the list.
+    redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "enqueued_rid", rid, "payload", data,
+               "priority", tonumber(priority) or 0)
+    if group ~= "" then
+        redis.call("hset", record, "group", group)
+    end
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
     redis.call("hsetnx", record, "delivery", 0)
-    redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "enqueued_rid", rid, "payload", data,
-               "priority", tonumber(priority) or 0)
-    ready_push(q, rid, id)
-    wake(q)
+    redis.call("hset", q.msgs, rid, data)
+    push_ready(q, id, rid)
     if key ~= "" then
         redis.call("hset", record, "key", key)
     end
@@ -485,22 +580,23 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
 end
 
 -- enqueue(dedup_ttl_ms, n, then n times: queue, rid, id, data, job, key,
--- delay_ms, error, priority, then answer_ttl_ms) -> {id, deduplicated, ...},
--- one pair per job in order. A whole batch is one script call, so it is all
--- or nothing: Redis runs a script alone, and refuses one over maxmemory (OOM)
--- at its first write, never after it (a script that has written runs to its
--- end). Repeated after a lost reply, every job is found by its rid (a
--- duplicate by the answer it got) and nothing doubles. answer_ttl_ms: how
--- long a duplicate's answer is kept (an hour when the caller omits it).
+-- delay_ms, error, priority, group ("": the default group), then answer_ttl_ms)
+-- -> {id, deduplicated, ...}, one pair per job in order. A whole batch is one
+-- script call, so it is all or nothing: Redis runs a script alone, and
+-- refuses one over maxmemory (OOM) at its first write, never after it (a
+-- script that has written runs to its end). Repeated after a lost reply,
+-- every job is found by its rid (a duplicate by the answer it got) and
+-- nothing doubles. answer_ttl_ms: how long a duplicate's answer is kept (an
+-- hour when the caller omits it).
 if command == "enqueue" then
     local dedup_ttl, count = ARGV[4], tonumber(ARGV[5])
-    local answer_ttl = tonumber(ARGV[6 + 9 * count]) or 3600000
+    local answer_ttl = tonumber(ARGV[6 + 10 * count]) or 3600000
     local out = {}
     for i = 0, count - 1 do
-        local b = 6 + 9 * i
+        local b = 6 + 10 * i
         local id, duplicate = enqueue_one(Q(ARGV[b]), ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
                                           ARGV[b + 5], dedup_ttl, ARGV[b + 6], ARGV[b + 7], ARGV[b + 8],
-                                          answer_ttl)
+                                          ARGV[b + 9], answer_ttl)
         out[#out + 1] = id
         out[#out + 1] = duplicate
     end
@@ -526,13 +622,45 @@ elseif command == "fetch" then
     local out = {}
     local wanted = tonumber(ARGV[4])
     local aging = tonumber(ARGV[5] or "") or 60000
+    local cap = tonumber(ARGV[6] or "") or 0
     local heads = ready_heads(queue, aging)
+    local ring = ring_key(queue)
+    local misses = 0
     while #out < 5 * wanted do
-        local rid = ready_pop(queue, aging, heads)
-        if not rid then
-            break
+        local rid = nil
+        local turns = queue.delay and 0 or redis.call("llen", ring)
+        if turns == 0 then
+            rid = ready_pop(queue, aging, heads)
+            if not rid then
+                break
+            end
+        else
+            -- Round-robin: the group whose turn it is gives one message, unless it holds its cap.
+            -- The default group's turn takes its lowest rank (priority with aging, ready_pop).
+            if misses > turns then
+                break -- a whole round gave nothing
+            end
+            local g = redis.call("lpop", ring)
+            if g == "" then
+                rid = ready_pop(queue, aging, heads)
+                redis.call("rpush", ring, "")
+            elseif cap > 0 and tonumber(redis.call("hget", running_key(queue), g) or "0") >= cap then
+                redis.call("rpush", ring, g)
+            else
+                local list = group_list(queue, g)
+                rid = redis.call("lpop", list)
+                if redis.call("llen", list) > 0 then
+                    redis.call("rpush", ring, g)
+                end
+            end
+            tidy_ring(queue)
+            if rid then
+                misses = 0
+            else
+                misses = misses + 1
+            end
         end
-        local data = redis.call("hget", queue.msgs, rid)
+        local data = rid and redis.call("hget", queue.msgs, rid)
         if data then
             local id, actor = message_id(data)
             local keep = not id -- undecodable: the worker dead-letters it
@@ -676,8 +804,7 @@ elseif command == "retry" then
     end
     local target = Q(delay ~= "" and (queue.canonical .. ".DQ") or queue.canonical)
     redis.call("hset", target.msgs, new_rid, data)
-    ready_push(target, new_rid, id)
-    wake(target)
+    push_ready(target, id, new_rid)
     redis.call("hset", record, "rid", new_rid, "payload", data)
     redis.call("hdel", record, "worker")
     if err ~= "" then
@@ -710,8 +837,7 @@ elseif command == "promote" then
     if f == 1 and held == 1 then
         local main = Q(queue.canonical)
         redis.call("hset", main.msgs, rid, data)
-        ready_push(main, rid, id)
-        wake(main)
+        push_ready(main, id, rid)
         redis.call("hdel", job_key(id), "eta")
         forget_wait(id)
         set_state(main, id, "waiting")
@@ -745,8 +871,7 @@ elseif command == "promote_job" then
     redis.call("hincrby", record, "delivery", 1)
     local main = Q(queue.canonical)
     redis.call("hset", main.msgs, rid, data)
-    ready_push(main, rid, id)
-    wake(main)
+    push_ready(main, id, rid)
     redis.call("hdel", record, "eta")
     forget_wait(id)
     set_state(main, id, "waiting")
@@ -776,8 +901,7 @@ elseif command == "signal" then
             redis.call("hdel", dq.msgs, rid)
             redis.call("hincrby", record, "delivery", 1)
             redis.call("hset", main.msgs, rid, r[5])
-            ready_push(main, rid, id)
-            wake(main)
+            push_ready(main, id, rid)
             redis.call("hsetnx", record, "wait:" .. name, resolution)
             redis.call("hset", record, "payload", r[5])
             redis.call("hdel", record, "eta", "event", "resume")
@@ -1021,7 +1145,7 @@ elseif command == "delete" then
     if rid then
         for _, name in ipairs({queue.canonical, queue.canonical .. ".DQ"}) do
             local q = Q(name)
-            ready_remove(q, rid, id)
+            unready(q, id, rid)
             redis.call("hdel", q.msgs, rid)
         end
         redis.call("zrem", queue.xq, rid)
@@ -1030,6 +1154,7 @@ elseif command == "delete" then
     for _, s in ipairs(STATES) do
         redis.call("zrem", index_key(queue, s), id)
     end
+    release_slot(queue, id)
     redis.call("del", record)
     redis.call("set", ns .. ":deleted:" .. id, now, "PX", retention)
     return 1
@@ -1062,7 +1187,7 @@ elseif command == "cancel" then
     if rid then
         local dq = Q(queue.canonical .. ".DQ")
         for _, q in ipairs({queue, dq}) do
-            ready_remove(q, rid, id)
+            unready(q, id, rid)
             redis.call("hdel", q.msgs, rid)
         end
         for _, holder in ipairs(redis.call("zrange", heartbeats_key, 0, -1)) do

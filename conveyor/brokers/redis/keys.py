@@ -81,6 +81,18 @@ class Keys:
         """Hash rid -> encoded message of a queue."""
         return f"{self.ns}:{name}.msgs"
 
+    def group(self, queue: str, group: str) -> str:
+        """The ready rids of one named group of a queue (jobs.lua: fair shares per group)."""
+        return f"{self.ns}:group:{queue}:{group}"
+
+    def groups(self, queue: str) -> str:
+        """The ring (list) of a queue's named groups with ready jobs, plus "" for the default group's turn."""
+        return f"{self.ns}:groups:{queue}"
+
+    def running(self, queue: str) -> str:
+        """Hash group -> jobs of it held (active), counted against the queue's group cap."""
+        return f"{self.ns}:running:{queue}"
+
     def acks(self, worker: str, name: str) -> str:
         """The rids ``worker`` fetched from queue ``name`` and has not settled."""
         return f"{self.ns}:__acks__.{worker}.{name}"

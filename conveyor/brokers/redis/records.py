@@ -40,4 +40,5 @@ def record_from_hash(job_id: str, raw: Mapping[bytes | str, bytes | str]) -> Job
         eta=seconds("eta"),
         event=row.get("event") if row["state"] == "awaiting" else None,
         priority=int(row.get("priority") or 0),
+        group=row.get("group") or None,
     )

@@ -1,0 +1,99 @@
+"""What fair shares cost the Redis broker's fetch (issue 21.2).
+
+    .venv/bin/python -m bench.redis_groups [--jobs 10000] [--fetches 400] [--room 8]
+
+Starts a private Redis (tests/support/servers.py), and for each case, on a
+flushed Redis, enqueues ``--jobs`` jobs, then times ``--fetches`` calls of
+jobs.lua's ``fetch`` for ``--room`` jobs each (the consumer's call); each
+fetch's jobs are acked right after, untimed, so held jobs stay few as in a
+running fleet. Cases: no groups (the plain fetch); one group holding every job
+but ten (the A-10,000 / B-10 case); a hundred groups; a hundred groups under a
+cap of 4. Prints one JSON line per case (fetch p50 / p95 / mean in ms, and for
+the A/B case how many fetches served all of B).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+QUEUE = "bench"
+
+
+def run(url: str, jobs: int, fetches: int, room: int, groups: list[str], tail: int, cap: int) -> dict:
+    from dramatiq import Message
+
+    from conveyor.brokers.base import EnqueueItem
+    from conveyor.brokers.redis import RedisBroker
+    from conveyor.settings import Settings
+
+    settings = Settings(broker="redis", redis_url=url)
+    broker = RedisBroker(
+        url=url, middleware=[], namespace="bench", heartbeat_timeout=30, retention=3600, settings=settings
+    )
+    broker.client.flushall()
+    broker.group_caps = {QUEUE: cap} if cap else {}
+    items = []
+    for i in range(jobs):
+        group = ("b" if i >= jobs - tail else groups[i % len(groups)]) if groups else None
+        options = {"group": group} if group else {}
+        message = Message(queue_name=QUEUE, actor_name="bench.job", args=({"n": i},), kwargs={}, options=options)
+        items.append(EnqueueItem(message))
+    for start in range(0, jobs, 1000):
+        broker.enqueue_jobs(items[start : start + 1000], dedup_ttl=60)
+    times, served_b_by = [], None
+    seen_b = 0
+    for n in range(fetches):
+        began = time.perf_counter()
+        rows = broker._call("fetch", QUEUE, room, cap)
+        times.append((time.perf_counter() - began) * 1000)
+        acks: list[object] = []
+        for i in range(0, len(rows), 5):
+            message = Message.decode(rows[i + 1])
+            seen_b += message.options.get("group") == "b"
+            acks += [rows[i], message.message_id, rows[i + 2]]
+        if tail and served_b_by is None and seen_b == tail:
+            served_b_by = n + 1
+        broker._call("acks", QUEUE, 3_600_000, len(acks) // 3, *acks)
+    broker.close()
+    times.sort()
+    out = {
+        "groups": len(groups),
+        "cap": cap,
+        "p50_ms": round(statistics.median(times), 3),
+        "p95_ms": round(times[int(len(times) * 0.95)], 3),
+        "mean_ms": round(statistics.fmean(times), 3),
+    }
+    if tail:
+        out["all_of_b_within_fetches"] = served_b_by
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--fetches", type=int, default=400)
+    parser.add_argument("--room", type=int, default=8)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from tests.support.servers import RedisServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(tmp)
+        try:
+            cases = [([], 0, 0), (["a"], 10, 0), ([f"g{i}" for i in range(100)], 0, 0)]
+            cases.append(([f"g{i}" for i in range(100)], 0, 4))
+            for groups, tail, cap in cases:
+                print(json.dumps(run(server.url, args.jobs, args.fetches, args.room, groups, tail, cap)), flush=True)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
