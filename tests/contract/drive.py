@@ -75,6 +75,17 @@ def eventually(predicate: Callable[[], T], timeout: float = 10.0, what: str = ""
         time.sleep(0.02)
 
 
+def drain(broker: Any, consumer: Any, count: int, field: str = "n") -> list[Any]:
+    """Receive, start and ack ``count`` deliveries in turn; their payloads' ``field``, in the order handed out."""
+    out = []
+    for _ in range(count):
+        delivered = consumer.receive()
+        broker.start_job(delivered)
+        consumer.ack(delivered)
+        out.append(delivered.args[0][field])
+    return out
+
+
 def record_in(broker: Any, job_id: str, state: str, timeout: float = 10.0) -> JobRecord:
     """The job's record once it is in ``state``."""
     return eventually(

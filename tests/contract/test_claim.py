@@ -5,29 +5,19 @@ from __future__ import annotations
 import pytest
 
 from conveyor.brokers.base import EnqueueItem
-from tests.contract.drive import JOB, LONG_TTL, OTHER_JOB, OTHER_QUEUE, URGENT_JOB, enqueue, message
-
-
-def _drain(broker, consumer, count):
-    out = []
-    for _ in range(count):
-        delivered = consumer.receive()
-        broker.start_job(delivered)
-        consumer.ack(delivered)
-        out.append(delivered.args[0]["n"])
-    return out
+from tests.contract.drive import JOB, LONG_TTL, OTHER_JOB, OTHER_QUEUE, URGENT_JOB, drain, enqueue, message
 
 
 @pytest.mark.topology
 def test_jobs_are_claimed_in_the_order_they_were_enqueued(broker, pump):
     for n in range(4):
         enqueue(broker, {"n": n})
-    assert _drain(broker, pump(broker), 4) == [0, 1, 2, 3]
+    assert drain(broker, pump(broker), 4) == [0, 1, 2, 3]
 
 
 def test_a_batch_is_claimed_in_its_order(broker, pump):
     broker.enqueue_jobs([EnqueueItem(message({"n": n})) for n in range(4)], dedup_ttl=LONG_TTL)
-    assert _drain(broker, pump(broker), 4) == [0, 1, 2, 3]
+    assert drain(broker, pump(broker), 4) == [0, 1, 2, 3]
 
 
 def test_an_actors_dramatiq_priority_orders_no_claim(broker, pump):
@@ -35,7 +25,7 @@ def test_an_actors_dramatiq_priority_orders_no_claim(broker, pump):
     # (lower first) orders only a worker's own work queue.
     enqueue(broker, {"n": 0}, job=JOB)  # actor priority 10
     enqueue(broker, {"n": 1}, job=URGENT_JOB)  # actor priority 0
-    assert _drain(broker, pump(broker), 2) == [0, 1]
+    assert drain(broker, pump(broker), 2) == [0, 1]
 
 
 @pytest.mark.topology

@@ -6,7 +6,7 @@ import pytest
 from dramatiq import Message
 
 from conveyor.brokers.base import CancelOutcome, EnqueueItem
-from tests.contract.drive import JOB, LONG_TTL, QUEUE, retry
+from tests.contract.drive import JOB, LONG_TTL, QUEUE, drain, retry
 
 #: Run on the pooler and the cluster too: the grouped claim is a two-statement transaction through the pooler; the group keys must share the queue's slot.
 pytestmark = pytest.mark.topology
@@ -19,22 +19,12 @@ def grouped(n: int, group: str | None) -> EnqueueItem:
     )
 
 
-def _take(broker, pump, count):
-    out = []
-    for _ in range(count):
-        delivered = pump.receive()
-        broker.start_job(delivered)
-        pump.ack(delivered)
-        out.append(delivered.args[0]["g"])
-    return out
-
-
 @pytest.mark.needs("groups")
 def test_a_small_group_is_served_between_a_big_groups_jobs_not_after_them(broker, pump):
     broker.enqueue_jobs([grouped(n, "a") for n in range(200)], dedup_ttl=LONG_TTL)
     broker.enqueue_jobs([grouped(n, "b") for n in range(3)], dedup_ttl=LONG_TTL)
     broker.enqueue_jobs([grouped(n, None) for n in range(3)], dedup_ttl=LONG_TTL)
-    served = _take(broker, pump(broker, prefetch=4), 12)
+    served = drain(broker, pump(broker, prefetch=4), 12, "g")
     # All of b and of the default group within a few rounds, while a's backlog still waits.
     assert served.count("b") == 3 and served.count(None) == 3, served
 
@@ -93,17 +83,17 @@ def test_a_nack_and_a_hand_back_free_the_slot_they_held(peer, pump):
 def test_a_worker_busy_with_ungrouped_jobs_serves_a_group_that_appears_meanwhile(broker, pump):
     broker.enqueue_jobs([grouped(n, None) for n in range(100)], dedup_ttl=LONG_TTL)
     p = pump(broker, prefetch=2)
-    assert _take(broker, p, 4) == [None] * 4  # full claims of the default group, one after another
+    assert drain(broker, p, 4, "g") == [None] * 4  # full claims of the default group, one after another
     broker.enqueue_jobs([grouped(n, "late") for n in range(2)], dedup_ttl=LONG_TTL)
     # Not after the default group's backlog: within a few claims.
-    assert _take(broker, p, 10).count("late") == 2
+    assert drain(broker, p, 10, "g").count("late") == 2
 
 
 def test_every_broker_takes_a_grouped_job_and_runs_it(broker, pump):
     # Redis and inline accept the group and serve the job as any other (fair shares are postgres's so far).
     (ref,) = broker.enqueue_jobs([grouped(1, "user:42")], dedup_ttl=LONG_TTL)
     assert not ref.deduplicated
-    assert _take(broker, pump(broker), 1) == ["user:42"]
+    assert drain(broker, pump(broker), 1, "g") == ["user:42"]
 
 
 @pytest.mark.needs("groups")

@@ -13,20 +13,10 @@ import time
 import pytest
 
 from conveyor.brokers.base import EnqueueItem
-from tests.contract.drive import LONG_TTL, QUEUE, Pump, enqueue, message, record_in
+from tests.contract.drive import LONG_TTL, QUEUE, Pump, drain, enqueue, message, record_in
 
 #: Run on the pooler and the cluster too: the level lists must share the queue's cluster slot; the claim runs through the pooler.
 pytestmark = pytest.mark.topology
-
-
-def _drain(broker, consumer, count):
-    out = []
-    for _ in range(count):
-        delivered = consumer.receive()
-        broker.start_job(delivered)
-        consumer.ack(delivered)
-        out.append(delivered.args[0]["n"])
-    return out
 
 
 def _take(consumer, timeout=10.0):
@@ -41,13 +31,13 @@ def _take(consumer, timeout=10.0):
 def test_a_higher_priority_job_is_claimed_first(broker, pump):
     for n, priority in enumerate([0, 5, 9, 0, 5]):
         enqueue(broker, {"n": n}, priority=priority)
-    assert _drain(broker, pump(broker), 5) == [2, 1, 4, 0, 3], "higher first, FIFO within a priority"
+    assert drain(broker, pump(broker), 5) == [2, 1, 4, 0, 3], "higher first, FIFO within a priority"
 
 
 def test_a_batch_is_ordered_by_priority_too(broker, pump):
     items = [EnqueueItem(message({"n": n}, priority=p)) for n, p in enumerate([1, 0, 3, 1])]
     broker.enqueue_jobs(items, dedup_ttl=LONG_TTL)
-    assert _drain(broker, pump(broker), 4) == [2, 0, 3, 1]
+    assert drain(broker, pump(broker), 4) == [2, 0, 3, 1]
 
 
 def test_aging_lets_an_older_lower_priority_job_through(broker, pump):
@@ -56,7 +46,7 @@ def test_aging_lets_an_older_lower_priority_job_through(broker, pump):
     time.sleep(0.3)
     enqueue(broker, {"n": 1}, priority=1)  # 300 ms later: its 50 ms lead is not enough
     enqueue(broker, {"n": 2}, priority=9)  # its 450 ms lead is
-    assert _drain(broker, pump(broker), 3) == [2, 0, 1]
+    assert drain(broker, pump(broker), 3) == [2, 0, 1]
 
 
 @pytest.mark.needs("hand_back")
@@ -94,4 +84,4 @@ def test_a_delayed_job_is_ranked_in_its_priority_once_due(broker, pump):
     finally:
         if promoter is not None:
             promoter.close()
-    assert _drain(broker, pump(broker), 2) == [1, 0], "due, it ranks as a priority-9 job ready now"
+    assert drain(broker, pump(broker), 2) == [1, 0], "due, it ranks as a priority-9 job ready now"
