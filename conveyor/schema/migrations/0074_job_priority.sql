@@ -12,13 +12,21 @@
 -- keeps the rank in step with every statement that moves available_at
 -- (enqueue, retry, park, signal, promote, retry_failed): none of them has
 -- to know about it.
+--
+-- The upgrade touches only the rows still to run: a table that keeps
+-- millions of finished rows is not rewritten under its lock. A finished row
+-- has no rank until its available_at moves (an operator's retry), which the
+-- trigger ranks; every other way back to `pending` starts from a row ranked
+-- here (`in_progress`). The checks are NOT VALID for the same reason (the
+-- rows they would scan were written with priority 0 and no lead); they hold
+-- for every row written from now on.
 ALTER TABLE conveyor_jobs
-    ADD COLUMN rank_lead DOUBLE PRECISION NOT NULL DEFAULT 0 CHECK (rank_lead >= 0),
+    ADD COLUMN rank_lead DOUBLE PRECISION NOT NULL DEFAULT 0,
     ADD COLUMN rank_at TIMESTAMPTZ;
 
-UPDATE conveyor_jobs SET priority = 0, rank_at = available_at;
-ALTER TABLE conveyor_jobs ALTER COLUMN rank_at SET NOT NULL;
-ALTER TABLE conveyor_jobs ADD CONSTRAINT conveyor_jobs_priority_range CHECK (priority BETWEEN 0 AND 9);
+UPDATE conveyor_jobs SET priority = 0, rank_at = available_at WHERE status IN ('pending', 'in_progress');
+ALTER TABLE conveyor_jobs ADD CONSTRAINT conveyor_jobs_rank_lead CHECK (rank_lead >= 0) NOT VALID;
+ALTER TABLE conveyor_jobs ADD CONSTRAINT conveyor_jobs_priority_range CHECK (priority BETWEEN 0 AND 9) NOT VALID;
 
 CREATE FUNCTION conveyor_jobs_rank() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
