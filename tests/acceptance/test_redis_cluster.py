@@ -73,7 +73,9 @@ def test_charges_go_on_when_the_primary_of_their_queue_dies_and_its_replica_take
     group = WorkerProcess(settings, "critical", 2, log=tmp_path / "worker.log")
     try:
         wait_for(lambda: len(group.child_pids()) == 2, timeout=60, message="two worker processes")
-        requests = charges(120, "failover", sleep=0.3)
+        # Slow enough that the first 60 outlast the WAIT below: a replica acks once a second, and on a
+        # loaded machine WAIT was seen to take 2.4 s, long enough for 60 jobs of 0.3 s to all finish.
+        requests = charges(120, "failover", sleep=1.2)
         first, second = requests[:60], requests[60:]
         app.jobs.enqueue_many(first)
         victim = replicated.owner("conveyor{critical}")
