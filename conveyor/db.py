@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import logging
 import os
 import re
 import socket
@@ -132,6 +133,8 @@ class _Watchdog:
         self._heap: list[tuple[float, int, ReplyDeadline]] = []
         self._order = itertools.count()
         self._started = False
+        #: The heap's size at which ended deadlines are swept out (each holds its connection).
+        self._sweep_at = _SWEEP_FLOOR
 
     def watch(self, deadline: ReplyDeadline, when: float) -> None:
         with self._cond:
@@ -139,6 +142,12 @@ class _Watchdog:
                 threading.Thread(target=self._run, name="conveyor-reply-deadlines", daemon=True).start()
                 self._started = True
             heapq.heappush(self._heap, (when, next(self._order), deadline))
+            if len(self._heap) >= self._sweep_at:
+                # Ended deadlines leave the heap only from its top, after their whole timeout: with
+                # many enqueues a second that is rate x timeout entries. Sweep them out (amortised).
+                self._heap[:] = [entry for entry in self._heap if not entry[2].done]
+                heapq.heapify(self._heap)
+                self._sweep_at = max(_SWEEP_FLOOR, 2 * len(self._heap))
             if self._heap[0][2] is deadline:  # sooner than what the thread sleeps for
                 self._cond.notify()
 
@@ -151,10 +160,14 @@ class _Watchdog:
                 while heap and (heap[0][2].done or heap[0][0] <= now):
                     _, _, deadline = heapq.heappop(heap)
                     if not deadline.done:
-                        deadline.expire()
+                        try:
+                            deadline.expire()
+                        except Exception:  # the thread must outlive any one deadline, or none is kept
+                            logging.getLogger(__name__).exception("expiring a reply deadline failed")
                 cond.wait(heap[0][0] - now if heap else None)
 
 
+_SWEEP_FLOOR = 1024
 _WATCHDOG = _Watchdog()
 
 

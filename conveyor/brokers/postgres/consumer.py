@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 #: Seconds added to a delayed job's due time before claiming it (clock and rounding slack).
 DUE_MARGIN = 0.005
+#: Seconds before a grouped queue whose short claim left runnable rows is claimed again. Those rows
+#: wait for their group's slot (a cap) or are another claimer's: re-claiming every DUE_MARGIN would
+#: spin. A slot frees when a job of the group ends, and the worker that ends it claims at once itself.
+GROUPED_RECHECK = 0.25
 
 #: A busy consumer claims once its room is at least this part of the prefetch: each
 #: claim costs one WAL flush (durability.py), so claims come in batches, not one by one.
@@ -107,6 +111,8 @@ class PostgresConsumer(Consumer):
                 self.check_due = False
                 due = self.broker.jobs.next_due(self.queue)
                 if due is not None:
+                    if due <= 0 and self.broker.jobs.is_grouped(self.queue):
+                        due = GROUPED_RECHECK  # runnable but capped or held: no spin (see GROUPED_RECHECK)
                     # The margin keeps a wake-up from landing a hair before the row turns due.
                     self.poll_at = min(self.poll_at, time.monotonic() + max(due, 0.0) + DUE_MARGIN)
                 continue

@@ -479,7 +479,9 @@ class Jobs:
         try:
             with self._conn(fast=not synchronous) as conn:
                 with conn.transaction():
-                    groups = [r[0] for r in conn.execute(QUERIES["lock_groups"], params)]
+                    # Group locks only where there are slots to count (a cap): else claimers share groups.
+                    rotation = QUERIES["lock_groups" if group_cap is not None else "pick_groups"]
+                    groups = [r[0] for r in conn.execute(rotation, params)]
                     if not groups:
                         return []
                     rows = conn.execute(QUERIES["claim_groups"], {**params, "groups": groups}).fetchall()
@@ -489,6 +491,10 @@ class Jobs:
             raise translate(exc, "claim") from exc
         rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: round-robin over the groups
         return [(r[0], r[1], r[2], r[3], r[6], r[7]) for r in rows]
+
+    def is_grouped(self, queue: str) -> bool:
+        """True once this process has seen the queue have named groups (its claims are claim_groups')."""
+        return queue in self._grouped
 
     def next_due(self, queue: str) -> float | None:
         due: float | None = _single(self._execute("next_due", {"queue": queue}, fetch="one", fast=True), "next_due")[0]

@@ -96,6 +96,21 @@ ORDER BY g.last_served, g.job_group
 LIMIT %(limit)s
 FOR UPDATE OF g SKIP LOCKED
 
+-- name: pick_groups
+-- lock_groups for a queue without a cap: the same rotation, no locks. With
+-- no slots to count, claimers need not take turns; each claims different
+-- jobs of the same groups (claim_groups' SKIP LOCKED).
+SELECT g.job_group FROM conveyor_job_groups g
+CROSS JOIN LATERAL (SELECT 1 FROM conveyor_jobs j
+                    WHERE j.queue = %(queue)s AND j.job_group = g.job_group AND j.status = 'pending'
+                      AND j.available_at <= now()
+                    ORDER BY j.rank_at, j.priority DESC
+                    LIMIT 1) AS runnable
+WHERE g.queue = %(queue)s
+  AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
+ORDER BY g.last_served, g.job_group
+LIMIT %(limit)s
+
 -- name: claim_groups
 -- The grouped claim, second statement: a fresh snapshot (READ COMMITTED)
 -- taken while this transaction holds the groups' locks, so each group's
@@ -127,8 +142,13 @@ WITH g AS (
 ), picked AS (
     SELECT id, job_group, rn, ord FROM candidates ORDER BY rn, ord LIMIT %(limit)s
 ), served AS (
+    -- A group another claimer holds is left to it to move (SKIP LOCKED): claimers of an
+    -- uncapped queue (pick_groups, no group locks) neither wait on nor deadlock with each other.
     UPDATE conveyor_job_groups s SET last_served = clock_timestamp()
-    WHERE s.queue = %(queue)s AND s.job_group IN (SELECT job_group FROM picked)
+    FROM (SELECT queue, job_group FROM conveyor_job_groups
+          WHERE queue = %(queue)s AND job_group IN (SELECT job_group FROM picked)
+          FOR UPDATE SKIP LOCKED) l
+    WHERE s.queue = l.queue AND s.job_group = l.job_group
 )
 UPDATE conveyor_jobs j
 SET status = 'in_progress', delivery = j.delivery + 1, worker_id = %(worker)s, picked_at = now()

@@ -260,7 +260,8 @@ end
 -- (front), at the head with the ready_at it had, so it keeps its place.
 local function ready_push(q, rid, id, front)
     local p = 0
-    if id and not q.delay then
+    -- No record (deleted, not adopted yet): nothing to write, or a key would be left behind without a TTL.
+    if id and not q.delay and redis.call("exists", job_key(id)) == 1 then
         p = priority_of(id)
         if not front or not redis.call("hget", job_key(id), "ready_at") then
             redis.call("hset", job_key(id), "ready_at", now)
@@ -557,6 +558,8 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
                "priority", tonumber(priority) or 0)
     if group ~= "" then
         redis.call("hset", record, "group", group)
+    else
+        redis.call("hdel", record, "group") -- a re-enqueue of the same job in the default group
     end
     redis.call("hsetnx", record, "enqueued_at", now)
     redis.call("hsetnx", record, "attempts", 0)
