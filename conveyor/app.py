@@ -13,7 +13,7 @@ from conveyor.blueprints import DEFAULT, Jobs, JobType, Schedule, blueprints_in,
 from conveyor.errors import ConfigurationError, InvalidPayload, StoreUnavailable
 from conveyor.events import Events
 from conveyor.importing import import_job_module
-from conveyor.logs import log_event
+from conveyor.logs import log_job_error
 from conveyor.settings import Settings, get_settings
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.jobqueue import JobQueue, validate_payload
@@ -204,15 +204,7 @@ class App:
             try:
                 mark_failed(self, job_type, message.message_id)
             except Exception as exc:  # only a wake-up: a reader learns the failure from the broker at its timeout
-                log_event(
-                    "error",
-                    level="warning",
-                    queue=message.queue_name,
-                    job=message.actor_name,
-                    job_id=message.message_id,
-                    attempt=message.options.get("attempt"),
-                    error=f"result readers not woken: {type(exc).__name__}",
-                )
+                log_job_error(message, f"result readers not woken: {type(exc).__name__}", level="warning")
         if job_type and job_type.on_final_failure:
             payload, ctx = self._hook_args(job_type, message)
             try:
@@ -223,15 +215,7 @@ class App:
                 broker.leave_unsettled(message, f"final-failure hook raised {type(exc).__name__}")
                 return
             except Exception as exc:
-                log_event(
-                    "error",
-                    level="error",
-                    queue=message.queue_name,
-                    job=message.actor_name,
-                    job_id=message.message_id,
-                    attempt=message.options.get("attempt"),
-                    error=f"final-failure hook raised {type(exc).__name__}: {exc}",
-                )
+                log_job_error(message, f"final-failure hook raised {type(exc).__name__}: {exc}")
         from conveyor.middleware.base import conveyor_middleware
 
         for middleware in conveyor_middleware(broker):
@@ -249,15 +233,7 @@ class App:
         try:
             job_type.on_cancel(payload, ctx)
         except BaseException as exc:  # an interrupt too: the outcome is still written
-            log_event(
-                "error",
-                level="error",
-                queue=message.queue_name,
-                job=message.actor_name,
-                job_id=message.message_id,
-                attempt=message.options.get("attempt"),
-                error=f"cancel hook raised {type(exc).__name__}: {exc}",
-            )
+            log_job_error(message, f"cancel hook raised {type(exc).__name__}: {exc}")
 
     def _hook_args(self, job_type: JobType, message: AnyMessage) -> tuple[Any, JobContext]:
         """A hook's payload (None when it no longer loads: the hook still runs) and its context."""

@@ -97,6 +97,20 @@ def log_error(error: str, *, level: Level = "warning", queue: str | None = None)
     log_event("error", level=level, queue=queue, job=None, job_id=None, attempt=None, error=error)
 
 
+def log_job_error(message: Any, error: str, *, level: Level = "error") -> None:
+    """An ``error`` event of one job, with the ids of its ``message`` (Dramatiq's Message or MessageProxy);
+    ``error`` must hold no secret value."""
+    log_event(
+        "error",
+        level=level,
+        queue=message.queue_name,
+        job=message.actor_name,
+        job_id=message.message_id,
+        attempt=message.options.get("attempt"),
+        error=error,
+    )
+
+
 class _EventLine:
     """An event's fields, turned into JSON only when a handler formats the line.
 

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from conveyor.brokers.base import CANCELLED, CANCELLED_AT_START, FINALIZE, AnyMessage, FinalFailure
 from conveyor.errors import PermanentError, RetryLater, WaitForEvent, describe_error
 from conveyor.events import PARK, WAITED_FOR
-from conveyor.logs import log_event
+from conveyor.logs import log_event, log_job_error
 from conveyor.middleware.base import ConveyorMiddleware, conveyor_broker
 
 #: Errors that can never succeed on a second try.
@@ -203,12 +203,4 @@ class Retries(ConveyorMiddleware):
 
 
 def _claim_failed(message: MessageProxy, exc: Exception) -> None:
-    log_event(
-        "error",
-        level="error",
-        queue=message.queue_name,
-        job=message.actor_name,
-        job_id=message.message_id,
-        attempt=message.options.get("attempt"),
-        error=f"final-failure claim failed: {type(exc).__name__}",
-    )
+    log_job_error(message, f"final-failure claim failed: {type(exc).__name__}")
