@@ -59,6 +59,30 @@ def replicated():
         yield cluster
 
 
+def test_wait_replicas_on_a_cluster_with_a_replica_each_enqueues_and_claims(clean_env, database_url, replicated):
+    """With a replica per primary, each enqueue and claim is acknowledged by its queue's replica (before the
+    failover test below, which leaves one primary without a replica)."""
+    from conveyor.app import App
+
+    replicated.flush()
+    settings = make_settings("redis", replicated.url, database_url, redis_wait_replicas=1, redis_wait_timeout=5)
+    app = App(settings)
+    try:
+        for queue, job in (("critical", "test.probe.critical"), ("indexing", "test.probe.indexing")):
+            ref = app.jobs.enqueue(job, {"token": queue}, key=f"wait:{queue}")
+            consumer = app.broker.consume(queue, prefetch=1, timeout=1000)
+            try:
+                got = wait_for(lambda c=consumer: next(c), timeout=30, message=f"the claim on {queue}")
+                assert got.message_id == ref.id
+                counts = app.broker.queue_counts(queue)
+                assert (counts.waiting, counts.active) == (0, 1), counts
+            finally:
+                consumer.close()
+    finally:
+        app.close()
+        replicated.flush()  # the failover test below counts the queue's jobs
+
+
 def test_charges_go_on_when_the_primary_of_their_queue_dies_and_its_replica_takes_over(
     clean_env, database_url, replicated, tmp_path
 ):
@@ -111,4 +135,44 @@ def test_charges_go_on_when_the_primary_of_their_queue_dies_and_its_replica_take
     finally:
         group.send_stop()
         group.terminate()
+        app.close()
+
+
+def test_wait_replicas_counts_the_replicas_of_the_queues_own_primary(clean_env, database_url, replicated):
+    """The queue's primary has lost its replica while the other primaries keep theirs: a WAIT sent through
+    the cluster client goes to every primary and sums their answers, so it would pass; conveyor WAITs on
+    the queue's node and refuses the enqueue's success and the claim. Runs last: it kills a replica."""
+    import redis
+    from dramatiq.errors import ConnectionClosed
+
+    from conveyor.app import App
+    from conveyor.errors import EnqueueOutcomeUnknown
+
+    replicated.flush()
+    owner = replicated.owner("conveyor{llm}")
+
+    def replication(node) -> dict:
+        with redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=5) as c:
+            return c.info("replication")
+
+    for node in replicated.nodes:
+        if node.is_running and node is not owner:
+            info = replication(node)
+            if info["role"] == "slave" and int(info["master_port"]) == owner.port:
+                node.kill()
+    wait_for(lambda: replication(owner)["connected_slaves"] == 0, timeout=30, message="the primary to see no replica")
+    others = [n for n in replicated.nodes if n.is_running and n is not owner and replication(n)["role"] == "master"]
+    assert any(replication(n)["connected_slaves"] for n in others), "another primary keeps a replica"
+
+    settings = make_settings("redis", replicated.url, database_url, redis_wait_replicas=1, redis_wait_timeout=0.2)
+    app = App(settings)
+    try:
+        with pytest.raises(EnqueueOutcomeUnknown):
+            app.jobs.enqueue("test.probe.llm", {"token": "unreplicated"}, key="wait:llm")
+        consumer = app.broker.consume("llm", prefetch=1, timeout=1000)
+        with pytest.raises(ConnectionClosed) as caught:
+            next(consumer)
+        assert "replica" in str(caught.value)
+        consumer.close()
+    finally:
         app.close()

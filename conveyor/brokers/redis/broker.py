@@ -50,7 +50,7 @@ from conveyor.brokers.base import (
     priority_of,
     unknown_job_error,
 )
-from conveyor.brokers.redis.cluster import node_client, refresh
+from conveyor.brokers.redis.cluster import REDIRECTS, node_client, on_node, refresh
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
@@ -66,8 +66,8 @@ from conveyor.errors import (
 )
 from conveyor.events import PARK
 from conveyor.logs import log_error, log_event
+from conveyor.redis_client import UNAVAILABLE, is_cluster, is_unavailable, translated
 from conveyor.redis_client import client as redis_client
-from conveyor.redis_client import is_cluster, is_unavailable, translated
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -190,8 +190,6 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         #: Runs the final-failure hook of a job the broker itself fails (an undecodable message), as on Postgres.
         self._on_dead = on_dead
         self._jobs = self.client.register_script(JOBS)
-        if self.cluster and settings.redis_wait_replicas:
-            raise ConfigurationError("CONVEYOR_REDIS_WAIT_REPLICAS is not supported on Redis Cluster (yet)")
         #: (replicas, timeout ms) each enqueue and claim WAITs for; None: no WAIT (redis_wait_replicas = 0).
         self.replicas = (
             (settings.redis_wait_replicas, int(settings.redis_wait_timeout * _MS))
@@ -345,14 +343,25 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """
         assert self.replicas is not None
         sent = time.monotonic()
-        with self.client.pipeline(transaction=False) as pipe:
+        scope = self.keys.scope(name).ns
+        # On a cluster, WAIT counts the replicas of the node it reaches: the pipeline goes to the slot's node.
+        client = on_node(self.client, scope) if self.cluster else self.client
+        with client.pipeline(transaction=False) as pipe:
             self._jobs(
-                keys=[self.keys.scope(name).ns],
+                keys=[scope],
                 args=["fetch", name, self.broker_id, room, int(self.priority_aging * _MS), cap],
                 client=pipe,
             )
             pipe.execute_command("WAIT", *self.replicas)  # type: ignore[no-untyped-call]
-            rows, acked = pipe.execute()
+            try:
+                rows, acked = pipe.execute()
+            except REDIRECTS as exc:  # the slot moved (a failover): nothing ran; the consumer restarts
+                refresh(self.client)
+                raise redis.ConnectionError(f"the queue's slot moved: {type(exc).__name__}") from exc
+            except UNAVAILABLE:
+                if self.cluster:  # the node may be gone: the consumer's next fetch asks the new owner
+                    refresh(self.client)
+                raise
         with self._lock:
             self._beat_at = sent if self._beat_at is None else max(self._beat_at, sent)
         if int(acked) < self.replicas[0]:

@@ -34,6 +34,16 @@ def node_client(cluster: Any, key: str) -> NodeClient:
     return NodeClient(found, cluster)
 
 
+def on_node(cluster: Any, key: str) -> redis.Redis:
+    """The plain client of the node owning ``key``'s slot: a pipeline on it keeps a keyless command (WAIT)
+    on the connection that ran the script. A node that cannot be found is a connection error (nothing ran)."""
+    try:
+        return node_client(cluster, key).node
+    except NotSent as exc:
+        cause = exc.cause
+        raise cause if isinstance(cause, redis.ConnectionError) else redis.ConnectionError(str(exc)) from exc
+
+
 def refresh(cluster: Any) -> None:
     """Read the topology again (after a call to a node failed: a failover may have moved its slots)."""
     try:
@@ -48,6 +58,8 @@ class NodeClient:
     def __init__(self, node: redis.Redis, cluster: Any) -> None:
         self._node = node
         self._cluster = cluster
+        #: The node's own client (one node, no redirects followed).
+        self.node = node
         self.connection_pool = node.connection_pool
 
     def parse_response(self, conn: Any, command: str) -> Any:
