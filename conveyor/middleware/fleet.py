@@ -151,13 +151,19 @@ class Fleet(ConveyorMiddleware):
     # -- enqueues ------------------------------------------------------------------
 
     def after_enqueue_jobs(self, broker: ConveyorBroker, items: list[EnqueueItem], refs: list[JobRef]) -> None:
-        """Add the batch's new jobs to the fleet's enqueue totals (Postgres counts them itself, exactly).
+        """Add the batch's new jobs to the fleet's enqueue totals, where the broker does not count them in
+        its enqueue itself (Redis and Postgres do, exactly: this is the in-process store's).
 
         Called by the JobQueue once the jobs are in: they stay enqueued
-        whatever happens here, so a failure is logged, never raised. A
-        producer that dies between the two writes leaves its batch uncounted
-        (the count may fall short, never over).
+        whatever happens here, so a failure is logged, never raised.
         """
+        try:
+            store = fleet_store(self.app)
+        except Exception as exc:
+            log_error(f"enqueue totals not counted: {type(exc).__name__}: {exc}")
+            return
+        if store.counts_enqueues:
+            return
         counts: dict[tuple[str, str], int] = {}
         for item, ref in zip(items, refs):
             if not ref.deduplicated:
@@ -166,7 +172,7 @@ class Fleet(ConveyorMiddleware):
         if not counts:
             return
         try:
-            fleet_store(self.app).count_enqueued(counts)
+            store.count_enqueued(counts)
         except Exception as exc:
             log_error(f"enqueue totals not counted for {sum(counts.values())} job(s): {type(exc).__name__}: {exc}")
 

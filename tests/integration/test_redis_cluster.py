@@ -161,10 +161,12 @@ def test_the_stores_beside_the_broker_keep_each_script_call_on_one_slot(app):
     )
     fleet.beat(info, keep=60)
     assert [w.id for w in fleet.workers()[1]] == ["w-1"]
-    fleet.count_enqueued({("critical", "a.job"): 2, ("default", "b.job"): 1})
-    assert fleet.enqueued_totals() == {("critical", "a.job"): 2, ("default", "b.job"): 1}
     ref = enqueue(app.broker, {"n": 1}, key="k:fleet", queue_name="critical", job="test.probe.critical")
     assert fleet.find_by_key("k:fleet") == [ref.id]
+    # Enqueue totals are counted by each queue's enqueue script on its own slot, and read from all of them.
+    enqueue(app.broker, {"n": 1}, key="k:fleet", queue_name="critical", job="test.probe.critical")  # a duplicate
+    app.jobs.enqueue_many([{"job": "test.probe.llm", "payload": {"token": f"t{i}"}} for i in range(3)])
+    assert fleet.enqueued_totals() == {("critical", "test.probe.critical"): 1, ("llm", "test.probe.llm"): 3}
 
     rollups = rollup_store(app)
     rollups.sample_depth({"critical": 3, "default": 1})

@@ -76,6 +76,10 @@ class AttemptEvent:
 class FleetStore:
     """Where the registry and the attempt history live; one implementation per broker."""
 
+    #: The broker counts each new job in its enqueue itself (exactly, no write of its own): no
+    #: ``count_enqueued`` call is needed.
+    counts_enqueues = False
+
     def beat(self, info: WorkerInfo, *, keep: float) -> None:
         """Register or refresh a worker (heartbeat = the server's now); clears an earlier gone mark."""
         raise NotImplementedError
@@ -101,7 +105,8 @@ class FleetStore:
         raise NotImplementedError
 
     def count_enqueued(self, counts: dict[tuple[str, str], int]) -> None:
-        """Add to the fleet's enqueue totals by (queue, job); a no-op where the broker counts them itself."""
+        """Add to the fleet's enqueue totals by (queue, job); a no-op where the broker counts them itself
+        (``counts_enqueues``)."""
         raise NotImplementedError
 
     def enqueued_totals(self) -> dict[tuple[str, str], int]:

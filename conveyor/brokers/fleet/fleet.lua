@@ -6,7 +6,8 @@
 --                             heartbeat_at, in_flight, done, failed, gone_at, gone_reason
 --   $ns:attempts:$job_id      hash token -> JSON {attempt, worker, started_at, ended_at,
 --                             outcome, error, traceback}; expires with the job's retention
---   $ns:fleet:enqueued        hash "queue\31job" -> jobs enqueued, never reset
+--   $ns:fleet:enqueued        hash "queue\31job" -> jobs enqueued, never reset (written by the
+--                             broker's own enqueue script, redis/jobs.lua)
 --
 -- KEYS[1] is the namespace; ARGV[1] the command. Times come from TIME, so
 -- every worker host is dated by one clock.

@@ -23,6 +23,8 @@ PRUNE_INTERVAL = 60.0
 
 
 class PostgresFleetStore(FleetStore):
+    counts_enqueues = True  # the insert trigger, in the enqueue's own transaction
+
     def __init__(self, app: PoolOwner, *, retention: float) -> None:
         self.app = app
         #: Seconds attempts are kept (CONVEYOR_RETENTION), as the broker keeps its jobs.

@@ -26,13 +26,22 @@ ATTEMPTS_PER_CALL = 200
 
 
 class RedisFleetStore(FleetStore):
+    counts_enqueues = True  # jobs.lua's enqueue, in the same script call
+
     def __init__(
-        self, client: redis.Redis, namespace: str, *, dedup_keys: Callable[[str], list[str]] | None = None
+        self,
+        client: redis.Redis,
+        namespace: str,
+        *,
+        dedup_keys: Callable[[str], list[str]] | None = None,
+        enqueued_keys: Callable[[], list[str]] | None = None,
     ) -> None:
-        """``namespace``: the broker's ``keys.shared``; ``dedup_keys(key)``: where the broker may hold ``key``."""
+        """``namespace``: the broker's ``keys.shared``; ``dedup_keys(key)``: where the broker may hold ``key``;
+        ``enqueued_keys()``: the hashes the broker's enqueue counts new jobs in (the broker's ``enqueued_keys``)."""
         self.client = client
         self.ns = namespace
         self._dedup_keys = dedup_keys or (lambda key: [f"{namespace}:dedup:{key}"])
+        self._enqueued_keys = enqueued_keys or (lambda: [f"{namespace}:fleet:enqueued"])
         self._script = client.register_script(_SCRIPT)
 
     def _call(self, *args: str | int, client: Pipeline | None = None) -> Any:
@@ -107,19 +116,20 @@ class RedisFleetStore(FleetStore):
             )
         return sorted(out, key=lambda a: (a.started_at or a.ended_at or 0, a.attempt))
 
-    @wrap_errors("counting enqueues")
     def count_enqueued(self, counts: dict[tuple[str, str], int]) -> None:
-        with self.client.pipeline(transaction=False) as pipe:
-            for (queue, job), n in counts.items():
-                pipe.hincrby(f"{self.ns}:fleet:enqueued", f"{queue}{_SEP}{job}", n)
-            pipe.execute()
+        pass  # the broker's enqueue script counted them, in the same call (jobs.lua enqueue_one)
 
     @wrap_errors("reading enqueue totals")
     def enqueued_totals(self) -> dict[tuple[str, str], int]:
-        out = {}
-        for name, value in self.client.hgetall(f"{self.ns}:fleet:enqueued").items():
-            queue, _, job = text(name).partition(_SEP)
-            out[(queue, job)] = int(value)
+        out: dict[tuple[str, str], int] = {}
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in self._enqueued_keys():
+                pipe.hgetall(name)
+            hashes = pipe.execute()
+        for counted in hashes:
+            for name, value in counted.items():
+                queue, _, job = text(name).partition(_SEP)
+                out[(queue, job)] = out.get((queue, job), 0) + int(value)
         return out
 
     @wrap_errors("finding a job by key")

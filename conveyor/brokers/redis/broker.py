@@ -136,7 +136,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def fleet_store(self, pools: PoolOwner) -> FleetStore:
         from conveyor.brokers.fleet.redis_store import RedisFleetStore
 
-        return RedisFleetStore(self.client, self.keys.shared, dedup_keys=self.dedup_keys)
+        return RedisFleetStore(
+            self.client, self.keys.shared, dedup_keys=self.dedup_keys, enqueued_keys=self.enqueued_keys
+        )
 
     @classmethod
     def fleet_store_without_broker(cls, settings: Settings, pools: PoolOwner) -> FleetStore | None:
@@ -293,6 +295,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if not self.cluster:
             return [self.keys.dedup(key)]
         return [self.keys.scope(q).dedup(key) for q in self.known_queues()]
+
+    def enqueued_keys(self) -> list[str]:
+        """The hashes jobs.lua's enqueue counts new jobs in: the namespace's, or on a cluster each known queue's."""
+        if not self.cluster:
+            return [self.keys.enqueued]
+        return [self.keys.scope(q).enqueued for q in self.known_queues()]
 
     def known_queues(self) -> list[str]:
         """Every queue declared here, and on a cluster every queue anyone enqueued to (keys.queues)."""

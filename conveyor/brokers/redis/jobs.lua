@@ -20,6 +20,9 @@
 --                         priority ready_at
 --   $ns:idx:$queue:$state zset of job ids by when they entered the state
 --   $ns:totals:$queue     hash completed / failed, never reset
+--   $ns:fleet:enqueued    hash "queue\31job" -> jobs enqueued (not a keyed
+--                         duplicate, not a repeated call), never reset; the
+--                         fleet registry reads it (one per queue on a cluster)
 --   $ns:dedup:$key        job id that holds the key, with a TTL
 --   $ns:deduplicated:$rid the job id an enqueued message (rid) was found a
 --                         duplicate of, kept as long as that call may be
@@ -579,6 +582,8 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
     else
         set_state(q, id, "waiting")
     end
+    -- Counted with the job, in the same call: exact, and no round trip of its own.
+    redis.call("hincrby", ns .. ":fleet:enqueued", q.canonical .. "\31" .. job, 1)
     return id, 0
 end
 

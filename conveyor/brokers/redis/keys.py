@@ -125,6 +125,11 @@ class Keys:
         """Set of the job ids parked awaiting event ``name``."""
         return f"{self.ns}:event_waiters:{name}"
 
+    @property
+    def enqueued(self) -> str:
+        """Hash "queue\\x1fjob" -> jobs enqueued, counted by jobs.lua's enqueue (the fleet registry's totals)."""
+        return f"{self.ns}:fleet:enqueued"
+
     def dedup(self, key: str) -> str:
         """The job id holding a dedup key (with a TTL; set by jobs.lua's enqueue)."""
         return f"{self.ns}:dedup:{key}"
