@@ -46,3 +46,38 @@ def test_flushing_a_queue_empties_its_levels_too(clean_env, redis_url, database_
         assert client.keys("*critical.p*") == [] and client.keys("*critical.ranks") == []
     finally:
         app.close()
+
+
+def test_a_plain_dramatiq_producers_message_ranks_by_its_timestamp_not_first(clean_env, redis_url, database_url):
+    """A message no conveyor enqueue wrote (an older producer, or Dramatiq's own ``send``) has no record
+    and no ready time: it ranks by the time its producer stamped on it, so priorities still order it."""
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker as PlainRedisBroker
+
+    settings = make_settings("redis", redis_url, database_url)
+    app = App(settings)
+    plain = PlainRedisBroker(url=redis_url, namespace=settings.redis_namespace)
+    try:
+        urgent = app.jobs.enqueue("credit.consume", {**GOOD, "message_id": "urgent"}, priority=5)
+        sent = plain.enqueue(
+            dramatiq.Message(
+                queue_name="critical",
+                actor_name="credit.consume",
+                args=({**GOOD, "message_id": "plain"},),
+                kwargs={},
+                options={},
+            )
+        )
+        consumer = app.broker.consume("critical", prefetch=1, timeout=100)
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            message = next(consumer)
+            if message is not None:
+                got.append(message.message_id)
+                consumer.ack(message)
+        assert got == [urgent.id, sent.message_id]
+        consumer.close()
+    finally:
+        plain.close()
+        app.close()

@@ -322,9 +322,12 @@ local function unready(q, id, rid)
     end
 end
 
--- The rank of a level's head; nil when the level is empty. A head whose
--- record has no ready_at (undecodable, adopted, stale) ranks first: fetch
--- deals with it as it did in the plain list.
+-- The rank of a level's head; nil when the level is empty. A head without
+-- a record (a plain Dramatiq producer's message: fetch adopts it) ranks by
+-- the time its producer stamped on it (the client's clock, all there is),
+-- so it waits behind higher priorities as a job enqueued then would; one
+-- with neither (undecodable, stale) ranks first: fetch deals with it as it
+-- did in the plain list.
 local function head_rank(q, p, aging)
     local rid = redis.call("lindex", level_list(q, p), 0)
     if not rid then
@@ -339,6 +342,9 @@ local function head_rank(q, p, aging)
     local data = redis.call("hget", q.msgs, rid)
     local id = data and message_id(data)
     local ready = id and tonumber(redis.call("hget", job_key(id), "ready_at") or "")
+    if not ready and data then
+        ready = tonumber(string.match(data, '"message_timestamp":%s*(%d+)') or "")
+    end
     if not ready then
         return -math.huge
     end
