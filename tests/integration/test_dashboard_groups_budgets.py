@@ -14,7 +14,7 @@ from markupsafe import escape
 from conveyor.api import sessions
 from conveyor.api.auth import COOKIE
 from conveyor.brokers.base import EnqueueItem
-from tests.support.obs_support import TOKEN, api_server, broker_app, running
+from tests.support.obs_support import TOKEN, CliProcess, api_server, broker_app, cli_env, running
 from tests.support.waiting import wait_for
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -138,4 +138,40 @@ def test_a_group_name_of_200_characters_does_not_break_the_queue_page(request, r
             groups = api.get("/api/admin/queues/tenants/groups", headers=AUTH).json()["groups"]
         assert [g["group"] for g in groups] == [name]
     finally:
+        app.close()
+
+
+def test_throttles_counted_by_worker_processes_reach_the_budgets_through_the_metrics_directory(
+    request, redis_url, database_url, clean_env, tmp_path
+):
+    """A real ``conveyor worker`` (supervisor and child) counts the throttle in PROMETHEUS_MULTIPROC_DIR;
+    an API process given the same directory shows it, though its own process throttled nothing."""
+    from conveyor.inspector import Inspector
+
+    directory = tmp_path / "metrics"
+    env = cli_env(
+        clean_env,
+        REDIS_URL=redis_url,
+        CONVEYOR_BROKER="redis",
+        CONVEYOR_IMPORTS="tests.support.dashboard_jobs",
+        CONVEYOR_METRICS_PORT="0",
+    )
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    app = broker_app(request, "redis", imports="tests.support.dashboard_jobs", database_url=database_url)
+    process = CliProcess(["worker", "--queues", "metered", "--processes", "1"], env, tmp_path / "worker.log")
+    try:
+        for _ in range(2):  # 30 + 30 of 50: the second waits
+            app.jobs.enqueue("dash.metered", {"tenant": "t", "weight": 30})
+        clean_env.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+        inspect = Inspector(app)
+
+        def tokens():
+            budget = next(b for b in inspect.budgets() if b.name == "dash-tokens")
+            return budget if budget.throttled else None
+
+        budget = wait_for(tokens, timeout=60, interval=0.2, message="the worker's throttle")
+        assert budget.throttled == 1 and budget.waited_seconds > 0
+        assert [(k.key, k.used) for k in budget.keys] == [("t", 30.0)]
+    finally:
+        process.stop()
         app.close()
