@@ -68,6 +68,9 @@ def test_a_queues_groups_and_the_budgets_page_in_the_browser(browser, request, r
             names = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "td.group-name")]
             assert names == ["a", HOSTILE, LONG_GROUP]  # shown as text, busiest first
             assert "3 with jobs now" in _text(browser, "#groups-summary")
+            # The job list names each job's group too, a long one cut to 40 characters.
+            listed = {td.text for td in browser.find_elements(By.CSS_SELECTOR, "td.job-group")}
+            assert listed == {"a", HOSTILE, LONG_GROUP[:39] + "…"}, listed
             assert browser.title != "pwned" and _fits(browser)
             browser.execute_script("document.getElementById('groups').scrollIntoView();")
             _screenshot(browser, "queue-groups")
