@@ -14,12 +14,15 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from conveyor.brokers.base import JOB_STATES, CancelOutcome, ConveyorBroker, JobRecord, check_state
+from conveyor.brokers.base import JOB_STATES, MAX_GROUPS, CancelOutcome, ConveyorBroker, JobRecord, check_state
 from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
 from conveyor.brokers.rollup import rollup_store
+from conveyor.budgets import budget_store
+from conveyor.budgets.base import Budget
 from conveyor.errors import InvalidQuery, JobNotFound, JobStateConflict, UnknownQueue
 from conveyor.history import QueueHistory, check_window, read_history
-from conveyor.logs import log_event
+from conveyor.logs import log_error, log_event
+from conveyor.middleware.metrics import budget_totals
 from conveyor.redaction import payload_secrets, redact_payload, scrub, settings_secrets
 
 if TYPE_CHECKING:
@@ -104,6 +107,68 @@ class QueueView:
     cancelled: int = 0
     #: Jobs parked until a signal of their event or its timeout (``ctx.wait_for``).
     awaiting: int = 0
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """One named group of a queue: its waiting jobs, those a worker holds (what the cap counts), its oldest wait."""
+
+    group: str
+    waiting: int
+    active: int
+    #: Seconds its oldest waiting job has waited; None when none waits.
+    oldest_waiting_seconds: float | None
+
+
+@dataclass(frozen=True)
+class GroupsView:
+    """A queue's busiest named groups (most waiting first); ``total`` counts every group with jobs now."""
+
+    queue: str
+    #: Most jobs of one group held at once (``group_concurrency``); None: no cap.
+    cap: int | None
+    groups: list[GroupView]
+    total: int
+
+    @property
+    def more(self) -> int:
+        """Groups with jobs that are not listed."""
+        return max(0, self.total - len(self.groups))
+
+
+@dataclass(frozen=True)
+class BudgetKeyView:
+    """One key of a budget with weight in its window: the key's value (None: the budget has no key)."""
+
+    key: str | None
+    used: float
+
+
+@dataclass(frozen=True)
+class BudgetView:
+    """A declared budget: its limit per window, who declares it, its keys' use now, what it throttled.
+
+    ``throttled``/``waited_seconds``: starts it refused and the seconds it told them to wait, as
+    ``/metrics`` counts them (the worker processes this process can see); None when it sees none.
+    ``keys`` holds the most used keys; ``total_keys`` counts all (a lower bound when ``capped``).
+    ``unavailable``: the store could not be read (the usage is then unknown, not zero).
+    """
+
+    name: str
+    limit: float
+    per: float
+    keyed: bool
+    declared_by: list[str]
+    keys: list[BudgetKeyView]
+    total_keys: int
+    capped: bool
+    throttled: float | None
+    waited_seconds: float | None
+    unavailable: bool = False
+
+    @property
+    def more_keys(self) -> int:
+        return max(0, self.total_keys - len(self.keys))
 
 
 @dataclass(frozen=True)
@@ -258,6 +323,69 @@ class Inspector:
                     oldest_waiting_seconds=max(0.0, now - c.oldest_waiting_at) if c.oldest_waiting_at else None,
                     cancelled=c.cancelled,
                     awaiting=c.awaiting,
+                )
+            )
+        return views
+
+    def groups(self, queue: str, *, limit: int = 50) -> GroupsView:
+        """The queue's named groups with jobs waiting or held now, busiest first, ``limit`` of them."""
+        self._check_queue(queue)
+        found = self.broker.group_counts(queue, limit=max(1, min(limit, MAX_GROUPS)))
+        now = time.time()
+        views = [
+            GroupView(
+                group=g.group,
+                waiting=g.waiting,
+                active=g.active,
+                oldest_waiting_seconds=max(0.0, now - g.oldest_waiting_at) if g.oldest_waiting_at else None,
+            )
+            for g in found.groups
+        ]
+        return GroupsView(queue, self.app.queues[queue].group_concurrency, views, found.total)
+
+    def budgets(self, *, keys: int = 20) -> list[BudgetView]:
+        """Every declared budget (by name; one declared twice with other limits is listed twice), with
+        the ``keys`` most used keys in their window now, in name order."""
+        declared: dict[tuple[str, float, float, bool], tuple[Budget, list[str]]] = {}
+        owners = [(f"queue {q.name}", q.budgets) for q in self.app.queues.values()]
+        owners += [(f"job {t.name}", t.budgets) for t in self.app.job_types.values()]
+        for owner, budgets in owners:
+            for b in budgets:
+                declared.setdefault((b.name, b.limit, b.per, b.key is not None), (b, []))[1].append(owner)
+        try:
+            counted = budget_totals(self.app)
+        except Exception as exc:  # a metrics file being rewritten: the counts are left out, not the page
+            log_error(f"budget metrics not read: {type(exc).__name__}: {exc}", queue=None)
+            counted = None
+        views = []
+        store = budget_store(self.app) if declared else None
+        unavailable = False  # once a read failed, the rest are not tried (each would wait out the same outage)
+        for (name, limit, per, keyed), (budget, owned) in sorted(declared.items()):
+            assert store is not None
+            usage = None
+            if not unavailable:
+                try:
+                    usage = store.usage(name, per, keys)
+                except Exception as exc:  # the store is down: the use is unknown (not 0), the page still shows
+                    log_error(f"budget usage not read: {type(exc).__name__}: {exc}", queue=None)
+                    unavailable = True
+            throttled, waited = counted.get(name, (0.0, 0.0)) if counted is not None else (None, None)
+            views.append(
+                BudgetView(
+                    name=name,
+                    limit=limit,
+                    per=per,
+                    keyed=keyed,
+                    declared_by=owned,
+                    keys=[
+                        BudgetKeyView(k.key[len(name) + 1 :] if k.key != name else None, k.used)
+                        for k in (usage.keys if usage else [])
+                    ],
+                    total_keys=usage.total if usage else 0,
+                    capped=usage.capped if usage else False,
+                    throttled=throttled,
+                    waited_seconds=waited,
+                    unavailable=unavailable,
                 )
             )
         return views

@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import CursorQuery, NamePath, NameQuery, inspector
 from conveyor.api.errors import UNAVAILABLE_RESPONSES
+from conveyor.brokers.base import MAX_GROUPS
 from conveyor.inspector import BULK_CHUNK, MAX_PAGE, Inspector, Where
 
 router = APIRouter(
@@ -315,3 +316,75 @@ def queue_history(
     inspect: Inspector = Depends(inspector),
 ) -> History:
     return History.model_validate(inspect.history(queue, window, job=job))
+
+
+class Group(_Out):
+    """One named group of a queue (``enqueue(..., group=...)``). ``active``: its jobs a worker holds
+    (running or prefetched), what the queue's ``groupConcurrency`` caps; ``oldestWaitingSeconds``: the
+    wait of its oldest waiting job (null: none waits)."""
+
+    group: str
+    waiting: int
+    active: int
+    oldest_waiting_seconds: float | None
+
+
+class QueueGroups(_Out):
+    """A queue's named groups with jobs waiting or held now, most waiting first; ``total`` counts them all,
+    ``more`` those not listed. ``groupConcurrency``: the cap per group (null: none). Jobs without a group
+    (the default group, never capped) are the rest of the queue's counts."""
+
+    queue: str
+    group_concurrency: int | None = Field(validation_alias="cap")
+    groups: list[Group]
+    total: int
+    more: int
+
+
+@router.get(
+    "/queues/{queue}/groups",
+    response_model=QueueGroups,
+    summary="A queue's fair-share groups: waiting and held jobs per group, busiest first",
+    responses={404: {"description": "no such queue (the answer lists the queues)"}},
+)
+def queue_groups(
+    queue: NamePath,
+    limit: int = Query(50, ge=1, le=MAX_GROUPS, description="most groups listed"),
+    inspect: Inspector = Depends(inspector),
+) -> QueueGroups:
+    return QueueGroups.model_validate(inspect.groups(queue, limit=limit))
+
+
+class BudgetKey(_Out):
+    """One key of a budget with weight in its window now; ``key`` null: the budget has no key (one window)."""
+
+    key: str | None
+    used: float
+
+
+class BudgetStatus(_Out):
+    """A declared budget: at most ``limit`` per ``per`` seconds per key. ``keys``: the most used keys now
+    (``totalKeys`` counts all, a lower bound when ``capped``). ``throttled``/``waitedSeconds``: starts it
+    refused and the seconds it told them to wait, as ``/metrics`` of this process counts them (every worker
+    process sharing its PROMETHEUS_MULTIPROC_DIR); null when it counts none. ``unavailable``: the store
+    could not be read (the use is unknown, not 0)."""
+
+    name: str
+    limit: float
+    per: float
+    keyed: bool
+    declared_by: list[str]
+    keys: list[BudgetKey]
+    total_keys: int
+    capped: bool
+    throttled: float | None
+    waited_seconds: float | None
+    unavailable: bool
+
+
+@router.get("/budgets", response_model=list[BudgetStatus], summary="Every declared budget and its use now")
+def budgets(
+    keys: int = Query(20, ge=1, le=500, description="most keys listed per budget"),
+    inspect: Inspector = Depends(inspector),
+) -> list[BudgetStatus]:
+    return [BudgetStatus.model_validate(b) for b in inspect.budgets(keys=keys)]

@@ -1,7 +1,8 @@
 """``/admin/queues``: the dashboard, server-rendered HTML with a little vanilla JavaScript.
 
 Pages: every queue with its counts (pause/resume, retry all failed); a
-queue's jobs by state with paging, filtered by job type; one job (payload
+queue's jobs by state with paging, filtered by job type, and its busiest
+fair-share groups; the declared budgets with their keys' use; one job (payload
 with secrets redacted, attempts with their tracebacks, error, timings,
 retry/delete); the worker processes; search by job id or key. Buttons
 call the JSON routes of :mod:`conveyor.api.admin`. A browser signs in once
@@ -51,6 +52,12 @@ router = APIRouter(prefix="/admin", include_in_schema=False)
 #: Jobs per page of a queue's list.
 PAGE_SIZE = 25
 
+#: Groups a queue's page lists (the busiest); the rest are counted. The admin API lists up to MAX_GROUPS.
+GROUPS_SHOWN = 20
+
+#: Keys of each budget the Budgets page lists (the most used); the rest are counted.
+BUDGET_KEYS_SHOWN = 10
+
 #: Most pages back the dashboard remembers for its Previous link (the ``trail`` of earlier pages' cursors).
 MAX_TRAIL = 200
 
@@ -88,7 +95,12 @@ def _ago(ts: float | None) -> str:
     return f"{_duration(max(0.0, time.time() - ts))} ago" if ts else "–"
 
 
-_templates.filters.update(datetime=_datetime, duration=_duration, ago=_ago)
+def _amount(value: float) -> str:
+    """A budget's weight: whole numbers as such (90000), others to two decimals."""
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+_templates.filters.update(datetime=_datetime, duration=_duration, ago=_ago, amount=_amount)
 _templates.globals.update(csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE, states=JOB_STATES)
 
 
@@ -286,6 +298,7 @@ def queue(
         view = inspect.queue(queue)
         page = inspect.jobs(queue, state, limit=PAGE_SIZE, cursor=cursor, job=job)
         counts = _tab_counts(inspect, view, job)
+        groups = inspect.groups(queue, limit=GROUPS_SHOWN)
     except UnknownQueue as exc:
         return _page("missing.html", 404, request=request, title="Not found", message=str(exc))
     except InvalidQuery:
@@ -298,6 +311,7 @@ def queue(
         page=page,
         job_names=job_names,
         counts=counts,
+        groups=groups,
         paging=_paging(earlier, cursor, page.next_cursor),
         bulk_chunk=BULK_CHUNK,
         **_charts(request, inspect, queue),
@@ -368,6 +382,13 @@ def workers(request: Request, inspect: Inspector = Depends(inspector)) -> Respon
     return _live_page(
         request, "workers.html", title="Workers", workers=inspect.workers(), broker=inspect.app.settings.broker_name
     )
+
+
+@router.get("/budgets", response_class=HTMLResponse)
+def budgets(request: Request, inspect: Inspector = Depends(inspector)) -> Response:
+    if (gate := _gate(request)) is not None:
+        return gate
+    return _live_page(request, "budgets.html", title="Budgets", budgets=inspect.budgets(keys=BUDGET_KEYS_SHOWN))
 
 
 @router.get("/search", response_class=HTMLResponse)

@@ -212,6 +212,41 @@ class QueueCounts:
         return max(0, self.active - self.running)
 
 
+@dataclass(frozen=True)
+class GroupCounts:
+    """One named group of a queue as the dashboard's groups view shows it (fair shares, ``group=...``)."""
+
+    group: str
+    #: Its jobs ready to run (not delayed, not awaiting an event).
+    waiting: int = 0
+    #: Its jobs a worker holds (running or prefetched): what the queue's ``group_concurrency`` caps.
+    active: int = 0
+    #: UNIX seconds since which its oldest waiting job has waited (Redis: the head of its list); None when none waits.
+    oldest_waiting_at: float | None = None
+
+
+@dataclass(frozen=True)
+class QueueGroups:
+    """The busiest named groups of a queue: most waiting first, then most active, then by name.
+
+    ``total`` counts every named group with a job waiting or active (``groups`` holds at most the limit
+    asked for). Jobs enqueued without a group (the default group, never capped) are not listed.
+    """
+
+    queue: str
+    groups: list[GroupCounts]
+    total: int
+
+
+#: Most groups one :meth:`ConveyorBroker.group_counts` answer lists.
+MAX_GROUPS = 500
+
+
+def busiest_first(groups: list[GroupCounts], limit: int) -> list[GroupCounts]:
+    """The order of :class:`QueueGroups` (most waiting, most active, name), cut to ``limit``."""
+    return sorted(groups, key=lambda g: (-g.waiting, -g.active, g.group))[: max(0, limit)]
+
+
 @dataclass
 class JobRecord:
     """A job as the dashboard and the API see it. Times are UNIX seconds."""
@@ -428,6 +463,11 @@ class ConveyorBroker(Broker):
 
     def queue_counts(self, queue: str) -> QueueCounts:
         """The counts of one queue."""
+        raise NotImplementedError
+
+    def group_counts(self, queue: str, *, limit: int = 50) -> QueueGroups:
+        """The named groups of ``queue`` with jobs waiting or active, busiest first, at most ``limit`` of them
+        (up to :data:`MAX_GROUPS`). A read: each count is as of its own read, not one snapshot of all."""
         raise NotImplementedError
 
     def get_job(self, job_id: str) -> JobRecord | None:

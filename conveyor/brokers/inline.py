@@ -26,18 +26,22 @@ from dramatiq.common import q_name
 from conveyor.brokers.base import (
     CANCELLED,
     CANCELLED_AT_START,
+    MAX_GROUPS,
     AnyMessage,
     CancelListener,
     CancelOutcome,
     Capabilities,
     ConveyorBroker,
     EnqueueItem,
+    GroupCounts,
     JobRecord,
     JobRef,
     PoolOwner,
     QueueCounts,
+    QueueGroups,
     SafeMessageProxy,
     as_message,
+    busiest_first,
     check_state,
     priority_of,
 )
@@ -186,6 +190,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
                     payload=(message.args or [{}])[0],
                     enqueued_at=time.time(),
                     priority=priority_of(message),
+                    group=message.options.get("group") or None,
                 )
             record.state = "delayed" if delay is not None else "waiting"
             if event is not None:
@@ -301,6 +306,23 @@ class InlineBroker(ConveyorBroker, StubBroker):
                 states["cancelled"],
                 awaiting=states["awaiting"],
             )
+
+    def group_counts(self, queue: str, *, limit: int = 50) -> QueueGroups:
+        # One process runs every inline job in queue order: its groups are only counted, never served apart.
+        with self._lock:
+            found: dict[str, GroupCounts] = {}
+            for r in self.records.values():
+                if r.queue != queue or not r.group or r.state not in ("waiting", "active"):
+                    continue
+                g = found.get(r.group) or GroupCounts(r.group)
+                if r.state == "active":
+                    g = replace(g, active=g.active + 1)
+                else:
+                    since = self._waiting_since.get(r.id)
+                    oldest = g.oldest_waiting_at if since is None else min(since, g.oldest_waiting_at or since)
+                    g = replace(g, waiting=g.waiting + 1, oldest_waiting_at=oldest)
+                found[r.group] = g
+        return QueueGroups(queue, busiest_first(list(found.values()), min(limit, MAX_GROUPS)), len(found))
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._lock:

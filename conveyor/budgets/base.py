@@ -84,6 +84,36 @@ class Take:
     weight: float
 
 
+@dataclass(frozen=True)
+class KeyUsage:
+    """What one key of a budget holds in its window now: the store key (``name`` or ``name:<value>``)."""
+
+    key: str
+    used: float
+
+
+@dataclass(frozen=True)
+class BudgetUsage:
+    """A budget's keys with weight in their window, most used first (at most the limit asked for).
+
+    ``total`` counts every such key; ``capped``: the store stopped looking after :data:`MAX_USAGE_KEYS`
+    keys, so ``total`` is a lower bound.
+    """
+
+    keys: list[KeyUsage]
+    total: int
+    capped: bool = False
+
+
+#: Most keys of one budget a usage read looks through (a key per user can mean very many).
+MAX_USAGE_KEYS = 10_000
+
+
+def key_prefix(name: str) -> str:
+    """What the store keys of budget ``name``'s key values start with (:meth:`Budget.key_of`)."""
+    return f"{name}:"
+
+
 class BudgetStore(ABC):
     """Keeps the windows. Both calls are atomic across the fleet, on the store server's clock."""
 
@@ -95,6 +125,11 @@ class BudgetStore(ABC):
     @abstractmethod
     def spend(self, take: Take) -> None:
         """Record ``take.weight`` as used now, whatever the window holds (reported after the fact)."""
+
+    @abstractmethod
+    def usage(self, name: str, per: float, limit: int) -> BudgetUsage:
+        """The keys of budget ``name`` (windows of ``per`` s) with weight in their window now, the
+        ``limit`` most used first: a read, on the store server's clock."""
 
     def close(self) -> None:
         """Release connections of its own."""

@@ -2,6 +2,7 @@
 -- KEYS: the budgets' sets. ARGV[1]: "take" or "spend"; ARGV[2]: a unique id for the new members;
 -- then per key: limit, window in ms, weight. Time is the server's (TIME), so hosts with skewed
 -- clocks agree. take -> one wait in ms per key, all 0 when admitted (and recorded).
+-- usage (a read; ARGV[3]: the window in ms) -> per key, the weight in its window now.
 local command, id = ARGV[1], ARGV[2]
 local t = redis.call("time")
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -15,6 +16,18 @@ local function record(key, span, weight)
         redis.call("zadd", key, now, weight .. "|" .. id)
         redis.call("pexpire", key, math.ceil(span))
     end
+end
+
+if command == "usage" then
+    local span, sums = tonumber(ARGV[3]), {}
+    for i, key in ipairs(KEYS) do
+        local total = 0
+        for _, member in ipairs(redis.call("zrangebyscore", key, "(" .. (now - span), "+inf")) do
+            total = total + tonumber(string.match(member, "^([^|]+)"))
+        end
+        sums[i] = tostring(total)
+    end
+    return sums
 end
 
 if command == "spend" then

@@ -7,7 +7,7 @@ import time
 from collections import defaultdict, deque
 from typing import Sequence
 
-from conveyor.budgets.base import BudgetStore, Take, admits
+from conveyor.budgets.base import MAX_USAGE_KEYS, BudgetStore, BudgetUsage, KeyUsage, Take, admits, key_prefix
 
 
 class MemoryBudgets(BudgetStore):
@@ -30,6 +30,18 @@ class MemoryBudgets(BudgetStore):
     def spend(self, take: Take) -> None:
         with self._lock:
             self._logs[take.key].append((time.monotonic(), take.weight))
+
+    def usage(self, name: str, per: float, limit: int) -> BudgetUsage:
+        with self._lock:
+            now = time.monotonic()
+            found = []
+            for key, log in self._logs.items():
+                if key == name or key.startswith(key_prefix(name)):
+                    used = sum(w for at, w in log if at > now - per)
+                    if used > 0:
+                        found.append(KeyUsage(key, used))
+        found.sort(key=lambda k: (-k.used, k.key))
+        return BudgetUsage(found[: max(0, limit)], min(len(found), MAX_USAGE_KEYS))
 
     def _wait(self, take: Take, now: float) -> float:
         log = self._logs[take.key]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from conveyor.budgets.base import BudgetStore, Take
+from conveyor.budgets.base import BudgetStore, BudgetUsage, KeyUsage, Take, key_prefix
 from conveyor.db import load_queries
 
 if TYPE_CHECKING:
@@ -46,6 +46,13 @@ class PostgresBudgets(BudgetStore):
     def spend(self, take: Take) -> None:
         with self.pool.connection() as conn:
             conn.execute(QUERIES["spend"], self._params([take]))
+
+    def usage(self, name: str, per: float, limit: int) -> BudgetUsage:
+        params = {"name": name, "prefix": key_prefix(name), "per": float(per), "limit": max(1, limit)}
+        with self.pool.connection() as conn:
+            rows = conn.execute(QUERIES["usage"], params).fetchall()
+        keys = [KeyUsage(key, float(used)) for key, used, _ in rows]
+        return BudgetUsage(keys[: max(0, limit)], int(rows[0][2]) if rows else 0)
 
     def close(self) -> None:
         """The App's pool is the App's to close."""

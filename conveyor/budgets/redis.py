@@ -8,7 +8,7 @@ from typing import Sequence
 
 import redis
 
-from conveyor.budgets.base import BudgetStore, Take
+from conveyor.budgets.base import MAX_USAGE_KEYS, BudgetStore, BudgetUsage, KeyUsage, Take, key_prefix
 from conveyor.redis_client import wrap_errors
 
 _SCRIPT = Path(__file__).with_name("budgets.lua").read_text()
@@ -39,5 +39,34 @@ class RedisBudgets(BudgetStore):
         keys, args = self._args("spend", [take])
         self._script(keys=keys, args=args)
 
+    @wrap_errors("reading a budget's usage")
+    def usage(self, name: str, per: float, limit: int) -> BudgetUsage:
+        """The budget's keys found by SCAN (at most :data:`MAX_USAGE_KEYS`), their windows summed by the script."""
+        base = f"{self.namespace}:budget:"
+        keys: list[str] = []
+        capped = False
+        for pattern in (_glob(base + name), _glob(base + key_prefix(name)) + "*"):
+            for raw in self.client.scan_iter(match=pattern, count=1000):
+                if len(keys) >= MAX_USAGE_KEYS:
+                    capped = True
+                    break
+                keys.append(raw.decode() if isinstance(raw, bytes) else raw)
+        found: list[KeyUsage] = []
+        for start in range(0, len(keys), _USAGE_BATCH):
+            batch = keys[start : start + _USAGE_BATCH]
+            sums = self._script(keys=batch, args=["usage", "", per * 1000])
+            found += [KeyUsage(k[len(base) :], float(u)) for k, u in zip(batch, sums) if float(u) > 0]
+        found.sort(key=lambda k: (-k.used, k.key))
+        return BudgetUsage(found[: max(0, limit)], len(found), capped)
+
     def close(self) -> None:
         self.client.close()
+
+
+#: Keys summed per script call by :meth:`RedisBudgets.usage`.
+_USAGE_BATCH = 500
+
+
+def _glob(text: str) -> str:
+    """``text`` matched literally by SCAN's MATCH (its glob characters escaped)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -389,6 +389,34 @@ def exposition_registry(app: App) -> CollectorRegistry:
     return registry
 
 
+def budget_totals(app: App) -> dict[str, tuple[float, float]] | None:
+    """Per budget: the starts it throttled and the seconds it told them to wait, as ``/metrics`` counts them.
+
+    Summed over every label but ``budget``, from every worker process of this host that shares
+    ``PROMETHEUS_MULTIPROC_DIR`` (or, without it, from this process alone). None when this process
+    sees no counts at all (no directory, no metrics middleware): the numbers are elsewhere.
+    """
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        families: Iterable[Metric] = MultiProcessCollector(None, path=path).collect()
+    else:
+        metrics = find_metrics(app.broker)
+        if metrics is None:
+            return None
+        families = metrics.registry.collect()
+    totals: dict[str, list[float]] = {}
+    wanted = {"conveyor_budget_throttled_total": 0, "conveyor_budget_wait_seconds_total": 1}
+    for family in families:
+        for sample in family.samples:
+            column = wanted.get(sample.name)
+            budget = sample.labels.get("budget")
+            if column is not None and budget:
+                totals.setdefault(budget, [0.0, 0.0])[column] += sample.value
+    return {name: (throttled, waited) for name, (throttled, waited) in totals.items()}
+
+
 class WorkerMetrics:
     """A worker supervisor's metrics: the multi-process directory and its HTTP exposition.
 

@@ -35,6 +35,7 @@ from dramatiq.middleware import SkipMessage
 from conveyor.brokers.base import (
     CANCELLED,
     CANCELLED_AT_START,
+    MAX_GROUPS,
     AnyMessage,
     CancelListener,
     CancelOutcome,
@@ -46,6 +47,7 @@ from conveyor.brokers.base import (
     JobRef,
     PoolOwner,
     QueueCounts,
+    QueueGroups,
     announce_unknown_job,
     as_message,
     check_state,
@@ -522,6 +524,9 @@ class PostgresBroker(ConveyorBroker, Broker):
 
     def queue_counts(self, queue: str) -> QueueCounts:
         return self.jobs.counts(queue)
+
+    def group_counts(self, queue: str, *, limit: int = 50) -> QueueGroups:
+        return self.jobs.group_counts(queue, min(limit, MAX_GROUPS))
 
     def get_job(self, job_id: str) -> JobRecord | None:
         return self.jobs.get(job_id)

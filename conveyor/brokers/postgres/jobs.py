@@ -48,7 +48,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolTimeout
 
-from conveyor.brokers.base import JobRecord, JobRef, QueueCounts
+from conveyor.brokers.base import GroupCounts, JobRecord, JobRef, QueueCounts, QueueGroups
 from conveyor.brokers.postgres.records import LISTS, job_record
 from conveyor.db import (
     STATEMENT_ERRORS,
@@ -781,6 +781,12 @@ class Jobs:
             cancelled,
             awaiting=awaiting,
         )
+
+    def group_counts(self, queue: str, limit: int) -> QueueGroups:
+        rows = self._read("group_counts", {"queue": queue, "limit": max(1, limit)}, "all")
+        groups = [GroupCounts(g, waiting, active, oldest) for g, waiting, active, oldest, _ in rows]
+        total = int(rows[0][4]) if rows else 0  # every row carries the count of them all
+        return QueueGroups(queue, groups[: max(0, limit)], total)
 
     def get(self, job_id: str) -> JobRecord | None:
         row = self._read("get_job", {"id": job_id}, "one")

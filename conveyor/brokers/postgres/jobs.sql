@@ -527,6 +527,22 @@ SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS w
        count(*) FILTER (WHERE status = 'pending' AND available_at > now() AND wait_event IS NOT NULL) AS awaiting
 FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pending', 'in_progress')
 
+-- name: group_counts
+-- The named groups of a queue with jobs waiting (ready: not delayed, not awaiting) or held,
+-- busiest first, `limit` of them; `total` counts them all (the same on every row).
+SELECT job_group,
+       count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS waiting,
+       count(*) FILTER (WHERE status = 'in_progress') AS active,
+       extract(epoch FROM min(available_at) FILTER (WHERE status = 'pending' AND available_at <= now()))::float8
+           AS oldest_waiting_at,
+       count(*) OVER () AS total
+FROM conveyor_jobs
+WHERE queue = %(queue)s AND job_group <> ''
+  AND (status = 'in_progress' OR (status = 'pending' AND available_at <= now()))
+GROUP BY job_group
+ORDER BY waiting DESC, active DESC, job_group
+LIMIT %(limit)s
+
 -- name: get_job
 SELECT id, queue, job, status, available_at > now() AS delayed, attempt, job_key, message -> 'args' -> 0,
        error, created_at, started_at, completed_at, available_at, wait_event, priority, nullif(job_group, '')

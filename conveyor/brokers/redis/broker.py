@@ -31,6 +31,7 @@ from dramatiq.middleware import SkipMessage
 from conveyor.brokers.base import (
     CANCELLED,
     CANCELLED_AT_START,
+    MAX_GROUPS,
     MAX_PRIORITY,
     AnyMessage,
     CancelListener,
@@ -38,12 +39,15 @@ from conveyor.brokers.base import (
     ConveyorBroker,
     EnqueueItem,
     FinalFailure,
+    GroupCounts,
     JobRecord,
     JobRef,
     PoolOwner,
     QueueCounts,
+    QueueGroups,
     announce_unknown_job,
     as_message,
+    busiest_first,
     check_state,
     log_delivery_error,
     malformed_error,
@@ -914,6 +918,41 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         )
 
     @translated
+    def group_counts(self, queue: str, *, limit: int = 50) -> QueueGroups:
+        """From the queue's keys: the ring and the held-slots hash name the groups, each group's list is its
+        waiting jobs (FIFO: its head is its oldest, whose wait the waiting index scores)."""
+        keys = self.keys.scope(queue)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.lrange(keys.groups(queue), 0, -1)
+            pipe.hgetall(keys.running(queue))
+            ring, running = pipe.execute()
+        held = {text(g): int(n) for g, n in running.items() if int(n) > 0}
+        names = sorted(({text(g) for g in ring} | set(held)) - {""})
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.llen(keys.group(queue, name))
+            lengths = pipe.execute()
+        found = [GroupCounts(g, n, held.get(g, 0)) for g, n in zip(names, lengths) if n or held.get(g)]
+        shown = busiest_first(found, min(limit, MAX_GROUPS))
+        waiting = [g for g in shown if g.waiting]
+        with self.client.pipeline(transaction=False) as pipe:
+            for g in waiting:
+                pipe.lindex(keys.group(queue, g.group), 0)
+            heads = pipe.execute()
+        with self.client.pipeline(transaction=False) as pipe:
+            for rid in heads:
+                pipe.hget(keys.messages(queue), rid or "")
+            messages = pipe.execute()
+        ids = [_message_id(data) for data in messages]
+        with self.client.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.zscore(keys.index(queue, "waiting"), job_id or "")
+            scores = pipe.execute()
+        since = {g.group: score / _MS for g, score in zip(waiting, scores) if score is not None}
+        groups = [dataclasses.replace(g, oldest_waiting_at=since.get(g.group)) for g in shown]
+        return QueueGroups(queue, groups, len(found))
+
+    @translated
     def get_job(self, job_id: str) -> JobRecord | None:
         found = self._find(job_id)
         return None if found is None else record_from_hash(job_id, found[1])
@@ -1107,6 +1146,16 @@ def storable(text: str | None) -> str:
 #: Error replies of a script refused at its first write, before it changed anything (redis-py names them
 #: by class: OOM, READONLY; a LOADING reply is a BusyLoadingError, which is_unavailable counts already).
 _REFUSED_BEFORE_WRITING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+
+
+def _message_id(data: bytes | None) -> str | None:
+    """The job id of an encoded message; None when there is none or it cannot be decoded."""
+    if not data:
+        return None
+    try:
+        return Message.decode(data).message_id
+    except Exception:  # an undecodable message: the worker that fetches it dead-letters it
+        return None
 
 
 def _summary(exc: BaseException) -> str:
