@@ -60,7 +60,8 @@ WHERE job_key = ANY(%(keys)s::text[]) AND key_expires_at <= now()
 -- rows other workers hold, mark them in progress, stamp the pick time and
 -- the worker, count the delivery. Lowest rank first (rank_at: available
 -- time minus priority x aging, kept by a trigger, migration 0074; the index
--- conveyor_jobs_ready is in this order, so the claim stays an index scan).
+-- conveyor_jobs_group_pending (0075) is in this order within a group, the
+-- default group '' included, so the claim stays an index scan).
 -- The delivery number is the fence of every later start, outcome, retry and
 -- final-failure claim, and must never be handed out twice, not even after a
 -- crash: a claim commits asynchronously and is proven durable before any of
