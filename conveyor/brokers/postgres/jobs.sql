@@ -23,8 +23,10 @@ WITH ins AS (
     -- does not) until this enqueue commits, so the group prune cannot delete it under a job
     -- it does not see yet (lock_idle_groups, prune_groups). Claims lock with FOR NO KEY UPDATE:
     -- no conflict.
+    -- In (queue, group) order, as are the rows made below: two batches lock shared groups in
+    -- the same order, so they cannot deadlock over rows both make.
     SELECT w.queue, w.job_group, k.found
-    FROM (SELECT DISTINCT queue, job_group FROM ins WHERE job_group <> '') w
+    FROM (SELECT DISTINCT queue, job_group FROM ins WHERE job_group <> '' ORDER BY queue, job_group) w
     LEFT JOIN LATERAL (SELECT true AS found FROM conveyor_job_groups g
                        WHERE g.queue = w.queue AND g.job_group = w.job_group
                        FOR KEY SHARE) k ON true
@@ -32,7 +34,7 @@ WITH ins AS (
     -- A group not found: made, or (made by another transaction since this statement's
     -- snapshot) locked by the no-op update, which waits for its maker and locks the row.
     INSERT INTO conveyor_job_groups (queue, job_group)
-    SELECT queue, job_group FROM held WHERE found IS NULL
+    SELECT queue, job_group FROM held WHERE found IS NULL ORDER BY queue, job_group
     ON CONFLICT (queue, job_group) DO UPDATE SET last_served = conveyor_job_groups.last_served WHERE false
 ), rotation AS (
     -- A queue's first named group makes it a grouped queue (claim_groups), with
@@ -644,13 +646,13 @@ WITH r AS (
     -- A failed job's group may have been pruned (prune_groups keeps only groups with jobs to
     -- run): held or made again, as the enqueue does, so the retried jobs are claimed.
     SELECT w.queue, w.job_group, k.found
-    FROM (SELECT DISTINCT queue, job_group FROM r WHERE job_group <> '') w
+    FROM (SELECT DISTINCT queue, job_group FROM r WHERE job_group <> '' ORDER BY queue, job_group) w
     LEFT JOIN LATERAL (SELECT true AS found FROM conveyor_job_groups g
                        WHERE g.queue = w.queue AND g.job_group = w.job_group
                        FOR KEY SHARE) k ON true
 ), groups AS (
     INSERT INTO conveyor_job_groups (queue, job_group)
-    SELECT queue, job_group FROM held WHERE found IS NULL
+    SELECT queue, job_group FROM held WHERE found IS NULL ORDER BY queue, job_group
     ON CONFLICT (queue, job_group) DO UPDATE SET last_served = conveyor_job_groups.last_served WHERE false
 ), woke AS (
     SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM r) q
