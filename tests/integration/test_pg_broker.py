@@ -101,9 +101,9 @@ def test_claim_takes_a_fifo_batch_up_to_the_prefetch_and_marks_it_in_progress(ap
     assert app.broker.queue_counts("indexing").waiting == 6
 
 
-#: The partial indexes of waiting rows in claim order (0074, 0075): the plain claim (the default group,
-#: job_group = '') may use either, both in rank order.
-READY_INDEXES = ("conveyor_jobs_ready", "conveyor_jobs_group_pending")
+#: The partial index of waiting rows in claim order within a group (0075; 0076 dropped 0074's
+#: conveyor_jobs_ready, which it covers): the plain claim reads the default group (job_group = '') by it.
+READY_INDEXES = ("conveyor_jobs_group_pending",)
 
 
 def test_a_long_history_stays_out_of_the_claim_path(app, database_url):
@@ -145,6 +145,8 @@ def test_a_backlog_of_mixed_priorities_is_claimed_by_an_index_scan_in_rank_order
             ).fetchall()
         )
         assert any(index in plan for index in READY_INDEXES) and "Sort" not in plan, plan
+        # One index of waiting rows in claim order is written by every enqueue, not two (0076).
+        assert conn.execute("SELECT to_regclass('conveyor_jobs_ready')").fetchone()[0] is None
         # The trigger ranked every row: available time minus priority x aging.
         off = conn.execute(
             "SELECT count(*) FROM conveyor_jobs WHERE rank_at <> available_at - make_interval(secs => priority * 60.0)"

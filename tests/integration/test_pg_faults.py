@@ -37,18 +37,29 @@ def finished(app, job_id):
     return record if record and record.state in ("completed", "failed") else None
 
 
-@pytest.fixture
-def make_app(clean_env, database_url):
-    apps = []
+class Apps:
+    """``make_app(url=..., **settings) -> App``; ``close()`` closes every App made so far (again: nothing)."""
 
-    def make(url: str = database_url, **overrides) -> App:
-        app = App(make_settings("postgres", None, url, **overrides))
-        apps.append(app)
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.apps: list[App] = []
+
+    def __call__(self, url: str | None = None, **overrides) -> App:
+        app = App(make_settings("postgres", None, url or self.database_url, **overrides))
+        self.apps.append(app)
         return app
 
-    yield make
-    for app in apps:
-        app.close()
+    def close(self) -> None:
+        apps, self.apps = self.apps, []
+        for app in apps:
+            app.close()
+
+
+@pytest.fixture
+def make_app(clean_env, database_url):
+    apps = Apps(database_url)
+    yield apps
+    apps.close()
 
 
 # -- jobs whose errors Postgres cannot store as they are (test.pg.bad: tests/support/jobs.py) --
@@ -107,7 +118,7 @@ def durable_pg():
 
 
 @pytest.fixture
-def durable_url(durable_pg):
+def durable_url(durable_pg, make_app):
     from conveyor.platform.blueprint import jobs as platform
     from conveyor.schema.migrate import migrate
 
@@ -116,6 +127,9 @@ def durable_url(durable_pg):
     url = durable_pg.url(name)
     migrate(url, [platform])
     yield url
+    # The Apps on this database close first: an App's close writes its chart counts (opening its
+    # pool if need be), and a pool on a dropped database waits its whole open timeout (30 s).
+    make_app.close()
     if not durable_pg.is_running:
         durable_pg.start()
     durable_pg.drop_database(name)

@@ -504,7 +504,7 @@ class Jobs:
         claimed = [(r[0], r[1], r[2], r[3], r[6], r[7]) for r in rows]
         # A queue turns grouped with its first named group: each claimed row says so, and a short
         # claim (none, or too few: the grouped jobs are not the plain claim's) looks it up.
-        # Once grouped, a queue stays so (its groups are kept).
+        # Once grouped, a queue stays so (prune_groups never deletes its default group's row).
         short = len(claimed) < limit
         if any(r[8] for r in rows) or (
             short and _single(self._execute("has_groups", {"queue": queue}, fetch="one"), "groups")[0]
@@ -749,6 +749,23 @@ class Jobs:
     def prune_orphan_steps(self, retention: float, limit: int) -> int:
         """Delete up to ``limit`` once-guarded steps older than ``retention`` s whose job is gone."""
         return self._execute("prune_orphan_steps", {"retention": retention, "limit": limit})
+
+    def prune_groups(self, idle: float, limit: int) -> int:
+        """Delete up to ``limit`` named groups not served for ``idle`` s that have no job to run or
+        running (a tenant's rotation row; it is made again by its next enqueue). Two statements in
+        one transaction, lock then re-check (lock_idle_groups, prune_groups in jobs.sql): race-free
+        against an enqueue into the same group. Returns how many."""
+        try:
+            with self._conn() as conn, conn.transaction():
+                idle_groups = conn.execute(QUERIES["lock_idle_groups"], {"idle": idle, "limit": limit}).fetchall()
+                if not idle_groups:
+                    return 0
+                params = {"queues": [r[0] for r in idle_groups], "groups": [r[1] for r in idle_groups]}
+                return conn.execute(QUERIES["prune_groups"], params).rowcount
+        except STATEMENT_ERRORS as exc:
+            if isinstance(exc, UNAVAILABLE):
+                self.trouble()
+            raise translate(exc, "prune groups") from exc
 
     # -- reads and operator actions ---------------------------------------------------
 

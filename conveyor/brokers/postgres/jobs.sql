@@ -18,13 +18,30 @@ WITH ins AS (
          AS i(id, queue, job, priority, rank_lead, max_attempts, job_key, message, error, delay, job_group)
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.queue, j.job_group
+), held AS (
+    -- Each named group's row is held (FOR KEY SHARE: enqueues and claims pass; prune_groups
+    -- does not) until this enqueue commits, so the group prune cannot delete it under a job
+    -- it does not see yet (lock_idle_groups, prune_groups). Claims lock with FOR NO KEY UPDATE:
+    -- no conflict.
+    -- In (queue, group) order, as are the rows made below: two batches lock shared groups in
+    -- the same order, so they cannot deadlock over rows both make.
+    SELECT w.queue, w.job_group, k.found
+    FROM (SELECT DISTINCT queue, job_group FROM ins WHERE job_group <> '' ORDER BY queue, job_group) w
+    LEFT JOIN LATERAL (SELECT true AS found FROM conveyor_job_groups g
+                       WHERE g.queue = w.queue AND g.job_group = w.job_group
+                       FOR KEY SHARE) k ON true
 ), groups AS (
-    -- A queue's first named group makes it a grouped queue (claim_groups), with
-    -- the default group '' (jobs without a group) as one more group of its rotation.
+    -- A group not found: made, or (made by another transaction since this statement's
+    -- snapshot) locked by the no-op update, which waits for its maker and locks the row.
     INSERT INTO conveyor_job_groups (queue, job_group)
-    SELECT DISTINCT ins.queue, g.job_group
-    FROM ins CROSS JOIN LATERAL (VALUES (ins.job_group), ('')) AS g(job_group)
-    WHERE ins.job_group <> ''
+    SELECT queue, job_group FROM held WHERE found IS NULL ORDER BY queue, job_group
+    ON CONFLICT (queue, job_group) DO UPDATE SET last_served = conveyor_job_groups.last_served WHERE false
+), rotation AS (
+    -- A queue's first named group makes it a grouped queue (claim_groups), with
+    -- the default group '' (jobs without a group) as one more group of its rotation
+    -- (never pruned: the queue stays grouped, see claim in jobs.py).
+    INSERT INTO conveyor_job_groups (queue, job_group)
+    SELECT DISTINCT queue, '' FROM held
     ON CONFLICT DO NOTHING
 ), woke AS (
     SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM ins) q
@@ -45,7 +62,8 @@ WHERE job_key = ANY(%(keys)s::text[]) AND key_expires_at <= now()
 -- rows other workers hold, mark them in progress, stamp the pick time and
 -- the worker, count the delivery. Lowest rank first (rank_at: available
 -- time minus priority x aging, kept by a trigger, migration 0074; the index
--- conveyor_jobs_ready is in this order, so the claim stays an index scan).
+-- conveyor_jobs_group_pending (0075) is in this order within a group, the
+-- default group '' included, so the claim stays an index scan).
 -- The delivery number is the fence of every later start, outcome, retry and
 -- final-failure claim, and must never be handed out twice, not even after a
 -- crash: a claim commits asynchronously and is proven durable before any of
@@ -75,7 +93,8 @@ SELECT EXISTS (SELECT 1 FROM conveyor_job_groups WHERE queue = %(queue)s)
 -- The grouped claim, first statement (claim_groups runs next, in the same
 -- transaction): lock up to `limit` groups of the queue that have a runnable
 -- job, least recently served first. A group another claimer holds is
--- skipped, so two claimers never count the same group's slots at once. A
+-- skipped, so two claimers never count the same group's slots at once (FOR
+-- NO KEY UPDATE: an enqueue's FOR KEY SHARE on the row does not hold it). A
 -- capped group (`cap`: CONVEYOR_QUEUES__<Q>__GROUP_CONCURRENCY) already at
 -- its cap is passed over; the default group '' has no cap.
 -- The runnable check is a LATERAL probe in the index's order with a LIMIT:
@@ -94,7 +113,7 @@ WHERE g.queue = %(queue)s
            WHERE h.queue = g.queue AND h.job_group = g.job_group AND h.status = 'in_progress') < %(cap)s)
 ORDER BY g.last_served, g.job_group
 LIMIT %(limit)s
-FOR UPDATE OF g SKIP LOCKED
+FOR NO KEY UPDATE OF g SKIP LOCKED
 
 -- name: pick_groups
 -- lock_groups for a queue without a cap: the same rotation, no locks. With
@@ -147,7 +166,7 @@ WITH g AS (
     UPDATE conveyor_job_groups s SET last_served = clock_timestamp()
     FROM (SELECT queue, job_group FROM conveyor_job_groups
           WHERE queue = %(queue)s AND job_group IN (SELECT job_group FROM picked)
-          FOR UPDATE SKIP LOCKED) l
+          FOR NO KEY UPDATE SKIP LOCKED) l
     WHERE s.queue = l.queue AND s.job_group = l.job_group
 )
 UPDATE conveyor_jobs j
@@ -511,6 +530,39 @@ DELETE FROM conveyor_job_steps WHERE (job_id, step) IN (
     FOR UPDATE SKIP LOCKED
 )
 
+-- name: lock_idle_groups
+-- The group prune, first statement (prune_groups runs next, in the same
+-- transaction): lock up to `limit` named groups not served for `idle` s with
+-- no job to run or running. A group whose row an enqueue holds (FOR KEY
+-- SHARE, until it commits) or a claimer holds is skipped: the prune never
+-- waits. The default group '' is kept: the queue stays grouped.
+SELECT g.queue, g.job_group FROM conveyor_job_groups g
+WHERE g.job_group <> '' AND g.last_served < now() - make_interval(secs => %(idle)s)
+  AND NOT EXISTS (SELECT 1 FROM conveyor_jobs j
+                  WHERE j.queue = g.queue AND j.job_group = g.job_group AND j.status = 'pending')
+  AND NOT EXISTS (SELECT 1 FROM conveyor_jobs h
+                  WHERE h.queue = g.queue AND h.job_group = g.job_group AND h.status = 'in_progress'
+                    AND h.job_group <> '')
+LIMIT %(limit)s
+FOR UPDATE OF g SKIP LOCKED
+
+-- name: prune_groups
+-- The group prune, second statement: delete the locked groups that still
+-- have no job to run or running. A fresh snapshot (READ COMMITTED), taken
+-- once the locks are held: every enqueue that held a group's row before has
+-- committed and its job is seen here; an enqueue after waits for this
+-- transaction and makes the row again. No job is left without its group.
+-- (In one statement, an enqueue committing between the snapshot and the
+-- lock would be missed.) A retried failed job makes its group again too.
+DELETE FROM conveyor_job_groups g
+USING unnest(%(queues)s::text[], %(groups)s::text[]) AS l(queue, job_group)
+WHERE g.queue = l.queue AND g.job_group = l.job_group
+  AND NOT EXISTS (SELECT 1 FROM conveyor_jobs j
+                  WHERE j.queue = g.queue AND j.job_group = g.job_group AND j.status = 'pending')
+  AND NOT EXISTS (SELECT 1 FROM conveyor_jobs h
+                  WHERE h.queue = g.queue AND h.job_group = g.job_group AND h.status = 'in_progress'
+                    AND h.job_group <> '')
+
 -- name: counts
 SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS waiting,
        count(*) FILTER (WHERE status = 'pending' AND available_at > now()
@@ -605,7 +657,19 @@ WITH r AS (
     SET status = 'pending', attempt = 0, available_at = now(), completed_at = NULL, final_failure_at = NULL,
         final_failure_delivery = NULL, started_delivery = NULL
     WHERE status = 'failed' AND (id = %(id)s OR (%(id)s::text IS NULL AND queue = %(queue)s))
-    RETURNING queue
+    RETURNING queue, job_group
+), held AS (
+    -- A failed job's group may have been pruned (prune_groups keeps only groups with jobs to
+    -- run): held or made again, as the enqueue does, so the retried jobs are claimed.
+    SELECT w.queue, w.job_group, k.found
+    FROM (SELECT DISTINCT queue, job_group FROM r WHERE job_group <> '' ORDER BY queue, job_group) w
+    LEFT JOIN LATERAL (SELECT true AS found FROM conveyor_job_groups g
+                       WHERE g.queue = w.queue AND g.job_group = w.job_group
+                       FOR KEY SHARE) k ON true
+), groups AS (
+    INSERT INTO conveyor_job_groups (queue, job_group)
+    SELECT queue, job_group FROM held WHERE found IS NULL ORDER BY queue, job_group
+    ON CONFLICT (queue, job_group) DO UPDATE SET last_served = conveyor_job_groups.last_served WHERE false
 ), woke AS (
     SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM r) q
 )

@@ -177,4 +177,7 @@ class Recovery:
         for _ in range(BATCHES_PER_PASS):  # once-guarded steps of jobs deleted by hand, or of another broker
             if self.jobs.prune_orphan_steps(self.retention, BATCH) < BATCH:
                 break
+        for _ in range(BATCHES_PER_PASS):  # tenants' groups idle for a retention, with nothing left to run
+            if self.jobs.prune_groups(self.retention, BATCH) < BATCH:
+                break
         return total

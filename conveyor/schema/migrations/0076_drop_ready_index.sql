@@ -1,0 +1,13 @@
+-- One partial index of waiting rows in claim order, not two.
+--
+-- conveyor_jobs_ready (queue, rank_at, priority DESC), 0074, is covered by
+-- conveyor_jobs_group_pending (queue, job_group, rank_at, priority DESC),
+-- 0075, for every statement that reads waiting rows: each claim names its
+-- group (the plain claim job_group = '', the grouped claim each group), which
+-- the groups' index has as an index condition where the ready index can only
+-- filter it (on a grouped queue the plain claim read ~11x the buffers through
+-- it: 170 against 15, claims of 16, 20,000 waiting rows, 90% of them in named
+-- groups); the queue-wide reads (counts, next_due) never used it. Every
+-- enqueue, retry and hand-back wrote both (a bulk insert of waiting rows:
+-- 5.7 us/row with both, 4.8 without this one).
+DROP INDEX IF EXISTS conveyor_jobs_ready;
