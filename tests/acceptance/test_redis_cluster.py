@@ -143,10 +143,9 @@ def test_wait_replicas_counts_the_replicas_of_the_queues_own_primary(clean_env, 
     the cluster client goes to every primary and sums their answers, so it would pass; conveyor WAITs on
     the queue's node and refuses the enqueue's success and the claim. Runs last: it kills a replica."""
     import redis
-    from dramatiq.errors import ConnectionClosed
 
     from conveyor.app import App
-    from conveyor.errors import EnqueueOutcomeUnknown
+    from tests.integration.test_redis_wait_replicas import assert_unreplicated
 
     replicated.flush()
     owner = replicated.owner("conveyor{llm}")
@@ -167,12 +166,6 @@ def test_wait_replicas_counts_the_replicas_of_the_queues_own_primary(clean_env, 
     settings = make_settings("redis", replicated.url, database_url, redis_wait_replicas=1, redis_wait_timeout=0.2)
     app = App(settings)
     try:
-        with pytest.raises(EnqueueOutcomeUnknown):
-            app.jobs.enqueue("test.probe.llm", {"token": "unreplicated"}, key="wait:llm")
-        consumer = app.broker.consume("llm", prefetch=1, timeout=1000)
-        with pytest.raises(ConnectionClosed) as caught:
-            next(consumer)
-        assert "replica" in str(caught.value)
-        consumer.close()
+        assert_unreplicated(app, "llm")
     finally:
         app.close()

@@ -212,31 +212,3 @@ def test_a_script_call_sent_to_a_node_not_owning_its_slot_ran_nothing_and_is_not
         call_once(wrong, broker._jobs, [scope], args)
     assert "MOVED" in str(caught.value.cause) or type(caught.value.cause).__name__ == "MovedError"
     assert broker.get_job("id-1") is None
-
-
-def test_wait_replicas_on_a_cluster_waits_on_the_node_of_the_queue(clean_env, redis_cluster_url, database_url):
-    """CONVEYOR_REDIS_WAIT_REPLICAS on a cluster whose primaries have no replica: the WAIT reaches the node
-    that ran the script (a keyless command would otherwise go to any node), so an enqueue is of unknown
-    outcome and a claim is not started, as on one Redis (tests/integration/test_redis_wait_replicas.py)."""
-    from dramatiq.errors import ConnectionClosed
-
-    from conveyor.app import App
-    from conveyor.errors import EnqueueOutcomeUnknown
-    from tests.support.harness import make_settings
-
-    app = App(make_settings("redis", redis_cluster_url, database_url, redis_wait_replicas=1, redis_wait_timeout=0.05))
-    try:
-        with pytest.raises(EnqueueOutcomeUnknown):
-            app.jobs.enqueue("test.probe.critical", {"token": "unreplicated"}, key="wait:cluster")
-        assert app.broker.queue_counts("critical").waiting == 1  # the primary has it
-
-        consumer = app.broker.consume("critical", prefetch=1, timeout=1000)
-        with pytest.raises(ConnectionClosed) as caught:
-            next(consumer)
-        assert "replica" in str(caught.value)
-        consumer.close()
-        app.broker.release_orphans()
-        counts = app.broker.queue_counts("critical")
-        assert (counts.waiting, counts.active) == (1, 0), counts
-    finally:
-        app.close()

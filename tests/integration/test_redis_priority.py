@@ -12,6 +12,19 @@ from tests.support.harness import make_settings
 GOOD = {"user_id": "u1", "task_id": "t1", "message_id": "m1", "total_tokens": 10}
 
 
+def _fetch_ids(consumer, count: int, *, ack: bool = False) -> list[str]:
+    """The ids of the next ``count`` messages the consumer hands out, in order (10 s at most)."""
+    got: list[str] = []
+    deadline = time.monotonic() + 10
+    while len(got) < count and time.monotonic() < deadline:
+        message = next(consumer)
+        if message is not None:
+            got.append(message.message_id)
+            if ack:
+                consumer.ack(message)
+    return got
+
+
 def test_levels_and_their_ranks_are_emptied_by_fetch_delete_and_cancel(clean_env, redis_url, database_url):
     app = App(make_settings("redis", redis_url, database_url))
     try:
@@ -22,13 +35,7 @@ def test_levels_and_their_ranks_are_emptied_by_fetch_delete_and_cancel(clean_env
         assert app.broker.delete_job(refs[1].id)
         assert app.broker.cancel_job(refs[2].id) == "cancelled"
         consumer = app.broker.consume("critical", prefetch=4, timeout=100)
-        got = []
-        deadline = time.monotonic() + 10
-        while len(got) < 2 and time.monotonic() < deadline:
-            message = next(consumer)
-            if message is not None:
-                got.append(message.message_id)
-        assert got == [refs[3].id, refs[0].id]
+        assert _fetch_ids(consumer, 2) == [refs[3].id, refs[0].id]
         next(consumer)  # one more fetch finds the emptied levels and forgets them
         assert [k for k in level_keys if client.exists(k)] == []
         consumer.close()
@@ -69,14 +76,7 @@ def test_a_plain_dramatiq_producers_message_ranks_by_its_timestamp_not_first(cle
             )
         )
         consumer = app.broker.consume("critical", prefetch=1, timeout=100)
-        got = []
-        deadline = time.monotonic() + 10
-        while len(got) < 2 and time.monotonic() < deadline:
-            message = next(consumer)
-            if message is not None:
-                got.append(message.message_id)
-                consumer.ack(message)
-        assert got == [urgent.id, sent.message_id]
+        assert _fetch_ids(consumer, 2, ack=True) == [urgent.id, sent.message_id]
         consumer.close()
     finally:
         plain.close()
