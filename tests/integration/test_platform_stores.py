@@ -8,7 +8,7 @@ import pytest
 
 from conveyor.app import App
 from conveyor.budgets import Take, budget_store
-from conveyor.platform.limits import build_limits
+from conveyor.platform.limits import build_limits, limits_for
 from conveyor.platform.streams import build_buffer
 from conveyor.settings import Settings
 from tests.support.brokers import ALL_BROKERS
@@ -71,7 +71,7 @@ def test_an_empty_stream_can_end(app):
 
 
 def test_semaphore_gives_at_most_limit_slots_and_frees_them_on_release(app):
-    semaphore = build_limits(app).semaphore
+    semaphore = limits_for(app).semaphore
     first = semaphore.try_acquire("queue:llm", 2)
     second = semaphore.try_acquire("queue:llm", 2)
 
@@ -89,7 +89,7 @@ def test_semaphore_gives_at_most_limit_slots_and_frees_them_on_release(app):
 
 
 def test_semaphore_holds_under_contention_from_many_threads(app):
-    semaphore = build_limits(app).semaphore
+    semaphore = limits_for(app).semaphore
     held, peak, lock = [0], [0], threading.Lock()
     barrier = threading.Barrier(8)
 
@@ -133,7 +133,7 @@ def test_a_postgres_slot_is_freed_when_its_holder_process_dies(database_url):
     from tests.support.waiting import wait_for
 
     app = App(Settings(broker="postgres", database_url=database_url))
-    semaphore = build_limits(app).semaphore
+    semaphore = limits_for(app).semaphore
     code = (
         "import sys, time; from conveyor.app import App; from conveyor.settings import Settings; "
         "from conveyor.platform.limits import build_limits; "
@@ -162,7 +162,7 @@ def test_a_redis_slot_whose_holder_stopped_renewing_expires_after_its_lease(redi
     from tests.support.waiting import wait_for
 
     app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, llm_slot_lease=0.5))
-    semaphore = build_limits(app).semaphore
+    semaphore = limits_for(app).semaphore
     kept = semaphore.try_acquire("queue:kept", 1)
     # A holder that died: its slot is in the set, and nobody renews it.
     assert semaphore._call("acquire", "conveyor:slots:queue:llm", "dead-worker", 1) == 1
@@ -199,3 +199,13 @@ def test_the_redis_stores_without_a_redis_url_are_a_configuration_error(build):
     with pytest.raises(ConfigurationError, match="REDIS_URL"):
         build(app)
     app.close()
+
+
+@pytest.mark.parametrize("app", ["postgres+pgbouncer"], indirect=True)
+def test_the_limits_direct_sessions_through_a_pooler_are_closed_with_the_app(app):
+    """Through a transaction-mode pooler the advisory-lock slots get a pool of direct sessions of their
+    own; it closes with the App (left to the garbage collector, its threads outlived the App)."""
+    pool = limits_for(app)._owned
+    assert pool is not None and not pool.closed
+    app.close()
+    assert pool.closed

@@ -52,6 +52,7 @@ def build_limits(app: "App") -> Limits:
             from conveyor.db import open_pool
 
             sessions = open_pool(settings.listen_database_url, max_size=8, name="conveyor-limits")
+            return Limits(PostgresSemaphore(sessions), owned=sessions)
         return Limits(PostgresSemaphore(sessions))
     from conveyor.platform.limits.local import LocalSemaphore
 

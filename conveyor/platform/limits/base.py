@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 
 class Slot(ABC):
@@ -42,8 +42,12 @@ class Semaphore(ABC):
 class Limits:
     """The semaphore of one store."""
 
-    def __init__(self, semaphore: Semaphore) -> None:
+    def __init__(self, semaphore: Semaphore, *, owned: Any = None) -> None:
+        """``owned``: a pool opened for these limits alone (closed with them)."""
         self.semaphore = semaphore
+        self._owned = owned
 
     def close(self) -> None:
-        """Release connections of their own (the Redis ones)."""
+        """Release connections of their own (the Redis ones, a pool of direct sessions)."""
+        if self._owned is not None:
+            self._owned.close()
