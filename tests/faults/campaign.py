@@ -254,8 +254,8 @@ GROUPS = {"g0": 6, "g1": 2, "g2": 1, "g3": 1}
 
 
 def grouped(seed: int, n: int, items: list[Item]) -> None:
-    """About n/8 jobs on the capped queue (GROUP_QUEUE), in drawn groups and priorities, slipped in among
-    ``items`` at drawn places: a group's backlog stands in line behind its cap, the others pass it."""
+    """About n/8 jobs on the capped queue (GROUP_QUEUE), in drawn groups and priorities, added to ``items``
+    (a producer of their own sends them: a group's backlog stands in line behind its cap, the others pass it)."""
     rng = random.Random(f"groups:{seed}")
     for i in range(max(4, n // 8)):
         token = f"c{seed}-g{i}"
@@ -264,7 +264,7 @@ def grouped(seed: int, n: int, items: list[Item]) -> None:
         payload = {"token": token, "effect": True, "sleep": round(rng.uniform(0.2, 0.9), 3), "check_held": True}
         if rng.random() < 0.15:
             payload["fail_times"] = 1
-        items.insert(rng.randint(0, len(items)), Item(req, payload))
+        items.append(Item(req, payload))
 
 
 def cancels(seed: int, items: list[Item]) -> None:
@@ -295,10 +295,10 @@ class Producer(threading.Thread):
     #: Tries of a batch refused with a definite "nothing was enqueued", and of keyed jobs after an unknown outcome.
     TRIES = 4
 
-    def __init__(self, app: App, items: list[Item], seed: int, spread: float) -> None:
-        super().__init__(name="campaign-producer", daemon=True)
+    def __init__(self, app: App, items: list[Item], seed: int, spread: float, stream: str = "producer") -> None:
+        super().__init__(name=f"campaign-{stream}", daemon=True)
         self.app, self.items, self.spread = app, items, spread
-        self.rng = random.Random(f"producer:{seed}")
+        self.rng = random.Random(f"{stream}:{seed}")
         self.errors: Counter[str] = Counter()
         self.finished = threading.Event()
 
@@ -356,9 +356,9 @@ class Canceller(threading.Thread):
     records each answer on its request: ``cancelled``, ``requested``, ``finished``, or UNKNOWN when the call
     raised (a reply lost: it may or may not have been stored)."""
 
-    def __init__(self, app: App, items: list[Item], producer: Producer) -> None:
+    def __init__(self, app: App, items: list[Item], producers: list[Producer]) -> None:
         super().__init__(name="campaign-canceller", daemon=True)
-        self.app, self.producer = app, producer
+        self.app, self.producers = app, producers
         self.pending = [item for item in items if item.cancel_after is not None]
         self.finished = threading.Event()
 
@@ -367,7 +367,7 @@ class Canceller(threading.Thread):
             while self.pending:
                 now = time.time()
                 due = [i for i in self.pending if i.acked_at and now >= i.acked_at + (i.cancel_after or 0.0)]
-                if self.producer.finished.is_set():  # never acknowledged: nothing to cancel
+                if all(p.finished.is_set() for p in self.producers):  # never acknowledged: nothing to cancel
                     self.pending = [i for i in self.pending if i.acked_at]
                 for item in due:
                     self.pending.remove(item)
@@ -979,16 +979,21 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
             marks = [(i.request.token, "slow-body") for i in items if i.payload.get("sleep", 0) >= 1.0]
             marks += [(i.request.token, "fanout") for i in items if i.payload.get("children")]
             conn.cursor().executemany("INSERT INTO fault_marks VALUES (%s, %s) ON CONFLICT DO NOTHING", marks)
-        producer = Producer(producer_app, items, seed, spread=size.window)
-        canceller = Canceller(producer_app, items, producer)
+        # The grouped jobs have a producer of their own: the rest goes out in the batches it always did.
+        producer = Producer(producer_app, [i for i in items if i.request.group is None], seed, spread=size.window)
+        grouped_producer = Producer(
+            producer_app, [i for i in items if i.request.group is not None], seed, size.window, "groups-producer"
+        )
+        canceller = Canceller(producer_app, items, [producer, grouped_producer])
         started = time.time()
-        producer.start()
-        canceller.start()
+        for thread in (producer, grouped_producer, canceller):
+            thread.start()
         try:
             stage.run(schedule, started)
         finally:
             stage.heal()
         producer.wait(timeout=120)
+        grouped_producer.wait(timeout=120)
         canceller.wait(timeout=60)
         # A step of the broker's clock back (the end of a forward step) postpones every delay set meanwhile.
         stepped = max((a for _, _, a in stage.pg_steps), default=0.0) if broker == "postgres" else 0.0
@@ -1003,5 +1008,12 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
             producer_app.close()
             cluster.close()
     return Outcome(
-        seed, broker, schedule, stage.applied, history, anomalies, dict(producer.errors), time.monotonic() - t0
+        seed,
+        broker,
+        schedule,
+        stage.applied,
+        history,
+        anomalies,
+        dict(producer.errors + grouped_producer.errors),
+        time.monotonic() - t0,
     )

@@ -54,8 +54,11 @@ The control features (issues 18, 21):
   never becomes current again, so a held run had its slot all along; a
   fenced run (not current at its end) no longer had it, and the broker was
   right to hand the slot on. Runs whose end was never checked (killed,
-  failed before the check, the server away) are not counted: the rule may
-  miss a breach in which one took part, never flags a legal history.
+  the server away) are not counted: the rule may miss a breach in which
+  one took part, never flags a legal history. Each run counts over the
+  part of its logged span it surely ran (its start and end are read to
+  /proc/uptime's hundredth: one run's end and the next one's start in the
+  same hundredth are not at once).
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ CANCELLED, REQUESTED, FINISHED = "cancelled", "requested", "finished"
 #: Seconds of slack between a run's start (the host's boot clock, mapped to UTC once) and a cancel's
 #: answer (UTC): /proc/uptime's resolution and the mapping.
 CLOCK_SLACK = 0.05
+
+#: Seconds /proc/uptime counts in (tests.faults.jobs.UPTIME_RESOLUTION): a run's logged start may be this
+#: much before its true start, its logged end this much after its true end.
+UPTIME_RESOLUTION = dt.timedelta(seconds=0.01)
 
 
 @dataclasses.dataclass
@@ -367,7 +374,9 @@ def group_peaks(h: History) -> dict[str, tuple[int, list[Run]]]:
         group = group_of.get(run.token)
         if group is None or run.held is not True or run.ended is None:
             continue
-        events[group] += [(run.started, 1, run), (run.ended, -1, run)]
+        began, ended = run.started + UPTIME_RESOLUTION, run.ended - UPTIME_RESOLUTION
+        if began < ended:
+            events[group] += [(began, 1, run), (ended, -1, run)]
     out: dict[str, tuple[int, list[Run]]] = {}
     for group, points in events.items():
         points.sort(key=lambda p: (p[0], p[1]))  # an end before a start at the same instant
