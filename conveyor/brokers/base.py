@@ -517,6 +517,11 @@ class ConveyorBroker(Broker):
         has no channel (inline: a cancel reaches the process's registry directly)."""
         return None
 
+    def completed_in_own_transaction(self, message: AnyMessage) -> bool:
+        """Whether this delivery already completed its job in the job's own transaction (``ctx.transaction``
+        committed): the job is done, and a cancel that arrived meanwhile came too late."""
+        return False
+
     # -- operator actions (admin API and dashboard) ---------------------------
 
     def retry_job(self, job_id: str) -> bool:

@@ -117,16 +117,32 @@ class Cancellation(ConveyorMiddleware):
         if run is None or not run.cancelled.is_set():
             return
         interrupts.reset()  # one set but not yet delivered lands nowhere
+        owner = conveyor_broker(broker)
+        if owner.completed_in_own_transaction(message):
+            # Its transaction (ctx.transaction) committed the job done before the cancel could end it: like
+            # a cancel of a job that had ended, nothing changes, and the hook (for jobs that end cancelled)
+            # does not run: it would undo what the job committed.
+            log_event(
+                "cancelled",
+                queue=message.queue_name,
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=message.options.get("attempt"),
+                interrupted=run.interrupted,
+                written=False,
+                reason="completed in its own transaction before the cancel: left done",
+            )
+            return
         # Whatever the body did after the cancel (stopped, returned, raised): the job ends cancelled.
         message.options[CANCELLED] = True
         self.app.cancel_hook(message)
         why = "JobCancelled: interrupted after the grace" if run.interrupted else "JobCancelled: stopped"
         try:
-            ended = conveyor_broker(broker).cancel_outcome(message, why)
+            ended = owner.cancel_outcome(message, why)
         except Exception as exc:
             # Not written: keep the job held (its ack must not complete it); it comes back after the
             # lease and its next start ends it cancelled (the cancellation is stored).
-            conveyor_broker(broker).leave_unsettled(message, f"cancel outcome not written: {type(exc).__name__}")
+            owner.leave_unsettled(message, f"cancel outcome not written: {type(exc).__name__}")
             return
         log_event(
             "cancelled",

@@ -16,6 +16,14 @@ charge), v2 jobs, fan-out bodies that enqueue a batch of keyed children,
 and every successful body writes a row to the effect log. The producer retries a
 batch refused with "nothing was enqueued", and after an unknown outcome
 only its keyed jobs (what the docs tell a caller to do).
+
+The control features (issues 18, 21), drawn from the seed too (their own
+random streams, so the rest of a seed's workload is as before): grouped
+jobs of mixed priorities on a queue with a per-group cap (:func:`grouped`),
+and cancels of a subset of the jobs at drawn times after their enqueue
+was acknowledged, some while they wait, some while they run, some after
+they ended (:class:`Canceller`); each cancel's answer and its times go into
+the history.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from tests.faults import history as hist
 from tests.faults import nemesis
 from tests.faults.harness import DEDUP_TTL, FAKETIME_LIB, LEASE, RECOVERY, Cluster, fault_settings, utc
 from tests.faults.jobs import WORK_QUEUES, child, uptime
-from tests.faults.jobs_extra import EXTRA_QUEUES, LIMITS_QUEUE, POLL_QUEUE
+from tests.faults.jobs_extra import EXTRA_QUEUES, GROUP_CAP, GROUP_QUEUE, LIMITS_QUEUE, POLL_QUEUE
 from tests.faults.netns import NetworkNamespace
 from tests.faults.proxy import ReplyDroppingProxy
 from tests.support.harness import ROOT, env_for
@@ -167,9 +175,18 @@ class Item:
     delay: float | None = None
     #: The index of the request whose key this one repeats.
     duplicate: bool = False
+    #: Seconds after its enqueue was acknowledged that the workload cancels it (None: it does not).
+    cancel_after: float | None = None
+    #: UNIX seconds its enqueue was acknowledged (the producer's answer).
+    acked_at: float = 0.0
 
     def body(self) -> dict:
-        return {"job": self.request.job, "payload": self.payload, "key": self.request.key, "delay": self.delay}
+        body = {"job": self.request.job, "payload": self.payload, "key": self.request.key, "delay": self.delay}
+        if self.request.priority:
+            body["priority"] = self.request.priority
+        if self.request.group is not None:
+            body["group"] = self.request.group
+        return body
 
 
 def plan(seed: int, n: int, price: Decimal, *, slow_hooks: bool) -> list[Item]:
@@ -227,7 +244,49 @@ def plan(seed: int, n: int, price: Decimal, *, slow_hooks: bool) -> list[Item]:
             # The same request again (same token and key): it must get the first job back.
             at = min(len(items), items.index(item) + rng.randint(1, 6))
             items.insert(at, dataclasses.replace(item, duplicate=True))
+    grouped(seed, n, items)
+    cancels(seed, items)
     return items
+
+
+#: The groups of the grouped jobs and their weights: one with a backlog well past the cap, a few small.
+GROUPS = {"g0": 6, "g1": 2, "g2": 1, "g3": 1}
+
+
+def grouped(seed: int, n: int, items: list[Item]) -> None:
+    """About n/8 jobs on the capped queue (GROUP_QUEUE), in drawn groups and priorities, added to ``items``
+    (a producer of their own sends them: a group's backlog stands in line behind its cap, the others pass it)."""
+    rng = random.Random(f"groups:{seed}")
+    for i in range(max(4, n // 8)):
+        token = f"c{seed}-g{i}"
+        group = rng.choices(list(GROUPS), weights=list(GROUPS.values()))[0]
+        req = hist.Request(token=token, job="fault.grouped", group=group, priority=rng.choice([0, 0, 0, 2, 5, 9]))
+        payload = {"token": token, "effect": True, "sleep": round(rng.uniform(0.2, 0.9), 3), "check_held": True}
+        if rng.random() < 0.15:
+            payload["fail_times"] = 1
+        items.append(Item(req, payload))
+
+
+def cancels(seed: int, items: list[Item]) -> None:
+    """Draw the jobs the workload cancels, and when: right after the enqueue's answer (mostly still
+    waiting or delayed, or held behind its group's cap), a little later (a slow body running), or
+    seconds later (most have ended). Charges and fan-outs are left alone (their ledger and children)."""
+    rng = random.Random(f"cancels:{seed}")
+    for item in items:
+        req = item.request
+        # A delayed job, or a grouped one (its group's backlog waits behind the cap), is likelier still waiting.
+        waits = bool(item.delay or req.group)
+        if item.duplicate or req.charge or item.payload.get("children") or rng.random() >= (0.25 if waits else 0.07):
+            continue
+        when = rng.choice(
+            ["waiting", "waiting", "running", "ended"] if waits else ["waiting", "running", "running", "ended"]
+        )
+        if when == "waiting":
+            item.cancel_after = 0.0
+        elif when == "running":
+            item.cancel_after = round(rng.uniform(0.15, 1.0), 2)
+        else:
+            item.cancel_after = round(rng.uniform(4.0, 7.0), 2)
 
 
 class Producer(threading.Thread):
@@ -236,10 +295,10 @@ class Producer(threading.Thread):
     #: Tries of a batch refused with a definite "nothing was enqueued", and of keyed jobs after an unknown outcome.
     TRIES = 4
 
-    def __init__(self, app: App, items: list[Item], seed: int, spread: float) -> None:
-        super().__init__(name="campaign-producer", daemon=True)
+    def __init__(self, app: App, items: list[Item], seed: int, spread: float, stream: str = "producer") -> None:
+        super().__init__(name=f"campaign-{stream}", daemon=True)
         self.app, self.items, self.spread = app, items, spread
-        self.rng = random.Random(f"producer:{seed}")
+        self.rng = random.Random(f"{stream}:{seed}")
         self.errors: Counter[str] = Counter()
         self.finished = threading.Event()
 
@@ -278,8 +337,10 @@ class Producer(threading.Thread):
             except ConveyorError as exc:  # a definite "nothing was enqueued": the whole batch again
                 self.errors[type(exc).__name__] += 1
             else:
+                answered = time.time()
                 for item, ref in zip(pending, refs):
                     item.request.outcome = hist.ACKED
+                    item.acked_at = item.acked_at or answered
                     if ref.id not in item.request.job_ids:
                         item.request.job_ids.append(ref.id)
                 return
@@ -288,6 +349,46 @@ class Producer(threading.Thread):
     def wait(self, timeout: float) -> None:
         if not self.finished.wait(timeout):
             raise AssertionError(f"the producer did not finish within {timeout:g}s")
+
+
+class Canceller(threading.Thread):
+    """Cancels the drawn jobs (:func:`cancels`) at their drawn times, through whatever fault is going on, and
+    records each answer on its request: ``cancelled``, ``requested``, ``finished``, or UNKNOWN when the call
+    raised (a reply lost: it may or may not have been stored)."""
+
+    def __init__(self, app: App, items: list[Item], producers: list[Producer]) -> None:
+        super().__init__(name="campaign-canceller", daemon=True)
+        self.app, self.producers = app, producers
+        self.pending = [item for item in items if item.cancel_after is not None]
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while self.pending:
+                now = time.time()
+                due = [i for i in self.pending if i.acked_at and now >= i.acked_at + (i.cancel_after or 0.0)]
+                if all(p.finished.is_set() for p in self.producers):  # never acknowledged: nothing to cancel
+                    self.pending = [i for i in self.pending if i.acked_at]
+                for item in due:
+                    self.pending.remove(item)
+                    self._cancel(item)
+                time.sleep(0.02)
+        finally:
+            self.finished.set()
+
+    def _cancel(self, item: Item) -> None:
+        req = item.request
+        req.cancel_sent = time.time()
+        try:
+            req.cancel = self.app.jobs.cancel(req.job_ids[0])
+        except Exception as exc:  # noqa: BLE001 - any failure: the outcome is unknown
+            req.cancel = hist.UNKNOWN
+            req.cancel_error = type(exc).__name__
+        req.cancel_answered = time.time()
+
+    def wait(self, timeout: float) -> None:
+        if not self.finished.wait(timeout):
+            raise AssertionError(f"the canceller did not finish within {timeout:g}s")
 
 
 @dataclasses.dataclass
@@ -665,18 +766,20 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
     # libfaketime moves it. Shown as UTC through this process's own offset to it.
     offset = time.time() - uptime()
     runs = []
-    for run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced in _rows(
-        url, "SELECT run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced FROM fault_runs"
+    for run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held in _rows(
+        url, "SELECT run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held FROM fault_runs"
     ):
         run_id = str(run_id)
         ended = None if ended_up is None else utc(offset + ended_up)
         if ended is None and run_id in spooled:
             ended, ok = utc(offset + spooled[run_id]["ended_up"]), spooled[run_id]["ok"]
+            held = spooled[run_id].get("held")
         elif ended is None and pid in cluster.kills:
             ended, ok = utc(cluster.kills[pid]), False  # it died with its process
         elif ended is None and pid in fenced_exits:
             ended, ok = utc(fenced_exits[pid]), False  # its process fenced itself
-        runs.append(hist.Run(run_id, job_id, token, delivery, pid, utc(offset + started_up), ended, ok, fenced))
+        run = hist.Run(run_id, job_id, token, delivery, pid, utc(offset + started_up), ended, ok, fenced, held)
+        runs.append(run)
     effects = [
         hist.Effect(str(r[0]), r[1], r[2], r[3], r[4])
         for r in _rows(url, "SELECT run_id, job_id, token, delivery, fenced FROM fault_effects")
@@ -684,6 +787,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
     hooks = [
         hist.Hook(r[0], r[1], r[2]) for r in _rows(url, "SELECT job_id, token, ended_at IS NOT NULL FROM fault_dead")
     ]
+    cancel_hooks = [hist.Hook(r[0], r[1], True) for r in _rows(url, "SELECT job_id, token FROM fault_cancels")]
     requests = _merge([item.request for item in items + stage.poisoned + stage.added])
     if stage.broker == "postgres":  # the broker's own clock stepped: keys' dedup windows are on it
         for req in requests:
@@ -732,6 +836,9 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         pool_problems=list(stage.pool_problems),
         dedup_ttl=DEDUP_TTL,
         why=why,
+        cancel_hooks=cancel_hooks,
+        group_cap=GROUP_CAP,
+        broker=stage.broker,
     )
 
 
@@ -860,8 +967,10 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
                 "redis_url": redis.url_on(address) if broker == "redis" else None,
             }
         )
-        near = cluster.start_workers("near", wait=False)
-        far = cluster.start_workers("far", prefix=servers.namespace.prefix, settings=remote, wait=False)
+        # The near and far hosts serve the capped queue of grouped jobs too: the cap holds across both.
+        served = WORK_QUEUES + (GROUP_QUEUE,)
+        near = cluster.start_workers("near", queues=served, wait=False)
+        far = cluster.start_workers("far", queues=served, prefix=servers.namespace.prefix, settings=remote, wait=False)
         near.wait_ready()
         far.wait_ready()
         items = plan(seed, size.jobs, settings.price_per_1k_tokens, slow_hooks="kill-hook" in kinds)
@@ -870,14 +979,22 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
             marks = [(i.request.token, "slow-body") for i in items if i.payload.get("sleep", 0) >= 1.0]
             marks += [(i.request.token, "fanout") for i in items if i.payload.get("children")]
             conn.cursor().executemany("INSERT INTO fault_marks VALUES (%s, %s) ON CONFLICT DO NOTHING", marks)
-        producer = Producer(producer_app, items, seed, spread=size.window)
+        # The grouped jobs have a producer of their own: the rest goes out in the batches it always did.
+        producer = Producer(producer_app, [i for i in items if i.request.group is None], seed, spread=size.window)
+        grouped_producer = Producer(
+            producer_app, [i for i in items if i.request.group is not None], seed, size.window, "groups-producer"
+        )
+        canceller = Canceller(producer_app, items, [producer, grouped_producer])
         started = time.time()
-        producer.start()
+        for thread in (producer, grouped_producer, canceller):
+            thread.start()
         try:
             stage.run(schedule, started)
         finally:
             stage.heal()
         producer.wait(timeout=120)
+        grouped_producer.wait(timeout=120)
+        canceller.wait(timeout=60)
         # A step of the broker's clock back (the end of a forward step) postpones every delay set meanwhile.
         stepped = max((a for _, _, a in stage.pg_steps), default=0.0) if broker == "postgres" else 0.0
         settle(stage, items, time.time() + QUIET + stepped)
@@ -891,5 +1008,12 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
             producer_app.close()
             cluster.close()
     return Outcome(
-        seed, broker, schedule, stage.applied, history, anomalies, dict(producer.errors), time.monotonic() - t0
+        seed,
+        broker,
+        schedule,
+        stage.applied,
+        history,
+        anomalies,
+        dict(producer.errors + grouped_producer.errors),
+        time.monotonic() - t0,
     )

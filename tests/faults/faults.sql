@@ -22,7 +22,11 @@ CREATE TABLE fault_runs (
     -- The host's boot clock (/proc/uptime) before the insert and at the end: every worker of the
     -- campaign runs on one kernel, and no libfaketime nor server clock step moves this clock.
     started_up  DOUBLE PRECISION,
-    ended_up    DOUBLE PRECISION
+    ended_up    DOUBLE PRECISION,
+    -- The run's delivery was still its job's current one when its body's work was done (checked by
+    -- the body itself, the campaign's grouped jobs only): it held its group slot from start to end,
+    -- as a delivery taken back never becomes current again. NULL: not checked, or no answer.
+    held        BOOLEAN
 );
 CREATE INDEX fault_runs_job ON fault_runs (job_id);
 
@@ -37,6 +41,16 @@ CREATE TABLE fault_dead (
     at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
     -- Set when the hook reached its end (a hook killed midway leaves NULL).
     ended_at TIMESTAMPTZ
+);
+
+-- One row per run of a cancel hook (``on_cancel``), non-idempotent: a hook that runs twice
+-- for one job leaves two rows.
+CREATE TABLE fault_cancels (
+    id      BIGSERIAL PRIMARY KEY,
+    job_id  TEXT NOT NULL,
+    token   TEXT,
+    pid     INT NOT NULL,
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
 
 -- The campaign's effect log: one row per applied effect of a job body, never

@@ -30,6 +30,35 @@ The rules (issue 18):
   connection of its pool, or no longer completed a job.
 - **stuck**: anything active, waiting, delayed or reserved after the quiet
   period, or a job that is not in a terminal state.
+
+The control features (issues 18, 21):
+
+- **cancel**: a job whose cancel was answered ``cancelled`` (it was waiting
+  or delayed) or ``requested`` (a worker held it) has no run that started
+  after that answer (a stored cancel ends the job at any later start, a
+  retry's and a recovered delivery's too); one answered ``cancelled`` ends
+  ``cancelled``; one answered ``requested`` ends ``cancelled``, or as
+  planned when the run in progress reached its outcome before its holder
+  heard of the cancel; one answered ``finished`` keeps its end (never
+  ``cancelled``); only a job that was asked to cancel ends ``cancelled``. A
+  cancel hook ran only for a job that ended ``cancelled``, and at most once
+  (``doubled`` past that). A job that ended ``cancelled`` is neither lost
+  nor stuck, and did not also end otherwise: no final-failure hook ran for
+  it, and on Postgres no effect committed with its completion
+  (``ctx.transaction``: that commit is the job's ``done``).
+- **group-cap**: at no instant did more runs of one group hold their job
+  than the capped queue's ``group_concurrency``. A run counts over
+  [start, end] only when its body, after measuring its end, found its
+  delivery still current (``held``): a delivery taken back (lease
+  recovered after a pause, a partition, a server clock step) or handed on
+  never becomes current again, so a held run had its slot all along; a
+  fenced run (not current at its end) no longer had it, and the broker was
+  right to hand the slot on. Runs whose end was never checked (killed,
+  the server away) are not counted: the rule may miss a breach in which
+  one took part, never flags a legal history. Each run counts over the
+  part of its logged span it surely ran (its start and end are read to
+  /proc/uptime's hundredth: one run's end and the next one's start in the
+  same hundredth are not at once).
 """
 
 from __future__ import annotations
@@ -39,12 +68,23 @@ import datetime as dt
 from collections import Counter, defaultdict
 from decimal import Decimal
 
-TERMINAL = ("completed", "failed")
+TERMINAL = ("completed", "failed", "cancelled")
 
 #: A request's outcome over all of its tries.
 ACKED, UNKNOWN, REFUSED = "acked", "unknown", "refused"
 
-KINDS = ("lost", "refused-ran", "doubled", "overlapping", "hook", "stuck", "ledger", "leaked")
+KINDS = ("lost", "refused-ran", "doubled", "overlapping", "hook", "stuck", "ledger", "leaked", "cancel", "group-cap")
+
+#: Cancel answers (conveyor.brokers.base.CancelOutcome) and UNKNOWN (the call raised).
+CANCELLED, REQUESTED, FINISHED = "cancelled", "requested", "finished"
+
+#: Seconds of slack between a run's start (the host's boot clock, mapped to UTC once) and a cancel's
+#: answer (UTC): /proc/uptime's resolution and the mapping.
+CLOCK_SLACK = 0.05
+
+#: Seconds /proc/uptime counts in (tests.faults.jobs.UPTIME_RESOLUTION): a run's logged start may be this
+#: much before its true start, its logged end this much after its true end.
+UPTIME_RESOLUTION = dt.timedelta(seconds=0.01)
 
 
 @dataclasses.dataclass
@@ -76,6 +116,15 @@ class Request:
     #: Runs the body asks for before the one that ends it, each re-enqueued by a user's middleware
     #: (the user-retries kind): it must run at least that many times + 1, and not loop.
     polls: int = 0
+    #: Its fair-share group on the capped queue (None: not a grouped job), and its priority.
+    group: str | None = None
+    priority: int = 0
+    #: The workload's cancel of its (first) job: the answer (CANCELLED, REQUESTED, FINISHED, or UNKNOWN
+    #: when the call raised), and UNIX seconds it was sent and answered; None: never cancelled.
+    cancel: str | None = None
+    cancel_sent: float = 0.0
+    cancel_answered: float = 0.0
+    cancel_error: str = ""
 
 
 @dataclasses.dataclass
@@ -93,6 +142,9 @@ class Run:
     ok: bool | None
     #: The body wrote its effect through a fence (ctx.once / transactional completion).
     fenced: bool = False
+    #: Its delivery was still current when its end had been measured (grouped jobs; None: not asked or
+    #: no answer): it held its job, and its group's slot, from start to end.
+    held: bool | None = None
 
 
 @dataclasses.dataclass
@@ -139,6 +191,12 @@ class History:
     why: dict[str, str] = dataclasses.field(default_factory=dict)
     #: What the time-limits kind found wrong with a worker's pool (tests.faults.campaign, Stage._time_limits).
     pool_problems: list[str] = dataclasses.field(default_factory=list)
+    #: One per run of a cancel hook (``on_cancel``).
+    cancel_hooks: list[Hook] = dataclasses.field(default_factory=list)
+    #: The capped queue's group_concurrency (0: no grouped jobs).
+    group_cap: int = 0
+    #: "redis" or "postgres": on Postgres a fenced effect commits with the job's completion.
+    broker: str = ""
 
 
 def check(h: History) -> dict[str, list[str]]:
@@ -204,6 +262,12 @@ def check(h: History) -> dict[str, list[str]]:
 
     out["ledger"] += _ledger(h, charged)
     out["leaked"] += h.pool_problems
+    _check_cancels(h, runs_by_job, effects_by_job, hooks_by_job, out)
+    for group, (peak, during) in sorted(group_peaks(h).items()):
+        if h.group_cap and peak > h.group_cap:
+            out["group-cap"].append(
+                f"group {group}: {peak} held runs at once, cap {h.group_cap}: " + " ".join(_show(r) for r in during)
+            )
     return {kind: found for kind, found in out.items() if found}
 
 
@@ -216,6 +280,8 @@ def _check_acked(req, job_id, h, runs_by_job, effects_by_job, hooks_by_job, char
         if state != "failed":
             out["lost"].append(f"{req.token} ({job_id}): an undecodable message ended {state}, not failed")
         return
+    if state == CANCELLED and req.cancel is not None:
+        return  # asked to cancel and did: not lost (what else must hold: _check_cancels)
     if state != req.expect:
         runs = " ".join(_show(r) for r in sorted(runs_by_job.get(job_id, []), key=lambda r: r.started))
         why = f" ({h.why.get(job_id, 'no record')}; runs {runs or 'none'})"
@@ -227,7 +293,12 @@ def _check_acked(req, job_id, h, runs_by_job, effects_by_job, hooks_by_job, char
         # that commit reached its end as far as the job is concerned.
         done = any(r.ok for r in runs_by_job.get(job_id, [])) or any(e.fenced for e in effects_by_job.get(job_id, []))
         if req.logged and not done:
-            out["lost"].append(f"{req.token} ({job_id}) is completed but no run reached its end")
+            runs = " ".join(_show(r) for r in sorted(runs_by_job.get(job_id, []), key=lambda r: r.started))
+            cancel = f"; cancel {req.cancel}" if req.cancel else ""
+            out["lost"].append(
+                f"{req.token} ({job_id}) is completed but no run reached its end ({h.why.get(job_id, 'no record')}; "
+                f"runs {runs or 'none'}{cancel})"
+            )
         if req.logged and not effects_by_job.get(job_id):
             out["lost"].append(f"{req.token} ({job_id}) is completed but its effect is missing")
         if req.charge and not charged.get(req.charge[0]):
@@ -249,6 +320,77 @@ def _check_acked(req, job_id, h, runs_by_job, effects_by_job, hooks_by_job, char
             f"{req.token} ({job_id}) failed for good; {len(completed_hooks)} completed hook(s) "
             f"of {len(hooks_by_job.get(job_id, []))} started"
         )
+
+
+def _check_cancels(h: History, runs_by_job, effects_by_job, hooks_by_job, out) -> None:
+    """The cancel rules (see the module docstring)."""
+    asked: dict[str, Request] = {}
+    for req in h.requests:
+        if req.job_ids and req.outcome != REFUSED:
+            asked.setdefault(req.job_ids[0], req)
+    for job_id, req in asked.items():
+        state = h.states.get(job_id, "missing")
+        runs = sorted(runs_by_job.get(job_id, []), key=lambda r: r.started)
+        if req.cancel is None:
+            if state == CANCELLED:
+                out["cancel"].append(f"{req.token} ({job_id}) ended cancelled, yet no cancel was asked")
+            continue
+        if req.cancel in (CANCELLED, REQUESTED):
+            answered = dt.datetime.fromtimestamp(req.cancel_answered + CLOCK_SLACK, dt.UTC)
+            late = [r for r in runs if r.started > answered]
+            if late:
+                out["cancel"].append(
+                    f"{req.token} ({job_id}): cancel answered {req.cancel} at "
+                    f"{dt.datetime.fromtimestamp(req.cancel_answered, dt.UTC).time()}, yet a run started after: "
+                    + _show(late[0])
+                )
+        if req.cancel == CANCELLED and state not in (CANCELLED, "missing"):
+            out["cancel"].append(f"{req.token} ({job_id}): cancelled while waiting, yet it ended {state}")
+        if req.cancel == FINISHED and state == CANCELLED:
+            out["cancel"].append(f"{req.token} ({job_id}): had ended before its cancel, yet it ended cancelled")
+        if state == CANCELLED:
+            if hooks_by_job.get(job_id):
+                out["doubled"].append(f"{req.token} ({job_id}) ended cancelled, yet its final-failure hook ran")
+            if h.broker == "postgres" and any(e.fenced for e in effects_by_job.get(job_id, [])):
+                out["doubled"].append(f"{req.token} ({job_id}) ended cancelled, yet its completion committed")
+    cancel_hooks = Counter(x.job_id for x in h.cancel_hooks)
+    for job_id, n in sorted(cancel_hooks.items()):
+        req = asked.get(job_id)
+        token = req.token if req else "?"
+        state = h.states.get(job_id, "missing")
+        if n > 1:
+            out["doubled"].append(f"{token} ({job_id}): cancel hook ran {n} times")
+        if req is None or req.cancel is None:
+            out["cancel"].append(f"{token} ({job_id}): cancel hook ran, yet no cancel was asked")
+        elif state != CANCELLED:
+            out["cancel"].append(f"{token} ({job_id}): cancel hook ran, yet it ended {state}")
+
+
+def group_peaks(h: History) -> dict[str, tuple[int, list[Run]]]:
+    """Group -> (the most runs of it that held their job at one instant, those runs): see **group-cap**."""
+    group_of = {req.token: req.group for req in h.requests if req.group is not None}
+    events: dict[str, list[tuple[dt.datetime, int, Run]]] = defaultdict(list)
+    for run in h.runs:
+        group = group_of.get(run.token)
+        if group is None or run.held is not True or run.ended is None:
+            continue
+        began, ended = run.started + UPTIME_RESOLUTION, run.ended - UPTIME_RESOLUTION
+        if began < ended:
+            events[group] += [(began, 1, run), (ended, -1, run)]
+    out: dict[str, tuple[int, list[Run]]] = {}
+    for group, points in events.items():
+        points.sort(key=lambda p: (p[0], p[1]))  # an end before a start at the same instant
+        live: list[Run] = []
+        peak, during = 0, []
+        for _, step, run in points:
+            if step > 0:
+                live.append(run)
+            else:
+                live.remove(run)
+            if len(live) > peak:
+                peak, during = len(live), list(live)
+        out[group] = (peak, during)
+    return out
 
 
 def _overlapping(runs: list[Run]) -> list[tuple[Run, Run]]:

@@ -6,7 +6,8 @@ writes its effect and then waits to be killed before it can be acked. Each
 run first inserts a row into the run log (``fault_runs``, see faults.sql)
 and records how it ended, first in a spool file (``FAULT_SPOOL``/<pid>.jsonl,
 local, so it is there even when the database is away or the host is cut
-off), then in the row; the checker merges the two.
+off), then in the row; the checker merges the two. A cancel hook
+(``on_cancel``) logs each of its runs to ``fault_cancels``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import uuid
 
 from dramatiq.middleware import CurrentMessage
 
+from conveyor.blueprints import DEFAULT
 from conveyor.errors import PermanentError
 from conveyor.ledger import credits
 from conveyor.platform.queues import QUEUES
@@ -42,8 +44,10 @@ INSERT_RUN = (
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 END_RUN = (
-    "UPDATE fault_runs SET ended_at = started_at + make_interval(secs => %s), ok = %s, ended_up = %s WHERE run_id = %s"
+    "UPDATE fault_runs SET ended_at = started_at + make_interval(secs => %s), ok = %s, ended_up = %s, held = %s"
+    " WHERE run_id = %s"
 )
+INSERT_CANCEL = "INSERT INTO fault_cancels (job_id, token, pid) VALUES (%s, %s, %s)"
 EFFECT = "UPDATE fault_runs SET effect_at = clock_timestamp() WHERE run_id = %s"
 INSERT_DEAD = "INSERT INTO fault_dead (job_id, token, error, pid, ended_at) VALUES (%s, %s, %s, %s, %s) RETURNING id"
 END_DEAD = "UPDATE fault_dead SET ended_at = clock_timestamp() WHERE id = %s"
@@ -73,6 +77,9 @@ class Work(Payload):
     #: Keyed child jobs this body enqueues in one batch (``<token>.k<i>``, key ``child:<token>:<i>``), then
     #: it lingers 0.3 s before its ack: the campaign kills workers mid-fan-out.
     children: int = 0
+    #: After its work, ask the broker whether this delivery is still the job's current one (``held`` in
+    #: the run log): the campaign's grouped jobs, whose runs the group-cap rule counts.
+    check_held: bool = False
 
 
 #: /proc/uptime counts in hundredths of a second: an elapsed time less this is never longer than the truth.
@@ -211,10 +218,30 @@ def work(payload: Work, ctx) -> None:
         now = uptime()
         elapsed = max(0.0, now - began - UPTIME_RESOLUTION)
         ended_up = now + UPTIME_RESOLUTION  # never earlier than the truth
-        spool({"run_id": run_id, "elapsed": elapsed, "ok": ok, "ended_up": ended_up})
+        # Asked after the end was measured: "current" now means it held its slot up to that end.
+        held = still_held(ctx, message) if payload.check_held else None
+        spool({"run_id": run_id, "elapsed": elapsed, "ok": ok, "ended_up": ended_up, "held": held})
         with contextlib.suppress(Exception):
             with ctx.app.pool.connection() as conn:
-                conn.execute(END_RUN, (elapsed, ok, ended_up, run_id))
+                conn.execute(END_RUN, (elapsed, ok, ended_up, held, run_id))
+
+
+def still_held(ctx, message) -> bool | None:
+    """Whether this delivery is still its job's current one (None: no answer). A delivery taken back
+    (lease recovered) or handed on never becomes current again, so True means it held the job, and its
+    group slot, from its claim until now."""
+    if message is None:
+        return None
+    try:
+        return bool(ctx.app.broker.is_current(message))
+    except Exception:  # noqa: BLE001 - a server away: unknown, the rule does not count the run
+        return None
+
+
+def cancel_hook(payload: Work | None, ctx) -> None:
+    """The cancel hook: one row of ``fault_cancels`` per run (the rule: at most once, only if cancelled)."""
+    with ctx.app.pool.connection() as conn:
+        conn.execute(INSERT_CANCEL, (ctx.job_id, payload.token if payload else None, os.getpid()))
 
 
 def dead(payload: Work | None, error: str, ctx) -> None:
@@ -240,3 +267,4 @@ def dead(payload: Work | None, error: str, ctx) -> None:
 for _queue in WORK_QUEUES:
     job(f"fault.work.{_queue}", queue=QUEUES[_queue], payload=Work)(work)
     on_final_failure(f"fault.work.{_queue}")(dead)
+    DEFAULT.on_cancel(f"fault.work.{_queue}")(cancel_hook)

@@ -14,6 +14,11 @@
   only in that kind's worker group) re-enqueues the message proxy it was
   handed, as Dramatiq's stock ``Retries`` does. Each run is logged like a
   workload job's; the last one writes the effect.
+
+And the workload's grouped jobs (issues 18, 21): ``fault.grouped`` runs the
+workload's body on :data:`GROUP_QUEUE`, a queue with a per-group cap
+(:data:`GROUP_CAP`) that the near and far workers consume beside the work
+queues; each run asks at its end whether it still held its job (``held``).
 """
 
 from __future__ import annotations
@@ -32,12 +37,15 @@ from conveyor.blueprints import Jobs, Queue
 from conveyor.errors import DatabaseUnavailable
 from conveyor.middleware.time_limit import TimeLimit
 from conveyor.tasks.payloads import Payload
-from tests.faults.jobs import Work, dead, work
+from tests.faults.jobs import Work, cancel_hook, dead, work
 
 LIMITS_QUEUE = "fault_limits"
 POLL_QUEUE = "fault_polls"
-#: The queues only a kind's own worker group consumes (the campaign checks they end empty too).
-EXTRA_QUEUES = (LIMITS_QUEUE, POLL_QUEUE)
+#: The queue of the workload's grouped jobs, and its cap: at most this many jobs of one group held at once.
+GROUP_QUEUE = "fault_groups"
+GROUP_CAP = 2
+#: The queues besides the work queues (the campaign checks they end empty too).
+EXTRA_QUEUES = (LIMITS_QUEUE, POLL_QUEUE, GROUP_QUEUE)
 
 #: Seconds between the time-limit manager's checks in the hammering group (Dramatiq's default is 1).
 LIMIT_INTERVAL = 0.001
@@ -54,6 +62,10 @@ INSERT_POOL = "INSERT INTO fault_pools (pid, what, got, size, landed) VALUES (%s
 jobs = Jobs()
 limits = jobs.queue(Queue(LIMITS_QUEUE, concurrency=3, max_attempts=6, min_backoff=0.2, max_backoff=1.0))
 polls = jobs.queue(Queue(POLL_QUEUE, concurrency=3, max_attempts=8, min_backoff=0.2, max_backoff=1.0))
+# Four threads a process, two processes (near and far): room for more than one group's cap at once.
+groups = jobs.queue(
+    Queue(GROUP_QUEUE, concurrency=4, max_attempts=5, min_backoff=0.2, max_backoff=1.0, group_concurrency=GROUP_CAP)
+)
 
 
 class Hammer(Payload):
@@ -139,3 +151,8 @@ def poll(payload: Poll, ctx) -> None:
 
 
 jobs.on_final_failure("fault.poll")(dead)
+
+
+jobs.job("fault.grouped", queue=groups, payload=Work)(work)
+jobs.on_final_failure("fault.grouped")(dead)
+jobs.on_cancel("fault.grouped")(cancel_hook)

@@ -12,10 +12,11 @@ from those kinds alone,
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 
-from tests.faults import campaign, nemesis, report
+from tests.faults import campaign, history, nemesis, report
 from tests.support.brokers import SERVER_BROKERS
 
 #: The CI seeds: each broker runs every one; together they draw every fault kind on both brokers
@@ -69,6 +70,11 @@ def test_campaign_seed_keeps_every_guarantee(servers, tmp_path, broker, seed):
         f"seed {seed} on {broker}: replay with {replay(seed)} .venv/bin/python -m pytest tests/faults/test_campaign.py",
         f"{row.jobs} jobs acknowledged, {row.unknown} unknown, {row.refused} refused; {row.runs} body runs, "
         f"{row.effects} effects, {row.hooks} hooks; producer errors {outcome.producer_errors}; {row.seconds:.0f} s",
+        f"cancels {dict(Counter(r.cancel for r in outcome.history.requests if r.cancel))}, "
+        f"{len(outcome.history.cancel_hooks)} cancel hooks, ended cancelled "
+        f"{sum(1 for s in outcome.history.states.values() if s == 'cancelled')}; held runs at once per group "
+        f"{ {g: p for g, (p, _) in sorted(history.group_peaks(outcome.history).items())} } "
+        f"(cap {outcome.history.group_cap})",
         "schedule:",
     ]
     lines += [f"  {a.fault}  [{a.note}]" if a.note else f"  {a.fault}" for a in outcome.applied]

@@ -85,6 +85,25 @@ def test_a_cooperative_job_stops_by_itself_and_ends_cancelled(app, settings, wor
     assert "interrupted" not in steps and len(steps["hook"]) == 1
 
 
+def test_a_job_whose_own_transaction_completed_it_after_the_cancel_stays_done_without_the_hook(
+    app, settings, workers, database_url
+):
+    """Found by the fault campaign (issues 18/21): a body that commits its job done in its own transaction
+    (ctx.transaction) after the cancel was asked leaves it done; the cancel hook, which undoes a cancelled
+    run's work, must not run for it."""
+    if settings.broker_name != "postgres":
+        pytest.skip("completion in the job's own transaction is the postgres broker's")
+    workers("nudge", CONVEYOR_CANCEL_GRACE_SECONDS=str(GRACE))
+    ref = app.jobs.enqueue("test.cancellable", {"token": "committed", "commit": True})
+    wait_for(lambda: "started" in _steps(database_url, "committed"), timeout=30, message="the job to start")
+    assert app.jobs.cancel(ref.id) == CancelOutcome.REQUESTED
+    _ended(app, ref.id, "completed")
+    time.sleep(0.5)  # the middleware's after-run step, where the hook would run, follows the commit at once
+    steps = _steps(database_url, "committed")
+    assert len(steps["committed"]) == 1 and "hook" not in steps, steps
+    assert app.broker.get_job(ref.id).state == "completed"
+
+
 def test_a_waiting_job_cancelled_before_any_worker_runs_never_starts(app, settings, workers, database_url):
     ref = app.jobs.enqueue("test.cancellable", {"token": "never"})
     delayed = app.jobs.enqueue("test.cancellable", {"token": "never-delayed"}, delay=2)

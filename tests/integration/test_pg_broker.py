@@ -168,6 +168,39 @@ def test_start_of_a_deleted_job_returns_zero(app, database_url):
         consumer.close()
 
 
+def test_a_cancel_committed_while_the_start_waits_on_the_row_ends_the_job_cancelled(app, database_url):
+    """The start meets a cancel of its prefetched job that commits while the start waits for the row
+    (found by the fault campaign, issues 18/21): it ends the job cancelled, never "deleted", whose
+    ack would then have completed a job that never ran."""
+    from conveyor.brokers.base import CANCELLED_AT_START
+
+    ref = app.jobs.enqueue("test.probe.indexing", {"token": "cancel-race"})
+    consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)
+    try:
+        message = next(consumer)
+        started: list[int] = []
+        with psycopg.connect(database_url) as cancel:  # what cancel_job writes for a held job, not committed yet
+            cancel.execute("UPDATE conveyor_jobs SET cancel_requested_at = now() WHERE id = %s", (ref.id,))
+            start = threading.Thread(target=lambda: started.append(app.broker.start_job(message)))
+            start.start()
+            wait_for(
+                lambda: sql(
+                    database_url,
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%started_delivery%%'",
+                ),
+                timeout=10,
+                message="the start to wait for the row",
+            )
+            cancel.commit()
+        start.join(10)
+        assert started == [CANCELLED_AT_START]
+        consumer.ack(message)  # what Dramatiq does after the skip: it changes nothing
+    finally:
+        consumer.close()
+    record = app.broker.get_job(ref.id)
+    assert (record.state, record.attempts) == ("cancelled", 0)
+
+
 def test_malformed_row_fails_alone_with_a_clear_error_and_its_hook_runs(app, database_url):
     with running(app, "critical"):
         bad = raw_insert(database_url, "critical", "test.probe.critical", json.dumps({"not": "a message"}))

@@ -249,6 +249,8 @@ class Cancellable(Payload):
 
     token: str
     cooperative: bool = False
+    #: Once it sees ``ctx.cancelled``, complete in its own transaction (``ctx.transaction``, postgres) and return.
+    commit: bool = False
 
 
 def _cancel_log(ctx, token: str, kind: str) -> None:
@@ -272,6 +274,14 @@ def cancellable(payload: Cancellable, ctx) -> None:
                 _cancel_log(ctx, payload.token, "seen")
                 if payload.cooperative:
                     _cancel_log(ctx, payload.token, "stopped")
+                    return
+                if payload.commit:
+                    with ctx.transaction() as conn:
+                        conn.execute(
+                            "INSERT INTO effect_log (token, job_id, delivery, attempt, pid, kind)"
+                            " VALUES (%s, %s, %s, %s, %s, 'committed')",
+                            (payload.token, ctx.job_id, ctx.delivery, ctx.attempt, os.getpid()),
+                        )
                     return
             time.sleep(0.005)
     except JobCancelled:

@@ -268,3 +268,115 @@ def test_a_pool_the_time_limits_leaked_is_flagged():
     h = clean()
     h.pool_problems.append("limits-1.0: 3 of 20 pool connections leaked (700 time limits)")
     assert check(h) == {"leaked": ["limits-1.0: 3 of 20 pool connections leaked (700 time limits)"]}
+
+
+# -- the control features: cancel and the group cap (issues 18, 21) -----------------------------------
+
+
+def held(job: str, token: str, delivery: int, start: float, end: float, held=True):
+    r = run(job, token, delivery, start, end)
+    r.held = held
+    return r
+
+
+def grouped_history(*runs: Run, cap: int = 2) -> History:
+    h = clean()
+    tokens = sorted({r.token for r in runs})
+    for token in tokens:
+        job_id = next(r.job_id for r in runs if r.token == token)
+        h.requests.append(Request(token, "fault.grouped", group="g0", outcome=ACKED, job_ids=[job_id]))
+        h.states[job_id] = "completed"
+        h.effects.append(Effect(f"e-{token}", job_id, token, 1, False))
+    h.runs += list(runs)
+    h.group_cap = cap
+    return h
+
+
+def test_more_held_runs_of_a_group_than_its_cap_at_once_is_flagged():
+    h = grouped_history(held("G1", "g1", 1, 0, 2), held("G2", "g2", 1, 0.5, 2), held("G3", "g3", 1, 1, 3))
+    assert list(check(h)) == ["group-cap"]
+    # A run that starts as another ends is not at once with it, nor one that starts within the hundredth of
+    # a second the other's logged end may be late by (/proc/uptime's resolution).
+    h = grouped_history(held("G1", "g1", 1, 0, 1), held("G2", "g2", 1, 0.5, 2), held("G3", "g3", 1, 0.99, 3))
+    assert check(h) == {}
+    h = grouped_history(held("G1", "g1", 1, 0, 1), held("G2", "g2", 1, 0.5, 2), held("G3", "g3", 1, 0.97, 3))
+    assert list(check(h)) == ["group-cap"]
+
+
+def test_a_fenced_or_unchecked_run_does_not_count_against_the_group_cap():
+    # The first one's delivery was taken back (a pause past the lease): the broker rightly handed its slot on.
+    fenced = held("G1", "g1", 1, 0, 3, held=False)
+    unknown = held("G4", "g4", 1, 0, 3, held=None)
+    h = grouped_history(fenced, unknown, held("G2", "g2", 1, 0.5, 2), held("G3", "g3", 1, 1, 2.5))
+    assert check(h) == {}
+
+
+def cancelled(answer: str, state: str, *, runs=(), answered: float = 1.0, hooks=0) -> History:
+    h = clean()
+    h.requests.append(
+        Request(
+            "x",
+            "fault.work.nudge",
+            outcome=ACKED,
+            job_ids=["X"],
+            cancel=answer,
+            cancel_answered=at(answered).timestamp(),
+        )
+    )
+    h.states["X"] = state
+    h.runs += list(runs)
+    h.cancel_hooks = [Hook("X", "x", True) for _ in range(hooks)]
+    return h
+
+
+def test_a_cancelled_job_is_neither_lost_nor_stuck():
+    assert check(cancelled("cancelled", "cancelled")) == {}
+    assert check(cancelled("requested", "cancelled", runs=[run("X", "x", 1, 0, 1.5, ok=False)], hooks=1)) == {}
+    assert check(cancelled(UNKNOWN, "cancelled")) == {}
+
+
+def test_a_job_cancelled_while_waiting_never_starts_and_ends_cancelled():
+    assert list(check(cancelled("cancelled", "cancelled", runs=[run("X", "x", 1, 1.5, 2)]))) == ["cancel"]
+    assert "cancel" in check(cancelled("cancelled", "completed", runs=[run("X", "x", 1, 0, 0.5)]))
+    # A run that began before the answer (a stale delivery, its job taken back) is no breach.
+    assert "cancel" not in check(cancelled("cancelled", "cancelled", runs=[run("X", "x", 1, 0.5, 2, ok=False)]))
+
+
+def test_a_held_job_whose_cancel_was_asked_starts_no_new_run():
+    runs = [run("X", "x", 1, 0, 1.2, ok=False), run("X", "x", 2, 2, 3, ok=False)]
+    assert list(check(cancelled("requested", "cancelled", runs=runs))) == ["cancel"]
+
+
+def test_a_job_ended_before_its_cancel_keeps_its_end():
+    assert check(cancelled("finished", "completed", runs=[run("X", "x", 1, 0, 0.5)])) == {
+        "lost": ["x (X) is completed but its effect is missing"]
+    }
+    assert list(check(cancelled("finished", "cancelled", runs=[run("X", "x", 1, 0, 0.5)]))) == ["cancel"]
+
+
+def test_only_a_job_asked_to_cancel_ends_cancelled():
+    h = clean()
+    h.states["A"] = "cancelled"
+    assert set(check(h)) == {"lost", "cancel"}
+
+
+def test_a_cancel_hook_runs_at_most_once_and_only_for_a_job_that_ended_cancelled():
+    ran = [run("X", "x", 1, 0, 1.5, ok=False)]
+    assert list(check(cancelled("requested", "cancelled", runs=ran, hooks=2))) == ["doubled"]
+    h = cancelled("requested", "failed", runs=ran, hooks=1)
+    assert "cancel" in check(h)
+    h = clean()
+    h.cancel_hooks = [Hook("A", "a", True)]
+    assert list(check(h)) == ["cancel"]
+
+
+def test_a_cancelled_job_did_not_also_fail_or_complete():
+    h = cancelled("requested", "cancelled", runs=[run("X", "x", 1, 0, 1.5, ok=False)])
+    h.hooks.append(Hook("X", "x", True))
+    assert list(check(h)) == ["doubled"]
+    h = cancelled("requested", "cancelled", runs=[run("X", "x", 1, 0, 1.5, rid="rx")])
+    h.effects.append(Effect("rx", "X", "x", 1, True))
+    h.broker = "postgres"
+    assert list(check(h)) == ["doubled"]
+    h.broker = "redis"  # ctx.once applied the effect; the job then ended cancelled (its hook undoes it)
+    assert check(h) == {}

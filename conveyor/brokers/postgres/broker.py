@@ -370,6 +370,9 @@ class PostgresBroker(ConveyorBroker, Broker):
     def completed_in_transaction(self, message: AnyMessage) -> None:
         message.options[COMPLETED] = True
 
+    def completed_in_own_transaction(self, message: AnyMessage) -> bool:
+        return bool(message.options.get(COMPLETED))
+
     def _proven(self, message: Any, timeout: float) -> bool:
         return self.proofs.wait(message.options.get("pg_proof", PROVEN), timeout) is True
 

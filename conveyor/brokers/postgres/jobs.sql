@@ -190,19 +190,20 @@ WHERE queue = %(queue)s AND status = 'pending'
 -- Safe to repeat (a start whose reply was lost): a delivery counts its attempt once.
 -- A job whose cancellation was asked (cancel_requested_at) does not start:
 -- the current delivery ends it cancelled in the same statement (-2).
-WITH cancelled AS (
-    UPDATE conveyor_jobs
-    SET status = 'cancelled', completed_at = now(), worker_id = NULL
-    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND cancel_requested_at IS NOT NULL
-    RETURNING -2 AS attempt
-), started AS (
-    UPDATE conveyor_jobs
-    SET attempt = CASE WHEN started_delivery IS DISTINCT FROM %(delivery)s THEN attempt + 1 ELSE attempt END,
-        started_delivery = %(delivery)s, started_at = now()
-    WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress' AND cancel_requested_at IS NULL
-    RETURNING attempt
-)
-SELECT attempt FROM cancelled UNION ALL SELECT attempt FROM started
+-- One UPDATE decides on the row it locked: a cancel that commits while the
+-- start waits for the row is seen (two UPDATEs, one per case, each judged
+-- the row on the statement's snapshot and neither matched: the start read
+-- as "deleted", and the ack after it completed a job that never ran).
+UPDATE conveyor_jobs
+SET status = CASE WHEN cancel_requested_at IS NULL THEN status ELSE 'cancelled' END,
+    completed_at = CASE WHEN cancel_requested_at IS NULL THEN completed_at ELSE now() END,
+    worker_id = CASE WHEN cancel_requested_at IS NULL THEN worker_id END,
+    attempt = CASE WHEN cancel_requested_at IS NULL AND started_delivery IS DISTINCT FROM %(delivery)s
+                   THEN attempt + 1 ELSE attempt END,
+    started_delivery = CASE WHEN cancel_requested_at IS NULL THEN %(delivery)s ELSE started_delivery END,
+    started_at = CASE WHEN cancel_requested_at IS NULL THEN now() ELSE started_at END
+WHERE id = %(id)s AND delivery = %(delivery)s AND status = 'in_progress'
+RETURNING CASE WHEN cancel_requested_at IS NULL THEN attempt ELSE -2 END AS attempt
 
 -- name: finish
 -- Apply a batch of outcomes of current deliveries: done, failed (with the
