@@ -464,20 +464,13 @@ def _jobs_keyed(database_url: str, key: str) -> int:
     return sql(database_url, "SELECT count(*) FROM conveyor_jobs WHERE job_key = %s", (key,))[0][0]
 
 
-def _keyed_pair(prefix: str) -> list[dict]:
-    """A batch with keys: its key rounds share one transaction (BEGIN, INSERT, COMMIT)."""
-    return [
-        {"job": "test.probe.critical", "payload": {"token": f"{prefix}-{i}"}, "key": f"{prefix}-{i}"} for i in (1, 2)
-    ]
-
-
 @pytest.mark.timeout(60)
 def test_an_enqueue_whose_commit_reply_is_lost_fails_in_time_as_unknown_and_its_keyed_resend_gets_the_job(
     pg_proxy, make_app, database_url
 ):
     """The proxy lets the COMMIT through (Postgres commits) and loses its answer, the connection staying up:
     no TCP timeout or keepalive notices. The enqueue must not wait for ever: after pg_enqueue_timeout it says
-    the jobs may exist, and enqueued again with their keys it returns those jobs."""
+    the job may exist, and enqueued again with its key it returns that one job."""
     from conveyor.errors import EnqueueOutcomeUnknown
 
     proxy, url = pg_proxy
@@ -486,14 +479,14 @@ def test_an_enqueue_whose_commit_reply_is_lost_fails_in_time_as_unknown_and_its_
     proxy.drop_next(1, containing=b"COMMIT")
     began = time.monotonic()
     with pytest.raises(EnqueueOutcomeUnknown, match="may have been enqueued"):
-        app.jobs.enqueue_many(_keyed_pair("pg-lost-commit"))
+        app.jobs.enqueue("test.probe.critical", {"token": "commit-lost"}, key="pg-lost-commit")
     waited = time.monotonic() - began
     assert proxy.dropped == 1, "no reply was lost: the test proved nothing"
     assert waited < 10, f"the enqueue waited {waited:.1f} s for a reply that never came"
-    assert _jobs_keyed(database_url, "pg-lost-commit-1") == 1, "Postgres committed the enqueue whose reply was lost"
-    again = app.jobs.enqueue_many(_keyed_pair("pg-lost-commit"))
-    assert all(r.deduplicated for r in again) and _jobs_keyed(database_url, "pg-lost-commit-2") == 1
-    assert sql(database_url, "SELECT id FROM conveyor_jobs WHERE job_key = 'pg-lost-commit-1'")[0][0] == again[0].id
+    assert _jobs_keyed(database_url, "pg-lost-commit") == 1, "Postgres committed the enqueue whose reply was lost"
+    again = app.jobs.enqueue("test.probe.critical", {"token": "commit-lost"}, key="pg-lost-commit")
+    assert again.deduplicated and _jobs_keyed(database_url, "pg-lost-commit") == 1
+    assert sql(database_url, "SELECT id FROM conveyor_jobs WHERE job_key = 'pg-lost-commit'")[0][0] == again.id
 
 
 @pytest.mark.timeout(60)
@@ -506,46 +499,10 @@ def test_an_enqueue_whose_statement_reply_is_lost_fails_in_time_and_nothing_was_
     proxy, url = pg_proxy
     app = make_app(url, pg_enqueue_timeout=1.0)
     app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})
-    proxy.drop_next(1, containing=b"SELECT 2\x00")  # the enqueue statement's completion (two rows)
+    proxy.drop_next(1, containing=b"SELECT 1\x00")  # the enqueue statement's completion
     with pytest.raises(BrokerUnavailable, match="nothing was enqueued"):
-        app.jobs.enqueue_many(_keyed_pair("pg-lost-insert"))
+        app.jobs.enqueue("test.probe.critical", {"token": "insert-lost"}, key="pg-lost-insert")
     assert proxy.dropped == 1
-    wait_for(lambda: _jobs_keyed(database_url, "pg-lost-insert-1") == 0, timeout=10, message="no job")
-    again = app.jobs.enqueue_many(_keyed_pair("pg-lost-insert"))
-    assert not any(r.deduplicated for r in again) and _jobs_keyed(database_url, "pg-lost-insert-1") == 1
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("key", [None, "pg-lost-alone"])
-def test_a_single_enqueue_whose_reply_is_lost_is_sent_once_more_and_answered_exactly(
-    pg_proxy, make_app, database_url, key
-):
-    """One job is one autocommit statement (one round trip). Its answer lost, the statement may have
-    committed: it is sent once more on a fresh connection, which finds the job by its own id, so the
-    caller gets that one job, new, not a duplicate, and not an "outcome unknown"."""
-    proxy, url = pg_proxy
-    app = make_app(url, pg_enqueue_timeout=1.0)
-    app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})
-    proxy.drop_next(1, containing=b"SELECT 1\x00")
-    ref = app.jobs.enqueue("test.probe.critical", {"token": "alone-lost"}, key=key)
-    assert proxy.dropped == 1, "no reply was lost: the test proved nothing"
-    assert not ref.deduplicated
-    tokens = "SELECT id FROM conveyor_jobs WHERE message->'args'->0->>'token' = 'alone-lost'"
-    assert [row[0] for row in sql(database_url, tokens)] == [ref.id]
-
-
-@pytest.mark.timeout(60)
-def test_a_single_enqueue_whose_answer_is_lost_twice_is_of_unknown_outcome(pg_proxy, make_app, database_url):
-    """The second try's answer lost too: whether the first applied cannot be known from here."""
-    from conveyor.errors import EnqueueOutcomeUnknown
-
-    proxy, url = pg_proxy
-    app = make_app(url, pg_enqueue_timeout=1.0)
-    app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})
-    proxy.drop_next(2, containing=b"SELECT 1\x00")
-    with pytest.raises(EnqueueOutcomeUnknown, match="may have been enqueued"):
-        app.jobs.enqueue("test.probe.critical", {"token": "twice-lost"}, key="pg-lost-twice")
-    assert proxy.dropped == 2
-    assert _jobs_keyed(database_url, "pg-lost-twice") == 1
-    again = app.jobs.enqueue("test.probe.critical", {"token": "twice-lost"}, key="pg-lost-twice")
-    assert again.deduplicated and _jobs_keyed(database_url, "pg-lost-twice") == 1
+    wait_for(lambda: _jobs_keyed(database_url, "pg-lost-insert") == 0, timeout=10, message="no job")
+    again = app.jobs.enqueue("test.probe.critical", {"token": "insert-lost"}, key="pg-lost-insert")
+    assert not again.deduplicated and _jobs_keyed(database_url, "pg-lost-insert") == 1

@@ -359,9 +359,6 @@ class Jobs:
                     return self._insert(connection, rows, dedup_ttl)
             except STATEMENT_ERRORS as exc:
                 raise _enqueue_error(exc) from exc
-        if len(rows) == 1 or not any(r["key"] for r in rows):
-            return self._enqueue_alone(rows, dedup_ttl)
-        # A batch with keys: its key rounds may write more than once, so they share a transaction.
         # A pooled connection a Postgres restart broke fails before anything
         # was sent: then try once more. A failure at COMMIT is ambiguous and
         # is reported, never repeated (without a key it could enqueue twice).
@@ -402,47 +399,7 @@ class Jobs:
                     raise _enqueue_error(exc) from exc
                 attempt += 1
 
-    def _enqueue_alone(self, rows: list[NewJob], dedup_ttl: float) -> list[JobRef]:
-        """One job, or a batch without keys: each write is the whole enqueue (one statement inserts the
-        batch; one job's key rounds write it at most once), so it runs in autocommit, one round trip
-        instead of BEGIN, INSERT, COMMIT.
-
-        Its reply lost (a broken connection, ReplyDeadline), the enqueue may have been applied: it is
-        sent once more on a fresh connection, and that answer is exact, as the ids are this call's own
-        (fresh uuids): an id already there was put there by the first try. Only when the second try
-        fails too is the outcome unknown; when neither could reach the server, nothing was enqueued.
-        """
-        maybe: BaseException | None = None
-        for attempt in (1, 2):
-            deadline: ReplyDeadline | None = None
-            try:
-                with self._conn() as conn, ReplyDeadline(conn, self.enqueue_timeout) as deadline:
-                    return self._insert(conn, rows, dedup_ttl, own_ids=attempt > 1)
-            except STATEMENT_ERRORS as exc:
-                if not isinstance(exc, UNAVAILABLE):
-                    raise _enqueue_error(exc) from exc
-                self.trouble()
-                if not isinstance(exc, PoolTimeout):  # a connection was had: the statement may have gone
-                    maybe = exc
-                if attempt == 2:
-                    if maybe is not None:
-                        why = (
-                            f"no answer within {self.enqueue_timeout:g} s (CONVEYOR_PG_ENQUEUE_TIMEOUT)"
-                            if deadline is not None and deadline.expired
-                            else translate(exc, "the enqueue")
-                        )
-                        raise EnqueueOutcomeUnknown(
-                            f"{why}; the enqueue was sent and its answer never came, twice: the job(s) may have "
-                            f"been enqueued; enqueue them again only with a key"
-                        ) from exc
-                    raise _enqueue_error(exc) from exc
-        raise AssertionError("unreachable")
-
-    def _insert(
-        self, conn: psycopg.Connection[Any], rows: list[NewJob], dedup_ttl: float, *, own_ids: bool = False
-    ) -> list[JobRef]:
-        """``own_ids``: the rows' ids may be in already only because an earlier try of this very call
-        wrote them (its answer was lost): such a row is this call's new job, not a duplicate."""
+    def _insert(self, conn: psycopg.Connection[Any], rows: list[NewJob], dedup_ttl: float) -> list[JobRef]:
         refs: list[JobRef | None] = [None] * len(rows)
         todo = list(range(len(rows)))
         for _ in range(KEY_ROUNDS):
@@ -466,9 +423,7 @@ class Jobs:
             for i in skipped:
                 key = rows[i]["key"]
                 if key is None:  # this very message (same id) was enqueued before
-                    refs[i] = JobRef(rows[i]["id"], not own_ids)
-                elif key in holders and holders[key][0] == rows[i]["id"]:  # its key is held by itself
-                    refs[i] = JobRef(rows[i]["id"], not own_ids)
+                    refs[i] = JobRef(rows[i]["id"], True)
                 elif key in holders and holders[key][1]:
                     refs[i] = JobRef(holders[key][0], True)
                 else:  # the holder's TTL is over, or it was just deleted: take the key
