@@ -506,3 +506,20 @@ def test_an_enqueue_whose_statement_reply_is_lost_fails_in_time_and_nothing_was_
     wait_for(lambda: _jobs_keyed(database_url, "pg-lost-insert") == 0, timeout=10, message="no job")
     again = app.jobs.enqueue("test.probe.critical", {"token": "insert-lost"}, key="pg-lost-insert")
     assert not again.deduplicated and _jobs_keyed(database_url, "pg-lost-insert") == 1
+
+
+@pytest.mark.timeout(60)
+def test_an_enqueue_with_a_warm_pool_on_a_stopped_postgres_says_nothing_was_enqueued(make_app, pg_server):
+    """A pooled connection a stopped Postgres broke fails before the COMMIT could be sent: a definite
+    "nothing was enqueued", which a keyless caller may resend (an autocommit enqueue could not say so)."""
+    from conveyor.errors import BrokerUnavailable
+
+    app = make_app()
+    app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})  # the pool holds a live connection
+    pg_server.stop()
+    try:
+        with pytest.raises(BrokerUnavailable, match="nothing was enqueued"):
+            app.jobs.enqueue("test.probe.critical", {"token": "down"}, key="warm-down:1")
+    finally:
+        pg_server.start()
+    assert _jobs_keyed(app.settings.database_url, "warm-down:1") == 0

@@ -180,6 +180,20 @@ def test_the_stores_beside_the_broker_keep_each_script_call_on_one_slot(app):
         budgets.close()
 
 
+def test_enqueue_totals_an_older_producer_counted_are_still_read_after_the_upgrade(app):
+    """Review of db69dd2 (rolling deploy): before it, every producer counted its enqueues in the one
+    shared hash (``{ns}:fleet:enqueued``, the fleet store's own pipeline); on a cluster the totals are now
+    read from each queue's slot only, so what older producers counted (the whole history, and every job
+    they enqueue during the rollout) drops out of conveyor_jobs_enqueued: a never-reset counter goes down."""
+    from conveyor.brokers.fleet import fleet_store
+
+    broker = app.broker
+    # What a producer of the previous release wrote for 5 jobs (its RedisFleetStore.count_enqueued).
+    broker.client.hincrby(f"{broker.keys.shared}:fleet:enqueued", "critical\x1ftest.probe.critical", 5)
+    app.jobs.enqueue("test.probe.critical", {"token": "after-upgrade"})
+    assert fleet_store(app).enqueued_totals() == {("critical", "test.probe.critical"): 6}
+
+
 def test_a_stream_follower_blocks_on_the_node_of_its_stream_and_wakes_on_a_chunk(app):
     """XREAD BLOCK through the asyncio cluster client (redis_client.async_reader)."""
     import asyncio

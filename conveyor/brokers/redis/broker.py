@@ -301,10 +301,12 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return [self.keys.scope(q).dedup(key) for q in self.known_queues()]
 
     def enqueued_keys(self) -> list[str]:
-        """The hashes jobs.lua's enqueue counts new jobs in: the namespace's, or on a cluster each known queue's."""
+        """The hashes jobs.lua's enqueue counts new jobs in: the namespace's, or on a cluster each known
+        queue's plus the shared one producers wrote before the count moved into the script (their history,
+        and their counts during a rolling deploy: a total never goes down)."""
         if not self.cluster:
             return [self.keys.enqueued]
-        return [self.keys.scope(q).enqueued for q in self.known_queues()]
+        return [f"{self.keys.shared}:fleet:enqueued", *(self.keys.scope(q).enqueued for q in self.known_queues())]
 
     def known_queues(self) -> list[str]:
         """Every queue declared here, and on a cluster every queue anyone enqueued to (keys.queues)."""
