@@ -519,7 +519,7 @@ class ConveyorBroker(Broker):
 
     def completed_in_own_transaction(self, message: AnyMessage) -> bool:
         """Whether this delivery already completed its job in the job's own transaction (``ctx.transaction``
-        committed): the job is done, and a cancel that arrived meanwhile came too late."""
+        or ``ctx.complete_in`` committed): the job is done, and a cancel that arrived meanwhile came too late."""
         return False
 
     # -- operator actions (admin API and dashboard) ---------------------------

@@ -119,7 +119,7 @@ class Cancellation(ConveyorMiddleware):
         interrupts.reset()  # one set but not yet delivered lands nowhere
         owner = conveyor_broker(broker)
         if owner.completed_in_own_transaction(message):
-            # Its transaction (ctx.transaction) committed the job done before the cancel could end it: like
+            # Its transaction (ctx.transaction, ctx.complete_in) committed the job done before the cancel could end it: like
             # a cancel of a job that had ended, nothing changes, and the hook (for jobs that end cancelled)
             # does not run: it would undo what the job committed.
             log_event(

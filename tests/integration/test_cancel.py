@@ -104,6 +104,25 @@ def test_a_job_whose_own_transaction_completed_it_after_the_cancel_stays_done_wi
     assert app.broker.get_job(ref.id).state == "completed"
 
 
+def test_a_job_whose_own_complete_in_transaction_completed_it_after_the_cancel_stays_done_without_the_hook(
+    app, settings, workers, database_url
+):
+    """Review of 6167b10: the same as above through ``ctx.complete_in(conn)`` in a transaction the body makes
+    itself (documented as equivalent): the job is done, yet the cancel hook still runs (only ctx.transaction
+    marks the message completed)."""
+    if settings.broker_name != "postgres":
+        pytest.skip("completion in the job's own transaction is the postgres broker's")
+    workers("nudge", CONVEYOR_CANCEL_GRACE_SECONDS=str(GRACE))
+    ref = app.jobs.enqueue("test.cancellable", {"token": "committed-own", "complete_in": True})
+    wait_for(lambda: "started" in _steps(database_url, "committed-own"), timeout=30, message="the job to start")
+    assert app.jobs.cancel(ref.id) == CancelOutcome.REQUESTED
+    _ended(app, ref.id, "completed")
+    time.sleep(0.5)  # the middleware's after-run step, where the hook would run, follows the commit at once
+    steps = _steps(database_url, "committed-own")
+    assert len(steps["committed"]) == 1 and "hook" not in steps, steps
+    assert app.broker.get_job(ref.id).state == "completed"
+
+
 def test_a_waiting_job_cancelled_before_any_worker_runs_never_starts(app, settings, workers, database_url):
     ref = app.jobs.enqueue("test.cancellable", {"token": "never"})
     delayed = app.jobs.enqueue("test.cancellable", {"token": "never-delayed"}, delay=2)

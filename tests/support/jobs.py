@@ -251,6 +251,8 @@ class Cancellable(Payload):
     cooperative: bool = False
     #: Once it sees ``ctx.cancelled``, complete in its own transaction (``ctx.transaction``, postgres) and return.
     commit: bool = False
+    #: As ``commit``, but through ``ctx.complete_in`` in a transaction of the job's own making.
+    complete_in: bool = False
 
 
 def _cancel_log(ctx, token: str, kind: str) -> None:
@@ -282,6 +284,15 @@ def cancellable(payload: Cancellable, ctx) -> None:
                             " VALUES (%s, %s, %s, %s, %s, 'committed')",
                             (payload.token, ctx.job_id, ctx.delivery, ctx.attempt, os.getpid()),
                         )
+                    return
+                if payload.complete_in:
+                    with ctx.app.pool.connection() as conn, conn.transaction():
+                        conn.execute(
+                            "INSERT INTO effect_log (token, job_id, delivery, attempt, pid, kind)"
+                            " VALUES (%s, %s, %s, %s, %s, 'committed')",
+                            (payload.token, ctx.job_id, ctx.delivery, ctx.attempt, os.getpid()),
+                        )
+                        ctx.complete_in(conn)
                     return
             time.sleep(0.005)
     except JobCancelled:

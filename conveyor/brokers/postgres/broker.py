@@ -371,7 +371,17 @@ class PostgresBroker(ConveyorBroker, Broker):
         message.options[COMPLETED] = True
 
     def completed_in_own_transaction(self, message: AnyMessage) -> bool:
-        return bool(message.options.get(COMPLETED))
+        if message.options.get(COMPLETED):  # ctx.transaction committed it
+            return True
+        # ctx.complete_in(conn) in a transaction the body made itself: its commit is not seen here, the
+        # row is (done by this delivery, or by a newer one, whose hook is not this one's either). Unread
+        # (Postgres away): as before this check, the cancel goes on, and its fenced outcome decides.
+        try:
+            record = self.get_job(message.message_id)
+        except Exception as exc:
+            log_error(f"job {message.message_id}: its state could not be read before its cancel hook: {exc}")
+            return False
+        return record is not None and record.state == "completed"
 
     def _proven(self, message: Any, timeout: float) -> bool:
         return self.proofs.wait(message.options.get("pg_proof", PROVEN), timeout) is True
