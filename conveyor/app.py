@@ -5,16 +5,16 @@ from __future__ import annotations
 import logging
 import threading
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar, cast
 
 from conveyor.appcache import Closeable
 from conveyor.backends import Backend, backend_for
 from conveyor.blueprints import DEFAULT, Jobs, JobType, Schedule, blueprints_in, compose
-from conveyor.errors import ConfigurationError, InvalidPayload, StoreUnavailable
+from conveyor.errors import ConfigurationError, ConveyorError, InvalidPayload, StoreUnavailable
 from conveyor.events import Events
 from conveyor.importing import import_job_module
 from conveyor.logs import log_job_error
-from conveyor.settings import Settings, get_settings
+from conveyor.settings import Settings, describe_invalid, get_settings
 from conveyor.tasks.context import JobContext
 from conveyor.tasks.jobqueue import JobQueue, validate_payload
 from conveyor.tasks.queues import queue_specs, with_budget_overrides
@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     from dramatiq import Middleware
     from psycopg import Connection
     from psycopg_pool import ConnectionPool
+    from pydantic_settings import BaseSettings
 
     from conveyor.brokers.base import AnyMessage, Capabilities, ConveyorBroker
 
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Closeable)
+S = TypeVar("S", bound="BaseSettings")
 
 #: The agent platform's job module, loaded by name like a user's ``CONVEYOR_IMPORTS`` unless
 #: ``CONVEYOR_PLATFORM=false``; the library never imports the platform itself.
@@ -40,6 +42,28 @@ def blueprint_modules(settings: Settings) -> list[str]:
     return [*([PLATFORM_JOBS] if settings.platform else []), *settings.import_modules]
 
 
+def environment_blueprints() -> list[Jobs]:
+    """The blueprints an App built from the environment would hold, of the modules that import: what
+    ``conveyor --help`` lists the commands and settings of. Never raises: the command that builds the
+    App reports a module that does not import, or settings that do not validate, in one line."""
+    from pydantic import ValidationError
+
+    from conveyor.importing import add_paths
+
+    try:
+        settings = Settings()  # not get_settings(): main() may yet set CONVEYOR_PATH from --path before that is read
+        add_paths(settings.import_paths)
+    except ValidationError:
+        return []
+    found: list[object] = []
+    for name in blueprint_modules(settings):
+        try:
+            found += vars(import_job_module(name, settings.import_paths)).values()
+        except ConveyorError:
+            continue
+    return blueprints_in(found)
+
+
 class App:
     """Everything a producer or a worker process needs, created lazily.
 
@@ -49,6 +73,8 @@ class App:
     module-level ``@job``'s. ``middleware``: Dramatiq middleware of the user's, run after conveyor's
     (a blueprint can bring its own, which a ``conveyor worker`` gets too: ``jobs.add_middleware``).
     ``App()`` reads the settings from the environment; tests pass their own :class:`Settings`.
+    A blueprint's own settings (``jobs.add_settings``: the platform's) are read from the environment
+    too, and checked, only when the App includes it; ``blueprint_settings`` gives instances instead.
     """
 
     def __init__(
@@ -56,13 +82,19 @@ class App:
         settings: Settings | None = None,
         jobs: Sequence[Jobs] | None = None,
         middleware: Sequence[Middleware] = (),
+        blueprint_settings: Iterable[BaseSettings] = (),
     ) -> None:
         self.settings = settings or get_settings()
+        #: The blueprints' own settings objects, by class (:meth:`settings_of`).
+        self._blueprint_settings: dict[type, BaseSettings] = {type(obj): obj for obj in blueprint_settings}
+        self._blueprint_settings_lock = threading.Lock()
         self.blueprints: list[Jobs] = list(jobs) if jobs is not None else self._blueprints_from_settings()
         composed = compose(self.blueprints)
-        for check in composed.settings_checks:
+        for model, _title in composed.settings_classes:
+            self.settings_of(model)  # read and validated now: a bad variable stops the App here, not in a job
+        for check, of in composed.settings_checks:
             try:
-                check(self.settings)
+                check(self.settings if of is None else self.settings_of(of))
             except ValueError as exc:
                 raise ConfigurationError(str(exc)) from None
         self.queues, self.job_types = with_budget_overrides(
@@ -135,7 +167,7 @@ class App:
             # After Retries: a message Retries skips never reaches Metrics' before_process_message.
             metrics,
             Rollup(self),
-            FailureWebhook(self.settings, self.job_types, metrics),
+            FailureWebhook(self.settings, self.job_types, metrics, secrets=self.secret_values()),
             # Last of conveyor's: its before_process_message sees the attempt Retries counted.
             Fleet(self),
             # After every other of conveyor's: its after_process_message runs first (reverse order) and
@@ -253,6 +285,32 @@ class App:
         )
         return payload, ctx
 
+    def settings_of(self, model: type[S]) -> S:
+        """The App's instance of a blueprint's settings class: the one it was given, else read from the
+        environment once. A bad variable is a :class:`~conveyor.errors.ConfigurationError` naming it (never its value)."""
+        from pydantic import ValidationError
+
+        with self._blueprint_settings_lock:
+            found = self._blueprint_settings.get(model)
+            if found is None:
+                try:
+                    found = self._blueprint_settings[model] = model()
+                except ValidationError as exc:
+                    raise ConfigurationError(f"invalid settings: {describe_invalid(model, exc)}") from None
+            return cast(S, found)
+
+    @property
+    def all_settings(self) -> list[Any]:
+        """The library's settings and every blueprint settings object the App holds (what scrubbing reads)."""
+        with self._blueprint_settings_lock:
+            return [self.settings, *self._blueprint_settings.values()]
+
+    def secret_values(self) -> list[str]:
+        """Every secret value of :attr:`all_settings`: what logs, errors and the dashboard never show."""
+        from conveyor.redaction import settings_secrets
+
+        return settings_secrets(*self.all_settings)
+
     def resource(self, key: object, build: Callable[[], R]) -> R:
         """The App's one object under ``key``, built by ``build()`` on first use and closed by :meth:`close`."""
         with self._resources_lock:
@@ -287,7 +345,7 @@ class App:
 def _tracing_middleware(app: App) -> Middleware:
     from conveyor.middleware.tracing import Tracing
 
-    return Tracing(app.settings, app.job_types)
+    return Tracing(app.settings, app.job_types, secrets=app.secret_values())
 
 
 def run_worker_process(queue: str, threads: int | None = None) -> None:
@@ -302,7 +360,7 @@ def run_worker_process(queue: str, threads: int | None = None) -> None:
 
     add_paths(get_settings().import_paths)  # the parent's --path, passed down as CONVEYOR_PATH
     app = App()
-    configure_logging(app.settings.log_level)
+    configure_logging(app.settings.log_level, secrets=app.secret_values())
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

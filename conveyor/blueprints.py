@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, cast, overload
 
 from pydantic import BaseModel
 
@@ -31,6 +31,7 @@ from conveyor.errors import ConfigurationError, ConveyorError
 if TYPE_CHECKING:
     from dramatiq import Middleware
     from psycopg import Connection
+    from pydantic_settings import BaseSettings
 
     from conveyor.app import App
     from conveyor.brokers.base import JobRef
@@ -89,6 +90,8 @@ def _check_budgets(owner: str, budgets: tuple[Budget, ...]) -> None:
 Processor = Callable[[Any, "JobContext"], Any]
 FinalFailureHook = Callable[[Any, str, "JobContext"], None]
 SettingsCheck = Callable[["Settings"], None]
+#: A check of a blueprint's own settings class (``check_settings(fn, of=cls)``): ``fn(the App's cls instance)``.
+BlueprintCheck = tuple[Callable[[Any], None], "type[BaseSettings] | None"]
 
 #: A job's payload model (a Payload, or any pydantic model such as a root union) and what its processor returns.
 P = TypeVar("P", bound=BaseModel)
@@ -98,6 +101,7 @@ H = TypeVar("H", bound=FinalFailureHook)
 #: A cancel hook: ``hook(payload or None, ctx)``, once, when a job that was running ends cancelled.
 CancelHook = Callable[[Any, "JobContext"], None]
 C = TypeVar("C", bound=CancelHook)
+F = TypeVar("F", bound=Callable[[Any], None])
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,10 @@ class Jobs:
 
     job_types: dict[str, JobType] = field(default_factory=dict)
     queues: dict[str, Queue] = field(default_factory=dict)
-    settings_checks: list[SettingsCheck] = field(default_factory=list)
+    settings_checks: list[BlueprintCheck] = field(default_factory=list)
+    #: The blueprint's own settings classes (``add_settings``), each with its ``--help`` heading: an App
+    #: that includes the blueprint reads them from the environment when it is built (``App.settings_of``).
+    settings_classes: list[tuple[type[BaseSettings], str]] = field(default_factory=list)
     schedules: list[Schedule] = field(default_factory=list)
     #: Factories of Dramatiq middleware every App with this blueprint adds (a worker started by
     #: ``conveyor worker`` too): called once per App, so no instance is shared between brokers.
@@ -314,10 +321,36 @@ class Jobs:
         """
         self.migrations.append(directory)
 
-    def check_settings(self, fn: SettingsCheck) -> SettingsCheck:
-        """Register ``fn(settings)``: it raises ``ValueError`` when the settings this blueprint reads cannot work."""
-        self.settings_checks.append(fn)
-        return fn
+    @overload
+    def check_settings(self, fn: F, *, of: type[BaseSettings] | None = None) -> F: ...
+
+    @overload
+    def check_settings(self, fn: None = None, *, of: type[BaseSettings] | None = None) -> Callable[[F], F]: ...
+
+    def check_settings(self, fn: F | None = None, *, of: type[BaseSettings] | None = None) -> F | Callable[[F], F]:
+        """Register ``fn(settings)``: it raises ``ValueError`` when the settings this blueprint reads cannot work.
+
+        ``settings`` is the App's :class:`~conveyor.settings.Settings`, or with ``of=cls`` (``@jobs.check_settings(of=cls)``)
+        the App's instance of the blueprint's own settings class ``cls`` (:meth:`add_settings`).
+        """
+
+        def register(fn: F) -> F:
+            self.settings_checks.append((fn, of))
+            return fn
+
+        return register(fn) if fn is not None else register
+
+    def add_settings(self, model: type[BaseSettings], title: str) -> None:
+        """Bring a settings class of the blueprint's own (a pydantic-settings ``BaseSettings``).
+
+        An App that includes this blueprint builds it from the environment when it is built (a bad
+        variable stops it with one line naming the variable, never its value) unless given one
+        (``App(blueprint_settings=[...])``); its code reads it with ``app.settings_of(model)``. Its
+        ``SecretStr`` values are scrubbed like the library's, and ``conveyor --help`` lists its
+        variables under ``title``. An App without the blueprint never reads them.
+        """
+        if not any(known is model for known, _ in self.settings_classes):
+            self.settings_classes.append((model, title))
 
     def bound_app(self, job: str) -> App:
         if self.app is None:
@@ -426,8 +459,9 @@ class Composed:
 
     job_types: dict[str, JobType]
     queues: dict[str, Queue]
-    settings_checks: list[SettingsCheck]
+    settings_checks: list[BlueprintCheck]
     schedules: dict[str, Schedule]
+    settings_classes: list[tuple[type[BaseSettings], str]]
 
 
 def compose(blueprints: Iterable[Jobs]) -> Composed:
@@ -439,8 +473,9 @@ def compose(blueprints: Iterable[Jobs]) -> Composed:
     """
     job_types: dict[str, JobType] = {}
     queues: dict[str, Queue] = {}
-    checks: list[SettingsCheck] = []
+    checks: list[BlueprintCheck] = []
     schedules: dict[str, Schedule] = {}
+    settings_classes: list[tuple[type[BaseSettings], str]] = []
     for blueprint in blueprints:
         for queue in blueprint.queues.values():
             if queues.setdefault(queue.name, queue) != queue:
@@ -449,6 +484,11 @@ def compose(blueprints: Iterable[Jobs]) -> Composed:
             if job_types.setdefault(name, job_type) is not job_type:
                 raise ConfigurationError(f"job {name!r} is defined by two blueprints")
         checks.extend(c for c in blueprint.settings_checks if c not in checks)
+        settings_classes.extend(
+            (model, title)
+            for model, title in blueprint.settings_classes
+            if all(m is not model for m, _ in settings_classes)
+        )
         for spec in blueprint.schedules:
             if schedules.setdefault(spec.name, spec) is not spec:
                 raise ConfigurationError(f"schedule {spec.name!r} is declared twice: give one another name=")
@@ -461,4 +501,4 @@ def compose(blueprints: Iterable[Jobs]) -> Composed:
     unknown = sorted(f"{s.name} (job {s.job!r})" for s in schedules.values() if s.job not in job_types)
     if unknown:
         raise ConfigurationError(f"schedule(s) of a job no blueprint defines: {', '.join(unknown)}")
-    return Composed(job_types, queues, checks, schedules)
+    return Composed(job_types, queues, checks, schedules, settings_classes)

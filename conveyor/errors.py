@@ -175,10 +175,6 @@ class NotInTransaction(EffectError):
     effect would not commit together."""
 
 
-class InjectedFault(JobError):
-    """A failure injected on purpose (``CONVEYOR_FAULT_RATE``) to exercise retries."""
-
-
 class MalformedMessage(PermanentError):
     """A message in a queue could not be decoded or its payload no longer validates."""
 

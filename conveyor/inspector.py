@@ -270,7 +270,7 @@ class Inspector:
 
     def __init__(self, app: "App") -> None:
         self.app = app
-        self._settings_secrets = settings_secrets(app.settings)
+        self._settings_secrets = settings_secrets(*app.all_settings)
 
     @property
     def broker(self) -> ConveyorBroker:

@@ -47,15 +47,16 @@ def payload_secrets(payload: Any, model: type | None) -> list[str]:
     return [str(payload[name]) for name in secret if payload.get(name) not in (None, "")]
 
 
-def settings_secrets(settings: Any) -> list[str]:
-    """Every secret value the settings hold (admin token, webhook URL, secret keys).
+def settings_secrets(*settings_objects: Any) -> list[str]:
+    """Every secret value the settings objects hold (admin token, webhook URL, secret keys, and a
+    blueprint's own: the platform's provider key).
 
     A comma-separated value (``CONVEYOR_SECRET_KEY`` holds several Fernet keys)
     also gives each of its parts, so one key quoted alone is caught too; a
     service URL gives its password.
     """
     values = []
-    for name in type(settings).model_fields:
+    for settings, name in ((s, name) for s in settings_objects for name in type(s).model_fields):
         value = getattr(settings, name, None)
         if isinstance(value, str) and "://" in value:
             # DATABASE_URL and REDIS_URL are not secret, but the password in them is.
@@ -84,8 +85,10 @@ class Scrubber:
 
     @classmethod
     def for_settings(cls, settings: Any, extra: Iterable[str] = ()) -> "Scrubber":
-        """Every secret of ``settings``, plus ``extra`` (a build's decrypted env values, say)."""
-        return cls([*settings_secrets(settings), *extra])
+        """Every secret of ``settings`` (one settings object or a list: ``app.all_settings``), plus ``extra``
+        (a build's decrypted env values, say)."""
+        objects = settings if isinstance(settings, (list, tuple)) else [settings]
+        return cls([*settings_secrets(*objects), *extra])
 
     def __call__(self, text: str | None) -> str | None:
         if not text or self._pattern is None:

@@ -15,11 +15,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ByteSize, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ByteSize,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BrokerName = Literal["redis", "postgres", "inline"]
-ProviderName = Literal["local", "openai"]
 
 
 def _default_data_dir() -> Path:
@@ -101,7 +109,7 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(
         default_factory=_default_data_dir,
-        description="Where the embedded Postgres, build artifacts and build work trees live.",
+        description="Where the embedded Postgres lives, and the files blueprints keep (the platform's builds).",
     )
     dedup_ttl: float = Field(24 * 3600, gt=0, description="Seconds a job key makes a second enqueue a no-op.")
     priority_aging_seconds: float = Field(
@@ -254,7 +262,7 @@ class Settings(BaseSettings):
         description="Multi-process metrics directory of a worker supervisor (emptied at start); "
         "default: a new temporary directory.",
     )
-    # -- schedules and builds ---------------------------------------------------
+    # -- schedules ----------------------------------------------------------------
     scheduler_interval: float = Field(5, gt=0, description="Seconds between the scheduler's passes over due schedules.")
     worker_schedules: bool = Field(
         True,
@@ -263,119 +271,6 @@ class Settings(BaseSettings):
     )
     scheduler_misfire_grace: float = Field(
         60, ge=0, description="Seconds late a cron fire may be and still count as on time (misfire policy 'skip')."
-    )
-    build_heartbeat_interval: float = Field(
-        10, gt=0, description="Seconds between a running build's heartbeats (builds.heartbeat_at)."
-    )
-    build_stale_after: float = Field(
-        60, gt=0, description="Seconds without a heartbeat before a build may be taken over by another worker."
-    )
-    build_time_limits: dict[str, float] = Field(
-        default_factory=dict,
-        description="Per build kind time limit overrides, seconds: CONVEYOR_BUILD_TIME_LIMITS__<KIND>.",
-    )
-    build_source_roots: str = Field(
-        "",
-        description="Comma-separated host directories builds may take archives, directories and git "
-        "repositories from (Python/CLI producers only; HTTP takes uploads); empty: uploads only.",
-    )
-    build_max_source_bytes: int = Field(
-        2 * 1024**3, gt=0, description="Bytes a build's source tree may hold: unpacked, copied or packaged."
-    )
-    build_max_source_files: int = Field(
-        100_000, gt=0, description="Files and directories a build's source tree may hold."
-    )
-    upload_max_bytes: int = Field(
-        100 * 1024**2, gt=0, description="Largest archive POST /api/agents/upload-and-deploy accepts (413 above)."
-    )
-    build_cpu_seconds: int = Field(600, gt=0, description="CPU seconds each build-script process may use.")
-    build_memory_bytes: int = Field(
-        2 * 1024**3,
-        gt=0,
-        description="Memory one build may use, bytes: all its processes, its workspace and its /tmp together "
-        "(its memory cgroup); also the address space each of its processes may map.",
-    )
-    build_max_processes: int = Field(
-        256, gt=0, description="Processes one build may run at once, its whole tree (its pids cgroup)."
-    )
-    build_cpus: float = Field(1.0, gt=0, description="CPU cores one build may use at once (its cpu cgroup's quota).")
-    build_workspace_bytes: int = Field(
-        1024**3,
-        gt=0,
-        description="Size of a build's workspace (a tmpfs in its sandbox, counted in its memory): past it the "
-        "script gets ENOSPC.",
-    )
-    build_isolation: Literal["cgroup", "rlimits-only"] = Field(
-        "cgroup",
-        description="cgroup: one cgroup per build (memory, processes, CPU), builds refused where the worker "
-        "cannot make one; rlimits-only: per-process limits only, processes counted per sandbox user "
-        "(builds on one worker can starve each other).",
-    )
-    build_max_file_bytes: int = Field(1024**3, gt=0, description="Largest file a build script may write, bytes.")
-    build_tmp_bytes: int = Field(256 * 1024**2, gt=0, description="Size of a build script's private /tmp, bytes.")
-    build_network: bool = Field(
-        False, description="Give build scripts the host's network; off: a network namespace with loopback only."
-    )
-    build_sandbox_uids: str = Field(
-        "2100000000-2100065535",
-        pattern=r"^$|^[1-9][0-9]{0,9}-[1-9][0-9]{0,9}$",
-        description="FIRST-LAST: under a root worker each running build gets its own uid (and gid) from this "
-        "range, so what the kernel counts per user is its own; empty: every build runs as "
-        "CONVEYOR_BUILD_SANDBOX_UID.",
-    )
-    build_sandbox_uid: int = Field(
-        65534,
-        ge=1,
-        description="User every build script runs as under a root worker when CONVEYOR_BUILD_SANDBOX_UIDS is empty "
-        "(nobody).",
-    )
-    build_sandbox_gid: int = Field(65534, ge=1, description="Its group.")
-    # -- agent platform ---------------------------------------------------------
-    provider: ProviderName = Field(
-        "local", description="Model provider: local (deterministic, no network) | openai (OpenAI-compatible HTTP)."
-    )
-    openai_base_url: str = Field(
-        "https://api.openai.com/v1", description="openai provider: base URL of the chat-completions API."
-    )
-    openai_api_key: SecretStr | None = Field(None, description="openai provider: API key (never logged).")
-    openai_model: str = Field("gpt-4o-mini", description="openai provider: model name.")
-    provider_timeout: float = Field(60, gt=0, description="Seconds the HTTP provider waits for a response or chunk.")
-    provider_retry_after: float = Field(5, gt=0, description="Seconds to wait after a 429 that names no Retry-After.")
-    local_chunk_delay: float = Field(
-        0, ge=0, le=10, description="local provider: seconds between streamed chunks (simulates a model)."
-    )
-    llm_global_concurrency: int = Field(
-        2, ge=1, le=1000, description="llm queue: jobs running at once across every worker (fleet-wide)."
-    )
-    llm_slot_lease: float = Field(
-        30, gt=0, description="Seconds an llm slot outlives a worker that died holding it (Redis deployments)."
-    )
-    provider_rate_limit: int = Field(
-        0, ge=0, description="Provider requests allowed per window by llm jobs; 0: unlimited."
-    )
-    provider_rate_window: float = Field(60, gt=0, description="Seconds of the provider rate-limit window.")
-    stream_retention: float = Field(
-        24 * 3600, gt=0, description="Seconds a run's streamed chunks are kept in Redis after the last one."
-    )
-    # -- per-user quotas of the producer API (429 past each) ------------------------
-    user_max_active_runs: int = Field(
-        10, ge=1, description="Runs a user may have queued or running at once; one more answers 429."
-    )
-    user_max_streams: int = Field(20, ge=1, description="SSE streams a user may hold open at once (429 past it).")
-    user_max_stream_bytes: int = Field(
-        64 * 1024 * 1024,
-        ge=1,
-        description="Bytes of streamed text of a user's runs kept (those ended within CONVEYOR_STREAM_RETENTION); "
-        "at or past it, a new run answers 429.",
-    )
-    user_stream_lease: float = Field(
-        60,
-        gt=0,
-        description="Seconds an open stream's place in CONVEYOR_USER_MAX_STREAMS outlives an API process that "
-        "died holding it (renewed every third of it while the stream is open).",
-    )
-    fault_rate: float = Field(
-        0, ge=0, le=1, description="Share of first attempts of platform jobs that fail on purpose (demo/chaos)."
     )
     queues: dict[str, QueueOverride] = Field(
         default_factory=dict,
@@ -428,11 +323,6 @@ class Settings(BaseSettings):
     )
     api_host: str = Field("127.0.0.1", description="`conveyor api/up --host`: the address the API listens on.")
     api_port: int = Field(8000, description="`conveyor api/up --port`: the API's port (0 in `up`: no API).")
-    demo_runs: int = Field(20, description="`conveyor demo --runs`: agent rounds to run.")
-    demo_duplicates: int | None = Field(
-        None, description="`conveyor demo --duplicates`: rounds given two extra finalizes (default: a quarter)."
-    )
-    demo_timeout: float = Field(100, description="`conveyor demo --timeout`: seconds before the demo gives up.")
     # -- API access and input limits -------------------------------------------
     admin_session_seconds: float = Field(
         12 * 3600, gt=0, description="Seconds a dashboard sign-in lasts; logout ends it sooner."
@@ -509,31 +399,12 @@ class Settings(BaseSettings):
             )
         return self
 
-    # Which queues and build kinds exist is known to the modules that declare them, not here
-    # (settings imports nothing from conveyor): the App checks the names once it loaded them
-    # (conveyor.tasks.queues.queue_specs, and the build job's check_settings).
+    # Which queues exist is known to the blueprints that declare them, not here (settings imports
+    # nothing from conveyor): the App checks the names once it loaded them (conveyor.tasks.queues.queue_specs).
     @field_validator("queues")
     @classmethod
     def _lower_queue_names(cls, value: dict[str, QueueOverride]) -> dict[str, QueueOverride]:
         return {name.lower(): override for name, override in value.items()}
-
-    @field_validator("build_time_limits")
-    @classmethod
-    def _positive_build_limits(cls, value: dict[str, float]) -> dict[str, float]:
-        value = {kind.lower(): limit for kind, limit in value.items()}
-        bad = sorted(kind for kind, limit in value.items() if limit <= 0)
-        if bad:
-            raise ValueError(f"build time limits must be positive: {bad}")
-        return value
-
-    @field_validator("build_sandbox_uids")
-    @classmethod
-    def _uid_range(cls, value: str) -> str:
-        if value:
-            first, last = (int(n) for n in value.split("-"))
-            if not 1 <= first <= last < 2**31 - 1:
-                raise ValueError("give FIRST-LAST with 1 <= FIRST <= LAST < 2147483647")
-        return value
 
     @model_validator(mode="after")
     def _self_fence_before_recovery(self) -> "Settings":
@@ -599,24 +470,11 @@ class Settings(BaseSettings):
         return [m.strip() for m in self.imports.split(",") if m.strip()]
 
     @property
-    def sandbox_uid_range(self) -> tuple[int, int] | None:
-        """(first, last) of CONVEYOR_BUILD_SANDBOX_UIDS, or None when every build runs as one user."""
-        if not self.build_sandbox_uids:
-            return None
-        first, last = (int(n) for n in self.build_sandbox_uids.split("-"))
-        return first, last
-
-    @property
     def import_paths(self) -> list[str]:
         """CONVEYOR_PATH's directories, absolute; the working directory when it names none."""
         import os
 
         return [os.path.abspath(p) for p in self.path.split(os.pathsep) if p.strip()] or [os.getcwd()]
-
-    @property
-    def source_roots(self) -> list[Path]:
-        """The resolved build source roots (CONVEYOR_BUILD_SOURCE_ROOTS)."""
-        return [Path(p.strip()).expanduser().resolve() for p in self.build_source_roots.split(",") if p.strip()]
 
     @property
     def embedded(self) -> bool:
@@ -630,19 +488,37 @@ def get_settings() -> Settings:
     return Settings()
 
 
-def env_help() -> list[tuple[str, str]]:
-    """(variable, description) pairs for ``--help``, each description ending with its default when it has one."""
+def env_help(model: type[BaseSettings] = Settings) -> list[tuple[str, str]]:
+    """(variable, description) pairs of ``model``'s fields for ``--help``, each description ending with its
+    default when it has one. Any settings class of the library's shape (a blueprint's own: ``jobs.add_settings``)."""
+    prefix = model.model_config.get("env_prefix") or ""
     rows = []
-    for name, field in Settings.model_fields.items():
+    for name, field in model.model_fields.items():
         alias = field.validation_alias
         first = alias.choices[0] if isinstance(alias, AliasChoices) else None
-        env = first if isinstance(first, str) else f"CONVEYOR_{name.upper()}"
+        env = first if isinstance(first, str) else f"{prefix}{name}".upper()
         text = field.description or ""
         default = field.get_default(call_default_factory=True)
         if default not in (None, "", {}, []) and not isinstance(default, SecretStr):
             text += f" [default: {_plain(default)}]"
         rows.append((env, text))
     return rows
+
+
+def variable_of(model: type[BaseSettings], loc: tuple[int | str, ...]) -> str:
+    """The environment variable behind an error's location in ``model`` (``CONVEYOR_PROVIDER``), else the location."""
+    if not loc or not isinstance(loc[0], str) or loc[0] not in model.model_fields:
+        return ".".join(map(str, loc)) or "settings"
+    alias = model.model_fields[loc[0]].validation_alias
+    first = alias.choices[0] if isinstance(alias, AliasChoices) else None
+    prefix = model.model_config.get("env_prefix") or ""
+    head = first if isinstance(first, str) else f"{prefix}{loc[0]}".upper()
+    return "__".join([head, *(str(part).upper() for part in loc[1:])])
+
+
+def describe_invalid(model: type[BaseSettings], exc: ValidationError) -> str:
+    """One line naming each bad variable and what is wrong with it, never its value (``hide_input_in_errors``)."""
+    return "; ".join(f"{variable_of(model, tuple(e['loc']))}: {e['msg']}" for e in exc.errors())
 
 
 def _plain(value: object) -> str:

@@ -130,7 +130,7 @@ def create_app(app: "App") -> FastAPI:
     )
     api.state.conveyor = app
     #: Upload routes: {path: cap of their multipart body}, far above CONVEYOR_API_MAX_JSON_BYTES. A router's
-    #: module asks for its own with ``body_limits(settings) -> dict[str, int]``, so this module names none.
+    #: module asks for its own with ``body_limits(app) -> dict[str, int]``, so this module names none.
     api.state.body_limits = {}
     #: Path prefixes of routes whose JSON body may be a long text (up to CONVEYOR_API_MAX_BODY_BYTES, not
     #: CONVEYOR_API_MAX_JSON_BYTES): a router's module lists them as ``LONG_TEXT_PREFIXES``.
@@ -141,7 +141,7 @@ def create_app(app: "App") -> FastAPI:
         api.include_router(getattr(module, attribute))
         limits = getattr(module, "body_limits", None)
         if limits is not None:
-            api.state.body_limits.update(limits(app.settings))
+            api.state.body_limits.update(limits(app))
         long_text_prefixes.extend(getattr(module, "LONG_TEXT_PREFIXES", ()))
     # The dashboard's scripts (and any other static file there): same origin, so CSP script-src 'self' allows them.
     api.mount(STATIC_PATH, StaticAssets(directory=STATIC_DIR), name="admin-static")

@@ -205,7 +205,7 @@ class Guard:
     async def _fail(self, exc: BaseException, scope: Scope, answer: Answer, started: bool) -> None:
         """Log an error no route handled under a fresh id; the client gets the id only (500)."""
         error_id = uuid.uuid4().hex[:16]
-        secrets = settings_secrets(self.conveyor.settings)
+        secrets = settings_secrets(*self.conveyor.all_settings)
         log_event(
             "api_error",
             level="error",

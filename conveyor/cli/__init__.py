@@ -14,7 +14,7 @@ from conveyor.version import __version__
 # The settings (pydantic) are imported when a command runs, not to build the parser: `conveyor --help`
 # and `--version` stay well under a third of a second (see conveyor.cli.envhelp for --help's epilog).
 if TYPE_CHECKING:
-    from conveyor.settings import Settings
+    from pydantic_settings import BaseSettings
 
     #: What each command module's ``register`` adds its subcommands to.
     Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -52,8 +52,8 @@ class FromSettings:
 def env_flag(parser: argparse.ArgumentParser, *flags: str, env: str, help: str, **kwargs: Any) -> None:
     """Add a flag whose default is the setting behind environment variable ``env``; --help names it.
 
-    The value comes from the one settings object (``CONVEYOR_WORKER_PROCESSES`` is
-    ``Settings.worker_processes``), never from ``os.environ`` here: one channel, one default.
+    The value comes from the settings (``CONVEYOR_WORKER_PROCESSES`` is ``Settings.worker_processes``;
+    a blueprint command's own, its blueprint's settings class), never from ``os.environ`` here.
     """
     if "default" in kwargs:
         raise TypeError(f"{env}: the default of a settings flag is the Settings field's")
@@ -63,14 +63,16 @@ def env_flag(parser: argparse.ArgumentParser, *flags: str, env: str, help: str, 
     parser.add_argument(*flags, default=FromSettings(name), help=f"{help} [env: {env}]", **kwargs)
 
 
-def resolve_settings_flags(args: argparse.Namespace, settings: Settings) -> argparse.Namespace:
-    """Replace every flag left at its default by its setting's value."""
+def resolve_settings_flags(args: argparse.Namespace, settings: BaseSettings) -> argparse.Namespace:
+    """Replace every flag left at its default by its setting's value, where ``settings`` has that field.
+
+    :func:`main` resolves the library's (:class:`~conveyor.settings.Settings`); a blueprint's command
+    resolves the flags of its own settings class when it runs (the platform's ``conveyor demo --runs``),
+    so a command never reads, nor checks, settings it does not use. A flag no settings class names
+    is caught by tests/unit/test_cli_help.py.
+    """
     for dest, value in vars(args).items():
-        if isinstance(value, FromSettings):
-            if value.name not in type(settings).model_fields:
-                raise TypeError(
-                    f"CONVEYOR_{value.name.upper()} is no setting: add the field to conveyor.settings.Settings"
-                )
+        if isinstance(value, FromSettings) and value.name in type(settings).model_fields:
             setattr(args, dest, getattr(settings, value.name))
     return args
 
@@ -115,25 +117,9 @@ def blueprint_commands() -> list[str]:
     A blueprint module that does not import (or settings that do not validate) brings no command
     here: the command that builds the App reports why, in one line.
     """
-    from pydantic import ValidationError
+    from conveyor.app import environment_blueprints
 
-    from conveyor.app import blueprint_modules
-    from conveyor.blueprints import blueprints_in
-    from conveyor.importing import add_paths, import_job_module
-    from conveyor.settings import Settings
-
-    try:
-        settings = Settings()  # not get_settings(): main() may yet set CONVEYOR_PATH from --path before that is read
-        add_paths(settings.import_paths)
-    except ValidationError:
-        return []
-    found: list[object] = []
-    for name in blueprint_modules(settings):
-        try:
-            found += vars(import_job_module(name, settings.import_paths)).values()
-        except ConveyorError:
-            continue
-    return [module for blueprint in blueprints_in(found) for module in blueprint.commands]
+    return [module for blueprint in environment_blueprints() for module in blueprint.commands]
 
 
 def path_flag(parser: argparse.ArgumentParser) -> None:

@@ -35,7 +35,7 @@ def run_api(host: str, port: int) -> None:
     from conveyor.logs import configure_logging, log_event
 
     app = App()
-    configure_logging(app.settings.log_level)
+    configure_logging(app.settings.log_level, secrets=app.secret_values())
     log_event(
         "api_started",
         queue=None,

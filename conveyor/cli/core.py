@@ -117,7 +117,7 @@ def _app() -> App:
     from conveyor.logs import configure_logging
 
     app = App()
-    configure_logging(app.settings.log_level)
+    configure_logging(app.settings.log_level, secrets=app.secret_values())
     return app
 
 

@@ -56,7 +56,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     from conveyor.logs import configure_logging
 
     app = App()
-    configure_logging(app.settings.log_level)
+    configure_logging(app.settings.log_level, secrets=app.secret_values())
     if args.interval is not None:
         app.settings = app.settings.model_copy(update={"scheduler_interval": args.interval})
     try:
@@ -78,7 +78,7 @@ def run_scheduler() -> None:
     from conveyor.logs import configure_logging
 
     app = App()
-    configure_logging(app.settings.log_level)
+    configure_logging(app.settings.log_level, secrets=app.secret_values())
     try:
         run_firers(firers(app))
     finally:

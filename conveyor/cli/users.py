@@ -39,7 +39,7 @@ def _app() -> App:
     from conveyor.schema.migrate import migrate
 
     app = App()
-    configure_logging(app.settings.log_level)
+    configure_logging(app.settings.log_level, secrets=app.secret_values())
     migrate(app.database_url, app.blueprints)
     return app
 

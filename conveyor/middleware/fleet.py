@@ -231,7 +231,7 @@ class Fleet(ConveyorMiddleware):
     def _secrets_of(self, message: MessageProxy) -> list[str]:
         """Secret values an error of this message may carry: the settings' and the payload's."""
         if self._secrets is None:
-            self._secrets = settings_secrets(self.app.settings)
+            self._secrets = settings_secrets(*self.app.all_settings)
         job_type = self.app.job_types.get(message.actor_name)
         payload = (message.args or [None])[0]
         return [*self._secrets, *payload_secrets(payload, job_type.payload if job_type else None)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
@@ -112,9 +112,13 @@ class Tracing(ConveyorMiddleware):
     """Spans for enqueues, runs, retries and final failures; first in the App's list, so a run's span
     encloses every other middleware's hooks (the attempt Retries counts, its retry and its final failure)."""
 
-    def __init__(self, settings: Settings, job_types: Mapping[str, PayloadModelOf]) -> None:
+    def __init__(
+        self, settings: Settings, job_types: Mapping[str, PayloadModelOf], *, secrets: Sequence[str] | None = None
+    ) -> None:
         setup_tracing()
         self.settings = settings
+        #: Secret values of every settings object of the App (a blueprint's too); default: ``settings``' own.
+        self.secrets = list(settings_secrets(settings) if secrets is None else secrets)
         self.job_types = job_types
         self._local = threading.local()
 
@@ -122,7 +126,7 @@ class Tracing(ConveyorMiddleware):
         """``error`` as a span may carry it: scrubbed of every secret value, at most 500 characters."""
         job_type = self.job_types.get(message.actor_name)
         payload = message.args[0] if message.args else None
-        secrets = [*settings_secrets(self.settings), *payload_secrets(payload, job_type.payload if job_type else None)]
+        secrets = [*self.secrets, *payload_secrets(payload, job_type.payload if job_type else None)]
         return (scrub(error, secrets) or "")[:500]
 
     def _run(self, message: AnyMessage) -> _Run | None:

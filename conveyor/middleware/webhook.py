@@ -10,7 +10,7 @@ so a slow or dead receiver never holds up or breaks a worker.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 from dramatiq import Broker, Worker
 from dramatiq.common import q_name
@@ -40,9 +40,16 @@ class FailureWebhook(ConveyorMiddleware):
     """Posts one alert per dead job (``after_job_dead``, which conveyor calls once per job)."""
 
     def __init__(
-        self, settings: "Settings", job_types: Mapping[str, PayloadModelOf], metrics: "Metrics | None" = None
+        self,
+        settings: "Settings",
+        job_types: Mapping[str, PayloadModelOf],
+        metrics: "Metrics | None" = None,
+        *,
+        secrets: Sequence[str] | None = None,
     ) -> None:
         self.settings = settings
+        #: Secret values of every settings object of the App (a blueprint's too); default: ``settings``' own.
+        self.secrets = list(settings_secrets(settings) if secrets is None else secrets)
         self.job_types = job_types
         self.metrics = metrics
         url = settings.job_failure_webhook_url.get_secret_value() if settings.job_failure_webhook_url else ""
@@ -67,7 +74,7 @@ class FailureWebhook(ConveyorMiddleware):
         """The alert for a dead job: metadata only, its error scrubbed of every secret value."""
         job_type = self.job_types.get(message.actor_name)
         payload = message.args[0] if message.args else None
-        secrets = [*settings_secrets(self.settings), *payload_secrets(payload, job_type.payload if job_type else None)]
+        secrets = [*self.secrets, *payload_secrets(payload, job_type.payload if job_type else None)]
         base = (self.settings.public_url or "").rstrip("/")
         return Alert(
             job=message.actor_name,

@@ -1,5 +1,5 @@
 """The agent platform's blueprint: its job types register here, its six queues first, and with them
-the HTTP routes, ``conveyor`` subcommands and schedule firer the platform brings.
+the settings, HTTP routes, ``conveyor`` subcommands and schedule firer the platform brings.
 
 :mod:`conveyor.platform.jobs` imports every processor module and exposes it as ``jobs``;
 the App includes it unless ``CONVEYOR_PLATFORM=false``.
@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING
 
 from conveyor.blueprints import Jobs
 from conveyor.platform.queues import QUEUES
+from conveyor.platform.settings import PlatformSettings
 
 if TYPE_CHECKING:
     from conveyor.app import App
     from conveyor.platform.scheduling.scheduler import Scheduler
 
 jobs = Jobs()
+# Its provider, llm limits, streams, quotas, builds and demo: read (and checked) only by an App that includes it.
+jobs.add_settings(PlatformSettings, "the agent platform")
 # Declared in order: the order workers and the dashboard list them.
 for _queue in QUEUES.values():
     jobs.queue(_queue)

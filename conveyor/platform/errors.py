@@ -30,6 +30,10 @@ class QuotaExceeded(LimitExceeded, PlatformError):
     """
 
 
+class InjectedFault(JobError):
+    """A failure injected on purpose (``CONVEYOR_FAULT_RATE``) to exercise retries."""
+
+
 class ProviderError(JobError):
     """The model provider failed in a way a retry may fix (5xx, dropped connection, timeout)."""
 

@@ -28,7 +28,7 @@ from conveyor.db import load_queries
 from conveyor.platform.errors import QuotaExceeded
 
 if TYPE_CHECKING:
-    from conveyor.settings import Settings
+    from conveyor.platform.settings import PlatformSettings
 
 QUERIES = load_queries(Path(__file__).with_name("quotas.sql"))
 
@@ -42,7 +42,7 @@ class RunQuota:
     retention: float
 
     @classmethod
-    def of(cls, settings: Settings) -> RunQuota:
+    def of(cls, settings: PlatformSettings) -> RunQuota:
         return cls(settings.user_max_active_runs, settings.user_max_stream_bytes, settings.stream_retention)
 
 

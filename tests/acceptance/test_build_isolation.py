@@ -29,6 +29,7 @@ from conveyor.platform.builds.builder import BuildLog, Deadline
 from conveyor.platform.builds.cgroups import PREFIX, detect
 from conveyor.platform.builds.sandbox import Sandbox
 from conveyor.platform.errors import BuildFailed
+from conveyor.platform.settings import platform_settings
 from conveyor.settings import QueueOverride
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     GATED,
@@ -215,7 +216,7 @@ def test_a_build_variable_reaches_no_host_side_process_even_a_loader_variable_pa
     # Past the payload's check (as if a producer skipped it): the sandbox refuses it too, running nothing.
     escaped = host_dir / "escaped"
     library = preload_library(host_dir / "evil.so", escaped)
-    sandbox = Sandbox(app.settings)
+    sandbox = Sandbox(app.settings, platform_settings(app))
     tree = make_tree(workdir / "direct" / "src", {"a.py": "x\n"}, "echo ran\n")
     with pytest.raises(BuildFailed, match="LD_PRELOAD"):
         sandbox.run(tree, ["sh", ".conveyor-build"], {"LD_PRELOAD": str(library)}, Deadline(60, "t"), BuildLog(), "x")
@@ -433,15 +434,17 @@ def test_a_worker_that_cannot_make_a_cgroup_says_so_and_refuses_builds_unless_to
     monkeypatch.setattr("conveyor.platform.processors.build.detect", sandbox_module.detect)
     app = build_app()
     with caplog.at_level(logging.INFO, logger="conveyor.events"):
-        build_isolation(app.settings)
+        build_isolation(platform_settings(app))
     assert "build_isolation_unavailable" in caplog.text and "not writable" in caplog.text
     tree = make_tree(workdir / "w" / "src", {"a.py": "x\n"}, "echo made > made.txt\n")
     with pytest.raises(SandboxUnavailable, match="CONVEYOR_BUILD_ISOLATION=rlimits-only"):
-        Sandbox(app.settings).run(tree, ["sh", ".conveyor-build"], {}, Deadline(60, "t"), BuildLog(), "x")
+        Sandbox(app.settings, platform_settings(app)).run(
+            tree, ["sh", ".conveyor-build"], {}, Deadline(60, "t"), BuildLog(), "x"
+        )
     assert not (tree / "made.txt").exists()
-    weaker = app.settings.model_copy(update={"build_isolation": "rlimits-only"})
+    weaker = platform_settings(app).model_copy(update={"build_isolation": "rlimits-only"})
     log = BuildLog()
-    assert Sandbox(weaker).run(tree, ["sh", ".conveyor-build"], {}, Deadline(60, "t"), log, "x") == 0
+    assert Sandbox(app.settings, weaker).run(tree, ["sh", ".conveyor-build"], {}, Deadline(60, "t"), log, "x") == 0
     assert (tree / "made.txt").read_text() == "made\n" and "sandbox: peak" not in log.text
 
 

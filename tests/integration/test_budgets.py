@@ -22,6 +22,7 @@ import redis
 
 from conveyor.app import App
 from conveyor.middleware.metrics import find_metrics
+from conveyor.platform.settings import PlatformSettings
 from tests.support import budget_jobs
 from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import make_settings, running
@@ -207,7 +208,8 @@ def test_the_platforms_provider_rate_limit_is_a_budget_that_delays_the_next_extr
 
     redis_url = request.getfixturevalue("redis_url") if broker == "redis" else None
     app = App(
-        make_settings(broker, redis_url, database_url, provider_rate_limit=1, provider_rate_window=1.5, platform=True)
+        make_settings(broker, redis_url, database_url, platform=True),
+        blueprint_settings=[PlatformSettings(provider_rate_limit=1, provider_rate_window=1.5)],
     )
     try:
         refs = []

@@ -21,6 +21,7 @@ from conveyor.platform.builds.local import LocalBuilder
 from conveyor.platform.builds.paths import inside
 from conveyor.platform.builds.unpack import UNUSABLE
 from conveyor.platform.errors import UnsafePath
+from conveyor.platform.settings import platform_settings
 from tests.support.build_sources import (  # noqa: F401 (fixtures)
     ADMIN_AUTH,
     StoreReads,
@@ -66,7 +67,7 @@ def test_a_build_id_that_could_be_a_path_is_refused_and_the_data_dir_survives(bu
     assert (data / "canary").read_text() == "keep me\n"
     assert (data / "artifacts" / "sha256" / f"{first.artifact_sha256}.tar.gz").is_file()
     # The builder itself refuses, whatever a payload says.
-    builder = LocalBuilder(app.settings)
+    builder = LocalBuilder(app.settings, platform_settings(app))
     for bad in ("..", ".", "a/b", "../x"):
         with pytest.raises(UnsafePath):
             with builder.workspace(bad, 1):

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from conveyor.app import App
+from conveyor.platform.settings import PlatformSettings
 from conveyor.settings import Settings
 from tests.support.brokers import SERVER_BROKERS
 from tests.support.platform_support import make_task, parse_sse, run_status, serve, user_key, workers
@@ -27,9 +28,9 @@ def app(request, redis_url, database_url):
             broker=request.param,
             redis_url=redis_url,
             database_url=database_url,
-            local_chunk_delay=0.3,
             cancel_grace_seconds=1,
-        )
+        ),
+        blueprint_settings=[PlatformSettings(local_chunk_delay=0.3)],
     )
     yield app
     app.close()

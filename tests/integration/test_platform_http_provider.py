@@ -12,6 +12,7 @@ from conveyor.errors import JobError, RetryLater
 from conveyor.platform.errors import ProviderError, ProviderRateLimited, ProviderRejected
 from conveyor.platform.providers.base import ChatMessage
 from conveyor.platform.providers.openai import OpenAIProvider
+from conveyor.platform.settings import PlatformSettings
 from conveyor.settings import Settings
 from tests.support.chat_server import ChatServer
 from tests.support.platform_support import completed_round, workers
@@ -108,12 +109,13 @@ def test_memory_extraction_through_the_http_provider_waits_out_a_429_and_survive
                 broker="redis",
                 redis_url=redis_url,
                 database_url=database_url,
-                provider="openai",
-                openai_base_url=server.base_url,
-                openai_api_key=KEY,
-                openai_model="tiny",
                 queues={"llm": {"min_backoff": 0.1, "max_backoff": 0.3}},
-            )
+            ),
+            blueprint_settings=[
+                PlatformSettings(
+                    provider="openai", openai_base_url=server.base_url, openai_api_key=KEY, openai_model="tiny"
+                )
+            ],
         )
         message_id = completed_round(
             app, task_id="t1", user_id="erin", question="which tools do I use?", answer="You use vim and zsh."

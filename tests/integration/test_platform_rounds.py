@@ -15,6 +15,7 @@ from conveyor.platform.processors.finalize import finalize_run
 from conveyor.platform.processors.memory import extract_memories
 from conveyor.platform.providers.base import ChatMessage
 from conveyor.platform.providers.local import reply_chunks
+from conveyor.platform.settings import PlatformSettings
 from conveyor.settings import Settings
 from conveyor.tasks.context import JobContext
 from tests.support.brokers import ALL_BROKERS
@@ -31,8 +32,8 @@ def app(request, redis_url, database_url):
             broker=request.param,
             redis_url=redis_url,
             database_url=database_url,
-            local_chunk_delay=0.03,
-        )
+        ),
+        blueprint_settings=[PlatformSettings(local_chunk_delay=0.03)],
     )
     yield app
     app.close()

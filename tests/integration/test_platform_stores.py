@@ -9,6 +9,7 @@ import pytest
 from conveyor.app import App
 from conveyor.budgets import Take, budget_store
 from conveyor.platform.limits import build_limits, limits_for
+from conveyor.platform.settings import PlatformSettings
 from conveyor.platform.streams import build_buffer
 from conveyor.settings import Settings
 from tests.support.brokers import ALL_BROKERS
@@ -161,7 +162,10 @@ def test_a_postgres_slot_is_freed_when_its_holder_process_dies(database_url):
 def test_a_redis_slot_whose_holder_stopped_renewing_expires_after_its_lease(redis_url, database_url):
     from tests.support.waiting import wait_for
 
-    app = App(Settings(broker="redis", redis_url=redis_url, database_url=database_url, llm_slot_lease=0.5))
+    app = App(
+        Settings(broker="redis", redis_url=redis_url, database_url=database_url),
+        blueprint_settings=[PlatformSettings(llm_slot_lease=0.5)],
+    )
     semaphore = limits_for(app).semaphore
     kept = semaphore.try_acquire("queue:kept", 1)
     # A holder that died: its slot is in the set, and nobody renews it.

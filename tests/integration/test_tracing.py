@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from conveyor import logs
 from conveyor.api.app import create_app
 from conveyor.app import App
+from conveyor.platform.settings import PlatformSettings
 from conveyor.settings import Settings
 from tests.support.obs_support import broker_app, running
 from tests.support.platform_support import make_task, serve, user_key
@@ -172,9 +173,9 @@ def test_a_chat_round_its_finalize_and_its_charge_are_one_trace(broker, request,
             broker=broker,
             redis_url=request.getfixturevalue("redis_url") if broker == "redis" else None,
             database_url=database_url,
-            local_chunk_delay=0,
             otel=True,
-        )
+        ),
+        blueprint_settings=[PlatformSettings(local_chunk_delay=0)],
     )
     try:
         make_task(app, "t1", user_id="alice")

@@ -15,6 +15,7 @@ import redis
 
 from conveyor.app import App
 from conveyor.platform import quotas, records
+from conveyor.platform.settings import PlatformSettings, platform_settings
 from conveyor.platform.streams import buffer_for
 from conveyor.settings import Settings
 from tests.support.platform_support import completed_round, make_task, parse_sse, serve, user_key
@@ -23,8 +24,12 @@ from tests.support.waiting import wait_for
 SECRET = "hunter2-do-not-echo"
 
 
-def quota_app(broker: str, redis_url: str, database_url: str, **settings) -> App:
-    return App(Settings(broker=broker, redis_url=redis_url, database_url=database_url, **settings))
+def quota_app(broker: str, redis_url: str, database_url: str, **quotas) -> App:
+    """An App whose platform has the per-user ``quotas`` given (the platform's settings)."""
+    return App(
+        Settings(broker=broker, redis_url=redis_url, database_url=database_url),
+        blueprint_settings=[PlatformSettings(**quotas)],
+    )
 
 
 @pytest.fixture
@@ -89,7 +94,7 @@ def test_stream_data_kept_is_capped_per_user_and_frees_as_streams_age_out(redis_
             with app.pool.connection() as conn:
                 conn.execute(
                     "UPDATE runs SET finished_at = now() - make_interval(secs => %s + 1) WHERE id = 't-big-run'",
-                    (app.settings.stream_retention,),
+                    (platform_settings(app).stream_retention,),
                 )
             assert post_run(client, "t-carol", carol).status_code == 202
     finally:
@@ -202,7 +207,7 @@ def test_a_run_quota_check_waits_for_another_request_of_that_user_taking_the_las
             assert post_run(client, "t-gus", gus).status_code == 202
         answer: list[httpx.Response] = []
         with app.pool.connection() as conn, conn.transaction():
-            quotas.check_new_run(conn, "gus", quotas.RunQuota.of(app.settings))  # the last place: counted ...
+            quotas.check_new_run(conn, "gus", quotas.RunQuota.of(platform_settings(app)))  # the last place: counted ...
             second = threading.Thread(target=lambda: answer.append(post_run(client, "t-gus", gus)))
             second.start()
             second.join(1.0)  # ... and the other request, meanwhile, waits (it would have its 202 by now)

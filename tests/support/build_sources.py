@@ -18,6 +18,7 @@ from conveyor.app import App
 from conveyor.platform.builds import store
 from conveyor.platform.builds.cgroups import detect
 from conveyor.platform.builds.requests import BuildTicket, request_build
+from conveyor.platform.settings import PlatformSettings
 from conveyor.settings import QueueOverride, Settings
 from tests.support.harness import running
 from tests.support.waiting import wait_for
@@ -110,20 +111,22 @@ def build_app(database_url, redis_url, workdir):
             secret_key=KEY,
             admin_token="admin-token-builds-7e2d",
             shutdown_timeout=5,
-            build_heartbeat_interval=0.2,
-            build_stale_after=2,
             pg_poll_seconds=0.2,
             pg_recovery_seconds=0.5,
             pg_lease_seconds=2,
             queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1)},
         )
-        # Host-path sources may come from the test's own directory only.
-        settings["build_source_roots"] = str(workdir)
+        # The platform's (its builds', its provider's): short heartbeats; host-path sources may come from
+        # the test's own directory only.
+        platform: dict[str, object] = dict(
+            build_heartbeat_interval=0.2, build_stale_after=2, build_source_roots=str(workdir)
+        )
         if detect()[0] is None:
             # A host that can make no build cgroup (a non-root run): the weaker mode, said explicitly.
-            settings["build_isolation"] = "rlimits-only"
-        settings.update(overrides)
-        app = App(Settings(**settings))
+            platform["build_isolation"] = "rlimits-only"
+        for name, value in overrides.items():  # each override to whichever settings class has the field
+            (platform if name in PlatformSettings.model_fields else settings)[name] = value
+        app = App(Settings(**settings), blueprint_settings=[PlatformSettings(**platform)])
         made.append(app)
         return app
 

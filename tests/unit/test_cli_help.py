@@ -52,8 +52,12 @@ def test_every_settings_flag_names_a_setting():
     names = [
         a.default.name for p in _parsers(build_parser()) for a in p._actions if isinstance(a.default, FromSettings)
     ]
-    assert "worker_processes" in names
-    assert sorted(n for n in names if n not in Settings.model_fields) == []
+    assert "worker_processes" in names and "demo_runs" in names
+    # The library's, or the platform's own (its `conveyor demo` resolves those when it runs).
+    from conveyor.platform.settings import PlatformSettings
+
+    fields = {*Settings.model_fields, *PlatformSettings.model_fields}
+    assert sorted(n for n in names if n not in fields) == []
 
 
 def test_help_epilog_is_cached_and_the_cache_matches_the_settings(cache_home, capsys):
@@ -61,12 +65,36 @@ def test_help_epilog_is_cached_and_the_cache_matches_the_settings(cache_home, ca
         main(["--help"])
     first = capsys.readouterr().out
     [cached] = (cache_home / "conveyor").glob("env-help-*.txt")
-    assert cached.read_text() == envhelp.render()
-    cached.write_text("environment:\n  CONVEYOR_FROM_THE_CACHE  x\n")
+    header, _, text = cached.read_text().partition("\n")
+    assert text == envhelp.render()
+    cached.write_text(f"{header}\nenvironment:\n  CONVEYOR_FROM_THE_CACHE  x\n")
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "CONVEYOR_FROM_THE_CACHE" in capsys.readouterr().out  # read, not recomputed
     assert "CONVEYOR_HEARTBEAT_TIMEOUT" in first
+    # An edit of a blueprint's settings module (its digest in the header no longer matches): recomputed.
+    source, digest = header.split("\t")[1:3]
+    assert source.endswith("platform/settings.py")
+    cached.write_text(f"{header.replace(digest, '0' * len(digest))}\nenvironment:\n  CONVEYOR_FROM_THE_CACHE  x\n")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "CONVEYOR_FROM_THE_CACHE" not in capsys.readouterr().out
+
+
+def test_help_lists_the_platforms_variables_under_its_heading_and_only_with_the_platform(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    library, _, platform = text.partition("environment of the agent platform:")
+    assert "  CONVEYOR_HEARTBEAT_TIMEOUT " in library and "CONVEYOR_PROVIDER" not in library
+    for name in ("CONVEYOR_PROVIDER", "CONVEYOR_OPENAI_API_KEY", "CONVEYOR_BUILD_MEMORY_BYTES", "CONVEYOR_DEMO_RUNS"):
+        assert f"  {name} " in platform
+    assert "sk-" not in platform and "[default" not in platform.split("CONVEYOR_OPENAI_API_KEY")[1].split("\n")[0]
+    monkeypatch.setenv("CONVEYOR_PLATFORM", "false")  # a library user's --help: no platform, none of its variables
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "CONVEYOR_HEARTBEAT_TIMEOUT" in text and "CONVEYOR_PROVIDER" not in text and "agent platform:" not in text
 
 
 def test_help_cache_key_follows_the_settings_source(cache_home, monkeypatch, tmp_path):

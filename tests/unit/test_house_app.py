@@ -88,9 +88,10 @@ def test_cli_flags_default_to_the_settings_not_the_process_environment(clean_env
 
 def test_the_demo_fault_rate_is_its_own_only_when_none_is_configured(clean_env):
     from conveyor.platform.cli.demo import DEMO_FAULT_RATE, demo_settings, worker_env
+    from conveyor.platform.settings import PlatformSettings
 
-    assert demo_settings(Settings(), None).fault_rate == DEMO_FAULT_RATE
-    assert demo_settings(Settings(fault_rate=0), None).fault_rate == 0
-    assert demo_settings(Settings(fault_rate=0.5), 0.1).fault_rate == 0.1
-    settings = demo_settings(Settings(provider="openai"), None)
+    assert demo_settings(PlatformSettings(), None).fault_rate == DEMO_FAULT_RATE
+    assert demo_settings(PlatformSettings(fault_rate=0), None).fault_rate == 0
+    assert demo_settings(PlatformSettings(fault_rate=0.5), 0.1).fault_rate == 0.1
+    settings = demo_settings(PlatformSettings(provider="openai"), None)
     assert settings.provider == "local" and worker_env(settings)["CONVEYOR_PROVIDER"] == "local"

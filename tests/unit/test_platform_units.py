@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from conveyor.platform.faults import chosen
 from conveyor.platform.processors.indexing import chunk_text
 from conveyor.platform.processors.memory import parse_memories
 from conveyor.platform.providers.base import ChatMessage
 from conveyor.platform.providers.local import LocalProvider, reply_chunks
 from conveyor.platform.providers.openai import retry_after
-from conveyor.tasks.faults import chosen
 
 CONVERSATION = [ChatMessage("system", "be brief"), ChatMessage("user", "Plan the postgres migration for friday")]
 

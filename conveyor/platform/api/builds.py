@@ -45,12 +45,12 @@ from conveyor.platform.builds import store
 from conveyor.platform.builds.requests import request_build
 from conveyor.platform.builds.uploads import Uploads, UploadWriter
 from conveyor.platform.errors import UploadRefused
+from conveyor.platform.settings import platform_settings
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
     from conveyor.app import App
-    from conveyor.settings import Settings
 
 # A user's key asks for builds of that user's own agents and connectors and reads only that user's
 # builds (owner_id); another user's answer 404 as missing ones. The admin token: any.
@@ -66,9 +66,9 @@ UPLOAD_PATH = "/api/agents/upload-and-deploy"
 FORM_OVERHEAD = 256 * 1024
 
 
-def body_limits(settings: Settings) -> dict[str, int]:
+def body_limits(app: App) -> dict[str, int]:
     """The upload route's body cap, larger than other routes': :func:`conveyor.api.app.create_app` asks for it."""
-    return {UPLOAD_PATH: settings.upload_max_bytes + FORM_OVERHEAD}
+    return {UPLOAD_PATH: platform_settings(app).upload_max_bytes + FORM_OVERHEAD}
 
 
 #: The upload form's text fields; anything else is refused (listing these, not echoing the stranger).
@@ -182,7 +182,7 @@ async def upload_and_deploy(request: Request, app: ConveyorApp, caller: UserOrAd
     """multipart/form-data: ``file`` (a zip), ``agent_id``, ``owner_id`` (a user's key: theirs, may be left out);
     optional ``kind`` (upload, or update for an agent that exists), ``version``, ``changelog``, ``env`` (a JSON
     object of strings)."""
-    cap = app.settings.upload_max_bytes
+    cap = platform_settings(app).upload_max_bytes
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > cap + FORM_OVERHEAD:
         raise HTTPException(413, f"file: the upload is larger than {cap} bytes")

@@ -41,6 +41,7 @@ from conveyor.errors import DatabaseUnavailable
 from conveyor.platform import quotas, records
 from conveyor.platform.quotas import RunQuota
 from conveyor.platform.rounds import cancel_round, start_round
+from conveyor.platform.settings import platform_settings
 from conveyor.platform.streams import buffer_for
 from conveyor.tasks.payloads import Id
 
@@ -125,7 +126,7 @@ def post_run(task_id: IdPath, body: StartRun, response: Response, app: ConveyorA
     with app.pool.connection() as conn:
         records.get_task_of(conn, task_id, user_id)  # another user's task is as missing as none
     started = start_round(
-        app, task_id=task_id, content=body.content, message_id=message_id, quota=RunQuota.of(app.settings)
+        app, task_id=task_id, content=body.content, message_id=message_id, quota=RunQuota.of(platform_settings(app))
     )
     status_url = f"/api/runs/{started.run_id}"
     response.headers["Location"] = status_url
@@ -215,7 +216,7 @@ async def get_run_stream(
 
 async def _events(app: App, run_id: str, after: int, user_id: str, lease_id: str) -> AsyncIterator[str]:
     buffer = buffer_for(app)
-    lease = app.settings.user_stream_lease
+    lease = platform_settings(app).user_stream_lease
     # The longest wait for a chunk: then the run's status is looked at, and the stream's place renewed.
     wait = min(STATUS_CHECK_SECONDS, lease / 3)
     try:
@@ -257,7 +258,7 @@ async def _events(app: App, run_id: str, after: int, user_id: str, lease_id: str
 
 def _open_stream(app: App, user_id: str, run_id: str) -> str:
     """A place among the user's open streams (QuotaExceeded: 429 when they hold them all)."""
-    settings = app.settings
+    settings = platform_settings(app)
     with app.pool.connection() as conn:
         return quotas.open_stream(
             conn, user_id, run_id, limit=settings.user_max_streams, lease=settings.user_stream_lease

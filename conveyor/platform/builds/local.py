@@ -52,6 +52,7 @@ from conveyor.platform.builds.sandbox import Sandbox
 from conveyor.platform.builds.unpack import UNUSABLE, Caps, check_tree, copy_tree, unpack
 from conveyor.platform.builds.uploads import Uploads
 from conveyor.platform.errors import BuildFailed, BuildTimeout, SourceUnusable
+from conveyor.platform.settings import PlatformSettings
 from conveyor.settings import Settings
 
 #: The build script a source tree may carry at its root.
@@ -66,15 +67,15 @@ _SHA256_HEX = frozenset("0123456789abcdef")
 class LocalBuilder(Builder):
     """A :class:`Builder` on the local disk, rooted at the data directory."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, config: PlatformSettings) -> None:
         self.settings = settings
         self.root = Path(settings.data_dir).expanduser().resolve()
         self.artifacts = self.root / "artifacts" / "sha256"
         self.work = self.root / "builds"
         self.uploads = Uploads(self.root)
-        self.roots = settings.source_roots
-        self.caps = Caps(settings.build_max_source_bytes, settings.build_max_source_files)
-        self.sandbox = Sandbox(settings)
+        self.roots = config.source_roots
+        self.caps = Caps(config.build_max_source_bytes, config.build_max_source_files)
+        self.sandbox = Sandbox(settings, config)
 
     @contextmanager
     def workspace(self, build_id: str, claim: int) -> Iterator[Path]:

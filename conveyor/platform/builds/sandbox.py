@@ -60,6 +60,7 @@ from conveyor.platform.builds.envnames import unsafe_names
 from conveyor.platform.builds.uids import claim_uid
 from conveyor.platform.builds.unpack import Caps, unpack
 from conveyor.platform.errors import BuildFailed, BuildTimeout, SandboxUnavailable, SourceUnusable
+from conveyor.platform.settings import PlatformSettings
 from conveyor.settings import Settings
 
 #: Where the workspace appears inside the sandbox, and the tree in it (the script's working directory).
@@ -117,20 +118,21 @@ _WORKING: set[tuple[object, ...]] = set()
 
 
 class Sandbox:
-    """Runs one command for a build inside bubblewrap, within the limits of ``settings``."""
+    """Runs one command for a build inside bubblewrap, within the limits of the platform's ``config``
+    (``settings``: the library's, for the data directory)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, config: PlatformSettings) -> None:
+        self.settings = config
         self.as_root = os.geteuid() == 0
         #: The user the script runs as, when the worker is root (None: the worker's own, in a user namespace).
-        self.uid = settings.build_sandbox_uid if self.as_root else None
-        self.gid = settings.build_sandbox_gid if self.as_root else None
+        self.uid = config.build_sandbox_uid if self.as_root else None
+        self.gid = config.build_sandbox_gid if self.as_root else None
         #: Under a root worker, each build's own uid comes from here (:mod:`conveyor.platform.builds.uids`).
-        self.uid_range = settings.sandbox_uid_range if self.as_root else None
+        self.uid_range = config.sandbox_uid_range if self.as_root else None
         self.data_dir = Path(settings.data_dir).expanduser().resolve()
-        self.limits = Limits(settings.build_memory_bytes, settings.build_max_processes, settings.build_cpus)
+        self.limits = Limits(config.build_memory_bytes, config.build_max_processes, config.build_cpus)
         self.hierarchy: Hierarchy | None = None
-        if settings.build_isolation == "cgroup":
+        if config.build_isolation == "cgroup":
             self.hierarchy, self.why_no_cgroups = detect()
         else:
             self.why_no_cgroups = "CONVEYOR_BUILD_ISOLATION=rlimits-only"

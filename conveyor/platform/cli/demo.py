@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
     from conveyor.app import App
     from conveyor.cli import Subcommands
+    from conveyor.platform.settings import PlatformSettings
     from conveyor.platform.streams.base import StreamEntry
-    from conveyor.settings import Settings
     from conveyor.tasks.worker import InlineWorkers
 
 #: What the demo's users ask: realistic prompts, each starting one round.
@@ -109,6 +109,11 @@ NEXT_STEPS = """next:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from conveyor.cli import resolve_settings_flags
+    from conveyor.platform.settings import from_environment
+
+    configured = from_environment()
+    resolve_settings_flags(args, configured)  # --runs, --duplicates, --timeout: the platform's settings
     if args.runs < 1:
         print("conveyor: error: --runs must be at least 1", file=sys.stderr)
         return 2
@@ -119,12 +124,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from conveyor.schema.migrate import migrate
     from conveyor.settings import get_settings
 
-    settings = demo_settings(get_settings(), args.fault_rate)
-    args.fault_rate = settings.fault_rate
+    config = demo_settings(configured, args.fault_rate)
+    args.fault_rate = config.fault_rate
     # A pipe or a CI log is no 80-column terminal: don't hard-wrap the summary there.
     console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
-    app = App(settings)
-    configure_logging("WARNING")
+    app = App(get_settings(), blueprint_settings=[config])
+    configure_logging("WARNING", secrets=app.secret_values())
     started = time.monotonic()
     where = f"embedded Postgres in {app.settings.data_dir}" if app.settings.embedded else "DATABASE_URL"
     console.print(
@@ -144,7 +149,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
-def demo_settings(settings: Settings, fault_rate: float | None) -> Settings:
+def demo_settings(settings: PlatformSettings, fault_rate: float | None) -> PlatformSettings:
     """The demo's settings: the configured ones, on the deterministic local model whatever is configured
     (it must not spend money), with its own fault rate and chunk delay unless those were set."""
     update: dict[str, Any] = {"provider": "local"}
@@ -157,7 +162,7 @@ def demo_settings(settings: Settings, fault_rate: float | None) -> Settings:
     return settings.model_validate({**settings.model_dump(exclude_unset=True, by_alias=False), **update})
 
 
-def worker_env(settings: Settings) -> dict[str, str]:
+def worker_env(settings: PlatformSettings) -> dict[str, str]:
     """The environment of the demo's `conveyor worker`: this process's, plus what the demo changed in its settings
     (the child reads its settings from its environment; this process's own is never changed)."""
     return {
@@ -202,13 +207,15 @@ class Demo:
             return
         import subprocess
 
+        from conveyor.platform.settings import platform_settings
+
         log = open(self.log_path, "w")
         # `conveyor worker`: a Supervisor with one group per queue, as in production.
         self.workers = subprocess.Popen(
             [sys.executable, "-m", "conveyor", "worker", "--processes", str(self.args.processes)],
             stdout=log,
             stderr=log,
-            env=worker_env(self.app.settings),
+            env=worker_env(platform_settings(self.app)),
         )
         log.close()
         self.console.print(
@@ -356,8 +363,8 @@ class Demo:
 
         from conveyor.ledger import credits
         from conveyor.platform import records
+        from conveyor.platform.faults import chosen
         from conveyor.platform.payloads import run_key
-        from conveyor.tasks.faults import chosen
 
         progress = getattr(self, "progress", None) or self.refresh()
         queries = _queries()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from conveyor.appcache import per_app
 from conveyor.errors import ConfigurationError
 from conveyor.platform.limits.base import Limits, Semaphore, Slot  # noqa: F401  (the interface, importable from the package)
+from conveyor.platform.settings import platform_settings
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -35,7 +36,9 @@ def build_limits(app: "App") -> Limits:
         if not settings.redis_url:
             raise ConfigurationError("CONVEYOR_BROKER=redis needs REDIS_URL")
         return RedisLimits(
-            client(settings.redis_url, settings), namespace=settings.redis_namespace, lease=settings.llm_slot_lease
+            client(settings.redis_url, settings),
+            namespace=settings.redis_namespace,
+            lease=platform_settings(app).llm_slot_lease,
         )
     if store == "postgres":
         from conveyor.platform.limits.postgres import PostgresSemaphore

@@ -29,13 +29,13 @@ from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
 from conveyor.platform.blueprint import jobs
+from conveyor.platform.faults import maybe_fail_mid_stream
 from conveyor.platform.payloads import ChatRun, RunFinalize, TaskRun, run_key
 from conveyor.platform.providers import ChatMessage, provider_for
 from conveyor.platform.providers.base import Role, estimate_usage
 from conveyor.platform.queues import AGENT
 from conveyor.platform.streams import buffer_for
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.faults import maybe_fail_mid_stream
 
 #: What task.run tells the model before the task's own instructions.
 TASK_PREAMBLE = "You are an agent carrying out a task for the user."

@@ -43,6 +43,7 @@ from conveyor.platform.builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINU
 from conveyor.platform.builds.uploads import Uploads
 from conveyor.platform.errors import BuildFailed, BuildTimeout
 from conveyor.platform.queues import AGENT
+from conveyor.platform.settings import PlatformSettings, platform_settings
 from conveyor.redaction import Scrubber
 from conveyor.secrets import decrypt_env
 from conveyor.settings import Settings
@@ -57,16 +58,16 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@jobs.check_settings
-def known_build_kinds(settings: Settings) -> None:
+@jobs.check_settings(of=PlatformSettings)
+def known_build_kinds(settings: PlatformSettings) -> None:
     """``CONVEYOR_BUILD_TIME_LIMITS__<KIND>`` names only kinds that exist (a typo would be silently ignored)."""
     unknown = sorted(set(settings.build_time_limits) - set(BUILD_KINDS))
     if unknown:
         raise ValueError(f"CONVEYOR_BUILD_TIME_LIMITS: unknown build kind(s) {unknown}; known: {sorted(BUILD_KINDS)}")
 
 
-@jobs.check_settings
-def build_isolation(settings: Settings) -> None:
+@jobs.check_settings(of=PlatformSettings)
+def build_isolation(settings: PlatformSettings) -> None:
     """Say at start how builds will be isolated on this host: never silently weaker than asked."""
     ids: dict[str, Any] = dict(queue=None, job=None, job_id=None, attempt=None)
     if settings.build_isolation == "rlimits-only":
@@ -88,23 +89,25 @@ def build_isolation(settings: Settings) -> None:
 def run_build(payload: BuildPayload, ctx: JobContext) -> None:
     request = payload.root
     settings = ctx.app.settings
+    config = platform_settings(ctx.app)
     pool = ctx.app.pool
     ids: dict[str, Any] = dict(queue=ctx.queue, job=ctx.job, job_id=ctx.job_id, attempt=ctx.attempt)
     with pool.connection() as conn:
         claim = store.claim_build(
-            conn, request.build_id, worker=worker_id(), job_id=ctx.job_id, stale_after=settings.build_stale_after
+            conn, request.build_id, worker=worker_id(), job_id=ctx.job_id, stale_after=config.build_stale_after
         )
         if claim is None:
-            _finish_unclaimed(conn, request.build_id, settings.build_stale_after, ids)
+            _finish_unclaimed(conn, request.build_id, config.build_stale_after, ids)
             return
     env = decrypt_env(settings, request.env, **ids)
-    # Every settings secret and every env value, out of the log, the error, the events and the job record.
-    log = BuildLog(Scrubber.for_settings(settings, env.values()))
-    limit = min(settings.build_time_limits.get(request.kind, request.time_limit), MAX_VARIANT_LIMIT)
+    # Every settings secret (the library's and the platform's) and every env value, out of the log, the
+    # error, the events and the job record.
+    log = BuildLog(Scrubber.for_settings(ctx.app.all_settings, env.values()))
+    limit = min(config.build_time_limits.get(request.kind, request.time_limit), MAX_VARIANT_LIMIT)
     log.write(f"{request.kind} build {request.build_id}, claim {claim}, time limit {limit:g}s")
-    builder = LocalBuilder(settings)
+    builder = LocalBuilder(settings, config)
     with (
-        _Heartbeat(pool, request.build_id, claim, settings.build_heartbeat_interval, log, ids),
+        _Heartbeat(pool, request.build_id, claim, config.build_heartbeat_interval, log, ids),
         builder.workspace(request.build_id, claim) as workdir,
     ):
         try:
@@ -177,7 +180,7 @@ def build_failed_for_good(payload: BuildPayload | None, error: str, ctx: JobCont
     request = payload.root
     # The error came from this build's own attempt (already scrubbed) or from the broker; scrub it again here
     # with the env too, so no path to the table, the agent's status reason or the log can carry a secret.
-    scrub = Scrubber.for_settings(ctx.app.settings, decrypt_env(ctx.app.settings, request.env, **ids).values())
+    scrub = Scrubber.for_settings(ctx.app.all_settings, decrypt_env(ctx.app.settings, request.env, **ids).values())
     error = scrub(error) or ""
     _drop_upload(ctx.app.settings, request)
     with ctx.app.pool.connection() as conn:

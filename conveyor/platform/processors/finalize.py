@@ -13,10 +13,10 @@ from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
 from conveyor.platform.blueprint import jobs
+from conveyor.platform.faults import maybe_fail
 from conveyor.platform.payloads import CreditConsume, MemoryExtraction, ResourceIndex, RunFinalize
 from conveyor.platform.queues import CRITICAL
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.faults import maybe_fail
 from conveyor.tasks.jobqueue import JobRequest
 
 

@@ -14,10 +14,10 @@ from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
 from conveyor.platform import records
 from conveyor.platform.blueprint import jobs
+from conveyor.platform.faults import maybe_fail
 from conveyor.platform.payloads import ResourceIndex
 from conveyor.platform.queues import INDEXING
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.faults import maybe_fail
 
 #: Words per chunk, and words shared with the previous chunk so a phrase cut
 #: at a boundary is still found whole in one of the two.

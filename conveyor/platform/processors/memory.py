@@ -23,12 +23,13 @@ from conveyor.errors import PermanentError, RecordNotFound, RetryLater
 from conveyor.logs import log_event
 from conveyor.platform import records
 from conveyor.platform.blueprint import jobs
+from conveyor.platform.faults import maybe_fail
 from conveyor.platform.limits import limits_for
 from conveyor.platform.payloads import MemoryExtraction
 from conveyor.platform.providers import ChatMessage, provider_for
 from conveyor.platform.queues import LLM
+from conveyor.platform.settings import platform_settings
 from conveyor.tasks.context import JobContext
-from conveyor.tasks.faults import maybe_fail
 
 #: The semaphore every llm-queue job shares.
 LLM_SLOTS = "queue:llm"
@@ -53,14 +54,13 @@ EXTRACTION_PROMPT = (
 def extract_memories(payload: MemoryExtraction, ctx: JobContext) -> None:
     app = ctx.app
     limits = limits_for(app)
-    with limits.semaphore.held(LLM_SLOTS, app.settings.llm_global_concurrency) as slot:
+    config = platform_settings(app)
+    with limits.semaphore.held(LLM_SLOTS, config.llm_global_concurrency) as slot:
         if slot is None:
             raise RetryLater("every llm slot is taken fleet-wide", delay=SLOT_RETRY_DELAY * (1 + random.random()))
-        if app.settings.provider_rate_limit:
+        if config.provider_rate_limit:
             # Its limit is a setting, so the budget is built here rather than declared on the queue.
-            requests = Budget(
-                PROVIDER_REQUESTS, limit=app.settings.provider_rate_limit, per=app.settings.provider_rate_window
-            )
+            requests = Budget(PROVIDER_REQUESTS, limit=config.provider_rate_limit, per=config.provider_rate_window)
             admit(ctx, payload, [requests])
         _extract(payload, ctx)
 

@@ -14,12 +14,12 @@ from conveyor.platform.providers.base import ChatMessage, Completion, Generation
 
 if TYPE_CHECKING:
     from conveyor.app import App
-    from conveyor.settings import Settings
+    from conveyor.platform.settings import PlatformSettings
 
 __all__ = ["ChatMessage", "Completion", "Generation", "Provider", "Usage", "provider_for"]
 
 
-def build_provider(settings: Settings) -> Provider:
+def build_provider(settings: PlatformSettings) -> Provider:
     """A new provider as ``settings`` configure it."""
     if settings.provider == "openai":
         from conveyor.platform.providers.openai import OpenAIProvider
@@ -33,4 +33,6 @@ def build_provider(settings: Settings) -> Provider:
 @per_app
 def provider_for(app: "App") -> Provider:
     """The app's provider, built once per App (an HTTP provider keeps its connection pool)."""
-    return build_provider(app.settings)
+    from conveyor.platform.settings import platform_settings
+
+    return build_provider(platform_settings(app))

@@ -22,7 +22,7 @@ from conveyor.platform.errors import ProviderError, ProviderRateLimited, Provide
 from conveyor.platform.providers.base import ChatMessage, Generation, Provider, Usage
 
 if TYPE_CHECKING:
-    from conveyor.settings import Settings
+    from conveyor.platform.settings import PlatformSettings
 
 #: A Retry-After beyond this is capped: the job is re-checked at least hourly.
 MAX_RETRY_AFTER = 3600.0
@@ -49,7 +49,7 @@ class OpenAIProvider(Provider):
         )
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "OpenAIProvider":
+    def from_settings(cls, settings: PlatformSettings) -> "OpenAIProvider":
         return cls(
             base_url=settings.openai_base_url,
             api_key=settings.openai_api_key,

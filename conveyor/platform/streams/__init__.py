@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.appcache import per_app
 from conveyor.errors import ConfigurationError
+from conveyor.platform.settings import platform_settings
 from conveyor.platform.streams.base import READ_BATCH, Follower, StreamBuffer, StreamEntry  # noqa: F401  (the interface, importable from the package)
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def build_buffer(app: "App") -> StreamBuffer:
         return RedisStreamBuffer(
             client(url, settings),
             namespace=settings.redis_namespace,
-            retention=settings.stream_retention,
+            retention=platform_settings(app).stream_retention,
             reader=lambda: async_reader(url, settings),
             socket_timeout=settings.redis_socket_timeout,
         )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
-from conveyor.errors import InjectedFault
+from conveyor.platform.errors import InjectedFault
+from conveyor.platform.settings import platform_settings
 from conveyor.tasks.context import JobContext
 
 
@@ -27,9 +28,10 @@ MID_STREAM_CHUNK = 3
 
 
 def maybe_fail(ctx: JobContext, key: str, where: str) -> None:
-    """Raise :class:`~conveyor.errors.InjectedFault` on the first attempt of a chosen job."""
-    if ctx.attempt == 1 and chosen(ctx.app.settings.fault_rate, key):
-        raise InjectedFault(f"fault injected {where} (CONVEYOR_FAULT_RATE={ctx.app.settings.fault_rate:g})")
+    """Raise :class:`~conveyor.platform.errors.InjectedFault` on the first attempt of a chosen job."""
+    rate = platform_settings(ctx.app).fault_rate
+    if ctx.attempt == 1 and chosen(rate, key):
+        raise InjectedFault(f"fault injected {where} (CONVEYOR_FAULT_RATE={rate:g})")
 
 
 def maybe_fail_mid_stream(ctx: JobContext, key: str, seq: int) -> None:
