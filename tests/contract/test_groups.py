@@ -101,7 +101,7 @@ def test_a_worker_busy_with_ungrouped_jobs_serves_a_group_that_appears_meanwhile
 
 
 def test_every_broker_takes_a_grouped_job_and_runs_it(broker, pump):
-    # Redis and inline accept the group and serve the job as any other (fair shares are postgres's so far).
+    # Inline, which serves no group apart, accepts the group too and serves the job as any other.
     (ref,) = broker.enqueue_jobs([grouped(1, "user:42")], dedup_ttl=LONG_TTL)
     assert not ref.deduplicated
     assert drain(broker, pump(broker), 1, "g") == ["user:42"]
