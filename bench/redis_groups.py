@@ -8,8 +8,11 @@ jobs.lua's ``fetch`` for ``--room`` jobs each (the consumer's call); each
 fetch's jobs are acked right after, untimed, so held jobs stay few as in a
 running fleet. Cases: no groups (the plain fetch); one group holding every job
 but ten (the A-10,000 / B-10 case); a hundred groups; a hundred groups under a
-cap of 4. Prints one JSON line per case (fetch p50 / p95 / mean in ms, and for
-the A/B case how many fetches served all of B).
+cap of 4; then no groups, A/B and a hundred groups again with priorities 0-9 in
+turn (within a group, jobs are taken by rank). Prints one JSON line per case
+(fetch p50 / p95 / mean in ms as the client sees it, its mean per job handed
+out in µs, the fetch script's own time per job in µs as Redis counts it, and
+for the A/B case how many fetches served all of B).
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "bench"
 
 
-def run(url: str, jobs: int, fetches: int, room: int, groups: list[str], tail: int, cap: int) -> dict:
+def run(
+    url: str, jobs: int, fetches: int, room: int, groups: list[str], tail: int, cap: int, priorities: bool = False
+) -> dict:
     from dramatiq import Message
 
-    from conveyor.brokers.base import EnqueueItem
+    from conveyor.brokers.base import PRIORITY, EnqueueItem
     from conveyor.brokers.redis import RedisBroker
+    from conveyor.brokers.redis.scripts import JOBS
     from conveyor.settings import Settings
 
     settings = Settings(broker="redis", redis_url=url)
@@ -42,16 +48,22 @@ def run(url: str, jobs: int, fetches: int, room: int, groups: list[str], tail: i
     items = []
     for i in range(jobs):
         group = ("b" if i >= jobs - tail else groups[i % len(groups)]) if groups else None
-        options = {"group": group} if group else {}
+        options: dict[str, object] = {"group": group} if group else {}
+        if priorities:
+            options[PRIORITY] = i % 10
         message = Message(queue_name=QUEUE, actor_name="bench.job", args=({"n": i},), kwargs={}, options=options)
         items.append(EnqueueItem(message))
     for start in range(0, jobs, 1000):
         broker.enqueue_jobs(items[start : start + 1000], dedup_ttl=60)
     times, served_b_by = [], None
     seen_b = 0
+    # The fetches go by EVALSHA, the acks by EVAL: Redis's own count of EVALSHA time is the fetch script's
+    # cost alone, without the round trip (usec_per_call in INFO commandstats).
+    scope = broker.keys.scope(QUEUE).ns
+    broker.client.config_resetstat()
     for n in range(fetches):
         began = time.perf_counter()
-        rows = broker._call("fetch", QUEUE, room, cap)
+        rows = broker._call("fetch", QUEUE, room, int(broker.priority_aging * 1000), cap)
         times.append((time.perf_counter() - began) * 1000)
         acks: list[object] = []
         for i in range(0, len(rows), 5):
@@ -60,15 +72,19 @@ def run(url: str, jobs: int, fetches: int, room: int, groups: list[str], tail: i
             acks += [rows[i], message.message_id, rows[i + 2]]
         if tail and served_b_by is None and seen_b == tail:
             served_b_by = n + 1
-        broker._call("acks", QUEUE, 3_600_000, len(acks) // 3, *acks)
+        broker.client.eval(JOBS, 1, scope, "acks", QUEUE, broker.broker_id, 3_600_000, len(acks) // 3, *acks)
+    script = broker.client.info("commandstats").get("cmdstat_evalsha", {})
     broker.close()
     times.sort()
     out = {
         "groups": len(groups),
         "cap": cap,
+        "priorities": "0-9" if priorities else "0",
         "p50_ms": round(statistics.median(times), 3),
         "p95_ms": round(times[int(len(times) * 0.95)], 3),
         "mean_ms": round(statistics.fmean(times), 3),
+        "us_per_job": round(statistics.fmean(times) * 1000 / room, 1),
+        "script_us_per_job": round(float(script.get("usec_per_call", 0)) / room, 1),
     }
     if tail:
         out["all_of_b_within_fetches"] = served_b_by
@@ -87,10 +103,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(tmp)
         try:
-            cases = [([], 0, 0), (["a"], 10, 0), ([f"g{i}" for i in range(100)], 0, 0)]
-            cases.append(([f"g{i}" for i in range(100)], 0, 4))
-            for groups, tail, cap in cases:
-                print(json.dumps(run(server.url, args.jobs, args.fetches, args.room, groups, tail, cap)), flush=True)
+            hundred = [f"g{i}" for i in range(100)]
+            cases = [([], 0, 0, False), (["a"], 10, 0, False), (hundred, 0, 0, False), (hundred, 0, 4, False)]
+            cases += [([], 0, 0, True), (["a"], 10, 0, True), (hundred, 0, 0, True)]
+            for groups, tail, cap, priorities in cases:
+                row = run(server.url, args.jobs, args.fetches, args.room, groups, tail, cap, priorities)
+                print(json.dumps(row), flush=True)
         finally:
             server.stop()
 

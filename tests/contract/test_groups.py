@@ -8,15 +8,17 @@ from typing import Any
 import pytest
 from dramatiq import Message
 
-from conveyor.brokers.base import CancelOutcome, EnqueueItem
-from tests.contract.drive import JOB, LONG_TTL, QUEUE, drain, retry
+from conveyor.brokers.base import PRIORITY, CancelOutcome, EnqueueItem
+from tests.contract.drive import JOB, LONG_TTL, QUEUE, drain, record_in, retry
 
 #: Run on the pooler and the cluster too: the grouped claim is a two-statement transaction through the pooler; the group keys must share the queue's slot.
 pytestmark = pytest.mark.topology
 
 
-def grouped(n: int, group: str | None) -> EnqueueItem:
-    options = {"group": group} if group else {}
+def grouped(n: int, group: str | None, priority: int = 0) -> EnqueueItem:
+    options: dict[str, Any] = {"group": group} if group else {}
+    if priority:
+        options[PRIORITY] = priority
     return EnqueueItem(
         Message(queue_name=QUEUE, actor_name=JOB, args=({"n": n, "g": group},), kwargs={}, options=options)
     )
@@ -99,7 +101,7 @@ def test_a_worker_busy_with_ungrouped_jobs_serves_a_group_that_appears_meanwhile
 
 
 def test_every_broker_takes_a_grouped_job_and_runs_it(broker, pump):
-    # Redis and inline accept the group and serve the job as any other (fair shares are postgres's so far).
+    # Inline, which serves no group apart, accepts the group too and serves the job as any other.
     (ref,) = broker.enqueue_jobs([grouped(1, "user:42")], dedup_ttl=LONG_TTL)
     assert not ref.deduplicated
     assert drain(broker, pump(broker), 1, "g") == ["user:42"]
@@ -148,3 +150,55 @@ def test_cancelled_and_deleted_jobs_of_a_group_leave_its_turns_and_its_slot(peer
     assert p.receive().args[0] == {"n": 1, "g": "a"}
     p.nothing(within=0.5)
     assert broker.queue_counts(QUEUE).waiting == 0
+
+
+# Within a group, the queue's rank holds (priority with aging, FIFO within a priority), as in the default group.
+
+
+@pytest.mark.needs("groups")
+def test_within_a_group_a_higher_priority_job_is_taken_first_fifo_within_a_priority(broker, pump):
+    priorities = [0, 9, 0, 9, 5, 0]
+    broker.enqueue_jobs([grouped(n, "a", p) for n, p in enumerate(priorities)], dedup_ttl=LONG_TTL)
+    for n, p in enumerate([9, 0, 9]):  # a second call: later, and after the first call's jobs of each priority
+        broker.enqueue_jobs([grouped(10 + n, "a", p)], dedup_ttl=LONG_TTL)
+    assert drain(broker, pump(broker), 9) == [1, 3, 10, 12, 4, 0, 2, 5, 11]
+
+
+@pytest.mark.needs("groups")
+def test_within_a_group_aging_lets_an_old_priority_0_job_pass_newer_priority_9_jobs(broker, pump):
+    broker.priority_aging = 0.05  # one level is worth 50 ms of waiting: nine are 450 ms
+    broker.enqueue_jobs([grouped(0, "a")], dedup_ttl=LONG_TTL)
+    time.sleep(0.6)  # more than nine levels' worth
+    broker.enqueue_jobs([grouped(1, "a", 9), grouped(2, "a", 9), grouped(3, "a")], dedup_ttl=LONG_TTL)
+    assert drain(broker, pump(broker), 4) == [0, 1, 2, 3], "the old job first, then the 9s before the new 0"
+
+
+@pytest.mark.needs("groups")
+def test_groups_are_still_served_in_turn_whatever_their_priorities(broker, pump):
+    broker.enqueue_jobs([grouped(n, "a", 9) for n in range(20)], dedup_ttl=LONG_TTL)
+    broker.enqueue_jobs([grouped(n, "b") for n in range(2)], dedup_ttl=LONG_TTL)
+    served = drain(broker, pump(broker, prefetch=1), 6, "g")
+    assert served.count("b") == 2, served
+
+
+@pytest.mark.needs("groups", "hand_back")
+def test_a_job_handed_back_keeps_its_place_in_its_group(broker, pump):
+    for n, priority in enumerate([0, 4, 4]):  # one call each: a batch's jobs are ready at one time, a tie
+        broker.enqueue_jobs([grouped(n, "a", priority)], dedup_ttl=LONG_TTL)
+    p = pump(broker, prefetch=1)
+    taken = p.receive()
+    assert taken.args[0]["n"] == 1
+    p.requeue([taken])
+    assert drain(broker, p, 3) == [1, 2, 0], "back in its place: before its later peer of priority 4"
+
+
+@pytest.mark.needs("groups")
+def test_a_retried_job_of_a_group_ranks_by_when_it_became_ready_again(broker, pump):
+    broker.enqueue_jobs([grouped(0, "a", 5), grouped(1, "a", 5), grouped(2, "a")], dedup_ttl=LONG_TTL)
+    p = pump(broker, prefetch=1)
+    first = p.receive()
+    assert first.args[0]["n"] == 0
+    broker.start_job(first)
+    retry(broker, p, first, "boom", 100)  # ready again after its delay: behind its peer of priority 5
+    record_in(broker, first.message_id, "waiting")
+    assert drain(broker, p, 3) == [1, 0, 2], "ready again later, still before the priority-0 job"

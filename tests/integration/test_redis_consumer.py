@@ -72,10 +72,14 @@ def test_job_record_sits_in_exactly_one_state_index_through_retry_and_delay(app,
         client.close()
 
 
-def test_a_flush_empties_the_groups_ready_lists_and_their_ring(app, redis_url):
+def test_a_flush_empties_the_groups_ready_sets_and_their_ring(app, redis_url):
     app.jobs.enqueue_many([{"job": "test.grouped", "payload": {"grp": g}, "group": g} for g in ("a", "b", "a")])
     client = redis.Redis.from_url(redis_url)
     keys = app.broker.keys.scope("indexing")
     assert client.llen(keys.groups("indexing")) == 3  # a, b and the default group's turn
     app.broker.flush("indexing")
-    assert not client.exists(keys.groups("indexing"), keys.group("indexing", "a"), keys.group("indexing", "b"))
+    assert not client.exists(
+        keys.groups("indexing"),
+        keys.group_stamp("indexing"),
+        *(keys.group_ready("indexing", g) for g in ("a", "b")),
+    )

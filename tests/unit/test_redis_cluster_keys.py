@@ -43,6 +43,14 @@ def _every_key(keys: Keys, queue: str) -> list[str]:
         keys.paused,
         keys.wake(queue),
         keys.wake(f"{queue}.DQ"),
+        keys.level(queue, 9),
+        keys.levels(queue),
+        keys.ranks(queue),
+        keys.group(queue, "user:42"),
+        keys.group_ready(queue, "user:42"),
+        keys.group_stamp(queue),
+        keys.groups(queue),
+        keys.running(queue),
         f"{keys.ns}:dedup:any-key",  # built in jobs.lua from the same namespace
         f"{keys.ns}:deleted:0b5c6a1e-id",
     ]
@@ -57,6 +65,7 @@ def test_plain_redis_key_names_are_unchanged_from_earlier_releases():
     assert keys.index("emails", "failed") == "conveyor:idx:emails:failed"
     assert keys.paused == "conveyor:paused"
     assert keys.heartbeats == "conveyor:__heartbeats__"
+    assert keys.group("emails", "u1") == "conveyor:group:emails:u1"  # an earlier release's list: drained first
     assert not any("{" in key for key in _every_key(keys, "emails"))
 
 

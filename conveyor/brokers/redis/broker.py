@@ -89,6 +89,9 @@ HEARTBEATS = frozenset({"fetch", "start", "acks", "nack", "retry", "promote", "r
 #: while it runs, so a queue with many failures is retried in slices.
 RETRY_BATCH = 500
 
+#: A named group's oldest wait is read among this many of its first jobs by rank (group_counts).
+OLDEST_AMONG = 16
+
 #: Seconds a job's start (or its final-failure claim) waits for Redis to come back before giving up on it.
 START_GRACE = 5.0
 
@@ -493,7 +496,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 priority_of(message),
                 str(message.options.get("group") or ""),
             ]
-        args.append(self.answer_ttl_ms)
+        args += [self.answer_ttl_ms, int(self.priority_aging * _MS)]  # aging: a named group's rank (jobs.lua)
         results = self._send_enqueue(args, len(items), scope)
         out: list[tuple[Message[Any], JobRef]] = []
         for i, (message, item) in enumerate(prepared):
@@ -921,8 +924,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def group_counts(self, queue: str, *, limit: int = 50) -> QueueGroups:
-        """From the queue's keys: the ring and the held-slots hash name the groups, each group's list is its
-        waiting jobs (FIFO: its head is its oldest, whose wait the waiting index scores)."""
+        """From the queue's keys: the ring and the held-slots hash name the groups; a group's waiting jobs are
+        its sorted set (by rank) and any left in an earlier release's list, which run first. Its oldest wait:
+        that list's head, else the longest waiting (by the waiting index) of its set's first few by rank."""
         keys = self.keys.scope(queue)
         with self.client.pipeline(transaction=False) as pipe:
             pipe.lrange(keys.groups(queue), 0, -1)
@@ -933,24 +937,31 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         with self.client.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.llen(keys.group(queue, name))
-            lengths = pipe.execute()
+                pipe.zcard(keys.group_ready(queue, name))
+            sizes = pipe.execute()
+        lengths = [sizes[i] + sizes[i + 1] for i in range(0, len(sizes), 2)]
         found = [GroupCounts(g, n, held.get(g, 0)) for g, n in zip(names, lengths) if n or held.get(g)]
         shown = busiest_first(found, min(limit, MAX_GROUPS))
         waiting = [g for g in shown if g.waiting]
         with self.client.pipeline(transaction=False) as pipe:
             for g in waiting:
                 pipe.lindex(keys.group(queue, g.group), 0)
-            heads = pipe.execute()
+                pipe.zrange(keys.group_ready(queue, g.group), 0, OLDEST_AMONG - 1)
+            found_heads = pipe.execute()
+        heads = [[old] if old else new for old, new in zip(found_heads[::2], found_heads[1::2])]
         with self.client.pipeline(transaction=False) as pipe:
-            for rid in heads:
-                pipe.hget(keys.messages(queue), rid or "")
-            messages = pipe.execute()
-        ids = [_message_id(data) for data in messages]
+            for rids in heads:
+                for rid in rids:
+                    pipe.hget(keys.messages(queue), rid)
+            messages = iter(pipe.execute())
+        ids = [[_message_id(next(messages)) for _ in rids] for rids in heads]
         with self.client.pipeline(transaction=False) as pipe:
-            for job_id in ids:
-                pipe.zscore(keys.index(queue, "waiting"), job_id or "")
-            scores = pipe.execute()
-        since = {g.group: score / _MS for g, score in zip(waiting, scores) if score is not None}
+            for group_ids in ids:
+                for job_id in group_ids:
+                    pipe.zscore(keys.index(queue, "waiting"), job_id or "")
+            found_scores = iter(pipe.execute())
+        scores = [[s for _ in group_ids if (s := next(found_scores)) is not None] for group_ids in ids]
+        since = {g.group: min(s) / _MS for g, s in zip(waiting, scores) if s}
         groups = [dataclasses.replace(g, oldest_waiting_at=since.get(g.group)) for g in shown]
         return QueueGroups(queue, groups, len(found))
 
@@ -1119,9 +1130,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         # The priority levels' lists (jobs.lua ready_push), which Dramatiq's purge does not know.
         levels = (keys.level(queue, p) for p in range(1, MAX_PRIORITY + 1))
         self.client.delete(keys.levels(queue), keys.ranks(queue), *levels)
-        # The groups' ready lists and their ring (their messages are gone with the queue's hash).
+        # The groups' ready sets (and older lists) and their ring (their messages are gone with the queue's hash).
         groups = {text(g) for g in self.client.lrange(keys.groups(queue), 0, -1)} - {""}
-        self.client.delete(keys.groups(queue), *(keys.group(queue, g) for g in groups))
+        ready = [key for g in groups for key in (keys.group(queue, g), keys.group_ready(queue, g))]
+        self.client.delete(keys.groups(queue), keys.group_stamp(queue), *ready)
 
     @translated
     def flush_all(self) -> None:

@@ -33,7 +33,15 @@
 --   $ns:wake:$queue       a short list idle consumers block on (BLPOP)
 -- fair shares per group (job record field `group`; none: the default group,
 -- whose ready list is the queue's own list above):
---   $ns:group:$queue:$group  ready rids of one named group, FIFO
+--   $ns:gready:$queue:$group  ready rids of one named group, a sorted set
+--                         scored by rank (priority with aging, see
+--                         push_ready): the lowest is taken first
+--   $ns:gstamp:$queue     the last ready stamp (server µs) given to a job of
+--                         a named group of the queue: stamps only grow, so
+--                         FIFO holds within a priority
+--   $ns:group:$queue:$group  a named group's ready rids in the FIFO list of
+--                         earlier releases: still drained first (fetch), never
+--                         written any more
 --   $ns:groups:$queue     ring (list) of the named groups with ready rids,
 --                         plus "" for the default group; empty (absent)
 --                         when no named group has a ready job, and fetch
@@ -74,6 +82,7 @@ local command = ARGV[1]
 local worker = ARGV[3]
 local clock = redis.call("time")
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 
 local heartbeats_key = ns .. ":__heartbeats__"
 
@@ -127,6 +136,23 @@ end
 
 local function ring_key(q)
     return ns .. ":groups:" .. q.canonical
+end
+
+local function group_set(q, g)
+    return ns .. ":gready:" .. q.canonical .. ":" .. g
+end
+
+-- A named group's next ready stamp (server µs, never below the last one
+-- given in the queue, so two jobs of a script call or of a clock stepped
+-- back still keep their order).
+local stamps = {}
+local function next_stamp(q)
+    local key = ns .. ":gstamp:" .. q.canonical
+    local last = stamps[key] or tonumber(redis.call("get", key) or "") or 0
+    local stamp = math.max(now_us, last + 1)
+    stamps[key] = stamp
+    redis.call("set", key, string.format("%.0f", stamp))
+    return stamp
 end
 
 local function running_key(q)
@@ -287,20 +313,46 @@ local function ready_remove(q, rid, id)
     end
 end
 
--- A ready message enters its job's group's list (the queue's own list for
--- the default group, a delay queue or no record: by priority, ready_push),
--- at the back or the front;
--- a named group whose list was empty joins the ring.
+-- A ready message enters its job's group (the queue's own lists for the
+-- default group, a delay queue or no record: by priority, ready_push), at
+-- the back or, handed back, the front; a named group that had no ready
+-- job joins the ring.
+-- A named group's jobs are a sorted set scored by rank, in µs: the job's
+-- ready stamp (next_stamp) minus its lead, priority x aging, which its
+-- enqueue stored on the record (`lead`, ms: the producer's aging, as on
+-- Postgres). The rank is kept on the record (`grank`), so a job handed
+-- back goes back to its place; one without (fetched from an earlier
+-- release's list) goes back to that list's front, or before the set's first.
 local function push_ready(q, id, rid, front)
-    local g = (not q.delay) and id and redis.call("hget", job_key(id), "group")
-    local push = front and "lpush" or "rpush"
+    local r = (not q.delay) and id and redis.call("hmget", job_key(id), "group", "priority", "lead", "grank")
+    local g = r and r[1]
     if g and g ~= "" then
-        if redis.call(push, group_list(q, g), rid) == 1 then
+        local set, list = group_set(q, g), group_list(q, g)
+        local score = front and tonumber(r[4] or "")
+        if front and not score and redis.call("exists", list) == 1 then
+            redis.call("lpush", list, rid) -- from an earlier release's list, which runs first: to its front
+            wake(q)
+            return
+        end
+        if not score then
+            if front then
+                local head = redis.call("zrange", set, 0, 0, "WITHSCORES")
+                score = (tonumber(head[2] or "") or now_us) - 1
+                redis.call("hset", job_key(id), "grank", string.format("%.0f", score))
+            else
+                local p = math.max(0, math.min(MAX_PRIORITY, tonumber(r[2] or "") or 0))
+                local lead = tonumber(r[3] or "") or p * 60000
+                score = next_stamp(q) - lead * 1000
+                redis.call("hset", job_key(id), "grank", string.format("%.0f", score), "ready_at", now)
+            end
+        end
+        redis.call("zadd", set, score, rid)
+        if redis.call("zcard", set) == 1 and redis.call("exists", list) == 0 then
             local ring = ring_key(q)
             if redis.call("llen", ring) == 0 then
                 redis.call("rpush", ring, "")
             end
-            redis.call(push, ring, g)
+            redis.call(front and "lpush" or "rpush", ring, g)
         end
     else
         ready_push(q, rid, id, front) -- the default group: its priority level
@@ -313,9 +365,10 @@ local function unready(q, id, rid)
     ready_remove(q, rid, id)
     local g = redis.call("hget", job_key(id), "group")
     if g and g ~= "" and not q.delay then
-        local list = group_list(q, g)
+        local list, set = group_list(q, g), group_set(q, g)
+        redis.call("zrem", set, rid)
         redis.call("lrem", list, 0, rid)
-        if redis.call("llen", list) == 0 then
+        if redis.call("zcard", set) == 0 and redis.call("llen", list) == 0 then
             redis.call("lrem", ring_key(q), 0, g)
             tidy_ring(q)
         end
@@ -534,7 +587,7 @@ end
 -- (nothing written but the answer), else 0. With a key, the key is taken and
 -- the message pushed in one step; a key whose job record is gone is free again.
 -- answer_ttl: ms a call may still be repeated (Python's _send_enqueue).
-local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, priority, group, answer_ttl)
+local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, priority, group, answer_ttl, aging)
     -- A deleted job's message may still come back: drop it. A call repeated
     -- after a lost reply (same rid) must not push the message twice, even
     -- if the job ran and was retried as a new message meanwhile (its record
@@ -566,7 +619,8 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
     redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "enqueued_rid", rid, "payload", data,
                "priority", tonumber(priority) or 0)
     if group ~= "" then
-        redis.call("hset", record, "group", group)
+        -- Its lead in its group's rank (push_ready): priority x the producer's aging, ms.
+        redis.call("hset", record, "group", group, "lead", (tonumber(priority) or 0) * aging)
     else
         redis.call("hdel", record, "group") -- a re-enqueue of the same job in the default group
     end
@@ -594,7 +648,9 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
 end
 
 -- enqueue(dedup_ttl_ms, n, then n times: queue, rid, id, data, job, key,
--- delay_ms, error, priority, group ("": the default group), then answer_ttl_ms)
+-- delay_ms, error, priority, group ("": the default group), then answer_ttl_ms,
+-- aging_ms (the rank a priority level is worth in a named group; an older
+-- producer sends none: 60 s))
 -- -> {id, deduplicated, ...}, one pair per job in order. A whole batch is one
 -- script call, so it is all or nothing: Redis runs a script alone, and
 -- refuses one over maxmemory (OOM) at its first write, never after it (a
@@ -605,12 +661,13 @@ end
 if command == "enqueue" then
     local dedup_ttl, count = ARGV[4], tonumber(ARGV[5])
     local answer_ttl = tonumber(ARGV[6 + 10 * count]) or 3600000
+    local aging = tonumber(ARGV[7 + 10 * count] or "") or 60000
     local out = {}
     for i = 0, count - 1 do
         local b = 6 + 10 * i
         local id, duplicate = enqueue_one(Q(ARGV[b]), ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
                                           ARGV[b + 5], dedup_ttl, ARGV[b + 6], ARGV[b + 7], ARGV[b + 8],
-                                          ARGV[b + 9], answer_ttl)
+                                          ARGV[b + 9], answer_ttl, aging)
         out[#out + 1] = id
         out[#out + 1] = duplicate
     end
@@ -650,7 +707,8 @@ elseif command == "fetch" then
             end
         else
             -- Round-robin: the group whose turn it is gives one message, unless it holds its cap.
-            -- The default group's turn takes its lowest rank (priority with aging, ready_pop).
+            -- The default group's turn takes its lowest rank (priority with aging, ready_pop);
+            -- a named group's its set's lowest (push_ready), after any left in an older release's list.
             if misses > turns then
                 break -- a whole round gave nothing
             end
@@ -661,9 +719,12 @@ elseif command == "fetch" then
             elseif cap > 0 and tonumber(redis.call("hget", running_key(queue), g) or "0") >= cap then
                 redis.call("rpush", ring, g)
             else
-                local list = group_list(queue, g)
+                local list, set = group_list(queue, g), group_set(queue, g)
                 rid = redis.call("lpop", list)
-                if redis.call("llen", list) > 0 then
+                if not rid then
+                    rid = redis.call("zpopmin", set)[1]
+                end
+                if redis.call("zcard", set) > 0 or redis.call("llen", list) > 0 then
                     redis.call("rpush", ring, g)
                 end
             end

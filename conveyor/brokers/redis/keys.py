@@ -82,8 +82,16 @@ class Keys:
         return f"{self.ns}:{name}.msgs"
 
     def group(self, queue: str, group: str) -> str:
-        """The ready rids of one named group of a queue (jobs.lua: fair shares per group)."""
+        """An earlier release's FIFO list of one named group's ready rids: drained first, no longer written."""
         return f"{self.ns}:group:{queue}:{group}"
+
+    def group_ready(self, queue: str, group: str) -> str:
+        """The ready rids of one named group of a queue, a sorted set by rank (jobs.lua: push_ready)."""
+        return f"{self.ns}:gready:{queue}:{group}"
+
+    def group_stamp(self, queue: str) -> str:
+        """The last ready stamp (server µs) given to a job of a named group of the queue (jobs.lua: next_stamp)."""
+        return f"{self.ns}:gstamp:{queue}"
 
     def groups(self, queue: str) -> str:
         """The ring (list) of a queue's named groups with ready jobs, plus "" for the default group's turn."""
