@@ -69,6 +69,17 @@ def _exit() -> type[BaseException] | None:
         return _deferred.pop(ident, None)
 
 
+def enter_shield() -> None:
+    """Shield the calling thread: an interrupt set on it and not yet delivered is taken back and deferred,
+    and one asked for while shielded is only noted (:func:`leave_shield` returns it)."""
+    _enter()
+
+
+def leave_shield() -> type[BaseException] | None:
+    """Leave the shield :func:`enter_shield` put up; the interrupt noted meanwhile, for the caller to act on."""
+    return _exit()
+
+
 def reset() -> None:
     """Forget the calling thread's shields and interrupts (a job's start and end): none outlives its job."""
     ident = threading.get_ident()

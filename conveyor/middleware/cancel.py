@@ -54,6 +54,8 @@ class _Run:
     cancelled: threading.Event = field(default_factory=threading.Event)
     interrupt_at: float | None = None
     interrupted: bool = False
+    #: An async job let go by its thread (conveyor.tasks.releasing): the interrupt cancels its coroutine.
+    released: Any = None
 
 
 class Cancels:
@@ -158,6 +160,17 @@ class Cancellation(ConveyorMiddleware):
         with self.cancels.lock:
             self.cancels.running.pop(message.message_id, None)
 
+    def after_release_message(self, broker: Broker, message: MessageProxy, run: Any) -> None:
+        """An async job let go by its worker thread: its interrupt, from now on, cancels its coroutine.
+
+        Called shielded: an interrupt sent to the thread before this is deferred, and the releasing
+        thread hands it to ``run`` (an :class:`~conveyor.tasks.aio.AsyncRun`).
+        """
+        with self.cancels.lock:
+            job = self.cancels.running.get(message.message_id)
+            if job is not None:
+                job.released = run
+
     # -- the watcher -------------------------------------------------------------
 
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
@@ -247,7 +260,10 @@ class Cancellation(ConveyorMiddleware):
                 if run.interrupt_at is not None and not run.interrupted and now >= run.interrupt_at:
                     run.interrupted = True
                     try:
-                        interrupts.interrupt(run.thread_id, interrupts.JobCancelled)
+                        if run.released is not None:
+                            run.released.interrupt_with(interrupts.JobCancelled)
+                        else:
+                            interrupts.interrupt(run.thread_id, interrupts.JobCancelled)
                     except Exception as exc:  # pragma: no cover - a thread that is gone
                         log_delivery_error(run.message, f"could not interrupt the cancelled job: {exc!r}")
 

@@ -80,7 +80,7 @@ class Fleet(ConveyorMiddleware):
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
         queues = sorted(q for q in (worker.consumer_whitelist or broker.get_declared_queues()) if q == q_name(q))
         with self._lock:
-            self._workers[id(worker)] = (queues, worker.worker_threads)
+            self._workers[id(worker)] = (queues, _concurrency(worker))
             if self._thread is None:
                 self._stop.clear()
                 self._thread = threading.Thread(target=self._run, name="conveyor-fleet", daemon=True)
@@ -273,3 +273,8 @@ def _coalesced(taken: list[tuple[float, AttemptEvent]], now: float) -> list[Atte
             starts[e.token] = len(out)
         out.append(dataclasses.replace(e, age=age))
     return out
+
+
+def _concurrency(worker: Worker) -> int:
+    """The jobs ``worker`` runs at once at most: its slots on conveyor's worker (conveyor.tasks.releasing), else its threads."""
+    return int(getattr(worker, "concurrency", worker.worker_threads))

@@ -265,7 +265,7 @@ class Metrics(ConveyorMiddleware):
 
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
         queues = worker.consumer_whitelist or broker.get_declared_queues()
-        booted = [(q, worker.worker_threads) for q in sorted(queues) if q == q_name(q)]
+        booted = [(q, _concurrency(worker)) for q in sorted(queues) if q == q_name(q)]
         with self._lock:
             self._booted[id(worker)] = booted
         for queue, threads in booted:
@@ -520,3 +520,8 @@ class WorkerMetrics:
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         else:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._previous_env
+
+
+def _concurrency(worker: Worker) -> int:
+    """The jobs ``worker`` runs at once at most: its slots on conveyor's worker (conveyor.tasks.releasing), else its threads."""
+    return int(getattr(worker, "concurrency", worker.worker_threads))

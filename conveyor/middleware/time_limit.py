@@ -42,6 +42,19 @@ class TimeLimit(DramatiqTimeLimit):
 
     after_skip_message = after_process_message
 
+    def after_release_message(self, broker: Broker, message: MessageProxy, run: Any) -> None:
+        """An async job let go by its worker thread (conveyor.tasks.releasing): its deadline moves to its coroutine.
+
+        Called shielded (no interrupt lands in the thread meanwhile): the thread's deadline is taken away,
+        and ``run`` (an :class:`~conveyor.tasks.aio.AsyncRun`) is cancelled at it instead. One already due
+        and raised is deferred by the shield; the releasing thread hands it to the run.
+        """
+        if not isinstance(self.manager, _Deadlines):
+            return
+        deadline = self.manager.take(threading.get_ident())
+        if deadline is not None:
+            run.interrupt_at(deadline, TimeLimitExceeded)
+
 
 class _Deadlines(threading.Thread):
     """The job threads' deadlines, checked every ``interval`` s (Dramatiq's ctypes manager, shielded)."""
@@ -60,6 +73,13 @@ class _Deadlines(threading.Thread):
     def remove_timeout(self, thread_id: int) -> None:
         with self.mu:
             self.deadlines[thread_id] = None
+
+    def take(self, thread_id: int) -> float | None:
+        """The thread's deadline (``monotonic()``), now no longer the thread's; None if it has none."""
+        with self.mu:
+            deadline = self.deadlines.get(thread_id)
+            self.deadlines[thread_id] = None
+        return deadline
 
     def run(self) -> None:
         while True:

@@ -101,11 +101,11 @@ def job_attributes(message: AnyMessage) -> dict[str, Any]:
 
 @dataclass
 class _Run:
-    """The run a worker thread is in: its message, its span, and the context token to restore after."""
+    """A run: its message, its span, and the context token to restore after (None once its thread let it go)."""
 
     message_id: str
     span: Span
-    token: object
+    token: object | None
 
 
 class Tracing(ConveyorMiddleware):
@@ -120,7 +120,11 @@ class Tracing(ConveyorMiddleware):
         #: Secret values of every settings object of the App (a blueprint's too); default: ``settings``' own.
         self.secrets = list(settings_secrets(settings) if secrets is None else secrets)
         self.job_types = job_types
+        #: The run each worker thread is in (its context is attached there).
         self._local = threading.local()
+        #: Message id -> its run, until its after-hook: an async job's ends in another thread (a finisher).
+        self._runs: dict[str, _Run] = {}
+        self._lock = threading.Lock()
 
     def _error(self, message: AnyMessage, error: str) -> str:
         """``error`` as a span may carry it: scrubbed of every secret value, at most 500 characters."""
@@ -130,8 +134,8 @@ class Tracing(ConveyorMiddleware):
         return (scrub(error, secrets) or "")[:500]
 
     def _run(self, message: AnyMessage) -> _Run | None:
-        run: _Run | None = getattr(self._local, "run", None)
-        return run if run is not None and run.message_id == message.message_id else None
+        with self._lock:
+            return self._runs.get(message.message_id)
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         tracer = trace.get_tracer(TRACER)
@@ -162,7 +166,20 @@ class Tracing(ConveyorMiddleware):
             f"run {message.actor_name}", context=parent, kind=SpanKind.CONSUMER, attributes=job_attributes(message)
         )
         token = context.attach(trace.set_span_in_context(span, parent))
-        self._local.run = _Run(message.message_id, span, token)
+        run = _Run(message.message_id, span, token)
+        self._local.run = run
+        with self._lock:
+            self._runs[message.message_id] = run
+
+    def after_release_message(self, broker: Broker, message: MessageProxy, run: Any) -> None:
+        """An async job let go by its worker thread (conveyor.tasks.releasing): its context leaves the thread;
+        its span stays open until its after-hook, in the finisher that ends it."""
+        mine: _Run | None = getattr(self._local, "run", None)
+        if mine is None or mine.message_id != message.message_id:
+            return
+        self._local.run = None
+        token, mine.token = mine.token, None
+        context.detach(token)  # type: ignore[arg-type]  # the token attach() returned
 
     def after_process_message(
         self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
@@ -196,10 +213,15 @@ class Tracing(ConveyorMiddleware):
             flush()
 
     def _end(self, run: _Run, message: AnyMessage | None = None) -> None:
-        self._local.run = None
+        if getattr(self._local, "run", None) is run:
+            self._local.run = None
+        with self._lock:
+            if self._runs.get(run.message_id) is run:
+                del self._runs[run.message_id]
         try:
             if message is not None and message.options.get("attempt"):
                 run.span.set_attribute("conveyor.attempt", message.options["attempt"])
             run.span.end()
         finally:
-            context.detach(run.token)  # type: ignore[arg-type]  # the token attach() returned
+            if run.token is not None:
+                context.detach(run.token)  # type: ignore[arg-type]  # the token attach() returned

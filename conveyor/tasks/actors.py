@@ -52,8 +52,8 @@ def load_payload(job_type: JobType, data: Any) -> Payload:
         raise MalformedMessage(f"payload of {job_type.name!r} does not validate: {fields}") from None
 
 
-def _runner(job_type: JobType, app: "App") -> Callable[..., None]:
-    def run(data: Any = None, *args: Any, **kwargs: Any) -> None:
+def _runner(job_type: JobType, app: "App") -> Callable[..., aio.Released | None]:
+    def run(data: Any = None, *args: Any, **kwargs: Any) -> aio.Released | None:
         message = CurrentMessage.get_current_message()
         if args or kwargs:
             raise MalformedMessage(f"message for {job_type.name!r} has unexpected arguments")
@@ -72,14 +72,22 @@ def _runner(job_type: JobType, app: "App") -> Callable[..., None]:
         )
         # Before the body: a job its budgets have no room for waits (RetryLater), having done nothing.
         admit(ctx, payload, ctx.budgets)
+
+        def finish(value: Any) -> None:
+            if job_type.store_result:
+                # Before the ack: a store that fails fails this attempt, which is retried.
+                store_result(app, job_type, ctx.job_id, value)
+
         if aio.is_async(job_type.run):
-            # On the App's event loop; this thread waits, and a time limit raised in it cancels the coroutine.
+            if aio.releases_here():
+                # Conveyor's worker thread starts it on the loop and goes on; a finisher thread calls
+                # finish(value) when it ends, then the after_process_message chain and the ack.
+                return aio.Released(app, job_type.run(payload, ctx), finish)
+            # Elsewhere this thread waits on the loop, and a time limit raised in it cancels the coroutine.
             value = aio.run_async(app, job_type.run(payload, ctx))
         else:
             value = job_type.run(payload, ctx)
-        if job_type.store_result:
-            # Before the ack: a store that fails fails this attempt, which is retried.
-            store_result(app, job_type, ctx.job_id, value)
+        finish(value)
         # Kept only by store_result: Dramatiq would warn of a value no Results middleware takes.
         return None
 

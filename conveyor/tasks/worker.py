@@ -1,4 +1,4 @@
-"""Worker groups: for each queue, processes whose thread count is the queue's concurrency.
+"""Worker groups: for each queue, processes that each run up to the queue's concurrency in jobs at once.
 
 ``conveyor worker`` runs a :class:`Supervisor`: it starts the processes,
 restarts any that die, and on SIGTERM/SIGINT tells them to stop taking
@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Callable
 
 import psutil
 import setproctitle
-from dramatiq import Worker
 
 from conveyor.logs import log_error, log_event
-from conveyor.tasks import recycling
+from conveyor.tasks import recycling, releasing
 from conveyor.tasks.health import Health
 from conveyor.tasks.health import serve as serve_health
 from conveyor.tasks.watchdog import SELF_FENCE_EXIT, Watchdog
@@ -53,11 +52,20 @@ class ProcessWorker:
     def __init__(self, app: App, queue: str, threads: int | None = None) -> None:
         self.app = app
         self.queue = queue
-        self.threads = threads or app.queues[queue].concurrency
+        #: Jobs this process runs at once at most (``threads`` overrides the queue's concurrency).
+        self.concurrency = threads or app.queues[queue].concurrency
+        #: One per slot, or a few when all the queue's jobs are async (conveyor.tasks.releasing).
+        self.threads = releasing.threads_for(app, queue, self.concurrency)
         self.broker = app.broker
         # How often idle consumers and worker threads wake to check for a stop (CONVEYOR_WORKER_IDLE_TIMEOUT).
         idle_ms = int(app.settings.worker_idle_timeout * 1000)
-        self.worker = Worker(self.broker, queues={queue}, worker_threads=self.threads, worker_timeout=idle_ms)
+        self.worker = releasing.ReleasingWorker(
+            self.broker,
+            queues={queue},
+            concurrency=self.concurrency,
+            worker_threads=self.threads,
+            worker_timeout=idle_ms,
+        )
         self._stop = threading.Event()
         self._maintainer = threading.Thread(target=self._maintain_loop, name="conveyor-maintain", daemon=True)
         self._watchdog = Watchdog(self.broker, app.settings, queue)
@@ -81,6 +89,7 @@ class ProcessWorker:
             attempt=None,
             pid=os.getpid(),
             threads=self.threads,
+            concurrency=self.concurrency,
         )
 
     def stop(self) -> None:
@@ -456,7 +465,13 @@ class InlineWorkers:
         self.app = app
         self.broker = app.broker
         self.workers = [
-            Worker(self.broker, queues={q}, worker_threads=app.queues[q].concurrency, worker_timeout=100)
+            releasing.ReleasingWorker(
+                self.broker,
+                queues={q},
+                concurrency=app.queues[q].concurrency,
+                worker_threads=releasing.threads_for(app, q, app.queues[q].concurrency),
+                worker_timeout=100,
+            )
             for q in (queues or list(app.queues))
         ]
 
