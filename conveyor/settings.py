@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
@@ -61,6 +63,14 @@ class BudgetOverride(BaseModel):
 
     limit: float | None = Field(None, gt=0)
     per: float | None = Field(None, gt=0, le=24 * 3600)
+
+
+@dataclass(frozen=True)
+class _Lease:
+    """Which settings are a broker's worker lease and its workers' heartbeat cadence."""
+
+    lease: Callable[[Settings], float]
+    cadence: Callable[[Settings], float]
 
 
 class Settings(BaseSettings):
@@ -416,7 +426,8 @@ class Settings(BaseSettings):
         margin for a pause. And the threshold must outlast the heartbeat's own
         cadence, or a healthy worker would fence itself.
         """
-        if self.broker_name == "inline":
+        lease_of = _LEASES[self.broker_name]
+        if lease_of is None:
             return self
         lease, threshold = self.worker_lease, self.self_fence_threshold
         if lease - threshold < self.self_fence_interval + self.self_fence_margin:
@@ -425,7 +436,7 @@ class Settings(BaseSettings):
                 f"the {lease:.2f}s lease (needs {self.self_fence_interval + self.self_fence_margin:.2f}s "
                 "to spare): lower it or lengthen the lease"
             )
-        cadence = self.pg_lease_seconds / 3 if self.broker_name == "postgres" else self.maintenance_interval
+        cadence = lease_of.cadence(self)
         if threshold < 1.5 * cadence:
             raise ValueError(
                 f"self_fence_fraction: a worker would exit {threshold:.2f}s after its last heartbeat but "
@@ -436,7 +447,8 @@ class Settings(BaseSettings):
     @property
     def worker_lease(self) -> float:
         """Seconds without a heartbeat after which the broker in use hands a worker's jobs to others."""
-        return self.pg_lease_seconds if self.broker_name == "postgres" else self.heartbeat_timeout
+        lease_of = _LEASES[self.broker_name]
+        return self.heartbeat_timeout if lease_of is None else lease_of.lease(self)
 
     @property
     def self_fence_threshold(self) -> float:
@@ -528,3 +540,13 @@ def _plain(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+#: Per broker, the settings its lease and heartbeat come from: the one place a broker's name picks
+#: settings. None: the broker hands nothing out again (inline), so there is no lease to keep and no
+#: self-fence to check; its workers still read ``heartbeat_timeout`` as their lease.
+_LEASES: dict[BrokerName, _Lease | None] = {
+    "redis": _Lease(lease=lambda s: s.heartbeat_timeout, cadence=lambda s: s.maintenance_interval),
+    "postgres": _Lease(lease=lambda s: s.pg_lease_seconds, cadence=lambda s: s.pg_lease_seconds / 3),
+    "inline": None,
+}
