@@ -24,6 +24,10 @@ and cancels of a subset of the jobs at drawn times after their enqueue
 was acknowledged, some while they wait, some while they run, some after
 they ended (:class:`Canceller`); each cancel's answer and its times go into
 the history.
+
+Event waits (issue 21), drawn from the seed too (:func:`waiters`): jobs that
+``ctx.wait_for`` an event of their own, and a :class:`Signaller` that signals
+it before the wait, during it, after its timeout, twice, or never.
 """
 
 from __future__ import annotations
@@ -179,6 +183,8 @@ class Item:
     cancel_after: float | None = None
     #: UNIX seconds its enqueue was acknowledged (the producer's answer).
     acked_at: float = 0.0
+    #: A waiter's signals: (seconds after its enqueue's answer, or None: before its enqueue; the data).
+    signal_plan: list[tuple[float | None, str]] = dataclasses.field(default_factory=list)
 
     def body(self) -> dict:
         body = {"job": self.request.job, "payload": self.payload, "key": self.request.key, "delay": self.delay}
@@ -246,6 +252,7 @@ def plan(seed: int, n: int, price: Decimal, *, slow_hooks: bool) -> list[Item]:
             items.insert(at, dataclasses.replace(item, duplicate=True))
     grouped(seed, n, items)
     cancels(seed, items)
+    waiters(seed, n, items)
     return items
 
 
@@ -287,6 +294,32 @@ def cancels(seed: int, items: list[Item]) -> None:
             item.cancel_after = round(rng.uniform(0.15, 1.0), 2)
         else:
             item.cancel_after = round(rng.uniform(4.0, 7.0), 2)
+
+
+def waiters(seed: int, n: int, items: list[Item]) -> None:
+    """About n/20 jobs that ``ctx.wait_for`` an event of their own for 2-5 s, added to ``items`` (after the
+    cancels are drawn: a waiter is never cancelled), each with its signals: one sent before its enqueue,
+    one during its wait, one after its timeout, two during it (different data: the first kept wins), or
+    none (the timeout resumes it with None). A producer of their own sends them."""
+    rng = random.Random(f"waits:{seed}")
+    for i in range(max(4, n // 20)):
+        token = f"c{seed}-w{i}"
+        queue = WORK_QUEUES[i % len(WORK_QUEUES)]
+        timeout = round(rng.uniform(2.0, 5.0), 2)
+        req = hist.Request(token=token, job=f"fault.work.{queue}", event=f"ev-{token}", wait_timeout=timeout)
+        payload = {"token": token, "effect": True, "sleep": 0.02, "event": req.event, "wait_timeout": timeout}
+        when = rng.choices(["before", "during", "after", "twice", "never"], weights=[2, 4, 2, 2, 2])[0]
+        during = round(rng.uniform(0.3, timeout - 0.8), 2)
+        plan_: list[tuple[float | None, str]] = []
+        if when == "before":
+            plan_.append((None, f"{token}:a"))
+        elif when in ("during", "twice"):
+            plan_.append((during, f"{token}:a"))
+            if when == "twice":
+                plan_.append((during + round(rng.uniform(0.2, 1.0), 2), f"{token}:b"))
+        elif when == "after":
+            plan_.append((round(timeout + rng.uniform(1.5, 3.0), 2), f"{token}:a"))
+        items.append(Item(req, payload, signal_plan=plan_))
 
 
 class Producer(threading.Thread):
@@ -389,6 +422,46 @@ class Canceller(threading.Thread):
     def wait(self, timeout: float) -> None:
         if not self.finished.wait(timeout):
             raise AssertionError(f"the canceller did not finish within {timeout:g}s")
+
+
+class Signaller(threading.Thread):
+    """Sends the waiters' signals (:func:`waiters`) at their drawn times, through whatever fault is going on:
+    one meant before its enqueue at once, the others that many seconds after the enqueue's answer. Each
+    call's data, times and outcome go on its request (ACKED when it returned, UNKNOWN when it raised)."""
+
+    def __init__(self, app: App, items: list[Item], producers: list[Producer]) -> None:
+        super().__init__(name="campaign-signaller", daemon=True)
+        self.app, self.producers = app, producers
+        self.pending = [(item, at, data) for item in items for at, data in item.signal_plan]
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while self.pending:
+                now = time.time()
+                due = [p for p in self.pending if p[1] is None or (p[0].acked_at and now >= p[0].acked_at + p[1])]
+                if all(p.finished.is_set() for p in self.producers):  # never acknowledged: nothing to signal
+                    self.pending = [p for p in self.pending if p[0].acked_at or p[1] is None]
+                for entry in due:
+                    self.pending.remove(entry)
+                    self._signal(entry[0], entry[2])
+                time.sleep(0.02)
+        finally:
+            self.finished.set()
+
+    def _signal(self, item: Item, data: str) -> None:
+        req, sent = item.request, time.time()
+        try:
+            self.app.events.signal(req.event or "", data)
+        except Exception:  # noqa: BLE001 - any failure: it may or may not have been stored
+            outcome = hist.UNKNOWN
+        else:
+            outcome = hist.ACKED
+        req.signals.append(hist.Signal(data, sent, time.time(), outcome))
+
+    def wait(self, timeout: float) -> None:
+        if not self.finished.wait(timeout):
+            raise AssertionError(f"the signaller did not finish within {timeout:g}s")
 
 
 @dataclasses.dataclass
@@ -788,12 +861,17 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         hist.Hook(r[0], r[1], r[2]) for r in _rows(url, "SELECT job_id, token, ended_at IS NOT NULL FROM fault_dead")
     ]
     cancel_hooks = [hist.Hook(r[0], r[1], True) for r in _rows(url, "SELECT job_id, token FROM fault_cancels")]
+    waits = [
+        hist.WaitRow(str(r[0]), r[1], r[2], r[3], r[4])
+        for r in _rows(url, "SELECT run_id, job_id, token, delivery, data FROM fault_waits")
+    ]
     requests = _merge([item.request for item in items + stage.poisoned + stage.added])
     if stage.broker == "postgres":  # the broker's own clock stepped: keys' dedup windows are on it
         for req in requests:
             req.clock_stepped = any(
                 began - DEDUP_TTL <= req.last_sent and req.first_sent <= ended for began, ended, _ in stage.pg_steps
             )
+    relax_waits(stage, requests)
     requests += children(requests, items, runs)
     job_ids = {j for req in requests for j in req.job_ids} | {r.job_id for r in runs}
     states, why = {}, {}
@@ -839,7 +917,26 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         cancel_hooks=cancel_hooks,
         group_cap=GROUP_CAP,
         broker=stage.broker,
+        waits=waits,
+        fault_windows=[(a.started - 1.0, a.ended + LEASE + RECOVERY + 3.0) for a in stage.applied],
     )
+
+
+def relax_waits(stage: Stage, requests: list[hist.Request]) -> None:
+    """A wait's timeout is a delay: measured on the broker's clock (Postgres: stepped by postgres-clock) and
+    on the workers' (a delayed message's eta; worker-clock runs workers whose clock is off). A waiter whose
+    wait overlapped either may time out before a signal that was in time: say so on its request."""
+    skewed = [(a.started, a.ended + DRAIN_SECONDS) for a in stage.applied if a.fault.kind == "worker-clock"]
+    stepped = [(b, e) for b, e, _ in stage.pg_steps] if stage.broker == "postgres" else []
+    for req in requests:
+        if not req.event or not req.first_sent:
+            continue
+        last = max([s.answered for s in req.signals] + [req.last_sent + req.wait_timeout])
+        for began, ended, why in [(b, e, "a worker's clock was off") for b, e in skewed] + [
+            (b, e, "the broker's clock stepped") for b, e in stepped
+        ]:
+            if began <= last and req.first_sent - 1.0 <= ended:
+                req.wait_relaxed = why
 
 
 def children(requests: list[hist.Request], items: list[Item], runs: list[hist.Run]) -> list[hist.Request]:
@@ -980,13 +1077,19 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
             marks += [(i.request.token, "fanout") for i in items if i.payload.get("children")]
             conn.cursor().executemany("INSERT INTO fault_marks VALUES (%s, %s) ON CONFLICT DO NOTHING", marks)
         # The grouped jobs have a producer of their own: the rest goes out in the batches it always did.
-        producer = Producer(producer_app, [i for i in items if i.request.group is None], seed, spread=size.window)
+        producer = Producer(
+            producer_app, [i for i in items if i.request.group is None and not i.request.event], seed, size.window
+        )
+        waits_producer = Producer(
+            producer_app, [i for i in items if i.request.event], seed, size.window, "waits-producer"
+        )
         grouped_producer = Producer(
             producer_app, [i for i in items if i.request.group is not None], seed, size.window, "groups-producer"
         )
         canceller = Canceller(producer_app, items, [producer, grouped_producer])
+        signaller = Signaller(producer_app, items, [waits_producer])
         started = time.time()
-        for thread in (producer, grouped_producer, canceller):
+        for thread in (producer, grouped_producer, canceller, waits_producer, signaller):
             thread.start()
         try:
             stage.run(schedule, started)
@@ -995,6 +1098,8 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         producer.wait(timeout=120)
         grouped_producer.wait(timeout=120)
         canceller.wait(timeout=60)
+        waits_producer.wait(timeout=120)
+        signaller.wait(timeout=60)
         # A step of the broker's clock back (the end of a forward step) postpones every delay set meanwhile.
         stepped = max((a for _, _, a in stage.pg_steps), default=0.0) if broker == "postgres" else 0.0
         settle(stage, items, time.time() + QUIET + stepped)
@@ -1014,6 +1119,6 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         stage.applied,
         history,
         anomalies,
-        dict(producer.errors + grouped_producer.errors),
+        dict(producer.errors + grouped_producer.errors + waits_producer.errors),
         time.monotonic() - t0,
     )

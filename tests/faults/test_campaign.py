@@ -75,6 +75,10 @@ def test_campaign_seed_keeps_every_guarantee(servers, tmp_path, broker, seed):
         f"{sum(1 for s in outcome.history.states.values() if s == 'cancelled')}; held runs at once per group "
         f"{ {g: p for g, (p, _) in sorted(history.group_peaks(outcome.history).items())} } "
         f"(cap {outcome.history.group_cap})",
+        f"waiters {sum(1 for r in outcome.history.requests if r.event)}, answers "
+        f"{dict(Counter('none' if w.data == 'null' else 'data' for w in outcome.history.waits))}, signals "
+        f"{dict(Counter(s.outcome for r in outcome.history.requests for s in r.signals))}, relaxed "
+        f"{sum(1 for r in outcome.history.requests if r.wait_relaxed)}",
         "schedule:",
     ]
     lines += [f"  {a.fault}  [{a.note}]" if a.note else f"  {a.fault}" for a in outcome.applied]

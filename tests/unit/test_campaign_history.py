@@ -380,3 +380,63 @@ def test_a_cancelled_job_did_not_also_fail_or_complete():
     assert list(check(h)) == ["doubled"]
     h.broker = "redis"  # ctx.once applied the effect; the job then ended cancelled (its hook undoes it)
     assert check(h) == {}
+
+
+def waiter(answers: list[str | None], signals=(), *, state="completed", runs=None, relaxed="") -> History:
+    """A clean history plus job W, which waited 3 s for its event (first run at t=0) and got ``answers``
+    (one run past the wait each), with ``signals``: (data, answered at, outcome)."""
+    from tests.faults.history import Signal, WaitRow
+
+    h = clean()
+    req = Request("w", "fault.work.nudge", outcome=ACKED, job_ids=["W"], event="ev-w", wait_timeout=3.0)
+    req.signals = [
+        Signal(data, at(answered - 0.1).timestamp(), at(answered).timestamp(), outcome)
+        for data, answered, outcome in signals
+    ]
+    req.wait_relaxed = relaxed
+    h.requests.append(req)
+    h.states["W"] = state
+    if runs is None:
+        runs = [run("W", "w", 1, 0, 0.1, ok=False)] + [
+            run("W", "w", 2 + i, 3.5 + 2 * i, 4 + 2 * i, rid=f"rw{i}") for i in range(len(answers))
+        ]
+    h.runs += runs
+    for i, answer in enumerate(answers):
+        h.waits.append(WaitRow(f"rw{i}", "W", "w", 2 + i, "null" if answer is None else f'"{answer}"'))
+        if i == 0:
+            h.effects.append(Effect(f"rw{i}", "W", "w", 2 + i, True))
+    return h
+
+
+def test_a_wait_resumed_once_with_the_signal_sent_in_time_is_clean():
+    assert check(waiter(["a"], [("a", 1.0, ACKED)])) == {}
+    assert check(waiter([None])) == {}  # never signalled: the timeout resumes it with None
+    assert check(waiter([None], [("a", 5.0, ACKED)])) == {}  # signalled after the timeout
+    assert check(waiter(["a"], [("a", 5.0, ACKED)])) == {}  # ... yet before its resumed run asked
+    assert check(waiter(["a"], [("a", 1.0, ACKED), ("b", 1.5, ACKED)])) == {}
+    assert check(waiter([None], [("a", 1.0, UNKNOWN)])) == {}  # a signal that raised may be lost
+
+
+def test_a_wait_that_timed_out_though_signalled_in_time_is_flagged():
+    assert list(check(waiter([None], [("a", 1.0, ACKED)]))) == ["wait"]
+    assert check(waiter([None], [("a", 1.0, ACKED)], relaxed="the broker's clock stepped")) == {}
+
+
+def test_a_wait_must_get_the_first_kept_signal_and_nothing_no_signal_sent():
+    assert list(check(waiter(["b"], [("a", 1.0, ACKED), ("b", 1.5, ACKED)]))) == ["wait"]
+    assert list(check(waiter(["z"], [("a", 1.0, ACKED)]))) == ["wait"]
+
+
+def test_a_wait_resumed_twice_is_flagged_unless_a_fault_may_have_lost_the_first_ack():
+    h = waiter(["a", "a"], [("a", 1.0, ACKED)])
+    assert list(check(h)) == ["wait"]
+    h.fault_windows = [(at(3).timestamp(), at(6).timestamp())]
+    assert check(h) == {}
+    assert list(check(waiter(["a", None], [("a", 1.0, UNKNOWN)]))) == ["wait"]  # two answers: resolved twice
+
+
+def test_a_waiter_still_awaiting_or_completed_without_its_wait_is_flagged():
+    assert list(check(waiter([], state="awaiting", runs=[run("W", "w", 1, 0, 0.1, ok=False)]))) == ["wait"]
+    h = waiter([], runs=[run("W", "w", 1, 0, 0.1, rid="rw0")])
+    h.effects.append(Effect("rw0", "W", "w", 1, True))
+    assert list(check(h)) == ["wait"]
