@@ -482,6 +482,8 @@ class Stage:
         #: (real start, real end, seconds) of each Postgres clock step (keys' windows and delays move with it).
         self.pg_steps: list[tuple[float, float, float]] = []
         self.stopped: set[int] = set()
+        #: (pid, UNIX start, end) of each pause.
+        self.paused: list[tuple[int, float, float]] = []
         self.old_workers: list = []
         self.poisoned: list[Item] = []
         #: Requests a kind made itself (user-retries' poll jobs), checked like the workload's.
@@ -582,10 +584,12 @@ class Stage:
         if pid is None:
             return "no target"
         self.stopped.add(pid)
+        began = time.time()
         _signal(pid, signal.SIGSTOP)
         time.sleep(fault.duration)
         _signal(pid, signal.SIGCONT)
         self.stopped.discard(pid)
+        self.paused.append((pid, began, time.time()))
         return f"pid {pid}"
 
     def _redis_crash(self, fault: nemesis.Fault) -> None:
@@ -918,8 +922,29 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         group_cap=GROUP_CAP,
         broker=stage.broker,
         waits=waits,
-        fault_windows=[(a.started - 1.0, a.ended + LEASE + RECOVERY + 3.0) for a in stage.applied],
+        fault_windows=[
+            (a.started - 1.0, a.ended + LEASE + RECOVERY + 3.0)
+            for a in stage.applied
+            if a.fault.kind in ACK_LOSING_KINDS
+        ],
+        process_windows=process_windows(stage),
     )
+
+
+#: Kinds that may lose the ack of any run that ended while they were in force (a kill or a pause loses
+#: only its own process's: :func:`process_windows`).
+ACK_LOSING_KINDS = ("redis-crash", "postgres-crash", "partition", "redis-oom", "postgres-clock")
+
+
+def process_windows(stage: Stage) -> dict[int, list[tuple[float, float]]]:
+    """Worker pid -> when a run of it that had ended may have lost its ack: killed (by a kill, or SIGKILLed
+    when its group did not drain in time) within 2 s of that end, or stopped then (a pause)."""
+    out: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for pid, at in stage.cluster.kills.items():
+        out[pid].append((at - 2.0, at + 0.5))
+    for pid, began, ended in stage.paused:
+        out[pid].append((began - 2.0, ended + 0.5))
+    return dict(out)
 
 
 def relax_waits(stage: Stage, requests: list[hist.Request]) -> None:

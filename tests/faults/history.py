@@ -79,8 +79,9 @@ the wait logs what it returned (``fault_waits``). **wait**:
 - a completed waiter has a run past its wait, and none is still
   ``awaiting`` after the quiet period (its timeout passed long before);
 - resumed once: no run past the wait starts after another one reached its
-  end, unless a fault was in force around that end (a worker killed or cut
-  off before its ack, a server away: at-least-once delivery runs it again).
+  end, unless a fault was in force around that end that may have lost its
+  ack (its own process killed or stopped, the host cut off, a server away
+  or its clock stepped: at-least-once delivery runs it again).
 """
 
 from __future__ import annotations
@@ -266,9 +267,13 @@ class History:
     broker: str = ""
     #: One row per run that got past its wait.
     waits: list[WaitRow] = dataclasses.field(default_factory=list)
-    #: (UNIX start, end) of each fault the nemesis applied, widened by the time a lost ack takes to be
-    #: recovered: a run that ended in one may run again (at-least-once).
+    #: (UNIX start, end) of each fault the nemesis applied to a server or the network (a crash, a cut, a
+    #: server clock step, maxmemory), widened by the time a lost ack takes to be recovered: a run that
+    #: ended in one may run again (at-least-once).
     fault_windows: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    #: Worker pid -> (UNIX start, end) of each fault to that process (a SIGKILL, a SIGSTOP to its SIGCONT),
+    #: widened likewise: a run of it that ended in one may have lost its ack.
+    process_windows: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
 
 
 def check(h: History) -> dict[str, list[str]]:
@@ -482,7 +487,8 @@ def _check_waits(h: History, runs_by_job, out) -> None:
             if a.ended is None or b.started < a.ended:
                 continue  # overlapping runs are the overlapping rule's
             end = a.ended.timestamp()
-            if not any(began <= end <= ended for began, ended in h.fault_windows):
+            windows = h.fault_windows + h.process_windows.get(a.pid, [])
+            if not any(began <= end <= ended for began, ended in windows):
                 out["wait"].append(
                     f"{where} resumed again: {_show(b)} got past the wait after {_show(a)} had completed it,"
                     " no fault in force at that end"

@@ -432,6 +432,11 @@ def test_a_wait_resumed_twice_is_flagged_unless_a_fault_may_have_lost_the_first_
     assert list(check(h)) == ["wait"]
     h.fault_windows = [(at(3).timestamp(), at(6).timestamp())]
     assert check(h) == {}
+    h.fault_windows = []
+    h.process_windows = {h.runs[-2].pid: [(at(3.5).timestamp(), at(4.5).timestamp())]}  # its process killed
+    assert check(h) == {}
+    h.process_windows = {h.runs[-1].pid: [(at(3.5).timestamp(), at(4.5).timestamp())]}  # another's
+    assert list(check(h)) == ["wait"]
     assert list(check(waiter(["a", None], [("a", 1.0, UNKNOWN)]))) == ["wait"]  # two answers: resolved twice
 
 
