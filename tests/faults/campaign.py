@@ -60,6 +60,7 @@ from tests.faults.jobs import WORK_QUEUES, child, uptime
 from tests.faults.jobs_extra import EXTRA_QUEUES, GROUP_CAP, GROUP_QUEUE, LIMITS_QUEUE, POLL_QUEUE
 from tests.faults.netns import NetworkNamespace
 from tests.faults.proxy import ReplyDroppingProxy
+from tests.support.cluster import RedisCluster
 from tests.support.harness import ROOT, env_for
 from tests.support.servers import PostgresServer, RedisServer
 
@@ -88,6 +89,13 @@ READY_SECONDS = 30.0
 
 #: The Redis client timeout of the campaign (producer and workers): short, so a lost reply shows soon.
 REDIS_TIMEOUT = 2.0
+
+#: The campaign's third broker: conveyor's redis broker on a private Redis Cluster of three primaries with a
+#: replica each (``redis+cluster://``), with CONVEYOR_REDIS_WAIT_REPLICAS=1; its own kind is failover.
+CLUSTER = "redis-cluster"
+
+#: Seconds each WAIT for the slot's replica may take on the cluster (a loaded CI machine).
+CLUSTER_WAIT_TIMEOUT = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +168,15 @@ class Servers:
         except BaseException:
             self.close()
             raise
+        self._cluster: RedisCluster | None = None
+
+    @property
+    def cluster(self) -> RedisCluster:
+        """Three primaries with a replica each (tests/support/cluster.py), started when a run first needs it."""
+        if self._cluster is None:
+            self._cluster = RedisCluster(replicas=1)
+            self.closers.append(self._cluster.close)
+        return self._cluster
 
     def close(self) -> None:
         for close in reversed(self.closers):
@@ -297,16 +314,17 @@ def cancels(seed: int, items: list[Item]) -> None:
 
 
 def waiters(seed: int, n: int, items: list[Item]) -> None:
-    """About n/20 jobs that ``ctx.wait_for`` an event of their own for 2-5 s, added to ``items`` (after the
+    """About n/20 keyed jobs that ``ctx.wait_for`` an event of their own for 2-5 s, added to ``items`` (after the
     cancels are drawn: a waiter is never cancelled), each with its signals: one sent before its enqueue,
     one during its wait, one after its timeout, two during it (different data: the first kept wins), or
-    none (the timeout resumes it with None). A producer of their own sends them."""
+    none (the timeout resumes it with None). A producer of their own sends them one at a time."""
     rng = random.Random(f"waits:{seed}")
     for i in range(max(4, n // 20)):
         token = f"c{seed}-w{i}"
         queue = WORK_QUEUES[i % len(WORK_QUEUES)]
         timeout = round(rng.uniform(2.0, 5.0), 2)
         req = hist.Request(token=token, job=f"fault.work.{queue}", event=f"ev-{token}", wait_timeout=timeout)
+        req.key = f"wait:{token}"  # keyed: an enqueue of unknown outcome is sent again (its signals need it)
         payload = {"token": token, "effect": True, "sleep": 0.02, "event": req.event, "wait_timeout": timeout}
         when = rng.choices(["before", "during", "after", "twice", "never"], weights=[2, 4, 2, 2, 2])[0]
         during = round(rng.uniform(0.3, timeout - 0.8), 2)
@@ -328,9 +346,17 @@ class Producer(threading.Thread):
     #: Tries of a batch refused with a definite "nothing was enqueued", and of keyed jobs after an unknown outcome.
     TRIES = 4
 
-    def __init__(self, app: App, items: list[Item], seed: int, spread: float, stream: str = "producer") -> None:
+    def __init__(
+        self,
+        app: App,
+        items: list[Item],
+        seed: int,
+        spread: float,
+        stream: str = "producer",
+        sizes: tuple[int, ...] = (1, 1, 2, 5, 8, 16),
+    ) -> None:
         super().__init__(name=f"campaign-{stream}", daemon=True)
-        self.app, self.items, self.spread = app, items, spread
+        self.app, self.items, self.spread, self.sizes = app, items, spread, sizes
         self.rng = random.Random(f"{stream}:{seed}")
         self.errors: Counter[str] = Counter()
         self.finished = threading.Event()
@@ -339,7 +365,7 @@ class Producer(threading.Thread):
         try:
             batches, i = [], 0
             while i < len(self.items):
-                size = self.rng.choice([1, 1, 2, 5, 8, 16])
+                size = self.rng.choice(self.sizes)
                 batches.append(self.items[i : i + size])
                 i += size
             pause = self.spread / max(len(batches), 1)
@@ -490,6 +516,8 @@ class Stage:
         self.added: list[Item] = []
         #: What the time-limits kind found wrong with a worker's pool (a census short of connections, or none).
         self.pool_problems: list[str] = []
+        #: (queue, UNIX time its primary was SIGKILLed) of each failover (redis-cluster).
+        self.failovers: list[tuple[str, float]] = []
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._threads: list[threading.Thread] = []
 
@@ -528,6 +556,11 @@ class Stage:
                 server.start()
         if self.broker == "redis":
             self._redis().config_set("maxmemory", 0)
+        if self.broker == CLUSTER:
+            for node in self.servers.cluster.nodes:
+                if not node.is_running:
+                    node.start()
+            self.servers.cluster.wait_ready()
         for group in self.old_workers:
             if group.proc.poll() is None:
                 self._leave(group, DRAIN_SECONDS)
@@ -795,8 +828,51 @@ class Stage:
             left = self._leave(group, DRAIN_SECONDS)
         return f"{len(made)} poll jobs: {dict(Counter(states.values()))}; {_restarts(group)}{left}"
 
+    def _failover(self, fault: nemesis.Fault) -> str:
+        """SIGKILL the primary serving a drawn queue's slot, wait for the cluster to promote its replica (the
+        nodes' timeout is 2 s), leave it so for the fault's duration, then start the killed node again: it
+        rejoins as the new primary's replica (until it has synced, WAIT on that slot fails: enqueues there
+        end of unknown outcome and claims go back, which is what CONVEYOR_REDIS_WAIT_REPLICAS is for)."""
+        cluster = self.servers.cluster
+        queue = self.rng.choice(list(WORK_QUEUES + (GROUP_QUEUE,)))
+        slot_key = f"{self.cluster.settings.redis_namespace}{{{queue}}}:x"
+        victim = cluster.owner(slot_key)
+        victim.kill()
+        killed = time.time()
+        self.failovers.append((queue, killed))
+        try:
+            promoted = None
+            while time.time() < killed + 60:
+                try:
+                    if cluster.owner(slot_key) is not victim:
+                        promoted = time.time() - killed
+                        break
+                except (redis_lib.RedisError, OSError, StopIteration):
+                    pass
+                time.sleep(0.1)
+            time.sleep(fault.duration)
+        finally:
+            victim.start()
+        cluster.wait_ready()
+        took = f"promoted in {promoted:.1f} s" if promoted is not None else "no replica promoted within 60 s"
+        return f"{queue}: primary :{victim.port} SIGKILLed, {took}, restarted after {time.time() - killed:.1f} s"
+
     def _redis(self) -> redis_lib.Redis:
         return redis_lib.Redis.from_url(self.servers.redis.url, socket_timeout=5)
+
+    def _redis_primaries(self) -> list[redis_lib.Redis]:
+        """A client to each primary: the one Redis, or each cluster node that says it is a master."""
+        if self.broker != CLUSTER:
+            return [self._redis()]
+        out = []
+        for node in self.servers.cluster.nodes:
+            if node.is_running:
+                client = redis_lib.Redis(host="127.0.0.1", port=node.port, socket_timeout=5)
+                if client.execute_command("ROLE")[0] == b"master":
+                    out.append(client)
+                else:
+                    client.close()
+        return out
 
 
 def _restarts(group) -> str:
@@ -889,16 +965,17 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         counts = cluster.app.broker.queue_counts(queue)
         leftovers[queue] = (counts.waiting, counts.delayed, counts.active)
     reserved: dict[str, int] = {}
-    if stage.broker == "redis":
-        client, ns = stage._redis(), cluster.settings.redis_namespace
-        try:
-            for key in client.scan_iter(f"{ns}:__acks__.*"):
-                reserved[key.decode()] = int(client.scard(key))
-            for key in client.scan_iter(f"{ns}:*.msgs"):
-                if not key.endswith(b".XQ.msgs"):  # the dead letters are kept on purpose
-                    reserved[key.decode()] = int(client.hlen(key))
-        finally:
-            client.close()
+    if stage.broker in ("redis", CLUSTER):
+        ns = cluster.settings.redis_namespace  # a cluster's keys are under ns{queue}: (tests: keys.py)
+        for client in stage._redis_primaries():
+            try:
+                for key in client.scan_iter(f"{ns}*:__acks__.*"):
+                    reserved[key.decode()] = int(client.scard(key))
+                for key in client.scan_iter(f"{ns}*:*.msgs"):
+                    if not key.endswith(b".XQ.msgs"):  # the dead letters are kept on purpose
+                        reserved[key.decode()] = int(client.hlen(key))
+            finally:
+                client.close()
     entries = [
         (r[0], r[1], r[2])
         for r in _rows(url, "SELECT reference_id, user_id, amount FROM credit_entries WHERE kind = 'consume'")
@@ -933,7 +1010,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
 
 #: Kinds that may lose the ack of any run that ended while they were in force (a kill or a pause loses
 #: only its own process's: :func:`process_windows`).
-ACK_LOSING_KINDS = ("redis-crash", "postgres-crash", "partition", "redis-oom", "postgres-clock")
+ACK_LOSING_KINDS = ("redis-crash", "postgres-crash", "partition", "redis-oom", "postgres-clock", "failover")
 
 
 def process_windows(stage: Stage) -> dict[int, list[tuple[float, float]]]:
@@ -1059,18 +1136,28 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
     t0 = time.monotonic()
     schedule = nemesis.schedule(seed, broker, window=size.window, faults=size.faults, kinds=kinds)
     pg, redis = servers.pg, servers.redis
-    name = f"campaign_{seed}_{broker}"[:60]
+    name = f"campaign_{seed}_{broker}"[:60].replace("-", "_")
     pg.drop_database(name)
     pg.create_database(name, template=ensure_template(pg))
-    client = redis_lib.Redis.from_url(redis.url)
-    try:
-        client.flushall()
-        client.config_set("maxmemory", 0)
-    finally:
-        client.close()
-    overrides = {"imports": IMPORTS_NEW, "redis_socket_timeout": REDIS_TIMEOUT}
-    settings = fault_settings(broker, redis.url if broker == "redis" else None, pg.url(name), **overrides)
+    overrides: dict = {"imports": IMPORTS_NEW, "redis_socket_timeout": REDIS_TIMEOUT}
+    if broker == CLUSTER:
+        servers.cluster.wait_ready()
+        servers.cluster.flush()
+        redis_url: str | None = servers.cluster.url
+        # Every enqueue and claim WAITs for the slot's replica: a failover loses none of them.
+        overrides.update(redis_wait_replicas=1, redis_wait_timeout=CLUSTER_WAIT_TIMEOUT)
+    else:
+        client = redis_lib.Redis.from_url(redis.url)
+        try:
+            client.flushall()
+            client.config_set("maxmemory", 0)
+        finally:
+            client.close()
+        redis_url = redis.url if broker == "redis" else None
+    settings = fault_settings("redis" if broker == CLUSTER else broker, redis_url, pg.url(name), **overrides)
     env = {"CONVEYOR_IMPORTS": IMPORTS_NEW, "CONVEYOR_REDIS_SOCKET_TIMEOUT": str(REDIS_TIMEOUT)}
+    if broker == CLUSTER:
+        env["CONVEYOR_REDIS_WAIT_TIMEOUT"] = str(CLUSTER_WAIT_TIMEOUT)
     cluster = Cluster(settings, workdir / f"{broker}-{seed}", env)
     upstream = ("127.0.0.1", redis.port) if broker == "redis" else ("127.0.0.1", pg.port)
     proxy = ReplyDroppingProxy(*upstream)
@@ -1078,6 +1165,8 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         update={"redis_url": proxy.url_for(settings.redis_url)}
         if broker == "redis"
         else {"database_url": proxy.url_for(settings.database_url)}
+        if broker == "postgres"
+        else {}  # a cluster client follows the nodes' addresses: no proxy (drop-replies is not drawn)
     )
     producer_app = App(via)
     stage = Stage(servers, cluster, broker, proxy, seed)
@@ -1092,9 +1181,15 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         # The near and far hosts serve the capped queue of grouped jobs too: the cap holds across both.
         served = WORK_QUEUES + (GROUP_QUEUE,)
         near = cluster.start_workers("near", queues=served, wait=False)
-        far = cluster.start_workers("far", queues=served, prefix=servers.namespace.prefix, settings=remote, wait=False)
-        near.wait_ready()
-        far.wait_ready()
+        hosts = [near]
+        if broker != CLUSTER:  # the nodes bind loopback only: no far host (partition is not drawn)
+            hosts.append(
+                cluster.start_workers(
+                    "far", queues=served, prefix=servers.namespace.prefix, settings=remote, wait=False
+                )
+            )
+        for host in hosts:
+            host.wait_ready()
         items = plan(seed, size.jobs, settings.price_per_1k_tokens, slow_hooks="kill-hook" in kinds)
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             conn.execute("CREATE TABLE fault_marks (token TEXT, mark TEXT, PRIMARY KEY (token, mark))")
@@ -1106,7 +1201,7 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
             producer_app, [i for i in items if i.request.group is None and not i.request.event], seed, size.window
         )
         waits_producer = Producer(
-            producer_app, [i for i in items if i.request.event], seed, size.window, "waits-producer"
+            producer_app, [i for i in items if i.request.event], seed, size.window, "waits-producer", sizes=(1,)
         )
         grouped_producer = Producer(
             producer_app, [i for i in items if i.request.group is not None], seed, size.window, "groups-producer"

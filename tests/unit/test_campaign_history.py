@@ -205,8 +205,8 @@ def test_a_message_still_reserved_at_the_end_is_stuck():
 
 def test_the_ci_seeds_draw_every_fault_kind_ci_runs_on_each_broker():
     """If this fails after a kind left FAULTS_PENDING_FIX, pick CI seeds that cover every kind again."""
-    from tests.faults.campaign import CI
-    from tests.faults.test_campaign import CI_SEEDS
+    from tests.faults.campaign import CI, CLUSTER
+    from tests.faults.test_campaign import CI_SEEDS, CLUSTER_SEEDS
 
     for broker in ("redis", "postgres"):
         kinds = nemesis.kinds_for(broker)
@@ -216,6 +216,14 @@ def test_the_ci_seeds_draw_every_fault_kind_ci_runs_on_each_broker():
             for fault in nemesis.schedule(seed, broker, window=CI.window, faults=CI.faults, kinds=kinds)
         }
         assert drawn == set(kinds), (broker, set(kinds) - drawn)
+    # The cluster's one seed: its own kind at least (the others run on the two brokers above).
+    kinds = nemesis.kinds_for(CLUSTER)
+    drawn = {
+        fault.kind
+        for seed in CLUSTER_SEEDS
+        for fault in nemesis.schedule(seed, CLUSTER, window=CI.window, faults=CI.faults, kinds=kinds)
+    }
+    assert "failover" in drawn or "failover" in nemesis.KINDS_OUT_OF_CI
 
 
 def test_overlap_is_allowed_when_both_fenced_and_the_effect_applied_once():
