@@ -94,6 +94,10 @@ REDIS_TIMEOUT = 2.0
 #: replica each (``redis+cluster://``), with CONVEYOR_REDIS_WAIT_REPLICAS=1; its own kind is failover.
 CLUSTER = "redis-cluster"
 
+#: Seconds before a primary's SIGKILL within which a write it acknowledged without WAIT (an ack, a signal,
+#: a cancel) may not have reached its replica yet: the checker does not require such a signal to arrive.
+FAILOVER_LAG = 1.0
+
 #: Seconds each WAIT for the slot's replica may take on the cluster (a loaded CI machine).
 CLUSTER_WAIT_TIMEOUT = 2.0
 
@@ -1039,6 +1043,12 @@ def relax_waits(stage: Stage, requests: list[hist.Request]) -> None:
         ]:
             if began <= last and req.first_sent - 1.0 <= ended:
                 req.wait_relaxed = why
+        # WAIT covers enqueues and claims only: a signal (or the wait's stored answer) the slot's primary
+        # acknowledged but had not replicated when it was killed is lost with it (asynchronous replication).
+        queue = req.job.rsplit(".", 1)[-1]
+        for failed, killed in stage.failovers:
+            if failed == queue and any(killed - FAILOVER_LAG <= s.answered <= killed for s in req.signals):
+                req.wait_relaxed = "a failover may have lost its signal (not WAITed)"
 
 
 def children(requests: list[hist.Request], items: list[Item], runs: list[hist.Run]) -> list[hist.Request]:

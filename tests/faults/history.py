@@ -75,7 +75,9 @@ the wait logs what it returned (``fault_waits``). **wait**:
   data, the first signal's when that one was acknowledged (signals are kept
   ``CONVEYOR_EVENT_TTL_SECONDS``, here a day, and the first one kept wins);
   not required when the broker's clock stepped or a worker whose clock was
-  off ran meanwhile (a wait's timeout is a delay: measured on those clocks);
+  off ran meanwhile (a wait's timeout is a delay: measured on those clocks),
+  or its queue's Redis Cluster primary was killed within a second of the
+  signal's answer (WAIT covers enqueues and claims, not signals);
 - a completed waiter has a run past its wait, and none is still
   ``awaiting`` after the quiet period (its timeout passed long before);
 - resumed once: no run past the wait starts after another one reached its
