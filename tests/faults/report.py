@@ -405,7 +405,9 @@ def render_campaign(runs: list[CampaignRun]) -> list[str]:
             for b in kind.brokers
             if (name, b) in nemesis.FAULTS_PENDING_FIX
         ]
-        ci = "; ".join(pending) or "yes"
+        ci = "; ".join(pending) or (
+            "no: " + nemesis.KINDS_OUT_OF_CI[name] if name in nemesis.KINDS_OUT_OF_CI else "yes"
+        )
         found = ", ".join(f"{b}: {SEEDS_TO_FIND[(name, b)]}" for b in kind.brokers if (name, b) in SEEDS_TO_FIND)
         finding = FINDING_OF.get(name, "-")
         lines.append(
