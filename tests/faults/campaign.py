@@ -24,6 +24,10 @@ and cancels of a subset of the jobs at drawn times after their enqueue
 was acknowledged, some while they wait, some while they run, some after
 they ended (:class:`Canceller`); each cancel's answer and its times go into
 the history.
+
+Event waits (issue 21), drawn from the seed too (:func:`waiters`): jobs that
+``ctx.wait_for`` an event of their own, and a :class:`Signaller` that signals
+it before the wait, during it, after its timeout, twice, or never.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from tests.faults.jobs import WORK_QUEUES, child, uptime
 from tests.faults.jobs_extra import EXTRA_QUEUES, GROUP_CAP, GROUP_QUEUE, LIMITS_QUEUE, POLL_QUEUE
 from tests.faults.netns import NetworkNamespace
 from tests.faults.proxy import ReplyDroppingProxy
+from tests.support.cluster import RedisCluster
 from tests.support.harness import ROOT, env_for
 from tests.support.servers import PostgresServer, RedisServer
 
@@ -84,6 +89,17 @@ READY_SECONDS = 30.0
 
 #: The Redis client timeout of the campaign (producer and workers): short, so a lost reply shows soon.
 REDIS_TIMEOUT = 2.0
+
+#: The campaign's third broker: conveyor's redis broker on a private Redis Cluster of three primaries with a
+#: replica each (``redis+cluster://``), with CONVEYOR_REDIS_WAIT_REPLICAS=1; its own kind is failover.
+CLUSTER = "redis-cluster"
+
+#: Seconds before a primary's SIGKILL within which a write it acknowledged without WAIT (an ack, a signal,
+#: a cancel) may not have reached its replica yet: the checker does not require such a signal to arrive.
+FAILOVER_LAG = 1.0
+
+#: Seconds each WAIT for the slot's replica may take on the cluster (a loaded CI machine).
+CLUSTER_WAIT_TIMEOUT = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +172,15 @@ class Servers:
         except BaseException:
             self.close()
             raise
+        self._cluster: RedisCluster | None = None
+
+    @property
+    def cluster(self) -> RedisCluster:
+        """Three primaries with a replica each (tests/support/cluster.py), started when a run first needs it."""
+        if self._cluster is None:
+            self._cluster = RedisCluster(replicas=1)
+            self.closers.append(self._cluster.close)
+        return self._cluster
 
     def close(self) -> None:
         for close in reversed(self.closers):
@@ -179,6 +204,8 @@ class Item:
     cancel_after: float | None = None
     #: UNIX seconds its enqueue was acknowledged (the producer's answer).
     acked_at: float = 0.0
+    #: A waiter's signals: (seconds after its enqueue's answer, or None: before its enqueue; the data).
+    signal_plan: list[tuple[float | None, str]] = dataclasses.field(default_factory=list)
 
     def body(self) -> dict:
         body = {"job": self.request.job, "payload": self.payload, "key": self.request.key, "delay": self.delay}
@@ -246,6 +273,7 @@ def plan(seed: int, n: int, price: Decimal, *, slow_hooks: bool) -> list[Item]:
             items.insert(at, dataclasses.replace(item, duplicate=True))
     grouped(seed, n, items)
     cancels(seed, items)
+    waiters(seed, n, items)
     return items
 
 
@@ -289,15 +317,50 @@ def cancels(seed: int, items: list[Item]) -> None:
             item.cancel_after = round(rng.uniform(4.0, 7.0), 2)
 
 
+def waiters(seed: int, n: int, items: list[Item]) -> None:
+    """About n/20 keyed jobs that ``ctx.wait_for`` an event of their own for 2-5 s, added to ``items`` (after the
+    cancels are drawn: a waiter is never cancelled), each with its signals: one sent before its enqueue,
+    one during its wait, one after its timeout, two during it (different data: the first kept wins), or
+    none (the timeout resumes it with None). A producer of their own sends them one at a time."""
+    rng = random.Random(f"waits:{seed}")
+    for i in range(max(4, n // 20)):
+        token = f"c{seed}-w{i}"
+        queue = WORK_QUEUES[i % len(WORK_QUEUES)]
+        timeout = round(rng.uniform(2.0, 5.0), 2)
+        req = hist.Request(token=token, job=f"fault.work.{queue}", event=f"ev-{token}", wait_timeout=timeout)
+        req.key = f"wait:{token}"  # keyed: an enqueue of unknown outcome is sent again (its signals need it)
+        payload = {"token": token, "effect": True, "sleep": 0.02, "event": req.event, "wait_timeout": timeout}
+        when = rng.choices(["before", "during", "after", "twice", "never"], weights=[2, 4, 2, 2, 2])[0]
+        during = round(rng.uniform(0.3, timeout - 0.8), 2)
+        plan_: list[tuple[float | None, str]] = []
+        if when == "before":
+            plan_.append((None, f"{token}:a"))
+        elif when in ("during", "twice"):
+            plan_.append((during, f"{token}:a"))
+            if when == "twice":
+                plan_.append((during + round(rng.uniform(0.2, 1.0), 2), f"{token}:b"))
+        elif when == "after":
+            plan_.append((round(timeout + rng.uniform(1.5, 3.0), 2), f"{token}:a"))
+        items.append(Item(req, payload, signal_plan=plan_))
+
+
 class Producer(threading.Thread):
     """Enqueues the plan in batches of 1-16 over ``spread`` seconds, through whatever fault is going on."""
 
     #: Tries of a batch refused with a definite "nothing was enqueued", and of keyed jobs after an unknown outcome.
     TRIES = 4
 
-    def __init__(self, app: App, items: list[Item], seed: int, spread: float, stream: str = "producer") -> None:
+    def __init__(
+        self,
+        app: App,
+        items: list[Item],
+        seed: int,
+        spread: float,
+        stream: str = "producer",
+        sizes: tuple[int, ...] = (1, 1, 2, 5, 8, 16),
+    ) -> None:
         super().__init__(name=f"campaign-{stream}", daemon=True)
-        self.app, self.items, self.spread = app, items, spread
+        self.app, self.items, self.spread, self.sizes = app, items, spread, sizes
         self.rng = random.Random(f"{stream}:{seed}")
         self.errors: Counter[str] = Counter()
         self.finished = threading.Event()
@@ -306,7 +369,7 @@ class Producer(threading.Thread):
         try:
             batches, i = [], 0
             while i < len(self.items):
-                size = self.rng.choice([1, 1, 2, 5, 8, 16])
+                size = self.rng.choice(self.sizes)
                 batches.append(self.items[i : i + size])
                 i += size
             pause = self.spread / max(len(batches), 1)
@@ -391,6 +454,46 @@ class Canceller(threading.Thread):
             raise AssertionError(f"the canceller did not finish within {timeout:g}s")
 
 
+class Signaller(threading.Thread):
+    """Sends the waiters' signals (:func:`waiters`) at their drawn times, through whatever fault is going on:
+    one meant before its enqueue at once, the others that many seconds after the enqueue's answer. Each
+    call's data, times and outcome go on its request (ACKED when it returned, UNKNOWN when it raised)."""
+
+    def __init__(self, app: App, items: list[Item], producers: list[Producer]) -> None:
+        super().__init__(name="campaign-signaller", daemon=True)
+        self.app, self.producers = app, producers
+        self.pending = [(item, at, data) for item in items for at, data in item.signal_plan]
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while self.pending:
+                now = time.time()
+                due = [p for p in self.pending if p[1] is None or (p[0].acked_at and now >= p[0].acked_at + p[1])]
+                if all(p.finished.is_set() for p in self.producers):  # never acknowledged: nothing to signal
+                    self.pending = [p for p in self.pending if p[0].acked_at or p[1] is None]
+                for entry in due:
+                    self.pending.remove(entry)
+                    self._signal(entry[0], entry[2])
+                time.sleep(0.02)
+        finally:
+            self.finished.set()
+
+    def _signal(self, item: Item, data: str) -> None:
+        req, sent = item.request, time.time()
+        try:
+            self.app.events.signal(req.event or "", data)
+        except Exception:  # noqa: BLE001 - any failure: it may or may not have been stored
+            outcome = hist.UNKNOWN
+        else:
+            outcome = hist.ACKED
+        req.signals.append(hist.Signal(data, sent, time.time(), outcome))
+
+    def wait(self, timeout: float) -> None:
+        if not self.finished.wait(timeout):
+            raise AssertionError(f"the signaller did not finish within {timeout:g}s")
+
+
 @dataclasses.dataclass
 class Applied:
     fault: nemesis.Fault
@@ -409,12 +512,16 @@ class Stage:
         #: (real start, real end, seconds) of each Postgres clock step (keys' windows and delays move with it).
         self.pg_steps: list[tuple[float, float, float]] = []
         self.stopped: set[int] = set()
+        #: (pid, UNIX start, end) of each pause.
+        self.paused: list[tuple[int, float, float]] = []
         self.old_workers: list = []
         self.poisoned: list[Item] = []
         #: Requests a kind made itself (user-retries' poll jobs), checked like the workload's.
         self.added: list[Item] = []
         #: What the time-limits kind found wrong with a worker's pool (a census short of connections, or none).
         self.pool_problems: list[str] = []
+        #: (queue, UNIX time its primary was SIGKILLed) of each failover (redis-cluster).
+        self.failovers: list[tuple[str, float]] = []
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._threads: list[threading.Thread] = []
 
@@ -453,6 +560,11 @@ class Stage:
                 server.start()
         if self.broker == "redis":
             self._redis().config_set("maxmemory", 0)
+        if self.broker == CLUSTER:
+            for node in self.servers.cluster.nodes:
+                if not node.is_running:
+                    node.start()
+            self.servers.cluster.wait_ready()
         for group in self.old_workers:
             if group.proc.poll() is None:
                 self._leave(group, DRAIN_SECONDS)
@@ -509,10 +621,12 @@ class Stage:
         if pid is None:
             return "no target"
         self.stopped.add(pid)
+        began = time.time()
         _signal(pid, signal.SIGSTOP)
         time.sleep(fault.duration)
         _signal(pid, signal.SIGCONT)
         self.stopped.discard(pid)
+        self.paused.append((pid, began, time.time()))
         return f"pid {pid}"
 
     def _redis_crash(self, fault: nemesis.Fault) -> None:
@@ -718,8 +832,51 @@ class Stage:
             left = self._leave(group, DRAIN_SECONDS)
         return f"{len(made)} poll jobs: {dict(Counter(states.values()))}; {_restarts(group)}{left}"
 
+    def _failover(self, fault: nemesis.Fault) -> str:
+        """SIGKILL the primary serving a drawn queue's slot, wait for the cluster to promote its replica (the
+        nodes' timeout is 2 s), leave it so for the fault's duration, then start the killed node again: it
+        rejoins as the new primary's replica (until it has synced, WAIT on that slot fails: enqueues there
+        end of unknown outcome and claims go back, which is what CONVEYOR_REDIS_WAIT_REPLICAS is for)."""
+        cluster = self.servers.cluster
+        queue = self.rng.choice(list(WORK_QUEUES + (GROUP_QUEUE,)))
+        slot_key = f"{self.cluster.settings.redis_namespace}{{{queue}}}:x"
+        victim = cluster.owner(slot_key)
+        victim.kill()
+        killed = time.time()
+        self.failovers.append((queue, killed))
+        try:
+            promoted = None
+            while time.time() < killed + 60:
+                try:
+                    if cluster.owner(slot_key) is not victim:
+                        promoted = time.time() - killed
+                        break
+                except (redis_lib.RedisError, OSError, StopIteration):
+                    pass
+                time.sleep(0.1)
+            time.sleep(fault.duration)
+        finally:
+            victim.start()
+        cluster.wait_ready()
+        took = f"promoted in {promoted:.1f} s" if promoted is not None else "no replica promoted within 60 s"
+        return f"{queue}: primary :{victim.port} SIGKILLed, {took}, restarted after {time.time() - killed:.1f} s"
+
     def _redis(self) -> redis_lib.Redis:
         return redis_lib.Redis.from_url(self.servers.redis.url, socket_timeout=5)
+
+    def _redis_primaries(self) -> list[redis_lib.Redis]:
+        """A client to each primary: the one Redis, or each cluster node that says it is a master."""
+        if self.broker != CLUSTER:
+            return [self._redis()]
+        out = []
+        for node in self.servers.cluster.nodes:
+            if node.is_running:
+                client = redis_lib.Redis(host="127.0.0.1", port=node.port, socket_timeout=5)
+                if client.execute_command("ROLE")[0] == b"master":
+                    out.append(client)
+                else:
+                    client.close()
+        return out
 
 
 def _restarts(group) -> str:
@@ -788,12 +945,17 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         hist.Hook(r[0], r[1], r[2]) for r in _rows(url, "SELECT job_id, token, ended_at IS NOT NULL FROM fault_dead")
     ]
     cancel_hooks = [hist.Hook(r[0], r[1], True) for r in _rows(url, "SELECT job_id, token FROM fault_cancels")]
+    waits = [
+        hist.WaitRow(str(r[0]), r[1], r[2], r[3], r[4])
+        for r in _rows(url, "SELECT run_id, job_id, token, delivery, data FROM fault_waits")
+    ]
     requests = _merge([item.request for item in items + stage.poisoned + stage.added])
     if stage.broker == "postgres":  # the broker's own clock stepped: keys' dedup windows are on it
         for req in requests:
             req.clock_stepped = any(
                 began - DEDUP_TTL <= req.last_sent and req.first_sent <= ended for began, ended, _ in stage.pg_steps
             )
+    relax_waits(stage, requests)
     requests += children(requests, items, runs)
     job_ids = {j for req in requests for j in req.job_ids} | {r.job_id for r in runs}
     states, why = {}, {}
@@ -807,16 +969,17 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         counts = cluster.app.broker.queue_counts(queue)
         leftovers[queue] = (counts.waiting, counts.delayed, counts.active)
     reserved: dict[str, int] = {}
-    if stage.broker == "redis":
-        client, ns = stage._redis(), cluster.settings.redis_namespace
-        try:
-            for key in client.scan_iter(f"{ns}:__acks__.*"):
-                reserved[key.decode()] = int(client.scard(key))
-            for key in client.scan_iter(f"{ns}:*.msgs"):
-                if not key.endswith(b".XQ.msgs"):  # the dead letters are kept on purpose
-                    reserved[key.decode()] = int(client.hlen(key))
-        finally:
-            client.close()
+    if stage.broker in ("redis", CLUSTER):
+        ns = cluster.settings.redis_namespace  # a cluster's keys are under ns{queue}: (tests: keys.py)
+        for client in stage._redis_primaries():
+            try:
+                for key in client.scan_iter(f"{ns}*:__acks__.*"):
+                    reserved[key.decode()] = int(client.scard(key))
+                for key in client.scan_iter(f"{ns}*:*.msgs"):
+                    if not key.endswith(b".XQ.msgs"):  # the dead letters are kept on purpose
+                        reserved[key.decode()] = int(client.hlen(key))
+            finally:
+                client.close()
     entries = [
         (r[0], r[1], r[2])
         for r in _rows(url, "SELECT reference_id, user_id, amount FROM credit_entries WHERE kind = 'consume'")
@@ -839,7 +1002,53 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         cancel_hooks=cancel_hooks,
         group_cap=GROUP_CAP,
         broker=stage.broker,
+        waits=waits,
+        fault_windows=[
+            (a.started - 1.0, a.ended + LEASE + RECOVERY + 3.0)
+            for a in stage.applied
+            if a.fault.kind in ACK_LOSING_KINDS
+        ],
+        process_windows=process_windows(stage),
     )
+
+
+#: Kinds that may lose the ack of any run that ended while they were in force (a kill or a pause loses
+#: only its own process's: :func:`process_windows`).
+ACK_LOSING_KINDS = ("redis-crash", "postgres-crash", "partition", "redis-oom", "postgres-clock", "failover")
+
+
+def process_windows(stage: Stage) -> dict[int, list[tuple[float, float]]]:
+    """Worker pid -> when a run of it that had ended may have lost its ack: killed (by a kill, or SIGKILLed
+    when its group did not drain in time) within 2 s of that end, or stopped then (a pause)."""
+    out: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for pid, at in stage.cluster.kills.items():
+        out[pid].append((at - 2.0, at + 0.5))
+    for pid, began, ended in stage.paused:
+        out[pid].append((began - 2.0, ended + 0.5))
+    return dict(out)
+
+
+def relax_waits(stage: Stage, requests: list[hist.Request]) -> None:
+    """A wait's timeout is a delay: measured on the broker's clock (Postgres: stepped by postgres-clock) and
+    on the workers' (a delayed message's eta; worker-clock runs workers whose clock is off). A waiter whose
+    wait overlapped either may time out before a signal that was in time: say so on its request."""
+    skewed = [(a.started, a.ended + DRAIN_SECONDS) for a in stage.applied if a.fault.kind == "worker-clock"]
+    stepped = [(b, e) for b, e, _ in stage.pg_steps] if stage.broker == "postgres" else []
+    for req in requests:
+        if not req.event or not req.first_sent:
+            continue
+        last = max([s.answered for s in req.signals] + [req.last_sent + req.wait_timeout])
+        for began, ended, why in [(b, e, "a worker's clock was off") for b, e in skewed] + [
+            (b, e, "the broker's clock stepped") for b, e in stepped
+        ]:
+            if began <= last and req.first_sent - 1.0 <= ended:
+                req.wait_relaxed = why
+        # WAIT covers enqueues and claims only: a signal (or the wait's stored answer) the slot's primary
+        # acknowledged but had not replicated when it was killed is lost with it (asynchronous replication).
+        queue = req.job.rsplit(".", 1)[-1]
+        for failed, killed in stage.failovers:
+            if failed == queue and any(killed - FAILOVER_LAG <= s.answered <= killed for s in req.signals):
+                req.wait_relaxed = "a failover may have lost its signal (not WAITed)"
 
 
 def children(requests: list[hist.Request], items: list[Item], runs: list[hist.Run]) -> list[hist.Request]:
@@ -937,18 +1146,28 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
     t0 = time.monotonic()
     schedule = nemesis.schedule(seed, broker, window=size.window, faults=size.faults, kinds=kinds)
     pg, redis = servers.pg, servers.redis
-    name = f"campaign_{seed}_{broker}"[:60]
+    name = f"campaign_{seed}_{broker}"[:60].replace("-", "_")
     pg.drop_database(name)
     pg.create_database(name, template=ensure_template(pg))
-    client = redis_lib.Redis.from_url(redis.url)
-    try:
-        client.flushall()
-        client.config_set("maxmemory", 0)
-    finally:
-        client.close()
-    overrides = {"imports": IMPORTS_NEW, "redis_socket_timeout": REDIS_TIMEOUT}
-    settings = fault_settings(broker, redis.url if broker == "redis" else None, pg.url(name), **overrides)
+    overrides: dict = {"imports": IMPORTS_NEW, "redis_socket_timeout": REDIS_TIMEOUT}
+    if broker == CLUSTER:
+        servers.cluster.wait_ready()
+        servers.cluster.flush()
+        redis_url: str | None = servers.cluster.url
+        # Every enqueue and claim WAITs for the slot's replica: a failover loses none of them.
+        overrides.update(redis_wait_replicas=1, redis_wait_timeout=CLUSTER_WAIT_TIMEOUT)
+    else:
+        client = redis_lib.Redis.from_url(redis.url)
+        try:
+            client.flushall()
+            client.config_set("maxmemory", 0)
+        finally:
+            client.close()
+        redis_url = redis.url if broker == "redis" else None
+    settings = fault_settings("redis" if broker == CLUSTER else broker, redis_url, pg.url(name), **overrides)
     env = {"CONVEYOR_IMPORTS": IMPORTS_NEW, "CONVEYOR_REDIS_SOCKET_TIMEOUT": str(REDIS_TIMEOUT)}
+    if broker == CLUSTER:
+        env["CONVEYOR_REDIS_WAIT_TIMEOUT"] = str(CLUSTER_WAIT_TIMEOUT)
     cluster = Cluster(settings, workdir / f"{broker}-{seed}", env)
     upstream = ("127.0.0.1", redis.port) if broker == "redis" else ("127.0.0.1", pg.port)
     proxy = ReplyDroppingProxy(*upstream)
@@ -956,6 +1175,8 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         update={"redis_url": proxy.url_for(settings.redis_url)}
         if broker == "redis"
         else {"database_url": proxy.url_for(settings.database_url)}
+        if broker == "postgres"
+        else {}  # a cluster client follows the nodes' addresses: no proxy (drop-replies is not drawn)
     )
     producer_app = App(via)
     stage = Stage(servers, cluster, broker, proxy, seed)
@@ -970,9 +1191,15 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         # The near and far hosts serve the capped queue of grouped jobs too: the cap holds across both.
         served = WORK_QUEUES + (GROUP_QUEUE,)
         near = cluster.start_workers("near", queues=served, wait=False)
-        far = cluster.start_workers("far", queues=served, prefix=servers.namespace.prefix, settings=remote, wait=False)
-        near.wait_ready()
-        far.wait_ready()
+        hosts = [near]
+        if broker != CLUSTER:  # the nodes bind loopback only: no far host (partition is not drawn)
+            hosts.append(
+                cluster.start_workers(
+                    "far", queues=served, prefix=servers.namespace.prefix, settings=remote, wait=False
+                )
+            )
+        for host in hosts:
+            host.wait_ready()
         items = plan(seed, size.jobs, settings.price_per_1k_tokens, slow_hooks="kill-hook" in kinds)
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             conn.execute("CREATE TABLE fault_marks (token TEXT, mark TEXT, PRIMARY KEY (token, mark))")
@@ -980,13 +1207,19 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
             marks += [(i.request.token, "fanout") for i in items if i.payload.get("children")]
             conn.cursor().executemany("INSERT INTO fault_marks VALUES (%s, %s) ON CONFLICT DO NOTHING", marks)
         # The grouped jobs have a producer of their own: the rest goes out in the batches it always did.
-        producer = Producer(producer_app, [i for i in items if i.request.group is None], seed, spread=size.window)
+        producer = Producer(
+            producer_app, [i for i in items if i.request.group is None and not i.request.event], seed, size.window
+        )
+        waits_producer = Producer(
+            producer_app, [i for i in items if i.request.event], seed, size.window, "waits-producer", sizes=(1,)
+        )
         grouped_producer = Producer(
             producer_app, [i for i in items if i.request.group is not None], seed, size.window, "groups-producer"
         )
         canceller = Canceller(producer_app, items, [producer, grouped_producer])
+        signaller = Signaller(producer_app, items, [waits_producer])
         started = time.time()
-        for thread in (producer, grouped_producer, canceller):
+        for thread in (producer, grouped_producer, canceller, waits_producer, signaller):
             thread.start()
         try:
             stage.run(schedule, started)
@@ -995,6 +1228,8 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         producer.wait(timeout=120)
         grouped_producer.wait(timeout=120)
         canceller.wait(timeout=60)
+        waits_producer.wait(timeout=120)
+        signaller.wait(timeout=60)
         # A step of the broker's clock back (the end of a forward step) postpones every delay set meanwhile.
         stepped = max((a for _, _, a in stage.pg_steps), default=0.0) if broker == "postgres" else 0.0
         settle(stage, items, time.time() + QUIET + stepped)
@@ -1014,6 +1249,6 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         stage.applied,
         history,
         anomalies,
-        dict(producer.errors + grouped_producer.errors),
+        dict(producer.errors + grouped_producer.errors + waits_producer.errors),
         time.monotonic() - t0,
     )

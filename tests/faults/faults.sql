@@ -78,3 +78,16 @@ CREATE TABLE fault_pools (
     landed  INT NOT NULL,
     at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
+
+-- The campaign's waiters (ctx.wait_for): one row per run that got past its wait, with what the wait
+-- returned (JSON: the signal's data, null after the timeout). Non-idempotent: a job resumed twice, or
+-- whose post-wait part ran again, leaves two rows.
+CREATE TABLE fault_waits (
+    id          BIGSERIAL PRIMARY KEY,
+    run_id      UUID NOT NULL,
+    job_id      TEXT NOT NULL,
+    token       TEXT NOT NULL,
+    delivery    BIGINT,
+    data        TEXT NOT NULL,
+    at          TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);

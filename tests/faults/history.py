@@ -59,12 +59,38 @@ The control features (issues 18, 21):
   part of its logged span it surely ran (its start and end are read to
   /proc/uptime's hundredth: one run's end and the next one's start in the
   same hundredth are not at once).
+
+Event waits (issue 21): some jobs ``ctx.wait_for`` an event of their own
+(their first run parks them, ``awaiting``) and the workload signals it
+(``app.events.signal``, through the same lossy proxy) before the wait,
+during it, after its timeout, twice, or never. Every run that gets past
+the wait logs what it returned (``fault_waits``). **wait**:
+
+- every run past the wait of one job got the same answer (the resolution
+  is stored insert-first: a second resume or a replay never sees another);
+- the answer is None (the timeout) or the data of a signal that was sent
+  for its name (acknowledged or of unknown outcome): no answer from nowhere;
+- a signal acknowledged before the wait's timeout could have passed
+  (earlier than the job's first run's start + its timeout) resumes it with
+  data, the first signal's when that one was acknowledged (signals are kept
+  ``CONVEYOR_EVENT_TTL_SECONDS``, here a day, and the first one kept wins);
+  not required when the broker's clock stepped or a worker whose clock was
+  off ran meanwhile (a wait's timeout is a delay: measured on those clocks),
+  or its queue's Redis Cluster primary was killed within a second of the
+  signal's answer (WAIT covers enqueues and claims, not signals);
+- a completed waiter has a run past its wait, and none is still
+  ``awaiting`` after the quiet period (its timeout passed long before);
+- resumed once: no run past the wait starts after another one reached its
+  end, unless a fault was in force around that end that may have lost its
+  ack (its own process killed or stopped, the host cut off, a server away
+  or its clock stepped: at-least-once delivery runs it again).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from collections import Counter, defaultdict
 from decimal import Decimal
 
@@ -73,7 +99,19 @@ TERMINAL = ("completed", "failed", "cancelled")
 #: A request's outcome over all of its tries.
 ACKED, UNKNOWN, REFUSED = "acked", "unknown", "refused"
 
-KINDS = ("lost", "refused-ran", "doubled", "overlapping", "hook", "stuck", "ledger", "leaked", "cancel", "group-cap")
+KINDS = (
+    "lost",
+    "refused-ran",
+    "doubled",
+    "overlapping",
+    "hook",
+    "stuck",
+    "ledger",
+    "leaked",
+    "cancel",
+    "group-cap",
+    "wait",
+)
 
 #: Cancel answers (conveyor.brokers.base.CancelOutcome) and UNKNOWN (the call raised).
 CANCELLED, REQUESTED, FINISHED = "cancelled", "requested", "finished"
@@ -85,6 +123,32 @@ CLOCK_SLACK = 0.05
 #: Seconds /proc/uptime counts in (tests.faults.jobs.UPTIME_RESOLUTION): a run's logged start may be this
 #: much before its true start, its logged end this much after its true end.
 UPTIME_RESOLUTION = dt.timedelta(seconds=0.01)
+
+#: Seconds of slack on a wait's window: a signal answered this much before the wait's earliest possible
+#: timeout must have resumed it with data.
+WAIT_SLACK = 0.5
+
+
+@dataclasses.dataclass
+class Signal:
+    """One ``app.events.signal`` call of the workload: its data, UNIX seconds sent and answered, and
+    ACKED (it returned) or UNKNOWN (it raised: it may or may not have been stored)."""
+
+    data: str
+    sent: float
+    answered: float
+    outcome: str
+
+
+@dataclasses.dataclass
+class WaitRow:
+    """One run that got past its ``ctx.wait_for``, and what it returned (JSON text)."""
+
+    run_id: str
+    job_id: str
+    token: str
+    delivery: int | None
+    data: str
 
 
 @dataclasses.dataclass
@@ -125,6 +189,12 @@ class Request:
     cancel_sent: float = 0.0
     cancel_answered: float = 0.0
     cancel_error: str = ""
+    #: A waiter: the event it waits for (None: not a waiter), the wait's timeout, the signals sent for
+    #: it, and why a signal in time need not have reached it ("": it must have).
+    event: str | None = None
+    wait_timeout: float = 0.0
+    signals: list[Signal] = dataclasses.field(default_factory=list)
+    wait_relaxed: str = ""
 
 
 @dataclasses.dataclass
@@ -197,6 +267,15 @@ class History:
     group_cap: int = 0
     #: "redis" or "postgres": on Postgres a fenced effect commits with the job's completion.
     broker: str = ""
+    #: One row per run that got past its wait.
+    waits: list[WaitRow] = dataclasses.field(default_factory=list)
+    #: (UNIX start, end) of each fault the nemesis applied to a server or the network (a crash, a cut, a
+    #: server clock step, maxmemory), widened by the time a lost ack takes to be recovered: a run that
+    #: ended in one may run again (at-least-once).
+    fault_windows: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    #: Worker pid -> (UNIX start, end) of each fault to that process (a SIGKILL, a SIGSTOP to its SIGCONT),
+    #: widened likewise: a run of it that ended in one may have lost its ack.
+    process_windows: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
 
 
 def check(h: History) -> dict[str, list[str]]:
@@ -263,6 +342,7 @@ def check(h: History) -> dict[str, list[str]]:
     out["ledger"] += _ledger(h, charged)
     out["leaked"] += h.pool_problems
     _check_cancels(h, runs_by_job, effects_by_job, hooks_by_job, out)
+    _check_waits(h, runs_by_job, out)
     for group, (peak, during) in sorted(group_peaks(h).items()):
         if h.group_cap and peak > h.group_cap:
             out["group-cap"].append(
@@ -273,6 +353,8 @@ def check(h: History) -> dict[str, list[str]]:
 
 def _check_acked(req, job_id, h, runs_by_job, effects_by_job, hooks_by_job, charged, out) -> None:
     state = h.states.get(job_id, "missing")
+    if state == "awaiting" and req.event:
+        return  # the wait rule says why
     if state not in TERMINAL and state != "missing":
         out["stuck"].append(f"{req.token} ({job_id}) is {state}")
         return
@@ -364,6 +446,56 @@ def _check_cancels(h: History, runs_by_job, effects_by_job, hooks_by_job, out) -
             out["cancel"].append(f"{token} ({job_id}): cancel hook ran, yet no cancel was asked")
         elif state != CANCELLED:
             out["cancel"].append(f"{token} ({job_id}): cancel hook ran, yet it ended {state}")
+
+
+def _check_waits(h: History, runs_by_job, out) -> None:
+    """The event-wait rules (see the module docstring)."""
+    rows_by_job: dict[str, list[WaitRow]] = defaultdict(list)
+    for row in h.waits:
+        rows_by_job[row.job_id].append(row)
+    for req in h.requests:
+        if not req.event or not req.job_ids or req.outcome == REFUSED:
+            continue
+        job_id = req.job_ids[0]
+        state = h.states.get(job_id, "missing")
+        rows = rows_by_job.get(job_id, [])
+        runs = sorted(runs_by_job.get(job_id, []), key=lambda r: r.started)
+        where = f"{req.token} ({job_id}, event {req.event}, timeout {req.wait_timeout:g} s)"
+        if state == "awaiting":
+            out["wait"].append(f"{where} is still awaiting after the quiet period")
+            continue
+        if state == "completed" and not rows:
+            out["wait"].append(f"{where} completed, yet no run got past its wait")
+        answers = sorted({row.data for row in rows})
+        if len(answers) > 1:
+            out["wait"].append(f"{where} resumed with different answers {answers}: resolved twice")
+        sent = {json.dumps(s.data) for s in req.signals if s.outcome != REFUSED}
+        for answer in answers:
+            if answer != "null" and answer not in sent:
+                out["wait"].append(f"{where} got {answer}, which no signal of its event sent")
+        if runs and rows and not req.wait_relaxed:
+            deadline = runs[0].started.timestamp() + req.wait_timeout - WAIT_SLACK
+            due = [s for s in sorted(req.signals, key=lambda s: s.sent) if s.outcome == ACKED and s.answered < deadline]
+            first = min(req.signals, key=lambda s: s.sent) if req.signals else None
+            if due and "null" in answers:
+                out["wait"].append(
+                    f"{where} timed out, yet a signal was acknowledged {deadline + WAIT_SLACK - due[0].answered:.1f} s"
+                    " before its timeout could pass"
+                )
+            elif due and first and first.outcome == ACKED and answers and answers != [json.dumps(first.data)]:
+                out["wait"].append(f"{where} got {answers}, not the first signal's {first.data!r} (kept, it wins)")
+        past = sorted((r for r in runs if r.ok and any(w.run_id == r.run_id for w in rows)), key=lambda r: r.started)
+        for a, b in zip(past, past[1:]):
+            if a.ended is None or b.started < a.ended:
+                continue  # overlapping runs are the overlapping rule's
+            end = a.ended.timestamp()
+            windows = h.fault_windows + h.process_windows.get(a.pid, [])
+            if not any(began <= end <= ended for began, ended in windows):
+                out["wait"].append(
+                    f"{where} resumed again: {_show(b)} got past the wait after {_show(a)} had completed it,"
+                    " no fault in force at that end"
+                )
+                break
 
 
 def group_peaks(h: History) -> dict[str, tuple[int, list[Run]]]:

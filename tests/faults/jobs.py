@@ -51,6 +51,7 @@ INSERT_CANCEL = "INSERT INTO fault_cancels (job_id, token, pid) VALUES (%s, %s, 
 EFFECT = "UPDATE fault_runs SET effect_at = clock_timestamp() WHERE run_id = %s"
 INSERT_DEAD = "INSERT INTO fault_dead (job_id, token, error, pid, ended_at) VALUES (%s, %s, %s, %s, %s) RETURNING id"
 END_DEAD = "UPDATE fault_dead SET ended_at = clock_timestamp() WHERE id = %s"
+INSERT_WAIT = "INSERT INTO fault_waits (run_id, job_id, token, delivery, data) VALUES (%s, %s, %s, %s, %s)"
 INSERT_EFFECT = "INSERT INTO fault_effects (run_id, job_id, token, delivery, fenced) VALUES (%s, %s, %s, %s, %s)"
 
 _spool_lock = threading.Lock()
@@ -80,6 +81,10 @@ class Work(Payload):
     #: After its work, ask the broker whether this delivery is still the job's current one (``held`` in
     #: the run log): the campaign's grouped jobs, whose runs the group-cap rule counts.
     check_held: bool = False
+    #: ``ctx.wait_for(event, timeout=wait_timeout)`` before the work (the campaign's waiters): the run that
+    #: gets past it logs what the wait returned (``fault_waits``), then does the work as any other.
+    event: str | None = None
+    wait_timeout: float = 0
 
 
 #: /proc/uptime counts in hundredths of a second: an elapsed time less this is never longer than the truth.
@@ -183,6 +188,11 @@ def work(payload: Work, ctx) -> None:
     began = uptime()
     ok = False
     try:
+        if payload.event:
+            # The first run parks here (WaitForEvent ends it, not ok); the resumed one gets past.
+            data = ctx.wait_for(payload.event, timeout=payload.wait_timeout)
+            with ctx.app.pool.connection() as conn:
+                conn.execute(INSERT_WAIT, (run_id, ctx.job_id, payload.token, delivery, json.dumps(data)))
         if payload.sleep:
             time.sleep(payload.sleep)
         if payload.children:

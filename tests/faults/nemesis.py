@@ -34,40 +34,51 @@ class Kind:
 
 BOTH = ("redis", "postgres")
 
+#: The kinds a Redis Cluster run draws besides its own (failover): those of the workers and of Postgres.
+#: Not drop-replies (its proxy fronts one server; a cluster client follows the nodes' own addresses),
+#: partition (the far host reaches servers through the namespace's veth, which the nodes do not bind),
+#: redis-crash, redis-oom and poison (one server's process, config and keys): failover is its crash.
+EVERY = ("redis", "postgres", "redis-cluster")
+
 KINDS = {
     k.name: k
     for k in [
         Kind(
             "kill",
-            BOTH,
+            EVERY,
             ("body", "any", "slow-body", "fanout"),
             (0, 0),
             6,
             "SIGKILL of a worker process: in a body, mid-fan-out (a batch enqueue), at any instant",
         ),
-        Kind("kill-hook", BOTH, ("hook",), (0, 0), 2, "SIGKILL of a worker process inside a final-failure hook"),
-        Kind("pause", BOTH, ("slow-body",), (LEASE + 1.0, LEASE + 3.0), 2, "SIGSTOP longer than the lease, SIGCONT"),
+        Kind("kill-hook", EVERY, ("hook",), (0, 0), 2, "SIGKILL of a worker process inside a final-failure hook"),
+        Kind("pause", EVERY, ("slow-body",), (LEASE + 1.0, LEASE + 3.0), 2, "SIGSTOP longer than the lease, SIGCONT"),
         Kind("redis-crash", ("redis",), ("redis",), (0.3, 2.0), 2, "Redis SIGKILL (appendfsync always) + restart"),
-        Kind("postgres-crash", BOTH, ("postgres",), (0.3, 2.0), 2, "Postgres crash (pg_ctl -m immediate) + restart"),
+        Kind("postgres-crash", EVERY, ("postgres",), (0.3, 2.0), 2, "Postgres crash (pg_ctl -m immediate) + restart"),
         Kind(
             "worker-clock",
-            BOTH,
+            EVERY,
             ("skewed",),
             (3.0, 7.0),
             2,
             "a worker group whose clock is off ±30-120 s joins, its clock steps half-way back, it leaves (libfaketime)",
         ),
         Kind(
-            "postgres-clock", BOTH, ("postgres",), (2.0, 6.0), 1, "the Postgres server's clock stepped +20 s (and back)"
+            "postgres-clock",
+            EVERY,
+            ("postgres",),
+            (2.0, 6.0),
+            1,
+            "the Postgres server's clock stepped +20 s (and back)",
         ),
         Kind("partition", BOTH, ("far",), (1.0, LEASE + 3.0), 2, "the far worker host cut off (netns), healed"),
         Kind("drop-replies", BOTH, ("producer",), (0.5, 2.0), 2, "the server's replies to the producer lost"),
         Kind("redis-oom", ("redis",), ("redis",), (1.0, 3.0), 1, "Redis at maxmemory (noeviction) for a window"),
         Kind("poison", BOTH, ("queue",), (0, 0), 1, "undecodable messages (an unknown top-level field)"),
-        Kind("old-worker", BOTH, ("queue",), (4.0, 8.0), 1, "an old worker without the v2 job module beside the new"),
+        Kind("old-worker", EVERY, ("queue",), (4.0, 8.0), 1, "an old worker without the v2 job module beside the new"),
         Kind(
             "time-limits",
-            BOTH,
+            EVERY,
             ("limits",),
             (3.0, 6.0),
             1,
@@ -75,11 +86,20 @@ KINDS = {
         ),
         Kind(
             "user-retries",
-            BOTH,
+            EVERY,
             ("polls",),
             (3.0, 6.0),
             1,
             "a worker group with a user's middleware that re-enqueues the message proxy (stock Retries style)",
+        ),
+        Kind(
+            "failover",
+            ("redis-cluster",),
+            ("primary",),
+            (1.0, 3.0),
+            4,
+            "Redis Cluster: the primary of a queue's slot SIGKILLed, its replica promoted (automatic failover), "
+            "the killed node restarted (it rejoins as the new primary's replica)",
         ),
     ]
 }
@@ -110,6 +130,12 @@ class Fault:
 #: Kinds whose harness is not yet steady enough for the CI seeds, and why: they run with
 #: ``CAMPAIGN_ALL_FAULTS=1`` (also for ``make soak``) or ``CAMPAIGN_KINDS=…``.
 KINDS_OUT_OF_CI: dict[str, str] = {
+    "failover": (
+        "not steady: seed 3 passed 2 of 3 runs; the red one was a finding, not the harness: a waiter on the "
+        "failed-over queue met BrokerUnreachable in ctx.wait_for (resolve_wait, the primary refusing "
+        "connections until its replica was promoted, ~3.5 s), each such error spent an attempt, and the "
+        "critical queue's 5 attempts (0.5 s backoff) ran out first: the job failed for good (lost)"
+    ),
     # Empty: time-limits and user-retries (findings 8, 9) are in. The user-retries group once exited 2 at
     # its start in CI (Postgres still restarting after a postgres-crash) and stranded its poll jobs; the
     # harness now starts such a group again (harness.Supervisor.wait_ready, tests/faults/test_worker_start.py).

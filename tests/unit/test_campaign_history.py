@@ -205,8 +205,8 @@ def test_a_message_still_reserved_at_the_end_is_stuck():
 
 def test_the_ci_seeds_draw_every_fault_kind_ci_runs_on_each_broker():
     """If this fails after a kind left FAULTS_PENDING_FIX, pick CI seeds that cover every kind again."""
-    from tests.faults.campaign import CI
-    from tests.faults.test_campaign import CI_SEEDS
+    from tests.faults.campaign import CI, CLUSTER
+    from tests.faults.test_campaign import CI_SEEDS, CLUSTER_SEEDS
 
     for broker in ("redis", "postgres"):
         kinds = nemesis.kinds_for(broker)
@@ -216,6 +216,14 @@ def test_the_ci_seeds_draw_every_fault_kind_ci_runs_on_each_broker():
             for fault in nemesis.schedule(seed, broker, window=CI.window, faults=CI.faults, kinds=kinds)
         }
         assert drawn == set(kinds), (broker, set(kinds) - drawn)
+    # The cluster's one seed: its own kind at least (the others run on the two brokers above).
+    kinds = nemesis.kinds_for(CLUSTER)
+    drawn = {
+        fault.kind
+        for seed in CLUSTER_SEEDS
+        for fault in nemesis.schedule(seed, CLUSTER, window=CI.window, faults=CI.faults, kinds=kinds)
+    }
+    assert "failover" in drawn or "failover" in nemesis.KINDS_OUT_OF_CI
 
 
 def test_overlap_is_allowed_when_both_fenced_and_the_effect_applied_once():
@@ -380,3 +388,68 @@ def test_a_cancelled_job_did_not_also_fail_or_complete():
     assert list(check(h)) == ["doubled"]
     h.broker = "redis"  # ctx.once applied the effect; the job then ended cancelled (its hook undoes it)
     assert check(h) == {}
+
+
+def waiter(answers: list[str | None], signals=(), *, state="completed", runs=None, relaxed="") -> History:
+    """A clean history plus job W, which waited 3 s for its event (first run at t=0) and got ``answers``
+    (one run past the wait each), with ``signals``: (data, answered at, outcome)."""
+    from tests.faults.history import Signal, WaitRow
+
+    h = clean()
+    req = Request("w", "fault.work.nudge", outcome=ACKED, job_ids=["W"], event="ev-w", wait_timeout=3.0)
+    req.signals = [
+        Signal(data, at(answered - 0.1).timestamp(), at(answered).timestamp(), outcome)
+        for data, answered, outcome in signals
+    ]
+    req.wait_relaxed = relaxed
+    h.requests.append(req)
+    h.states["W"] = state
+    if runs is None:
+        runs = [run("W", "w", 1, 0, 0.1, ok=False)] + [
+            run("W", "w", 2 + i, 3.5 + 2 * i, 4 + 2 * i, rid=f"rw{i}") for i in range(len(answers))
+        ]
+    h.runs += runs
+    for i, answer in enumerate(answers):
+        h.waits.append(WaitRow(f"rw{i}", "W", "w", 2 + i, "null" if answer is None else f'"{answer}"'))
+        if i == 0:
+            h.effects.append(Effect(f"rw{i}", "W", "w", 2 + i, True))
+    return h
+
+
+def test_a_wait_resumed_once_with_the_signal_sent_in_time_is_clean():
+    assert check(waiter(["a"], [("a", 1.0, ACKED)])) == {}
+    assert check(waiter([None])) == {}  # never signalled: the timeout resumes it with None
+    assert check(waiter([None], [("a", 5.0, ACKED)])) == {}  # signalled after the timeout
+    assert check(waiter(["a"], [("a", 5.0, ACKED)])) == {}  # ... yet before its resumed run asked
+    assert check(waiter(["a"], [("a", 1.0, ACKED), ("b", 1.5, ACKED)])) == {}
+    assert check(waiter([None], [("a", 1.0, UNKNOWN)])) == {}  # a signal that raised may be lost
+
+
+def test_a_wait_that_timed_out_though_signalled_in_time_is_flagged():
+    assert list(check(waiter([None], [("a", 1.0, ACKED)]))) == ["wait"]
+    assert check(waiter([None], [("a", 1.0, ACKED)], relaxed="the broker's clock stepped")) == {}
+
+
+def test_a_wait_must_get_the_first_kept_signal_and_nothing_no_signal_sent():
+    assert list(check(waiter(["b"], [("a", 1.0, ACKED), ("b", 1.5, ACKED)]))) == ["wait"]
+    assert list(check(waiter(["z"], [("a", 1.0, ACKED)]))) == ["wait"]
+
+
+def test_a_wait_resumed_twice_is_flagged_unless_a_fault_may_have_lost_the_first_ack():
+    h = waiter(["a", "a"], [("a", 1.0, ACKED)])
+    assert list(check(h)) == ["wait"]
+    h.fault_windows = [(at(3).timestamp(), at(6).timestamp())]
+    assert check(h) == {}
+    h.fault_windows = []
+    h.process_windows = {h.runs[-2].pid: [(at(3.5).timestamp(), at(4.5).timestamp())]}  # its process killed
+    assert check(h) == {}
+    h.process_windows = {h.runs[-1].pid: [(at(3.5).timestamp(), at(4.5).timestamp())]}  # another's
+    assert list(check(h)) == ["wait"]
+    assert list(check(waiter(["a", None], [("a", 1.0, UNKNOWN)]))) == ["wait"]  # two answers: resolved twice
+
+
+def test_a_waiter_still_awaiting_or_completed_without_its_wait_is_flagged():
+    assert list(check(waiter([], state="awaiting", runs=[run("W", "w", 1, 0, 0.1, ok=False)]))) == ["wait"]
+    h = waiter([], runs=[run("W", "w", 1, 0, 0.1, rid="rw0")])
+    h.effects.append(Effect("rw0", "W", "w", 1, True))
+    assert list(check(h)) == ["wait"]
