@@ -11,9 +11,12 @@ arrives it is marked (``ctx.cancelled`` turns True at once); if it still runs
 after ``CONVEYOR_CANCEL_GRACE_SECONDS`` its thread is interrupted with
 :class:`~conveyor.interrupts.JobCancelled` through :mod:`conveyor.interrupts`
 (never inside a pool's checkout or return, like the time limit). When the run
-ends, however it ended, the job type's ``on_cancel`` hook runs once and the
-broker writes the ``cancelled`` outcome fenced like an ack; the retries, the
-failure hooks and the webhook never see it.
+ends, however it ended, the broker writes the ``cancelled`` outcome fenced
+like an ack, and only if that write ended the job does the job type's
+``on_cancel`` hook run, once: a superseded delivery's outcome is refused and
+runs no hook, and one that could not be written leaves the job held (never
+completed by its ack), so its next start ends it cancelled, without the hook.
+The retries, the failure hooks and the webhook never see it.
 """
 
 from __future__ import annotations
@@ -135,17 +138,21 @@ class Cancellation(ConveyorMiddleware):
                 reason="completed in its own transaction before the cancel: left done",
             )
             return
-        # Whatever the body did after the cancel (stopped, returned, raised): the job ends cancelled.
+        # Whatever the body did after the cancel (stopped, returned, raised): the job ends cancelled, neither
+        # retried nor failed. The broker decides first, fenced; the hook runs only if the cancel won there.
         message.options[CANCELLED] = True
-        self.app.cancel_hook(message)
         why = "JobCancelled: interrupted after the grace" if run.interrupted else "JobCancelled: stopped"
         try:
             ended = owner.cancel_outcome(message, why)
         except Exception as exc:
-            # Not written: keep the job held (its ack must not complete it); it comes back after the
-            # lease and its next start ends it cancelled (the cancellation is stored).
+            # Not written, or not known to be: keep the job held (its ack must not complete it); it comes back
+            # and its next start ends it cancelled (the cancellation is stored). The hook does not run: the
+            # outcome was not decided here, and a hook must never run for a job that ends otherwise.
             owner.leave_unsettled(message, f"cancel outcome not written: {type(exc).__name__}")
             return
+        if ended:
+            self.app.cancel_hook(message)
+        # Not ended: refused (a superseded delivery, the job gone); whoever holds it now decides its end.
         log_event(
             "cancelled",
             queue=message.queue_name,

@@ -158,3 +158,34 @@ def test_a_stored_cancel_ends_the_job_at_its_next_start_after_its_worker_died(br
     assert rescuer.start_job(again) == CANCELLED_AT_START
     record = record_in(rescuer, ref.id, "cancelled")
     assert record.attempts == 1, "the run that died is the only one"
+
+
+@pytest.mark.topology
+@pytest.mark.needs("hand_back", "recovery")
+def test_a_cancel_outcome_that_could_not_be_written_never_lets_the_runs_ack_complete_the_job(broker, pump):
+    """Soak seeds 833632, 614412, 57528 (Redis, under OOM and restarts): the holder's ``cancelled`` outcome was
+    refused, so it left the delivery unsettled; Dramatiq then acks the run (a cancelled run is not failed), and
+    that ack, buffered, completed the job once Redis took writes again. Fenced like an ack, the cancel must win:
+    the ack writes nothing, the job comes back and its next start ends it cancelled."""
+    ref = enqueue(broker, {"n": 1})
+    consumer = pump(broker)
+    delivered = consumer.receive()
+    assert broker.start_job(delivered) == 1
+    assert broker.cancel_job(ref.id) == CancelOutcome.REQUESTED
+    delivered.options[CANCELLED] = True  # what the Cancellation middleware marks before it writes the outcome
+    broker.leave_unsettled(delivered, "cancel outcome not written: the contract's")
+    consumer.ack(delivered)  # what Dramatiq does next
+    if hasattr(broker, "acks"):
+        broker.acks.flush()  # a buffered ack (Redis) reaches the server now
+    assert broker.get_job(ref.id).state != "completed", "the run's ack completed a job whose cancel was asked"
+
+    def back():
+        broker.maintain()  # Postgres: the row left held comes back after its lease (Redis handed it back at the ack)
+        return consumer.poll(0.2)
+
+    again = eventually(back, 8 * LEASE, "the job to come back")
+    assert broker.start_job(again) == CANCELLED_AT_START
+    record = record_in(broker, ref.id, "cancelled")
+    assert record.attempts == 1, "the run whose outcome was lost is the only one"
+    counts = broker.queue_counts(QUEUE)
+    assert (counts.completed_total, counts.cancelled) == (0, 1)

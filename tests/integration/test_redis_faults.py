@@ -691,3 +691,32 @@ def test_a_round_whose_enqueue_reply_is_lost_stays_queued_and_its_retry_runs_it_
         assert records.get_run(conn, again.run_id).status == "queued"
     runs = [k for k in client.keys("conveyor:job:*") if client.hget(k, "job") in (b"chat.run", "chat.run")]
     assert len(runs) == 1, "the retried round enqueued a second run job"
+
+
+def test_a_cancel_whose_first_reply_is_lost_is_repeated_and_answers_what_it_did(make_app, proxy, client):
+    """Soak seed 241633 (Redis, replies to the producer dropped): a waiting job's cancel ended it cancelled and
+    its reply was lost; redis-py repeated the call, which found the job ended and answered ``finished`` (it had
+    ended before its cancel, yet it ended cancelled). The repeat answers what the first call did."""
+    app = make_app(redis_url=proxy.url(), redis_socket_timeout=0.5, redis_connect_timeout=0.5, redis_retries=2)
+    ref = app.jobs.enqueue(JOB, {"token": "cancel-repeated"}, delay=60)
+    proxy.drop_next(1, containing=b"cancelled")  # the script's reply, not the lookup of the job's queue before it
+    assert app.jobs.cancel(ref.id) == "cancelled"
+    assert proxy.dropped == 1, "no reply was lost: the test proved nothing"
+    assert app.broker.get_job(ref.id).state == "cancelled"
+    assert app.jobs.cancel(ref.id) == "finished", "a second cancel (a call of its own) is a no-op"
+
+
+def test_a_cancel_outcome_repeated_after_a_lost_reply_still_ends_the_job_for_its_holder(make_app):
+    """The holder runs the cancel hook only when its ``cancelled`` outcome ended the job: the same call repeated
+    by redis-py after a lost reply must answer so again, not refused (the hook would be lost)."""
+    app = make_app()
+    ref = app.jobs.enqueue(JOB, {"token": "cancelled-repeated"})
+    message = _next_message(app.broker.consume(QUEUE, prefetch=1, timeout=100))
+    assert app.broker.start_job(message) == 1
+    assert app.jobs.cancel(ref.id) == "requested"
+    rid, delivery = message.options["redis_message_id"], message.options["redis_delivery"]
+    first = app.broker._call("cancelled", QUEUE, rid, ref.id, delivery, 1000, "JobCancelled: stopped")
+    assert first == 1
+    assert app.broker._call("cancelled", QUEUE, rid, ref.id, delivery, 1000, "JobCancelled: stopped") == 1
+    assert app.broker.get_job(ref.id).state == "cancelled"
+    assert app.broker.queue_counts(QUEUE).cancelled == 1, "counted once"

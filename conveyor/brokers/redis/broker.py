@@ -1080,8 +1080,13 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         queue = self._job_queue(job_id)
         if queue is None:
             return None
-        # The script re-checks the queue: "" when the record changed or went in between.
-        outcome = text(self._call("cancel", queue, job_id, self.retention_ms, self.keys.cancels))
+        # The script re-checks the queue: "" when the record changed or went in between. The call's own id:
+        # redis-py repeats a call whose reply was lost, and the repeat must answer what the first one did
+        # (not "finished" for the job that first call cancelled).
+        call = str(uuid.uuid4())
+        outcome = text(
+            self._call("cancel", queue, job_id, self.retention_ms, self.keys.cancels, call, self.answer_ttl_ms)
+        )
         return outcome or None
 
     @translated

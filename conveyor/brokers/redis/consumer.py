@@ -246,7 +246,9 @@ class RedisConsumer(Consumer):
             self.handed.pop(rid, None)
             return
         options = message.options
-        if options.get("redis_release"):
+        if options.get("redis_release") or options.get("redis_unsettled"):
+            # Never started, or an outcome that could not be written (a cancelled run's: Dramatiq acks a run it
+            # did not fail): it runs again as a new delivery, whose start ends it cancelled. Never completed.
             self._hand_back([message])
             return
         retry = self.broker._take_retry(message.message_id, delivery)

@@ -52,6 +52,8 @@
 --                         when it leaves active, so every path frees it once
 --   cancel channel        pub/sub channel (keys.py Keys.cancels, passed in
 --                         ARGV): the id of a held job whose cancel was asked
+--   $ns:cancel_answer:$call  what one cancel call answered, with a TTL: the
+--                         same call repeated after a lost reply answers it
 -- A record whose cancellation was asked while a worker held it carries
 -- cancel_requested (server ms); its holder ends it (cancelled), and so does
 -- any later start of it.
@@ -1234,14 +1236,31 @@ elseif command == "delete" then
     redis.call("set", ns .. ":deleted:" .. id, now, "PX", retention)
     return 1
 
--- cancel(id, retention_ms, channel) -> {outcome}: "cancelled" when the job
--- was waiting or delayed (it ends cancelled now: its message leaves its
--- list, and a delay consumer holding it until its eta is fenced off, as in
--- promote_job), "requested" when a worker holds it (cancel_requested is set
--- and the id published on the channel: its holder ends it), "finished" when
--- it had ended, "" when unknown.
+-- cancel(id, retention_ms, channel[, call, answer_ttl_ms]) -> {outcome}:
+-- "cancelled" when the job was waiting or delayed (it ends cancelled now:
+-- its message leaves its list, and a delay consumer holding it until its
+-- eta is fenced off, as in promote_job), "requested" when a worker holds it
+-- (cancel_requested is set and the id published on the channel: its holder
+-- ends it), "finished" when it had ended, "" when unknown. `call` names
+-- this call (one per cancel_job): its answer is kept answer_ttl_ms, so the
+-- same call repeated after a lost reply (redis-py's retry) answers what the
+-- first one did, not "finished" for the job that first one ended.
 elseif command == "cancel" then
     local id, retention, channel = ARGV[4], ARGV[5], ARGV[6]
+    local call, answer_ttl = ARGV[7] or "", tonumber(ARGV[8] or "") or 3600000
+    local answered = call ~= "" and (ns .. ":cancel_answer:" .. call) or nil
+    if answered then
+        local first = redis.call("get", answered)
+        if first then
+            return first
+        end
+    end
+    local function answer(outcome)
+        if answered then
+            redis.call("set", answered, outcome, "PX", answer_ttl)
+        end
+        return outcome
+    end
     local record = job_key(id)
     local r = redis.call("hmget", record, "state", "rid", "queue")
     if not r[1] or r[3] ~= queue.canonical then
@@ -1252,10 +1271,10 @@ elseif command == "cancel" then
             redis.call("hset", record, "cancel_requested", now)
         end
         redis.call("publish", channel, id)
-        return "requested"
+        return answer("requested")
     end
     if r[1] ~= "waiting" and r[1] ~= "delayed" and r[1] ~= "awaiting" then
-        return "finished"
+        return answer("finished")
     end
     forget_wait(id)  -- an awaiting job leaves its event's waiters (its delayed copy goes below)
     local rid = r[2]
@@ -1275,12 +1294,14 @@ elseif command == "cancel" then
     set_state(queue, id, "cancelled", {"finished_at", now})
     redis.call("pexpire", record, retention)
     redis.call("hincrby", queue.totals, "cancelled", 1)
-    return "cancelled"
+    return answer("cancelled")
 
 -- cancelled(rid, id, delivery, retention_ms, error) -> fence: the holder of
 -- a job whose cancellation was asked ends it cancelled, fenced like an ack
 -- (nothing moves for a superseded delivery; the late ack, nack or retry of
--- any delivery cannot change a cancelled record).
+-- any delivery cannot change a cancelled record). The worker runs the
+-- cancel hook only on 1, so the same call repeated after a lost reply
+-- answers 1 again: a record this very delivery ended cancelled.
 elseif command == "cancelled" then
     heartbeat()
     local rid, id, delivery, retention, err = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
@@ -1289,6 +1310,9 @@ elseif command == "cancelled" then
         return f
     end
     local r = redis.call("hmget", job_key(id), "state", "cancel_requested")
+    if r[1] == "cancelled" and r[2] then
+        return 1
+    end
     if r[1] ~= "active" or not r[2] then
         return -1
     end

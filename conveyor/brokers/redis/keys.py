@@ -147,6 +147,11 @@ class Keys:
         lost reply answers it again, though the key may have expired since (set by jobs.lua's enqueue)."""
         return f"{self.ns}:deduplicated:{rid}"
 
+    def cancel_answer(self, call: str) -> str:
+        """What the cancel call ``call`` answered (with a TTL): a repeat of that call after a lost reply answers it
+        again (set by jobs.lua's cancel)."""
+        return f"{self.ns}:cancel_answer:{call}"
+
     @property
     def shared(self) -> str:
         """The namespace of keys no queue owns that one script call touches together (see the module doc)."""
