@@ -268,7 +268,10 @@ def test_a_hostile_build_s_memory_across_four_processes_stays_under_its_cap(buil
         f"\nmemory: 4 x 150 MiB under a {cap // MiB} MiB cap: {peak / MiB:.0f} MiB at most (sum of USS sampled), "
         f"{survivors} of 4 processes finished"
     )
-    assert peak <= cap and survivors < 4
+    # The USS sum samples each process at its own instant, so a process read just before the kernel killed it
+    # and another read just after growing can add up a little past the cap (seen: 300.4 MiB under 300 in a
+    # loaded full run); the cgroup's own peak below is the exact check.
+    assert peak <= cap + 4 * MiB and survivors < 4
     used, limit, _, _ = _usage(record.log)
     print(f"memory: the build's cgroup counted a peak of {used / MiB:.0f} MiB")
     assert limit == cap and used <= cap and "killed at the memory limit" in record.log
