@@ -65,6 +65,18 @@ class BudgetOverride(BaseModel):
     per: float | None = Field(None, gt=0, le=24 * 3600)
 
 
+#: How every settings class reads the environment, the library's and each blueprint's own
+#: (``CONVEYOR_*``, nested with ``__``). A bad value may be a secret (a weak admin token, a provider's
+#: key): errors name the field, never the value.
+ENV_CONFIG = SettingsConfigDict(
+    env_prefix="CONVEYOR_",
+    env_nested_delimiter="__",
+    extra="ignore",
+    populate_by_name=True,
+    hide_input_in_errors=True,
+)
+
+
 @dataclass(frozen=True)
 class _Lease:
     """Which settings are a broker's worker lease and its workers' heartbeat cadence."""
@@ -76,14 +88,7 @@ class _Lease:
 class Settings(BaseSettings):
     """conveyor's configuration. ``conveyor --help`` lists every variable."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="CONVEYOR_",
-        env_nested_delimiter="__",
-        extra="ignore",
-        populate_by_name=True,
-        # A bad value may be a secret (a weak admin token): errors name the field, never the value.
-        hide_input_in_errors=True,
-    )
+    model_config = ENV_CONFIG
 
     redis_url: str | None = Field(
         None,

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings
 
 from conveyor.errors import ConfigurationError
-from conveyor.settings import describe_invalid
+from conveyor.settings import ENV_CONFIG, describe_invalid
 
 if TYPE_CHECKING:
     from conveyor.app import App
@@ -27,14 +27,7 @@ ProviderName = Literal["local", "openai"]
 class PlatformSettings(BaseSettings):
     """The agent platform's configuration (``conveyor --help`` lists every variable)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="CONVEYOR_",
-        env_nested_delimiter="__",
-        extra="ignore",
-        populate_by_name=True,
-        # A bad value may be a secret (the provider's API key): errors name the field, never the value.
-        hide_input_in_errors=True,
-    )
+    model_config = ENV_CONFIG
 
     # -- builds ------------------------------------------------------------
     build_heartbeat_interval: float = Field(

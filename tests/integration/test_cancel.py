@@ -91,8 +91,8 @@ def test_a_job_whose_own_transaction_completed_it_after_the_cancel_stays_done_wi
     """Found by the fault campaign (issues 18/21): a body that commits its job done in its own transaction
     (ctx.transaction) after the cancel was asked leaves it done; the cancel hook, which undoes a cancelled
     run's work, must not run for it."""
-    if settings.broker_name != "postgres":
-        pytest.skip("completion in the job's own transaction is the postgres broker's")
+    if not app.capabilities.transactional_completion:
+        pytest.skip("completion in the job's own transaction is the postgres broker's (its capability)")
     workers("nudge", CONVEYOR_CANCEL_GRACE_SECONDS=str(GRACE))
     ref = app.jobs.enqueue("test.cancellable", {"token": "committed", "commit": True})
     wait_for(lambda: "started" in _steps(database_url, "committed"), timeout=30, message="the job to start")
@@ -110,8 +110,8 @@ def test_a_job_whose_own_complete_in_transaction_completed_it_after_the_cancel_s
     """Review of 6167b10: the same as above through ``ctx.complete_in(conn)`` in a transaction the body makes
     itself (documented as equivalent): the job is done, yet the cancel hook still runs (only ctx.transaction
     marks the message completed)."""
-    if settings.broker_name != "postgres":
-        pytest.skip("completion in the job's own transaction is the postgres broker's")
+    if not app.capabilities.transactional_completion:
+        pytest.skip("completion in the job's own transaction is the postgres broker's (its capability)")
     workers("nudge", CONVEYOR_CANCEL_GRACE_SECONDS=str(GRACE))
     ref = app.jobs.enqueue("test.cancellable", {"token": "committed-own", "complete_in": True})
     wait_for(lambda: "started" in _steps(database_url, "committed-own"), timeout=30, message="the job to start")
