@@ -160,7 +160,7 @@ class App:
         tracing: list[Middleware] = [_tracing_middleware(self)] if self.settings.tracing else []
         return [
             *tracing,
-            Retries(on_final_failure=self.final_failure),
+            Retries(on_final_failure=self.final_failure, outage_retries=self.settings.outage_retries),
             TimeLimit(),
             CurrentMessage(),
             Events(),

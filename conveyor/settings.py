@@ -77,6 +77,13 @@ ENV_CONFIG = SettingsConfigDict(
 )
 
 
+#: The Postgres broker's worker writes its heartbeat this many times per lease. Six leaves a worker
+#: that self-fences at 0.6 of the lease (the default) more than two heartbeats' slack, so one slow
+#: heartbeat on a loaded host (a starved thread, an fsync queue) does not end its process: at three,
+#: a heartbeat 0.27 of the lease late did, and its jobs spent attempts on WorkerLost (soak, issue 18).
+PG_HEARTBEATS_PER_LEASE = 6
+
+
 @dataclass(frozen=True)
 class _Lease:
     """Which settings are a broker's worker lease and its workers' heartbeat cadence."""
@@ -197,6 +204,13 @@ class Settings(BaseSettings):
         description="Seconds before a job of a type this worker does not know (an older worker in a rolling "
         "deploy) is offered again; it is handed back, never attempted or failed.",
     )
+    outage_retries: int = Field(
+        20,
+        ge=0,
+        description="Times a job whose body met one of conveyor's own servers away (StoreUnavailable: the "
+        "broker, the database behind the ledger, ctx.once or ctx.wait_for) is retried without spending an "
+        "attempt, with the queue's backoff; past them (or with 0) such an error spends one like any other.",
+    )
     pg_poll_seconds: float = Field(5, gt=0, description="Postgres broker: poll interval in case a wake-up was lost.")
     pg_enqueue_timeout: float = Field(
         30,
@@ -212,7 +226,7 @@ class Settings(BaseSettings):
     pg_lease_seconds: float = Field(
         15,
         gt=0,
-        description="Postgres broker: seconds without a heartbeat (sent every third of it) before a "
+        description="Postgres broker: seconds without a heartbeat (sent every sixth of it) before a "
         "worker's jobs go back to the queue; with the recovery interval, at most 25 s by default.",
     )
     self_fence_fraction: float = Field(
@@ -552,6 +566,8 @@ def _plain(value: object) -> str:
 #: self-fence to check; its workers still read ``heartbeat_timeout`` as their lease.
 _LEASES: dict[BrokerName, _Lease | None] = {
     "redis": _Lease(lease=lambda s: s.heartbeat_timeout, cadence=lambda s: s.maintenance_interval),
-    "postgres": _Lease(lease=lambda s: s.pg_lease_seconds, cadence=lambda s: s.pg_lease_seconds / 3),
+    "postgres": _Lease(
+        lease=lambda s: s.pg_lease_seconds, cadence=lambda s: s.pg_lease_seconds / PG_HEARTBEATS_PER_LEASE
+    ),
     "inline": None,
 }

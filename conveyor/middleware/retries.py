@@ -5,6 +5,14 @@ every start (so a job whose worker dies counts too, which Dramatiq's
 redelivery does not), permanent errors fail at once, and when a job has
 spent its attempts its final-failure hooks run.
 
+An outage is not the job's fault: a body that met one of conveyor's own
+servers away (:class:`~conveyor.errors.StoreUnavailable`: the broker during a
+failover, the ledger's Postgres restarting) is retried with the queue's
+backoff without spending an attempt, up to ``CONVEYOR_OUTAGE_RETRIES``
+times per job, so a restart longer than the attempts' backoff fails no job
+for good (the campaign's soak found both: five attempts spent on
+``DatabaseUnavailable``, and on ``BrokerUnreachable`` in ``ctx.wait_for``).
+
 Hooks are durable and at least once: the broker's claim names the delivery
 and keeps the job held, the nack after the hooks marks them done. A worker
 that dies in a hook leaves the claim behind; recovery hands the job out
@@ -23,7 +31,7 @@ from dramatiq.middleware import SkipMessage
 from pydantic import ValidationError
 
 from conveyor.brokers.base import CANCELLED, CANCELLED_AT_START, FINALIZE, AnyMessage, FinalFailure
-from conveyor.errors import PermanentError, RetryLater, WaitForEvent, describe_error
+from conveyor.errors import PermanentError, RetryLater, StoreUnavailable, WaitForEvent, describe_error
 from conveyor.events import PARK, WAITED_FOR
 from conveyor.logs import log_event, log_job_error
 from conveyor.middleware.base import ConveyorMiddleware, conveyor_broker
@@ -39,9 +47,11 @@ class WorkerLost(Exception):
 class Retries(ConveyorMiddleware):
     """Counts attempts and decides, after each failure, between retry and final failure."""
 
-    def __init__(self, on_final_failure: FinalFailure) -> None:
+    def __init__(self, on_final_failure: FinalFailure, *, outage_retries: int = 20) -> None:
         #: Called as ``on_final_failure(broker, message, error_text)`` once per job.
         self.on_final_failure = on_final_failure
+        #: Retries per job that an outage (StoreUnavailable) does not count as attempts.
+        self.outage_retries = outage_retries
 
     @property
     def actor_options(self) -> set[str]:
@@ -125,15 +135,28 @@ class Retries(ConveyorMiddleware):
         if isinstance(exception, PERMANENT):
             self._fail(broker, message, error)
             return
+        outages = message.options.get("outages", 0)
+        if isinstance(exception, StoreUnavailable) and outages < self.outage_retries:
+            delay = self._backoff(broker, message, outages + 1)
+            log_event(
+                "retry",
+                level="warning",
+                queue=message.queue_name,
+                job=message.actor_name,
+                job_id=message.message_id,
+                attempt=attempt,
+                delay_ms=delay,
+                error=error,
+                reason="a server was away: no attempt spent",
+            )
+            options = {"deferrals": message.options.get("deferrals", 0) + 1, "outages": outages + 1}
+            broker.enqueue(message.copy(options={**options, "last_error": error}), delay=delay)
+            return
         budget = self._max_attempts(broker, message) + message.options.get("deferrals", 0)
         if attempt >= budget:
             self._fail(broker, message, error)
             return
-        actor = broker.get_actor(message.actor_name)
-        min_ms = int(actor.options["min_backoff"] * 1000)
-        max_ms = int(actor.options["max_backoff"] * 1000)
-        # Exponential in the attempt, jittered up to 2x, never outside the queue's bounds.
-        _, delay = compute_backoff(attempt - 1, factor=max(min_ms, 1), max_backoff=max(max_ms, min_ms, 1))
+        delay = self._backoff(broker, message, attempt)
         log_event(
             "retry",
             level="warning",
@@ -145,6 +168,14 @@ class Retries(ConveyorMiddleware):
             error=error,
         )
         broker.enqueue(message.copy(options={"last_error": error}), delay=delay)
+
+    def _backoff(self, broker: Broker, message: AnyMessage, tries: int) -> int:
+        """Milliseconds before the next try: exponential in ``tries``, jittered up to 2x, within the queue's bounds."""
+        actor = broker.get_actor(message.actor_name)
+        min_ms = int(actor.options["min_backoff"] * 1000)
+        max_ms = int(actor.options["max_backoff"] * 1000)
+        _, delay = compute_backoff(tries - 1, factor=max(min_ms, 1), max_backoff=max(max_ms, min_ms, 1))
+        return int(delay)
 
     def _max_attempts(self, broker: Broker, message: AnyMessage) -> int:
         # declare_actors sets every actor's max_attempts (JobType.attempts).

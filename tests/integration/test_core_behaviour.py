@@ -62,6 +62,33 @@ def test_spent_attempts_fail_the_job_and_run_its_hook_once(app, database_url):
     assert (counts.failed, counts.failed_total) == (1, 1)
 
 
+def test_an_outage_spends_no_attempt(app, database_url):
+    """A body that met conveyor's own server away (StoreUnavailable) is retried without spending an attempt:
+    a restart longer than the attempts' backoff fails no job for good (the soak's DatabaseUnavailable x5)."""
+    max_attempts = app.queues["nudge"].max_attempts
+    outages = max_attempts + 2
+    with running(app, "nudge"):
+        ref = app.jobs.enqueue("test.probe.nudge", {"token": "outage", "outages": outages, "fail_times": outages + 1})
+        record = wait_for(lambda: finished(app, ref.id), timeout=60, message="the job to finish")
+    # The outages spent nothing; the one ordinary failure after them spent one attempt, then it completed.
+    assert record.state == "completed", record.error
+    assert [r["attempt"] for r in probe_runs(database_url, "outage")] == list(range(1, outages + 3))
+    assert probe_dead(database_url) == []
+
+
+def test_outages_past_their_allowance_spend_attempts(clean_env, redis_url, database_url):
+    app = App(make_settings("inline", redis_url, database_url, outage_retries=2))
+    try:
+        max_attempts = app.queues["nudge"].max_attempts
+        with running(app, "nudge"):
+            ref = app.jobs.enqueue("test.probe.nudge", {"token": "away", "outages": 99})
+            record = wait_for(lambda: finished(app, ref.id), timeout=60, message="the job to fail")
+        assert record.state == "failed" and "unavailable" in record.error
+        assert len(probe_runs(database_url, "away")) == 2 + max_attempts
+    finally:
+        app.close()
+
+
 @pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_a_hook_that_finds_a_store_away_runs_again_and_completes_once(broker, clean_env, redis_url, database_url):
     """A final-failure hook that raised StoreUnavailable did not finish: the job stays owned and its hooks run

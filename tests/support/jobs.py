@@ -41,6 +41,8 @@ class Probe(Payload):
     hook_sleep: float = 0
     #: The hook's first N runs find the database away (DatabaseUnavailable), recorded as "blip:<token>".
     hook_blips: int = 0
+    #: The body's first N runs find the database away (DatabaseUnavailable: a server restarting).
+    outages: int = 0
 
     secret_fields = frozenset({"api_key"})
 
@@ -54,6 +56,8 @@ def probe(payload: Probe, ctx) -> None:
         time.sleep(payload.sleep)
     if payload.permanent:
         raise PermanentError(f"probe {payload.token} can never work")
+    if ctx.attempt <= payload.outages:
+        raise DatabaseUnavailable("Postgres is unavailable (injected for the test)")
     if ctx.attempt <= payload.fail_times:
         raise RuntimeError(f"probe {payload.token} fails on attempt {ctx.attempt}")
     with ctx.app.pool.connection() as conn:

@@ -26,7 +26,7 @@ def test_an_exit_sooner_than_the_heartbeat_cadence_allows_is_refused():
     with pytest.raises(ValidationError, match="self_fence_fraction"):
         Settings(redis_url="redis://h", heartbeat_timeout=2, maintenance_interval=1)
     with pytest.raises(ValidationError, match="self_fence_fraction"):
-        Settings(database_url="postgresql://h/db", self_fence_fraction=0.4)  # beats every third of the lease
+        Settings(database_url="postgresql://h/db", self_fence_fraction=0.2)  # beats every sixth of the lease
 
 
 def test_the_inline_broker_has_no_lease_to_check():

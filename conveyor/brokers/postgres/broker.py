@@ -65,6 +65,7 @@ from conveyor.brokers.postgres.recovery import Recovery
 from conveyor.errors import ConveyorError, DatabaseRefused, DatabaseUnavailable, DeliveryFenced, InvalidPayload
 from conveyor.events import PARK
 from conveyor.logs import log_error, log_event
+from conveyor.settings import PG_HEARTBEATS_PER_LEASE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -167,7 +168,7 @@ class PostgresBroker(ConveyorBroker, Broker):
             connect=self.jobs.connect_listener,
             on_connect=self.jobs.listen,
             heartbeat=self._heartbeat,
-            heartbeat_interval=self.lease / 3,
+            heartbeat_interval=self.lease / PG_HEARTBEATS_PER_LEASE,
             notifications=self.jobs.notifications,
         )
 

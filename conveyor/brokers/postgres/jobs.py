@@ -241,9 +241,15 @@ class Jobs:
 
     def connect_listener(self) -> psycopg.Connection[Any]:
         """The listener's connection: direct to Postgres when a listen URL is set (LISTEN needs a session)."""
-        options = {**CONNECTION, **through_pooler(self.pooled and self.listen_url == self.database_url)}
+        pooled = self.pooled and self.listen_url == self.database_url
+        options = {**CONNECTION, **through_pooler(pooled)}
         try:
-            return psycopg.connect(self.listen_url, autocommit=True, **options)
+            conn = psycopg.connect(self.listen_url, autocommit=True, **options)
+            if not pooled and not _sync_worker_commits():
+                # The heartbeat need not wait for a WAL flush queued behind the jobs' commits: one lost in
+                # a crash only makes this worker look older, and after a restart recovery waits a lease.
+                _worker_session(conn)
+            return conn
         except STATEMENT_ERRORS as exc:
             raise translate(exc, "connecting") from exc
 

@@ -3,8 +3,8 @@
 One thread and one connection per worker process. It listens on the
 channel the enqueue's ``NOTIFY`` (sent in the enqueue's own transaction)
 goes to, and wakes the consumers of the queue named in each notification.
-On the same connection it writes the worker's heartbeat every third of the
-lease. When the connection breaks it reconnects with a growing delay, and
+On the same connection it writes the worker's heartbeat every sixth of the
+lease (``PG_HEARTBEATS_PER_LEASE``). When the connection breaks it reconnects with a growing delay, and
 once back it wakes every consumer: notifications sent meanwhile were lost,
 so they claim at once instead of waiting for their poll.
 """

@@ -27,8 +27,8 @@ PRUNE_INTERVAL = 60.0
 
 #: Seconds the server's clock may drift from a process's monotonic clock between two of its recovery
 #: passes, beyond the passes' own round trips, before it counts as a step (see :meth:`Recovery.clock_stepped`).
-#: Heartbeats come every third of the lease, so a step recovery misses leaves every live worker's
-#: heartbeat younger than the lease while this stays under two thirds of it.
+#: Heartbeats come every sixth of the lease, so a step recovery misses leaves every live worker's
+#: heartbeat younger than the lease while this stays under five sixths of it.
 STEP_SLACK = 1.0
 
 #: Seconds after which a worker row that stopped heartbeating is forgotten.
