@@ -130,15 +130,12 @@ class Fault:
 #: Kinds whose harness is not yet steady enough for the CI seeds, and why: they run with
 #: ``CAMPAIGN_ALL_FAULTS=1`` (also for ``make soak``) or ``CAMPAIGN_KINDS=…``.
 KINDS_OUT_OF_CI: dict[str, str] = {
-    "failover": (
-        "not steady: seed 3 passed 2 of 3 runs; the red one was a finding, not the harness: a waiter on the "
-        "failed-over queue met BrokerUnreachable in ctx.wait_for (resolve_wait, the primary refusing "
-        "connections until its replica was promoted, ~3.5 s), each such error spent an attempt, and the "
-        "critical queue's 5 attempts (0.5 s backoff) ran out first: the job failed for good (lost)"
-    ),
-    # Empty: time-limits and user-retries (findings 8, 9) are in. The user-retries group once exited 2 at
-    # its start in CI (Postgres still restarting after a postgres-crash) and stranded its poll jobs; the
-    # harness now starts such a group again (harness.Supervisor.wait_ready, tests/faults/test_worker_start.py).
+    # Empty: failover is in (seed 3 on the cluster). It was out because a waiter's ctx.wait_for met
+    # BrokerUnreachable while the replica was being promoted (~3.5 s) and each error spent an attempt,
+    # so the job failed for good; an outage spends no attempt now (middleware/retries.py). time-limits and
+    # user-retries (findings 8, 9) are in too: the user-retries group once exited 2 at its start in CI
+    # (Postgres still restarting after a postgres-crash) and stranded its poll jobs; the harness now
+    # starts such a group again (harness.Supervisor.wait_ready, tests/faults/test_worker_start.py).
 }
 
 
