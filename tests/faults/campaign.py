@@ -760,6 +760,20 @@ class Stage:
         time.sleep(fault.duration)
         return self._leave(old, DRAIN_SECONDS)
 
+    def _enqueue_own(self, bodies: list[dict], keys: list[str]) -> list[str]:
+        """A fault's own jobs, keyed and sent again until answered: another fault (a failover, a crash, lost
+        replies) may refuse or lose the first try, and a job of unknown outcome left behind on a queue only
+        this fault's group serves would wait there after the group left (stuck, by the harness's doing)."""
+        keyed = [{**body, "key": key} for body, key in zip(bodies, keys)]
+        deadline = time.time() + 30
+        while True:
+            try:
+                return [ref.id for ref in self.cluster.app.jobs.enqueue_many(keyed)]
+            except ConveyorError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+
     def _ended(self, job_ids: list[str], timeout: float) -> dict[str, str]:
         """Wait (up to ``timeout``) for the jobs to be terminal; their states then."""
         deadline, states = time.time() + timeout, {}
@@ -784,10 +798,10 @@ class Stage:
         try:
             threads = 3
             spec = {"job": "fault.hammer", "payload": {"token": token, "seconds": fault.duration}}
-            hammers = [ref.id for ref in self.cluster.app.jobs.enqueue_many([spec] * threads)]
+            hammers = self._enqueue_own([spec] * threads, [f"{token}-hammer-{i}" for i in range(threads)])
             group.wait_ready()  # only it serves its queue: started again if it refused to start (harness.py)
             states = self._ended(hammers, fault.duration + 20 + READY_SECONDS)
-            census = self.cluster.app.jobs.enqueue_many([{"job": "fault.census", "payload": {"token": token}}])[0].id
+            census = self._enqueue_own([{"job": "fault.census", "payload": {"token": token}}], [f"{token}-census"])[0]
             state = self._ended([census], 20)[census]
             rows = _rows(
                 self.cluster.settings.database_url,
@@ -814,14 +828,19 @@ class Stage:
         self.old_workers.append(group)
         rng = random.Random(f"polls:{fault.at}")
         made = []
+        refused = ""
         try:
             for i in range(rng.randint(3, 6)):
                 token = f"poll-{fault.at}-{i}"
                 polls = rng.randint(1, 3)
-                req = hist.Request(token=token, job="fault.poll", outcome=hist.ACKED, polls=polls)
+                req = hist.Request(token=token, job="fault.poll", outcome=hist.ACKED, polls=polls, key=token)
                 item = Item(req, {"token": token, "effect": True, "sleep": 0.02, "polls": polls})
                 req.first_sent = time.time()
-                req.job_ids.append(self.cluster.app.jobs.enqueue_many([item.body()])[0].id)
+                try:
+                    req.job_ids += self._enqueue_own([item.body()], [token])
+                except ConveyorError as exc:  # the broker stayed away: serve what was made, then say so
+                    refused = f"; the rest not enqueued: {type(exc).__name__}"
+                    break
                 req.last_sent = time.time()
                 self.added.append(item)
                 made += req.job_ids
@@ -830,7 +849,7 @@ class Stage:
             states = self._ended(made, 40 + READY_SECONDS)
         finally:
             left = self._leave(group, DRAIN_SECONDS)
-        return f"{len(made)} poll jobs: {dict(Counter(states.values()))}; {_restarts(group)}{left}"
+        return f"{len(made)} poll jobs: {dict(Counter(states.values()))}{refused}; {_restarts(group)}{left}"
 
     def _failover(self, fault: nemesis.Fault) -> str:
         """SIGKILL the primary serving a drawn queue's slot, wait for the cluster to promote its replica (the

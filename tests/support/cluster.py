@@ -116,17 +116,25 @@ class RedisCluster:
         raise ServerStartError("no running node answers CLUSTER SLOTS")
 
     def wait_ready(self) -> None:
-        """Until every running node says the cluster is ok and serves all slots (after a failover, say)."""
+        """Until every running node says the cluster is ok and serves all slots, and every replica is linked
+        to its primary and synced (after a failover, say: a replica still syncing cannot be promoted, so a
+        primary killed meanwhile would have no failover)."""
         self._wait_ready()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT
         while True:
-            states = []
+            ready = []
             for c in self._node_clients():
                 with c:
-                    states.append(c.execute_command("CLUSTER", "INFO").decode())
-            if all("cluster_state:ok" in s and "cluster_slots_assigned:16384" in s for s in states):
+                    state = c.execute_command("CLUSTER", "INFO").decode()
+                    replication = c.info("replication")
+                ok = "cluster_state:ok" in state and "cluster_slots_assigned:16384" in state
+                linked = replication.get("role") != "slave" or (
+                    replication.get("master_link_status") == "up" and not replication.get("master_sync_in_progress")
+                )
+                ready.append(ok and linked)
+            if all(ready):
                 return
             if time.monotonic() > deadline:
                 raise ServerStartError("timed out waiting for the cluster to be ok on every node")
