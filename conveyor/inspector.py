@@ -11,11 +11,11 @@ operator actions go through it too, so the HTTP side never touches the broker.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 from conveyor.brokers.base import JOB_STATES, MAX_GROUPS, CancelOutcome, ConveyorBroker, JobRecord, check_state
-from conveyor.brokers.fleet import AttemptInfo, fleet_store, late_after, recovery_after
+from conveyor.brokers.fleet import AttemptInfo, WorkerInfo, fleet_store, late_after, recovery_after
 from conveyor.brokers.rollup import rollup_store
 from conveyor.budgets import budget_store
 from conveyor.budgets.base import Budget
@@ -38,43 +38,39 @@ MAX_FILTER_SCAN = 5000
 _SCAN_STEP = 250
 
 
-@dataclass(frozen=True)
-class WorkerView:
-    """One worker process as the Workers page shows it; ages are from the store server's clock."""
+@dataclass
+class WorkerView(WorkerInfo):
+    """One worker process as the Workers page shows it: its registry entry (:class:`WorkerInfo`, every
+    field of it) and what the read layer works out from the store server's clock.
 
-    id: str
-    host: str
-    pid: int
-    queues: list[str]
-    threads: int
-    version: str
-    started_at: float | None
-    heartbeat_at: float | None
+    It derives from the entry so a field added there shows here and in the admin API's ``Worker``
+    schema, generated from these fields. ``gone_at``/``gone_reason`` may be the read layer's (a worker
+    silent past recovery reads as recovered before anyone swept it), and a gone worker's ``in_flight``
+    is empty: its jobs went back.
+    """
+
     #: Seconds since its last heartbeat, by the server's clock.
-    heartbeat_age: float | None
+    heartbeat_age: float | None = None
     #: "alive", "late" (heartbeat overdue) or "gone" (stopped, or silent past recovery: its jobs went back).
-    state: str
-    in_flight: list[str]
-    #: Attempts this process ran to completion, and attempts of it that failed (retried or failed for good),
-    #: since it started. Not jobs: a job that failed for good is counted by its queue's ``failed``.
-    attempts_completed: int
-    attempts_failed: int
-    gone_at: float | None
-    gone_reason: str | None
+    state: str = "alive"
+
+    @property
+    def attempts_completed(self) -> int:
+        """Attempts this process ran to completion since it started (the registry's ``done``)."""
+        return self.done
+
+    @property
+    def attempts_failed(self) -> int:
+        """Attempts of it that failed, retried or failed for good (the registry's ``failed``). Not jobs:
+        a job that failed for good is counted by its queue's ``failed``."""
+        return self.failed
 
 
-@dataclass(frozen=True)
-class AttemptView:
-    """One attempt of a job: started when, on which worker, how it ended; error and traceback scrubbed."""
-
-    attempt: int
-    worker: str
-    started_at: float | None
-    ended_at: float | None
-    #: completed, failed, deferred, skipped; "running" while its worker lives; "lost" when its worker died.
-    outcome: str
-    error: str | None
-    traceback: str | None
+@dataclass
+class AttemptView(AttemptInfo):
+    """One attempt of a job as people may see it: the registry's :class:`AttemptInfo`, every field of
+    it, with error and traceback scrubbed and ``outcome`` always set: completed, failed, deferred,
+    skipped; "running" while its worker lives; "lost" when its worker died."""
 
     @property
     def run_seconds(self) -> float | None:
@@ -171,31 +167,22 @@ class BudgetView:
         return max(0, self.total_keys - len(self.keys))
 
 
-@dataclass(frozen=True)
-class JobView:
-    """A job as people may see it: the payload's secret fields redacted, the error scrubbed."""
+@dataclass
+class JobView(JobRecord):
+    """A job as people may see it: its stored :class:`JobRecord`, every field of it, with the payload's
+    secret fields redacted and the error scrubbed, plus what the read layer knows beside the record.
 
-    id: str
-    queue: str
-    job: str
-    state: str
-    attempts: int
-    max_attempts: int | None
-    key: str | None
-    payload: dict[str, Any]
-    error: str | None
-    enqueued_at: float | None
-    started_at: float | None
-    finished_at: float | None
-    eta: float | None
+    It derives from the record rather than repeating its fields, so a field added to the record is
+    here too, and in the admin API's ``Job`` schema, which is generated from these fields
+    (``conveyor.api.admin``). It stays a type of its own because it is not what the broker stored:
+    its payload is redacted. That is safe to pass around as a record: no broker call takes a record,
+    only job ids, so a view is never written back.
+    """
+
+    #: The job type's attempt budget; None for a job type this process does not know.
+    max_attempts: int | None = None
     #: Every attempt, oldest first (filled for one job, empty in lists).
     history: list[AttemptView] = field(default_factory=list)
-    #: The event an ``awaiting`` job waits for (``ctx.wait_for``); None in every other state.
-    event: str | None = None
-    #: 0-9, higher runs first.
-    priority: int = 0
-    #: Its fair-share group (``enqueue(..., group=...)``); None: the default group.
-    group: str | None = None
 
     @property
     def run_seconds(self) -> float | None:
@@ -476,25 +463,9 @@ class Inspector:
                 # No live worker has swept it yet: its jobs are due for recovery since then.
                 gone_at, reason = beat + gone_after, "recovered"
             state = "gone" if gone_at else ("late" if age is not None and age > late else "alive")
-            views.append(
-                WorkerView(
-                    id=w.id,
-                    host=w.host,
-                    pid=w.pid,
-                    queues=w.queues,
-                    threads=w.threads,
-                    version=w.version,
-                    started_at=w.started_at,
-                    heartbeat_at=w.heartbeat_at,
-                    heartbeat_age=age,
-                    state=state,
-                    in_flight=[] if state == "gone" else w.in_flight,
-                    attempts_completed=w.done,
-                    attempts_failed=w.failed,
-                    gone_at=gone_at,
-                    gone_reason=reason,
-                )
-            )
+            entry = {f.name: getattr(w, f.name) for f in fields(WorkerInfo)}
+            entry.update(gone_at=gone_at, gone_reason=reason, in_flight=[] if state == "gone" else w.in_flight)
+            views.append(WorkerView(**entry, heartbeat_age=age, state=state))
         order = {"alive": 0, "late": 0, "gone": 1}
         views.sort(key=lambda v: (order[v.state], -(v.gone_at or 0), v.host, v.pid))
         return views
@@ -671,24 +642,9 @@ class Inspector:
         model = job_type.payload if job_type else None
         secrets = [*self._settings_secrets, *payload_secrets(record.payload, model)]
         max_attempts = self.app.max_attempts(job_type) if job_type else None
-        return JobView(
-            id=record.id,
-            queue=record.queue,
-            job=record.job,
-            state=record.state,
-            attempts=record.attempts,
-            max_attempts=max_attempts,
-            key=record.key,
-            payload=redact_payload(record.payload, model),
-            error=scrub(record.error, secrets),
-            enqueued_at=record.enqueued_at,
-            started_at=record.started_at,
-            finished_at=record.finished_at,
-            eta=record.eta,
-            event=record.event,
-            priority=record.priority,
-            group=record.group,
-        )
+        stored = {f.name: getattr(record, f.name) for f in fields(JobRecord)}
+        stored.update(payload=redact_payload(record.payload, model), error=scrub(record.error, secrets))
+        return JobView(**stored, max_attempts=max_attempts)
 
     def _history(self, record: JobRecord, view: JobView) -> list[AttemptView]:
         """The job's attempts, scrubbed; an attempt without an end is running, or lost with its worker."""
@@ -704,17 +660,9 @@ class Inspector:
                 last = i == len(attempts) - 1
                 alive = states.get(a.worker) in ("alive", "late")
                 outcome = "running" if last and alive and view.state == "active" else "lost"
-            out.append(
-                AttemptView(
-                    attempt=a.attempt,
-                    worker=a.worker,
-                    started_at=a.started_at,
-                    ended_at=a.ended_at,
-                    outcome=outcome,
-                    error=scrub(a.error, secrets),
-                    traceback=scrub(a.traceback, secrets),
-                )
-            )
+            entry = {f.name: getattr(a, f.name) for f in fields(AttemptInfo)}
+            entry.update(outcome=outcome, error=scrub(a.error, secrets), traceback=scrub(a.traceback, secrets))
+            out.append(AttemptView(**entry))
         return out
 
     def _secrets(self, record: JobRecord) -> list[str]:

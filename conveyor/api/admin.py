@@ -8,17 +8,18 @@ names are camelCase, as dashboards built on other queues expect
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from dataclasses import fields
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import CursorQuery, NamePath, NameQuery, inspector
 from conveyor.api.errors import UNAVAILABLE_RESPONSES
 from conveyor.brokers.base import MAX_GROUPS
-from conveyor.inspector import BULK_CHUNK, MAX_PAGE, Inspector, Where
+from conveyor.inspector import BULK_CHUNK, MAX_PAGE, AttemptView, Inspector, JobView, Where, WorkerView
 
 router = APIRouter(
     prefix="/api/admin",
@@ -65,50 +66,71 @@ class QueueMetrics(_Out):
     awaiting: int = 0
 
 
-class Attempt(_Out):
-    """One attempt: when it started, on which worker (``host:pid:tag``), how it ended.
+def schema_of(
+    view: type,
+    doc: str,
+    *,
+    types: dict[str, Any] | None = None,
+    computed: tuple[str, ...] = (),
+    exclude: tuple[str, ...] = (),
+) -> Any:
+    """The wire schema of a read-layer dataclass, generated from its fields, in their order.
+
+    One row type per concept (issue 19): the API does not restate a job's or a worker's fields, so a
+    field added to ``JobRecord`` (or ``WorkerView``) is in the API's answers and its OpenAPI schema
+    with nothing else to edit. ``types`` narrows a field for the wire (a state's ``Literal``, the
+    nested schema of a list); ``computed`` adds the view's read-only properties; ``exclude`` leaves out
+    a store's name for a number a computed property already answers under the API's name. Every field
+    is required: an answer always carries all of them.
+    """
+    hints = get_type_hints(view)
+    spec: dict[str, Any] = {
+        f.name: ((types or {}).get(f.name, hints[f.name]), ...) for f in fields(view) if f.name not in exclude
+    }
+    spec.update({name: (get_type_hints(getattr(view, name).fget)["return"], ...) for name in computed})
+    return create_model(view.__name__.removesuffix("View"), __base__=_Out, __doc__=doc, __module__=__name__, **spec)
+
+
+if TYPE_CHECKING:
+    # What mypy sees; at run time each is generated from the read layer's dataclass (below).
+    class Attempt(_Out): ...
+
+    class Job(_Out): ...
+
+    class Worker(_Out): ...
+
+else:
+    Attempt = schema_of(
+        AttemptView,
+        """One attempt: when it started, on which worker (``host:pid:tag``), how it ended.
 
     ``outcome``: completed, failed, deferred (RetryLater), skipped, running,
     or lost (its worker died during it). Error and traceback are scrubbed of
     secret values.
-    """
-
-    attempt: int
-    worker: str
-    started_at: float | None
-    ended_at: float | None
-    outcome: str
-    error: str | None
-    traceback: str | None
-    run_seconds: float | None
-
-
-class Job(_Out):
-    """A job: its payload's secret fields are redacted, its error scrubbed of secret values. Times are UNIX seconds."""
-
-    id: str
-    queue: str
-    job: str
-    state: State
-    attempts: int
-    max_attempts: int | None
-    key: str | None
-    payload: dict[str, Any]
-    error: str | None
-    enqueued_at: float | None
-    started_at: float | None
-    finished_at: float | None
-    eta: float | None
-    wait_seconds: float | None
-    run_seconds: float | None
-    #: Every attempt, oldest first; empty in lists (ask for the one job).
-    history: list[Attempt] = []
-    #: The event an ``awaiting`` job waits for (``ctx.wait_for``); null in every other state.
-    event: str | None = None
-    #: 0-9, higher runs first (with aging: CONVEYOR_PRIORITY_AGING_SECONDS).
-    priority: int = 0
-    #: Its fair-share group (``enqueue(..., group=...)``); null: the default group.
-    group: str | None = None
+    """,
+        types={"outcome": str},
+        computed=("run_seconds",),
+    )
+    Job = schema_of(
+        JobView,
+        "A job: its payload's secret fields are redacted, its error scrubbed of secret values. Times are UNIX "
+        "seconds. ``history``: every attempt, oldest first; empty in lists (ask for the one job). ``event``: "
+        "what an ``awaiting`` job waits for (``ctx.wait_for``), else null. ``priority``: 0-9, higher runs first "
+        "(with aging: CONVEYOR_PRIORITY_AGING_SECONDS). ``group``: its fair-share group; null: the default group.",
+        types={"state": State, "history": list[Attempt]},
+        computed=("wait_seconds", "run_seconds"),
+    )
+    Worker = schema_of(
+        WorkerView,
+        """One worker process. ``state``: alive, late (heartbeat overdue) or gone (stopped, or recovered: it
+    stopped heartbeating and its jobs went back to their queues, at ``goneAt``). Ages use the broker
+    server's clock; ``attemptsCompleted``/``attemptsFailed`` count its attempts since the process started
+    (a failed attempt may have been retried: jobs that failed for good are a queue's ``failed``).""",
+        types={"state": Literal["alive", "late", "gone"]},
+        computed=("attempts_completed", "attempts_failed"),
+        # The registry's done/failed, under the names the API has always given them.
+        exclude=("done", "failed"),
+    )
 
 
 class JobList(_Out):
@@ -118,29 +140,6 @@ class JobList(_Out):
     state: State
     jobs: list[Job]
     next_cursor: str | None
-
-
-class Worker(_Out):
-    """One worker process. ``state``: alive, late (heartbeat overdue) or gone (stopped, or recovered: it
-    stopped heartbeating and its jobs went back to their queues, at ``goneAt``). Ages use the broker
-    server's clock; ``attemptsCompleted``/``attemptsFailed`` count its attempts since the process started
-    (a failed attempt may have been retried: jobs that failed for good are a queue's ``failed``)."""
-
-    id: str
-    host: str
-    pid: int
-    queues: list[str]
-    threads: int
-    version: str
-    started_at: float | None
-    heartbeat_at: float | None
-    heartbeat_age: float | None
-    state: Literal["alive", "late", "gone"]
-    in_flight: list[str]
-    attempts_completed: int
-    attempts_failed: int
-    gone_at: float | None
-    gone_reason: str | None
 
 
 class SearchResult(_Out):

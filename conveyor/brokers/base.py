@@ -249,7 +249,13 @@ def busiest_first(groups: list[GroupCounts], limit: int) -> list[GroupCounts]:
 
 @dataclass
 class JobRecord:
-    """A job as the dashboard and the API see it. Times are UNIX seconds."""
+    """A job's stored record, as every broker reads it back. Times are UNIX seconds.
+
+    The one row type of a job (issue 19): the read layer's ``JobView``
+    (conveyor.inspector) is this record with its payload redacted, and the
+    admin API's ``Job`` schema is generated from ``JobView``'s fields. A field
+    added here shows in ``app.jobs.get``, ``conveyor jobs`` and the API.
+    """
 
     id: str
     queue: str

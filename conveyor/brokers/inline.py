@@ -451,8 +451,7 @@ class InlineBroker(ConveyorBroker, StubBroker):
             self._cancel_asked.add(job_id)
             if record.state == "active":
                 for listener in self._cancel_listeners:
-                    listener.ids.append(job_id)
-                    listener.event.set()
+                    listener.push(job_id)
                 return CancelOutcome.REQUESTED
             # Waiting or delayed: its message stays in its in-memory queue, and its start ends it.
             self._end_cancelled(record)
@@ -483,6 +482,12 @@ class InlineBroker(ConveyorBroker, StubBroker):
         with self._lock:
             self._cancel_listeners.append(listener)
         return listener
+
+    def forget_cancel_listener(self, listener: "_InlineCancels") -> None:
+        """A closed listener gets no more cancels."""
+        with self._lock:
+            if listener in self._cancel_listeners:
+                self._cancel_listeners.remove(listener)
 
     def _take_dead_letter(self, record: JobRecord) -> Message[Any]:
         """The failed job's message, out of the dead letters (rebuilt from the record if absent)."""
@@ -552,17 +557,22 @@ class _InlineCancels:
 
     def __init__(self, broker: InlineBroker) -> None:
         self.broker = broker
+        # Its own lock, not the broker's: the broker pushes while holding its lock (broker, then this one).
+        self._lock = threading.Lock()
         self.ids: list[str] = []
         self.event = threading.Event()
 
+    def push(self, job_id: str) -> None:
+        with self._lock:
+            self.ids.append(job_id)
+            self.event.set()
+
     def wait(self, timeout: float) -> list[str]:
         self.event.wait(timeout)
-        with self.broker._lock:
+        with self._lock:
             self.event.clear()
             ids, self.ids = self.ids, []
         return ids
 
     def close(self) -> None:
-        with self.broker._lock:
-            if self in self.broker._cancel_listeners:
-                self.broker._cancel_listeners.remove(self)
+        self.broker.forget_cancel_listener(self)

@@ -112,3 +112,41 @@ def test_the_redis_broker_refuses_to_build_without_redis_url():
             app.broker
     finally:
         app.close()
+
+
+#: Private names a broker module may read on an object other than ``self``, with why. Dramatiq's
+#: MessageProxy keeps its message in ``_message`` and offers no public way to it (see base.as_message).
+FOREIGN_PRIVATES_ALLOWED = {"_message"}
+
+
+def _foreign_private_uses(tree: ast.AST) -> list[str]:
+    """``x._name`` where x is not ``self``, ``cls`` or ``super()``: one object reaching into another's
+    private members (the Redis consumer calling ten of the Redis broker's, before issue 19)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+            continue
+        if node.attr not in FOREIGN_PRIVATES_ALLOWED:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_broker_module_uses_another_objects_private_members():
+    """A consumer uses its broker's public contract only (the Postgres broker's shape, issue 19.6)."""
+    root = Path(conveyor.__file__).parent / "brokers"
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        uses = _foreign_private_uses(ast.parse(path.read_text(), str(path)))
+        if uses:
+            found[path.relative_to(root).as_posix()] = uses
+    assert found == {}, "use the other class's public, documented members"
+
+
+def test_the_private_use_scan_sees_a_consumer_calling_its_brokers_private_method():
+    source = "class C:\n    def ack(self):\n        self.broker._settle(1)\n        self._own()\n        super()._x()\n"
+    assert _foreign_private_uses(ast.parse(source)) == ["3: self.broker._settle"]

@@ -6,7 +6,7 @@ recovery each change queue and job record in one atomic step, on the
 server's clock, fenced by the job's delivery number.
 
 Ownership, in one place: a message this process fetched is *held*
-(``_held``) from the fetch until its outcome is written. Held messages are
+(``deliveries``, see ``deliveries.py``) from the fetch until its outcome is written. Held messages are
 never handed back by :meth:`maintain`'s release pass; anything else in this
 worker's acks sets is not in flight here (a replaced consumer's leftovers,
 an outcome that hit a bug) and goes back to its queue as a new delivery.
@@ -19,7 +19,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import redis
 from dramatiq import Message, Middleware
@@ -56,6 +56,7 @@ from conveyor.brokers.base import (
 )
 from conveyor.brokers.redis.cluster import REDIRECTS, node_client, on_node, refresh
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
+from conveyor.brokers.redis.deliveries import Deliveries, Retry, refused
 from conveyor.brokers.redis.keys import Keys
 from conveyor.brokers.redis.records import record_from_hash
 from conveyor.brokers.redis.replies import text
@@ -94,19 +95,6 @@ OLDEST_AMONG = 16
 
 #: Seconds a job's start (or its final-failure claim) waits for Redis to come back before giving up on it.
 START_GRACE = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class _Retry:
-    """A failed delivery's next run, written with its outcome in one script call (see ``RedisConsumer.ack``)."""
-
-    rid: str
-    data: bytes
-    delay: int | str  # ms, "" for none
-    error: str
-    #: A park (ctx.wait_for): the event awaited, and the message as its queue takes it (no eta).
-    event: str = ""
-    resume: bytes = b""
 
 
 class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
@@ -212,11 +200,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         #: capped at 2 s), at least a minute.
         attempt = settings.redis_connect_timeout + settings.redis_socket_timeout + settings.redis_wait_timeout + 2.0
         self.answer_ttl_ms = int(max(60.0, 2 * self.enqueue_attempts * attempt) * _MS)
+        #: What this process holds: fetched deliveries not settled yet, and retries their acks will write.
+        self.deliveries = Deliveries()
         self.acks = AckBuffer(self)
         self._lock = threading.Lock()
-        self._fetch_locks: dict[str, threading.Lock] = {}
-        self._held: dict[str, dict[str, int]] = {}  # list name -> rid -> delivery, fetched here, unsettled
-        self._retries: dict[tuple[str, int], _Retry] = {}  # (job id, delivery) -> its retry, written at its ack
         self._consumed: set[str] = set()
         self._config_warnings: dict[str, str] | None = None
         #: A queue's consumer and its delay queue's start at once: one of them reads the config and logs.
@@ -267,8 +254,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         try:
             self.release_orphans()
             with self._lock:
-                left = any(self._held.values())
                 consumed = bool(self._consumed)
+            left = self.deliveries.any_held()
             if consumed and not left:
                 self._leave()
         except Exception as exc:
@@ -318,15 +305,15 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             names |= {text(q) for q in self.client.smembers(self.keys.queues)}
         return sorted(q_name(q) for q in names)
 
-    # -- what this process holds ------------------------------------------------
+    # -- the consumer's calls (RedisConsumer and AckBuffer use these and ``deliveries``, nothing private) -----
 
-    def _fetch_lock(self, name: str) -> threading.Lock:
-        with self._lock:
-            return self._fetch_locks.setdefault(name, threading.Lock())
+    def fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
+        """Fetch up to ``room`` messages of list ``name``: (rid, data, delivery, note, wait ms or None) each.
 
-    def _fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
-        """Fetch up to ``room`` messages; each is held from the same critical section the release pass uses."""
-        with self._fetch_lock(name):
+        Each is held (``deliveries``) inside the same critical section the
+        release pass uses, so none is handed back while this worker has it.
+        """
+        with self.deliveries.fetching(name):
             cap = self.group_caps.get(q_name(name)) or 0  # held jobs of one named group, fleet-wide (0: no cap)
             rows = (
                 self._call("fetch", name, room, int(self.priority_aging * _MS), cap)
@@ -334,23 +321,59 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 else self._fetch_replicated(name, room, cap)
             )
             out = []
-            with self._lock:
-                held = self._held.setdefault(name, {})
-                for i in range(0, len(rows), 5):
-                    rid = rows[i].decode()
-                    delivery = int(rows[i + 2])
-                    held[rid] = delivery
-                    wait = rows[i + 4]
-                    out.append(
-                        (
-                            rid,
-                            rows[i + 1],
-                            delivery,
-                            rows[i + 3].decode(),
-                            int(wait) if wait not in (b"", "", None) else None,
-                        )
+            for i in range(0, len(rows), 5):
+                rid = rows[i].decode()
+                delivery = int(rows[i + 2])
+                self.deliveries.hold(name, rid, delivery)
+                wait = rows[i + 4]
+                out.append(
+                    (
+                        rid,
+                        rows[i + 1],
+                        delivery,
+                        rows[i + 3].decode(),
+                        int(wait) if wait not in (b"", "", None) else None,
                     )
+                )
         return out
+
+    def send_acks(self, name: str, items: list[str | int]) -> list[Any]:
+        """Write buffered acks of list ``name`` ((rid, job id, delivery) flat) in one script call; returns the
+        job ids whose ack was refused (superseded deliveries). Raises if Redis did not take them."""
+        return list(self._call("acks", name, self.retention_ms, len(items) // 3, *items))
+
+    def write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: Retry) -> None:
+        """A failed delivery's outcome and its next run (``retry``), in one fenced script call; unholds it."""
+        done = self._call(
+            "retry",
+            name,
+            rid,
+            job_id,
+            delivery,
+            retry.rid,
+            retry.data,
+            retry.delay,
+            retry.error,
+            retry.event,
+            retry.resume,
+        )
+        self.deliveries.settle(name, [(rid, delivery)])
+        if done == -1:
+            refused("retry", q_name(name), job_id)
+
+    def write_nack(self, name: str, rid: str, job_id: str, delivery: int, error: str) -> None:
+        """A delivery failed for good: fenced, it fails the job; unholds it."""
+        done = self._call("nack", name, rid, job_id, delivery, self.retention_ms, storable(error))
+        self.deliveries.settle(name, [(rid, delivery)])
+        if done == -1:
+            refused("failure", q_name(name), job_id)
+
+    def hand_back(self, name: str, pairs: list[tuple[str, int]]) -> None:
+        """(rid, delivery) pairs go back to their queue as new deliveries, unattempted; unholds them."""
+        if not pairs:
+            return
+        self._call("requeue", name, *(x for pair in pairs for x in pair))
+        self.deliveries.settle(name, pairs)
 
     def _fetch_replicated(self, name: str, room: int, cap: int) -> Any:
         """The claim, then WAIT on the same connection: a claim replicas lack is not started.
@@ -384,38 +407,6 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if int(acked) < self.replicas[0]:
             raise redis.TimeoutError(f"WAIT: {acked} of {self.replicas[0]} replica(s) had the claim in time")
         return rows
-
-    def _held_count(self, name: str) -> int:
-        return len(self._held.get(name, ()))
-
-    def _settle(self, name: str, pairs: Iterable[tuple[str | bytes, int | None]]) -> None:
-        """(rid, delivery) pairs are no longer held here; a hold of a newer delivery of the same rid stays."""
-        with self._lock:
-            held = self._held.get(name)
-            if held:
-                for rid, delivery in pairs:
-                    rid = rid.decode() if isinstance(rid, bytes) else rid
-                    if delivery is None or held.get(rid) == int(delivery):
-                        held.pop(rid, None)
-
-    def _refused(self, what: str, queue: str, job_id: str, why: str = "the job was handed to another delivery") -> None:
-        log_event(
-            "refused",
-            level="warning",
-            queue=queue,
-            job=None,
-            job_id=job_id,
-            attempt=None,
-            reason=f"{what} of a superseded delivery: {why}",
-        )
-
-    def _take_retry(self, job_id: str, delivery: int) -> _Retry | None:
-        with self._lock:
-            return self._retries.pop((job_id, delivery), None)
-
-    def _keep_retry(self, job_id: str, delivery: int, retry: _Retry) -> None:
-        with self._lock:
-            self._retries.setdefault((job_id, delivery), retry)
 
     # -- enqueue -------------------------------------------------------------
 
@@ -564,7 +555,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             ready.options.pop("eta", None)
             resume = ready.encode()
         self.emit_before("enqueue", new, delay)
-        retry = _Retry(
+        retry = Retry(
             new.options["redis_message_id"],
             new.encode(),
             "" if delay is None else int(delay),
@@ -572,8 +563,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             event,
             resume,
         )
-        with self._lock:
-            self._retries[(message.message_id, delivery)] = retry
+        self.deliveries.stash_retry(message.message_id, delivery, retry)
         self.emit_after("enqueue", new, delay)
         return new
 
@@ -589,11 +579,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None
             raise BrokerRejected(f"Redis refused the promotion: {type(exc).__name__}: {exc}") from exc
-        self._settle(origin, [(rid, delivery)])
+        self.deliveries.settle(origin, [(rid, delivery)])
         if done == -1:
             # Its copy is dropped: the job was promoted by an operator (promote_job), or taken back by recovery.
             why = "the job was promoted by an operator, or handed to another delivery"
-            self._refused("promotion", q_name(origin), message.message_id, why)
+            refused("promotion", q_name(origin), message.message_id, why)
         elif done == 1:
             self.emit_after("enqueue", moved, None)
         return moved
@@ -630,7 +620,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self.acks.sent(queue, acks, result[1:])
         attempt = int(result[0])
         if attempt == -1:
-            self._refused("start", q_name(queue), message.message_id)
+            refused("start", q_name(queue), message.message_id)
             return 0
         if attempt == CANCELLED_AT_START:
             message.options[CANCELLED] = True
@@ -662,7 +652,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     raise BrokerRejected(f"final-failure claim refused: {type(exc).__name__}: {exc}") from exc
                 time.sleep(0.2)
         if claimed == -1:
-            self._refused("final-failure claim", q_name(message.queue_name), message.message_id)
+            refused("final-failure claim", q_name(message.queue_name), message.message_id)
         return claimed == 1
 
     def leave_unsettled(self, message: AnyMessage, why: str) -> None:
@@ -687,9 +677,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 storable(unknown_job_error(message.actor_name)),
             )
         finally:
-            self._settle(name, [(rid, delivery)])
+            self.deliveries.settle(name, [(rid, delivery)])
         if done == -1:
-            self._refused("hand-back", q_name(name), message.message_id)
+            refused("hand-back", q_name(name), message.message_id)
         else:
             announce_unknown_job(self, message, self.unknown_job_delay)
 
@@ -715,7 +705,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         read, fails with it (counted once) and its final-failure hook runs with no payload, as on Postgres."""
         error = malformed_error(exc)
         claimed, job_id, job = self._call("poison", name, rid, delivery, self.retention_ms, storable(error))
-        self._settle(name, [(rid, delivery)])
+        self.deliveries.settle(name, [(rid, delivery)])
         queue = q_name(name)
         if not job_id:
             log_error(f"malformed message {rid} moved to the dead letters: {error}", level="error", queue=queue)
@@ -740,36 +730,6 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                 attempt=0,
                 error=f"final-failure handling raised {type(hook_error).__name__}: {hook_error}",
             )
-
-    def _write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: _Retry) -> None:
-        done = self._call(
-            "retry",
-            name,
-            rid,
-            job_id,
-            delivery,
-            retry.rid,
-            retry.data,
-            retry.delay,
-            retry.error,
-            retry.event,
-            retry.resume,
-        )
-        self._settle(name, [(rid, delivery)])
-        if done == -1:
-            self._refused("retry", q_name(name), job_id)
-
-    def _write_nack(self, name: str, rid: str, job_id: str, delivery: int, error: str) -> None:
-        done = self._call("nack", name, rid, job_id, delivery, self.retention_ms, storable(error))
-        self._settle(name, [(rid, delivery)])
-        if done == -1:
-            self._refused("failure", q_name(name), job_id)
-
-    def _requeue(self, name: str, pairs: list[tuple[str, int]]) -> None:
-        if not pairs:
-            return
-        self._call("requeue", name, *(x for pair in pairs for x in pair))
-        self._settle(name, pairs)
 
     @translated
     def maintain(self) -> dict[str, list[str]]:
@@ -806,9 +766,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             consumed = sorted(self._consumed)
         released: dict[str, list[str]] = {}
         for name in consumed:
-            with self._fetch_lock(name):
-                with self._lock:
-                    held = list(self._held.get(name, {}))
+            with self.deliveries.fetching(name):
+                held = self.deliveries.held(name)
                 ids = self._call("release", name, *held)
             if ids:
                 released[q_name(name)] = [i.decode() for i in ids]
@@ -1099,7 +1058,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             "cancelled", message.queue_name, rid, message.message_id, delivery, self.retention_ms, storable(error)
         )
         if int(fence) != 1:
-            self._refused("cancel", q_name(message.queue_name), message.message_id)
+            refused("cancel", q_name(message.queue_name), message.message_id)
             return False
         message.options[CANCELLED] = True
         return True

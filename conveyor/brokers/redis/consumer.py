@@ -6,6 +6,13 @@ job's current one. An outcome that cannot be written (Redis away, a
 timeout) raises :class:`dramatiq.errors.ConnectionClosed`, which Dramatiq's
 ``post_process_message`` retries until Redis answers: the job stays in
 this worker's acks set meanwhile, and is recovered if the worker dies.
+
+Like the Postgres consumer, it depends on the broker's public parts only:
+``deliveries`` (what this process holds, see ``deliveries.py``), ``acks``,
+the consumer's calls ``fetch``, ``send_acks``, ``write_retry``,
+``write_nack`` and ``hand_back``, and ``hand_back_unknown``,
+``fail_malformed``, ``keys``, ``client``, ``wait_cap``, ``retention_ms``
+and ``actors``. ``tests/unit/test_broker_privates.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from conveyor.brokers.base import FINALIZE, AnyMessage, SafeMessageProxy
+from conveyor.brokers.redis.deliveries import refused
 from conveyor.brokers.redis.replies import text
 from conveyor.errors import BrokerRejected
 from conveyor.logs import log_error, log_event
@@ -95,11 +103,13 @@ class AckBuffer:
             with self._lock:
                 self._pending[queue] = items + self._pending.get(queue, [])
 
-    def sent(self, queue: str, items: AckItems, refused: Iterable[object]) -> None:
+    def sent(self, queue: str, items: AckItems, refused_ids: Iterable[object]) -> None:
         """Acks Redis took: their jobs are no longer held; refused ones were superseded deliveries."""
-        self.broker._settle(queue, [(str(rid), int(delivery)) for rid, delivery in zip(items[0::3], items[2::3])])
-        for job_id in refused:
-            self.broker._refused("ack", q_name(queue), text(job_id))
+        self.broker.deliveries.settle(
+            queue, [(str(rid), int(delivery)) for rid, delivery in zip(items[0::3], items[2::3])]
+        )
+        for job_id in refused_ids:
+            refused("ack", q_name(queue), text(job_id))
 
     def flush(self, queue: str | None = None) -> None:
         with self._lock:
@@ -109,11 +119,11 @@ class AckBuffer:
             if not items:
                 continue
             try:
-                refused = self.broker._call("acks", name, self.broker.retention_ms, len(items) // 3, *items)
+                refused_ids = self.broker.send_acks(name, items)
             except Exception:
                 self.restore(name, items)
                 raise
-            self.sent(name, items, refused)
+            self.sent(name, items, refused_ids)
 
     def _run(self) -> None:
         # time.sleep, not Event.wait: a condition wait with a timeout misbehaves under a faked clock.
@@ -168,13 +178,13 @@ class RedisConsumer(Consumer):
                 return message
             room = self.prefetch - self.outstanding_message_count
             if room > 0:
-                rows = self.broker._fetch(self.queue_name, room)
+                rows = self.broker.fetch(self.queue_name, room)
                 for i, (rid, data, delivery, note, wait) in enumerate(rows):
                     try:
                         self._receive(rid, data, delivery, note, wait)
                     except BaseException:
                         # Not cached, so not handed back by close(): unhold them for the release pass.
-                        self.broker._settle(self.queue_name, [(r[0], r[2]) for r in rows[i:]])
+                        self.broker.deliveries.settle(self.queue_name, [(r[0], r[2]) for r in rows[i:]])
                         raise
                 if self.cache:
                     continue
@@ -232,7 +242,7 @@ class RedisConsumer(Consumer):
     def outstanding_message_count(self) -> int:
         """Messages of this queue fetched by this process and not done: the prefetch counts these
         (a replaced consumer's jobs still running too), not acks waiting to be sent."""
-        return self.broker._held_count(self.queue_name) - self.broker.acks.waiting(self.queue_name)
+        return self.broker.deliveries.count(self.queue_name) - self.broker.acks.waiting(self.queue_name)
 
     # -- outcomes (called from worker threads) -----------------------------------
 
@@ -251,12 +261,12 @@ class RedisConsumer(Consumer):
             # did not fail): it runs again as a new delivery, whose start ends it cancelled. Never completed.
             self._hand_back([message])
             return
-        retry = self.broker._take_retry(message.message_id, delivery)
+        retry = self.broker.deliveries.take_retry(message.message_id, delivery)
         if retry is not None:
             self._guard(
-                lambda: self.broker._write_retry(self.queue_name, rid, message.message_id, delivery, retry),
+                lambda: self.broker.write_retry(self.queue_name, rid, message.message_id, delivery, retry),
                 message,
-                restore=lambda: self.broker._keep_retry(message.message_id, delivery, retry),
+                restore=lambda: self.broker.deliveries.keep_retry(message.message_id, delivery, retry),
             )
             return
         self.broker.acks.add(self.queue_name, rid, message.message_id, delivery)
@@ -272,7 +282,7 @@ class RedisConsumer(Consumer):
             self._hand_back([message])
             return
         error = message.options.get("last_error") or "failed"
-        self._guard(lambda: self.broker._write_nack(self.queue_name, rid, message.message_id, delivery, error), message)
+        self._guard(lambda: self.broker.write_nack(self.queue_name, rid, message.message_id, delivery, error), message)
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         self._hand_back(list(messages))
@@ -284,11 +294,11 @@ class RedisConsumer(Consumer):
         for rid, _ in pairs:
             self.handed.pop(rid, None)
         try:
-            self.broker._requeue(self.queue_name, pairs)
+            self.broker.hand_back(self.queue_name, pairs)
         except Exception as exc:
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None
-            self.broker._settle(self.queue_name, pairs)
+            self.broker.deliveries.settle(self.queue_name, pairs)
             log_error(
                 f"{len(pairs)} job(s) not handed back, the release pass will: {type(exc).__name__}: {exc}",
                 level="error",
@@ -308,7 +318,7 @@ class RedisConsumer(Consumer):
                     restore()
                 raise ConnectionClosed(exc) from None
             if message is not None and (held := delivery_of(message)):
-                self.broker._settle(self.queue_name, [held])
+                self.broker.deliveries.settle(self.queue_name, [held])
             log_event(
                 "error",
                 level="error",
@@ -332,10 +342,10 @@ class RedisConsumer(Consumer):
         if not pairs:
             return
         try:
-            self.broker._requeue(self.queue_name, pairs)
+            self.broker.hand_back(self.queue_name, pairs)
         except Exception as exc:
             # No longer in flight here either way: the next release pass (or recovery) hands them back.
-            self.broker._settle(self.queue_name, pairs)
+            self.broker.deliveries.settle(self.queue_name, pairs)
             log_error(
                 f"{len(pairs)} fetched job(s) not handed back yet: {type(exc).__name__}: {exc}",
                 queue=q_name(self.queue_name),
