@@ -62,7 +62,7 @@ def _claim_all(kind: str, broker: Any, jobs: int, prefetch: int) -> float:
     got = 0
     while got < jobs:
         if kind == "redis":
-            rows = broker._call("fetch", QUEUE, prefetch, int(broker.priority_aging * 1000))
+            rows = broker.jobs.call("fetch", QUEUE, prefetch, int(broker.priority_aging * 1000))
             got += len(rows) // 5
         else:
             got += len(broker.jobs.claim(QUEUE, prefetch, synchronous=True))

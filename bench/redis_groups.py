@@ -36,7 +36,7 @@ def run(
 
     from conveyor.brokers.base import PRIORITY, EnqueueItem
     from conveyor.brokers.redis import RedisBroker
-    from conveyor.brokers.redis.scripts import JOBS
+    from conveyor.brokers.redis.jobs import SCRIPT
     from conveyor.settings import Settings
 
     settings = Settings(broker="redis", redis_url=url)
@@ -63,7 +63,7 @@ def run(
     broker.client.config_resetstat()
     for n in range(fetches):
         began = time.perf_counter()
-        rows = broker._call("fetch", QUEUE, room, int(broker.priority_aging * 1000), cap)
+        rows = broker.jobs.call("fetch", QUEUE, room, int(broker.priority_aging * 1000), cap)
         times.append((time.perf_counter() - began) * 1000)
         acks: list[object] = []
         for i in range(0, len(rows), 5):
@@ -72,7 +72,7 @@ def run(
             acks += [rows[i], message.message_id, rows[i + 2]]
         if tail and served_b_by is None and seen_b == tail:
             served_b_by = n + 1
-        broker.client.eval(JOBS, 1, scope, "acks", QUEUE, broker.broker_id, 3_600_000, len(acks) // 3, *acks)
+        broker.client.eval(SCRIPT, 1, scope, "acks", QUEUE, broker.broker_id, 3_600_000, len(acks) // 3, *acks)
     script = broker.client.info("commandstats").get("cmdstat_evalsha", {})
     broker.close()
     times.sort()

@@ -223,6 +223,6 @@ def test_a_script_call_sent_to_a_node_not_owning_its_slot_ran_nothing_and_is_not
     wrong = NodeClient(broker.client.get_redis_connection(other), broker.client)
     args = ["enqueue", "", broker.broker_id, 1000, 1, "shard1", "rid-1", "id-1", "{}", "job.shard1", "", "", ""]
     with pytest.raises(NotSent) as caught:
-        call_once(wrong, broker._jobs, [scope], args)
+        call_once(wrong, broker.jobs.script, [scope], args)
     assert "MOVED" in str(caught.value.cause) or type(caught.value.cause).__name__ == "MovedError"
     assert broker.get_job("id-1") is None

@@ -229,7 +229,7 @@ def test_a_fetch_whose_reply_was_lost_is_handed_back_by_the_release_pass(make_ap
     ns = app.settings.redis_namespace
     ref = app.jobs.enqueue(JOB, {"token": "lost-reply"})
     consumer = app.broker.consume(QUEUE, prefetch=1, timeout=100)
-    app.broker._call("fetch", QUEUE, 1)  # Redis did it; the reply never reached the consumer
+    app.broker.jobs.call("fetch", QUEUE, 1)  # Redis did it; the reply never reached the consumer
     assert app.broker.get_job(ref.id).state == "active"
     assert app.broker.release_orphans() == {QUEUE: [ref.id]}
     assert app.broker.get_job(ref.id).state == "waiting"
@@ -480,8 +480,8 @@ def test_a_start_or_final_failure_claim_repeated_after_a_lost_reply_counts_once(
     message = _next_message(app.broker.consume(QUEUE, prefetch=1, timeout=100))
     rid, delivery = message.options["redis_message_id"], message.options["redis_delivery"]
     # What redis-py's retry does after a timeout whose call had run: the same call again.
-    assert app.broker._call("start", QUEUE, rid, ref.id, delivery, 1000, 0)[0] == 1
-    assert app.broker._call("start", QUEUE, rid, ref.id, delivery, 1000, 0)[0] == 1
+    assert app.broker.jobs.call("start", QUEUE, rid, ref.id, delivery, 1000, 0)[0] == 1
+    assert app.broker.jobs.call("start", QUEUE, rid, ref.id, delivery, 1000, 0)[0] == 1
     assert app.broker.get_job(ref.id).attempts == 1
     assert app.broker.claim_final_failure(message) is True
     assert app.broker.claim_final_failure(message) is True, "the repeated claim of the same delivery was lost"
@@ -584,7 +584,7 @@ def test_a_keyed_enqueue_deduplicated_then_repeated_after_its_key_expired_gets_t
     assert again.deduplicated and again.id == held.id, "the repeat of a deduplicated enqueue made a second job"
     assert _waiting(client) == 1
     answers = list(client.scan_iter(app.broker.keys.deduplicated("*")))
-    assert len(answers) == 1 and 0 < client.pttl(answers[0]) <= app.broker.answer_ttl_ms, (
+    assert len(answers) == 1 and 0 < client.pttl(answers[0]) <= app.broker.jobs.answer_ttl_ms, (
         "the answer is kept, not for ever"
     )
 
@@ -604,7 +604,7 @@ def test_an_enqueue_repeated_after_its_job_ran_and_was_retried_does_not_run_it_a
     retried = client.hget(f"{ns}:job:{ref.id}", "rid").decode()
     assert retried != rid
     # The first enqueue's script call again, exactly as it was sent (its reply was lost).
-    reply = app.broker._call("enqueue", "", 60_000, 1, QUEUE, rid, ref.id, data, JOB, "", "", "")
+    reply = app.broker.jobs.call("enqueue", "", 60_000, 1, QUEUE, rid, ref.id, data, JOB, "", "", "")
     assert [x.decode() if isinstance(x, bytes) else x for x in reply] == [ref.id, 0]
     assert client.lrange(f"{ns}:{QUEUE}", 0, -1) == [retried.encode()], "the repeat pushed the job again"
     assert client.hget(f"{ns}:job:{ref.id}", "rid").decode() == retried, "the repeat superseded the retry"
@@ -715,8 +715,8 @@ def test_a_cancel_outcome_repeated_after_a_lost_reply_still_ends_the_job_for_its
     assert app.broker.start_job(message) == 1
     assert app.jobs.cancel(ref.id) == "requested"
     rid, delivery = message.options["redis_message_id"], message.options["redis_delivery"]
-    first = app.broker._call("cancelled", QUEUE, rid, ref.id, delivery, 1000, "JobCancelled: stopped")
+    first = app.broker.jobs.call("cancelled", QUEUE, rid, ref.id, delivery, 1000, "JobCancelled: stopped")
     assert first == 1
-    assert app.broker._call("cancelled", QUEUE, rid, ref.id, delivery, 1000, "JobCancelled: stopped") == 1
+    assert app.broker.jobs.call("cancelled", QUEUE, rid, ref.id, delivery, 1000, "JobCancelled: stopped") == 1
     assert app.broker.get_job(ref.id).state == "cancelled"
     assert app.broker.queue_counts(QUEUE).cancelled == 1, "counted once"

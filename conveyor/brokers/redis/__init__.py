@@ -1,5 +1,6 @@
 """The Redis broker: ``broker`` (Dramatiq adapter and job interface), ``consumer`` (fetch and outcomes),
-``keys`` (every key name), ``scripts`` (the Lua, loaded once), ``jobs.lua`` (every state change, atomic)."""
+``deliveries`` (what a worker holds), ``jobs`` (every Redis command: owns ``jobs.lua``, every state change,
+atomic), ``keys`` (every key name)."""
 
 from conveyor.brokers.redis.broker import RedisBroker
 

@@ -5,6 +5,12 @@ that a keyed enqueue, a fetch, a start, an outcome, a promotion and a
 recovery each change queue and job record in one atomic step, on the
 server's clock, fenced by the job's delivery number.
 
+The commands themselves, every script call and every read of keys, are
+:class:`~.jobs.Jobs`'s (``jobs.py``, which owns ``jobs.lua``), as the
+Postgres broker's are ``postgres/jobs.py``'s: this module turns Dramatiq's
+calls into its calls, runs the middleware hooks, and keeps what this
+process holds.
+
 Ownership, in one place: a message this process fetched is *held*
 (``deliveries``, see ``deliveries.py``) from the fetch until its outcome is written. Held messages are
 never handed back by :meth:`maintain`'s release pass; anything else in this
@@ -31,15 +37,12 @@ from dramatiq.middleware import SkipMessage
 from conveyor.brokers.base import (
     CANCELLED,
     CANCELLED_AT_START,
-    MAX_GROUPS,
-    MAX_PRIORITY,
     AnyMessage,
     CancelListener,
     Capabilities,
     ConveyorBroker,
     EnqueueItem,
     FinalFailure,
-    GroupCounts,
     JobRecord,
     JobRef,
     PoolOwner,
@@ -47,21 +50,15 @@ from conveyor.brokers.base import (
     QueueGroups,
     announce_unknown_job,
     as_message,
-    busiest_first,
     check_state,
     log_delivery_error,
     malformed_error,
     priority_of,
     unknown_job_error,
 )
-from conveyor.brokers.redis.cluster import REDIRECTS, node_client, on_node, refresh
 from conveyor.brokers.redis.consumer import DELIVERY_OPTIONS, AckBuffer, RedisConsumer, delivery_of
 from conveyor.brokers.redis.deliveries import Deliveries, Retry, refused
-from conveyor.brokers.redis.keys import Keys
-from conveyor.brokers.redis.records import record_from_hash
-from conveyor.brokers.redis.replies import text
-from conveyor.brokers.redis.scripts import JOBS
-from conveyor.brokers.redis.sending import MaybeSent, SendFailed, call_once
+from conveyor.brokers.redis.jobs import Fetched, Jobs, NewJob, storable
 from conveyor.errors import (
     BrokerRejected,
     BrokerUnavailable,
@@ -71,8 +68,8 @@ from conveyor.errors import (
 )
 from conveyor.events import PARK
 from conveyor.logs import log_error, log_event
-from conveyor.redis_client import UNAVAILABLE, is_cluster, is_unavailable, translated
 from conveyor.redis_client import client as redis_client
+from conveyor.redis_client import is_unavailable, translated
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,16 +79,6 @@ if TYPE_CHECKING:
     from conveyor.settings import Settings
 
 _MS = 1000  # settings are in seconds, the script counts milliseconds
-
-#: The jobs.lua commands that write this worker's heartbeat (they call heartbeat()).
-HEARTBEATS = frozenset({"fetch", "start", "acks", "nack", "retry", "promote", "requeue", "release", "maintain"})
-
-#: Failed jobs moved per script call by retry_failed: each call blocks Redis
-#: while it runs, so a queue with many failures is retried in slices.
-RETRY_BATCH = 500
-
-#: A named group's oldest wait is read among this many of its first jobs by rank (group_counts).
-OLDEST_AMONG = 16
 
 #: Seconds a job's start (or its final-failure claim) waits for Redis to come back before giving up on it.
 START_GRACE = 5.0
@@ -132,7 +119,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         from conveyor.brokers.fleet.redis_store import RedisFleetStore
 
         return RedisFleetStore(
-            self.client, self.keys.shared, dedup_keys=self.dedup_keys, enqueued_keys=self.enqueued_keys
+            self.client, self.keys.shared, dedup_keys=self.jobs.dedup_keys, enqueued_keys=self.jobs.enqueued_keys
         )
 
     @classmethod
@@ -171,35 +158,26 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             heartbeat_timeout=int(heartbeat_timeout * _MS),
             dead_message_ttl=int(retention * _MS),
         )
-        self.retention_ms = int(retention * _MS)
+        #: Every command of this broker (the script's calls and the reads beside them).
+        self.jobs = Jobs(
+            client,
+            namespace,
+            self.broker_id,
+            settings=settings,
+            heartbeat_timeout=heartbeat_timeout,
+            retention=retention,
+            declared=lambda: self.queues,
+        )
         self.unknown_job_delay = settings.unknown_job_delay
         #: Seconds of waiting one priority level is worth (jobs.lua: a rank is ready_at - priority x this).
         self.priority_aging = settings.priority_aging_seconds
-        #: A pause between recovery passes (anyone's) longer than this means Redis or every worker was away:
-        #: recovery waits a heartbeat timeout before declaring anyone dead (see maintain in jobs.lua).
-        self.recovery_gap_ms = int(max(heartbeat_timeout / 2, 3 * settings.maintenance_interval) * _MS)
         #: An idle consumer's BLPOP never outlasts half the socket timeout (or it would read as a timeout).
         self.wait_cap = max(0.1, settings.redis_socket_timeout / 2)
         #: On Redis Cluster every key of a queue carries the queue as its hash tag (see keys.py).
-        self.cluster = is_cluster(client)
-        self.keys = Keys(namespace, cluster=self.cluster)
-        self._registered: set[str] = set()  # queues this process recorded in keys.queues (cluster)
+        self.cluster = self.jobs.cluster
+        self.keys = self.jobs.keys
         #: Runs the final-failure hook of a job the broker itself fails (an undecodable message), as on Postgres.
         self._on_dead = on_dead
-        self._jobs = self.client.register_script(JOBS)
-        #: (replicas, timeout ms) each enqueue and claim WAITs for; None: no WAIT (redis_wait_replicas = 0).
-        self.replicas = (
-            (settings.redis_wait_replicas, int(settings.redis_wait_timeout * _MS))
-            if settings.redis_wait_replicas
-            else None
-        )
-        #: Script calls an enqueue may make: a lost reply's call is repeated (exactly: see _send_enqueue).
-        self.enqueue_attempts = 1 + settings.redis_retries
-        #: ms jobs.lua keeps a duplicate's answer, so a repeated call answers the same: twice the longest a
-        #: repeat can come after the first call (each attempt's connect, reply and WAIT timeouts and backoff
-        #: capped at 2 s), at least a minute.
-        attempt = settings.redis_connect_timeout + settings.redis_socket_timeout + settings.redis_wait_timeout + 2.0
-        self.answer_ttl_ms = int(max(60.0, 2 * self.enqueue_attempts * attempt) * _MS)
         #: What this process holds: fetched deliveries not settled yet, and retries their acks will write.
         self.deliveries = Deliveries()
         self.acks = AckBuffer(self)
@@ -208,23 +186,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         self._config_warnings: dict[str, str] | None = None
         #: A queue's consumer and its delay queue's start at once: one of them reads the config and logs.
         self._config_lock = threading.Lock()
-        #: monotonic time a script call that heartbeats (see HEARTBEATS) was sent, of the last that succeeded.
-        self._beat_at: float | None = None
 
     # -- plumbing -----------------------------------------------------------
 
-    def _call(self, command: str, queue: str, *args: Any, client: Any = None) -> Any:
-        sent = time.monotonic()
-        scope = self.keys.scope(queue).ns
-        result = self._jobs(keys=[scope], args=[command, queue, self.broker_id, *args], client=client)
-        if command in HEARTBEATS and client is None:
-            with self._lock:  # the server wrote the heartbeat after `sent`
-                self._beat_at = sent if self._beat_at is None else max(self._beat_at, sent)
-        return result
-
     def heartbeat_age(self) -> float | None:
-        beat = self._beat_at
-        return None if beat is None else time.monotonic() - beat
+        return self.jobs.heartbeat_age()
 
     @property
     def consumer_class(self) -> type[RedisConsumer]:
@@ -254,60 +220,17 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         try:
             self.release_orphans()
             with self._lock:
-                consumed = bool(self._consumed)
+                consumed = set(self._consumed)
             left = self.deliveries.any_held()
             if consumed and not left:
-                self._leave()
+                self.jobs.leave(consumed)
         except Exception as exc:
             log_error(f"could not hand back held jobs, recovery will: {type(exc).__name__}: {exc}")
-        if self.cluster:
-            # Each node's connections are dropped, the client stays usable (a later call reconnects),
-            # as a plain client's close() leaves it; the cluster client's close() would forget the topology.
-            for node in self._cluster_nodes():
-                if node.redis_connection is not None:
-                    node.redis_connection.connection_pool.disconnect()
-            return
-        self.client.close()
-        self.client.connection_pool.disconnect()
-
-    def _cluster_nodes(self) -> list[Any]:
-        cluster: Any = self.client
-        return list(cluster.get_nodes())
-
-    def _leave(self) -> None:
-        """Forget this worker's heartbeat (on a cluster: in each consumed queue's scope, one call each)."""
-        if not self.cluster:
-            self._call("leave", "")
-            return
-        with self._lock:
-            queues = sorted({q_name(name) for name in self._consumed})
-        for queue in queues:
-            self._call("leave", queue)
-
-    def dedup_keys(self, key: str) -> list[str]:
-        """Where a dedup key may be held: the namespace's entry, or on a cluster each known queue's."""
-        if not self.cluster:
-            return [self.keys.dedup(key)]
-        return [self.keys.scope(q).dedup(key) for q in self.known_queues()]
-
-    def enqueued_keys(self) -> list[str]:
-        """The hashes jobs.lua's enqueue counts new jobs in: the namespace's, or on a cluster each known
-        queue's plus the shared one producers wrote before the count moved into the script (their history,
-        and their counts during a rolling deploy: a total never goes down)."""
-        if not self.cluster:
-            return [self.keys.enqueued]
-        return [f"{self.keys.shared}:fleet:enqueued", *(self.keys.scope(q).enqueued for q in self.known_queues())]
-
-    def known_queues(self) -> list[str]:
-        """Every queue declared here, and on a cluster every queue anyone enqueued to (keys.queues)."""
-        names = set(self.queues)
-        if self.cluster:
-            names |= {text(q) for q in self.client.smembers(self.keys.queues)}
-        return sorted(q_name(q) for q in names)
+        self.jobs.close()
 
     # -- the consumer's calls (RedisConsumer and AckBuffer use these and ``deliveries``, nothing private) -----
 
-    def fetch(self, name: str, room: int) -> list[tuple[str, bytes, int, str, int | None]]:
+    def fetch(self, name: str, room: int) -> list[Fetched]:
         """Fetch up to ``room`` messages of list ``name``: (rid, data, delivery, note, wait ms or None) each.
 
         Each is held (``deliveries``) inside the same critical section the
@@ -315,55 +238,26 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """
         with self.deliveries.fetching(name):
             cap = self.group_caps.get(q_name(name)) or 0  # held jobs of one named group, fleet-wide (0: no cap)
-            rows = (
-                self._call("fetch", name, room, int(self.priority_aging * _MS), cap)
-                if self.replicas is None
-                else self._fetch_replicated(name, room, cap)
-            )
-            out = []
-            for i in range(0, len(rows), 5):
-                rid = rows[i].decode()
-                delivery = int(rows[i + 2])
+            rows = self.jobs.fetch(name, room, int(self.priority_aging * _MS), cap)
+            for rid, _, delivery, _, _ in rows:
                 self.deliveries.hold(name, rid, delivery)
-                wait = rows[i + 4]
-                out.append(
-                    (
-                        rid,
-                        rows[i + 1],
-                        delivery,
-                        rows[i + 3].decode(),
-                        int(wait) if wait not in (b"", "", None) else None,
-                    )
-                )
-        return out
+        return rows
 
     def send_acks(self, name: str, items: list[str | int]) -> list[Any]:
         """Write buffered acks of list ``name`` ((rid, job id, delivery) flat) in one script call; returns the
         job ids whose ack was refused (superseded deliveries). Raises if Redis did not take them."""
-        return list(self._call("acks", name, self.retention_ms, len(items) // 3, *items))
+        return self.jobs.acks(name, items)
 
     def write_retry(self, name: str, rid: str, job_id: str, delivery: int, retry: Retry) -> None:
         """A failed delivery's outcome and its next run (``retry``), in one fenced script call; unholds it."""
-        done = self._call(
-            "retry",
-            name,
-            rid,
-            job_id,
-            delivery,
-            retry.rid,
-            retry.data,
-            retry.delay,
-            retry.error,
-            retry.event,
-            retry.resume,
-        )
+        done = self.jobs.retry(name, rid, job_id, delivery, retry)
         self.deliveries.settle(name, [(rid, delivery)])
         if done == -1:
             refused("retry", q_name(name), job_id)
 
     def write_nack(self, name: str, rid: str, job_id: str, delivery: int, error: str) -> None:
         """A delivery failed for good: fenced, it fails the job; unholds it."""
-        done = self._call("nack", name, rid, job_id, delivery, self.retention_ms, storable(error))
+        done = self.jobs.nack(name, rid, job_id, delivery, error)
         self.deliveries.settle(name, [(rid, delivery)])
         if done == -1:
             refused("failure", q_name(name), job_id)
@@ -372,41 +266,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """(rid, delivery) pairs go back to their queue as new deliveries, unattempted; unholds them."""
         if not pairs:
             return
-        self._call("requeue", name, *(x for pair in pairs for x in pair))
+        self.jobs.requeue(name, pairs)
         self.deliveries.settle(name, pairs)
-
-    def _fetch_replicated(self, name: str, room: int, cap: int) -> Any:
-        """The claim, then WAIT on the same connection: a claim replicas lack is not started.
-
-        Its rows are not recorded as held, so this worker's orphan pass hands
-        them back (under a new delivery number), and the error restarts the consumer.
-        """
-        assert self.replicas is not None
-        sent = time.monotonic()
-        scope = self.keys.scope(name).ns
-        # On a cluster, WAIT counts the replicas of the node it reaches: the pipeline goes to the slot's node.
-        client = on_node(self.client, scope) if self.cluster else self.client
-        with client.pipeline(transaction=False) as pipe:
-            self._jobs(
-                keys=[scope],
-                args=["fetch", name, self.broker_id, room, int(self.priority_aging * _MS), cap],
-                client=pipe,
-            )
-            pipe.execute_command("WAIT", *self.replicas)  # type: ignore[no-untyped-call]
-            try:
-                rows, acked = pipe.execute()
-            except REDIRECTS as exc:  # the slot moved (a failover): nothing ran; the consumer restarts
-                refresh(self.client)
-                raise redis.ConnectionError(f"the queue's slot moved: {type(exc).__name__}") from exc
-            except UNAVAILABLE:
-                if self.cluster:  # the node may be gone: the consumer's next fetch asks the new owner
-                    refresh(self.client)
-                raise
-        with self._lock:
-            self._beat_at = sent if self._beat_at is None else max(self._beat_at, sent)
-        if int(acked) < self.replicas[0]:
-            raise redis.TimeoutError(f"WAIT: {acked} of {self.replicas[0]} replica(s) had the claim in time")
-        return rows
 
     # -- enqueue -------------------------------------------------------------
 
@@ -439,21 +300,16 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         per queue, each all or nothing; a call failing after another succeeded is an outcome unknown.
         """
         if not self.cluster:
-            return self._enqueue_scope(items, dedup_ttl=dedup_ttl, scope=self.namespace)
+            return self._enqueue_scope(items, dedup_ttl=dedup_ttl, queue=None)
         by_queue: dict[str, list[int]] = {}
         for i, item in enumerate(items):
             by_queue.setdefault(q_name(item.message.queue_name), []).append(i)
         out: list[tuple[Message[Any], JobRef] | None] = [None] * len(items)
         done: list[str] = []
         for queue, positions in by_queue.items():
-            if queue not in self._registered:
-                with contextlib.suppress(redis.RedisError):  # lookups by job id read it; the enqueue may go on
-                    self.client.sadd(self.keys.queues, queue)
-                    self._registered.add(queue)
+            self.jobs.register_queue(queue)
             try:
-                part = self._enqueue_scope(
-                    [items[i] for i in positions], dedup_ttl=dedup_ttl, scope=self.keys.scope(queue).ns
-                )
+                part = self._enqueue_scope([items[i] for i in positions], dedup_ttl=dedup_ttl, queue=queue)
             except (BrokerUnavailable, EnqueueOutcomeUnknown) as exc:
                 if not done:
                     raise
@@ -467,81 +323,35 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return [x for x in out if x is not None]
 
     def _enqueue_scope(
-        self, items: list[EnqueueItem], *, dedup_ttl: float, scope: str
+        self, items: list[EnqueueItem], *, dedup_ttl: float, queue: str | None
     ) -> list[tuple[Message[Any], JobRef]]:
         prepared: list[tuple[Message[Any], EnqueueItem]] = []
-        args: list[Any] = ["enqueue", "", self.broker_id, int(dedup_ttl * _MS), len(items)]
+        rows: list[NewJob] = []
         for item in items:
             message = self._prepare(item.message, item.delay_ms)
             self.emit_before("enqueue", message, item.delay_ms)
             prepared.append((message, item))
-            args += [
-                message.queue_name,
-                message.options["redis_message_id"],
-                message.message_id,
-                message.encode(),
-                message.actor_name,
-                item.key or "",
-                "" if item.delay_ms is None else int(item.delay_ms),
-                storable(message.options.get("last_error", "")),
-                priority_of(message),
-                str(message.options.get("group") or ""),
-            ]
-        args += [self.answer_ttl_ms, int(self.priority_aging * _MS)]  # aging: a named group's rank (jobs.lua)
-        results = self._send_enqueue(args, len(items), scope)
+            rows.append(
+                NewJob(
+                    message.queue_name,
+                    message.options["redis_message_id"],
+                    message.message_id,
+                    message.encode(),
+                    message.actor_name,
+                    item.key or "",
+                    "" if item.delay_ms is None else int(item.delay_ms),
+                    storable(message.options.get("last_error", "")),
+                    priority_of(message),
+                    str(message.options.get("group") or ""),
+                )
+            )
+        refs = self.jobs.enqueue(rows, dedup_ttl=dedup_ttl, aging_ms=int(self.priority_aging * _MS), queue=queue)
         out: list[tuple[Message[Any], JobRef]] = []
-        for i, (message, item) in enumerate(prepared):
-            ref = JobRef(text(results[2 * i]), bool(int(results[2 * i + 1])))
+        for (message, item), ref in zip(prepared, refs):
             if not ref.deduplicated:
                 self.emit_after("enqueue", message, item.delay_ms)
             out.append((message, ref))
         return out
-
-    def _send_enqueue(self, args: list[Any], count: int, scope: str) -> Any:
-        """The enqueue's script call, repeated (up to ``redis_retries`` times) only where that is exact.
-
-        A call that may have reached Redis is repeated as it was: the script
-        finds each job it already wrote by its rid, so a repeat that gets a
-        reply reports the batch exactly, whichever call applied it. A call
-        that cannot have been sent raises BrokerUnavailable; one that may
-        have been applied and was never answered, EnqueueOutcomeUnknown.
-        """
-        maybe: SendFailed | None = None
-        last: SendFailed
-        for attempt in range(self.enqueue_attempts):
-            if attempt:
-                time.sleep(min(2.0, 0.1 * 2 ** (attempt - 1)))
-            try:
-                return call_once(self._node_of(scope), self._jobs, [scope], args, replicas=self.replicas)
-            except SendFailed as exc:
-                last = exc
-                if self.cluster:  # the node may be gone and its slots served by a promoted replica
-                    refresh(self.client)
-                if isinstance(exc, MaybeSent):
-                    maybe = exc
-            except redis.RedisError as exc:
-                # An answer. Refused before any write (OOM, BUSY, LOADING, READONLY: the script writes
-                # nothing before its first write is allowed) is nothing enqueued by this call; anything
-                # else stopped the script part-way, and what it wrote before stays.
-                if maybe is None and (is_unavailable(exc) or isinstance(exc, _REFUSED_BEFORE_WRITING)):
-                    raise BrokerUnavailable(
-                        f"Redis refused the enqueue, nothing was enqueued: {_summary(exc)}"
-                    ) from exc
-                why = "an earlier call was never answered" if maybe else "the script may have stopped part-way"
-                raise EnqueueOutcomeUnknown(
-                    f"Redis answered the enqueue of {count} job(s) with an error ({_summary(exc)}) and {why}: "
-                    f"they may have been enqueued; enqueue them again only with a key"
-                ) from exc
-        if maybe is not None:
-            raise EnqueueOutcomeUnknown(
-                f"Redis did not answer the enqueue of {count} job(s) ({maybe}): the request reached it or may "
-                f"have, so they may have been enqueued; enqueue them again only with a key"
-            ) from maybe.cause
-        raise BrokerUnavailable(f"Redis is unavailable, nothing was enqueued: {last}") from last.cause
-
-    def _node_of(self, scope: str) -> Any:
-        """The client ``call_once`` sends ``scope``'s script call on: the one client, or its slot's node's."""
-        return node_client(self.client, scope) if self.cluster else self.client
 
     def _stash_retry(self, message: Message[Any], delay: int | None) -> Message[Any]:
         """The Retries middleware's retry of a running delivery. It is written by that delivery's ack, in the
@@ -574,7 +384,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         moved.options.pop("eta", None)
         self.emit_before("enqueue", moved, None)
         try:
-            done = self._call("promote", origin, rid, message.message_id, delivery, moved.encode())
+            done = self.jobs.promote(origin, rid, message.message_id, delivery, moved.encode())
         except redis.RedisError as exc:
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None
@@ -600,9 +410,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         while True:
             acks = self.acks.take(queue)
             try:
-                result = self._call(
-                    "start", queue, rid, message.message_id, delivery, self.retention_ms, len(acks) // 3, *acks
-                )
+                attempt, refused_acks = self.jobs.start(queue, rid, message.message_id, delivery, acks)
                 break
             except Exception as exc:
                 self.acks.restore(queue, acks)
@@ -617,8 +425,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     )
                     raise SkipMessage("Redis is unavailable") from None
                 time.sleep(0.2)
-        self.acks.sent(queue, acks, result[1:])
-        attempt = int(result[0])
+        self.acks.sent(queue, acks, refused_acks)
         if attempt == -1:
             refused("start", q_name(queue), message.message_id)
             return 0
@@ -634,8 +441,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         deadline = time.monotonic() + START_GRACE
         while True:
             try:
-                error = storable(message.options.get("last_error") or "")
-                claimed = int(self._call("claim_final", message.queue_name, rid, message.message_id, delivery, error))
+                error = message.options.get("last_error") or ""
+                claimed = self.jobs.claim_final(message.queue_name, rid, message.message_id, delivery, error)
                 break
             except Exception as exc:
                 if not is_unavailable(exc) or time.monotonic() >= deadline:
@@ -665,16 +472,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """A fetched job of a type this process does not know: to the delay queue, unattempted (the
         ``retry`` script), marked on its record. Not written: the release pass hands it back."""
         try:
-            done = self._call(
-                "retry",
+            done = self.jobs.hand_back_unknown(
                 name,
                 rid,
                 message.message_id,
                 delivery,
-                str(uuid.uuid4()),
                 data,
-                int(self.unknown_job_delay * _MS),
-                storable(unknown_job_error(message.actor_name)),
+                self.unknown_job_delay,
+                unknown_job_error(message.actor_name),
             )
         finally:
             self.deliveries.settle(name, [(rid, delivery)])
@@ -696,23 +501,20 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if held is None:
             return False
         rid, delivery = held
-        job_key = self.keys.scope(message.queue_name).job(message.message_id)
-        current_rid, current = self.client.hmget(job_key, ["rid", "delivery"])
-        return current_rid is not None and text(current_rid) == rid and current is not None and int(current) == delivery
+        return self.jobs.is_current(message.queue_name, message.message_id, rid, delivery)
 
     def fail_malformed(self, name: str, rid: str, delivery: int, exc: Exception) -> None:
         """A fetched message that cannot be decoded goes to the dead letters; its job, if its id could be
         read, fails with it (counted once) and its final-failure hook runs with no payload, as on Postgres."""
         error = malformed_error(exc)
-        claimed, job_id, job = self._call("poison", name, rid, delivery, self.retention_ms, storable(error))
+        claimed, job_id, job = self.jobs.poison(name, rid, delivery, error)
         self.deliveries.settle(name, [(rid, delivery)])
         queue = q_name(name)
         if not job_id:
             log_error(f"malformed message {rid} moved to the dead letters: {error}", level="error", queue=queue)
             return
-        job_id, job = text(job_id), text(job)
         log_event("failed", level="error", queue=queue, job=job or None, job_id=job_id, attempt=None, error=error)
-        if int(claimed) != 1 or self._on_dead is None:
+        if not claimed or self._on_dead is None:
             return
         # The hook gets no payload: the message is the one thing that could not be read.
         message: Message[Any] = Message(
@@ -734,22 +536,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     @translated
     def maintain(self) -> dict[str, list[str]]:
         """Recover dead workers' jobs (server clock), hand back what this worker holds but runs nowhere, prune."""
-        # On a cluster each queue's scope has its own heartbeats, acks sets and markers: one pass per queue.
-        groups = [sorted(self.queues)] if not self.cluster else [[q] for q in sorted(self.queues)]
-        recovered: dict[str, list[str]] = {}
-        for group in groups:
-            names = group + [dq_name(q) for q in group]
-            rows = self._call(
-                "maintain",
-                group[0] if self.cluster else "",
-                self.heartbeat_timeout,
-                self.retention_ms,
-                self.dead_message_ttl,
-                self.recovery_gap_ms,
-                *names,
-            )
-            for i in range(0, len(rows), 2):
-                recovered.setdefault(rows[i].decode(), []).append(rows[i + 1].decode())
+        recovered = self.jobs.maintain(sorted(self.queues), self.dead_message_ttl)
         self.release_orphans()
         return recovered
 
@@ -768,9 +555,9 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         for name in consumed:
             with self.deliveries.fetching(name):
                 held = self.deliveries.held(name)
-                ids = self._call("release", name, *held)
+                ids = self.jobs.release(name, held)
             if ids:
-                released[q_name(name)] = [i.decode() for i in ids]
+                released[q_name(name)] = ids
                 log_event(
                     "released",
                     level="warning",
@@ -799,15 +586,10 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _read_config_warnings(self) -> dict[str, str]:
         if self._config_warnings is not None:
             return dict(self._config_warnings)
-        try:
-            config: dict[str, str] = {}
-            for name in ("appendonly", "save", "maxmemory-policy"):
-                config.update({text(k): text(v) for k, v in self.client.config_get(name).items()})
-        except redis.ResponseError:  # CONFIG is renamed or forbidden (managed Redis): nothing to say
+        config = self.jobs.read_config()
+        if config is None:  # CONFIG is renamed or forbidden (managed Redis): nothing to say
             self._config_warnings = {}
             return {}
-        except redis.RedisError as exc:
-            raise BrokerUnreachable(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
         warnings = {}
         if config.get("appendonly") == "no" and not config.get("save", "").strip():
             warnings["no_persistence"] = (
@@ -838,169 +620,47 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def queue_counts(self, queue: str) -> QueueCounts:
-        keys = self.keys.scope(queue)
-        with self.client.pipeline(transaction=False) as pipe:
-            for state in ("waiting", "delayed", "active", "failed", "cancelled"):
-                pipe.zcard(keys.index(queue, state))
-            pipe.zcard(keys.index(queue, "awaiting"))
-            pipe.hmget(keys.totals(queue), "completed", "failed")
-            pipe.sismember(keys.paused, queue)
-            # The waiting index is scored by when each job became waiting: the first is the oldest.
-            pipe.zrange(keys.index(queue, "waiting"), 0, 0, withscores=True)
-            pipe.zrange(keys.index(queue, "active"), 0, -1)
-            (
-                waiting,
-                delayed,
-                active,
-                failed,
-                cancelled,
-                awaiting,
-                (completed_total, failed_total),
-                paused,
-                oldest,
-                claimed,
-            ) = pipe.execute()
-        # Fetched jobs read active at once; one is running once its current delivery started (jobs.lua, start).
-        with self.client.pipeline(transaction=False) as pipe:
-            for job_id in claimed:
-                pipe.hmget(keys.job(text(job_id)), "delivery", "started_delivery")
-            deliveries = pipe.execute()
-        running = sum(1 for current, started in deliveries if current is not None and current == started)
-        return QueueCounts(
-            queue,
-            waiting,
-            delayed,
-            active,
-            failed,
-            int(completed_total or 0),
-            int(failed_total or 0),
-            bool(paused),
-            oldest[0][1] / _MS if oldest else None,
-            running,
-            cancelled,
-            awaiting=awaiting,
-        )
+        return self.jobs.counts(queue)
 
     @translated
     def group_counts(self, queue: str, *, limit: int = 50) -> QueueGroups:
-        """From the queue's keys: the ring and the held-slots hash name the groups; a group's waiting jobs are
-        its sorted set (by rank) and any left in an earlier release's list, which run first. Its oldest wait:
-        that list's head, else the longest waiting (by the waiting index) of its set's first few by rank."""
-        keys = self.keys.scope(queue)
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.lrange(keys.groups(queue), 0, -1)
-            pipe.hgetall(keys.running(queue))
-            ring, running = pipe.execute()
-        held = {text(g): int(n) for g, n in running.items() if int(n) > 0}
-        names = sorted(({text(g) for g in ring} | set(held)) - {""})
-        with self.client.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.llen(keys.group(queue, name))
-                pipe.zcard(keys.group_ready(queue, name))
-            sizes = pipe.execute()
-        lengths = [sizes[i] + sizes[i + 1] for i in range(0, len(sizes), 2)]
-        found = [GroupCounts(g, n, held.get(g, 0)) for g, n in zip(names, lengths) if n or held.get(g)]
-        shown = busiest_first(found, min(limit, MAX_GROUPS))
-        waiting = [g for g in shown if g.waiting]
-        with self.client.pipeline(transaction=False) as pipe:
-            for g in waiting:
-                pipe.lindex(keys.group(queue, g.group), 0)
-                pipe.zrange(keys.group_ready(queue, g.group), 0, OLDEST_AMONG - 1)
-            found_heads = pipe.execute()
-        heads = [[old] if old else new for old, new in zip(found_heads[::2], found_heads[1::2])]
-        with self.client.pipeline(transaction=False) as pipe:
-            for rids in heads:
-                for rid in rids:
-                    pipe.hget(keys.messages(queue), rid)
-            messages = iter(pipe.execute())
-        ids = [[_message_id(next(messages)) for _ in rids] for rids in heads]
-        with self.client.pipeline(transaction=False) as pipe:
-            for group_ids in ids:
-                for job_id in group_ids:
-                    pipe.zscore(keys.index(queue, "waiting"), job_id or "")
-            found_scores = iter(pipe.execute())
-        scores = [[s for _ in group_ids if (s := next(found_scores)) is not None] for group_ids in ids]
-        since = {g.group: min(s) / _MS for g, s in zip(waiting, scores) if s}
-        groups = [dataclasses.replace(g, oldest_waiting_at=since.get(g.group)) for g in shown]
-        return QueueGroups(queue, groups, len(found))
+        return self.jobs.group_counts(queue, limit)
 
     @translated
     def get_job(self, job_id: str) -> JobRecord | None:
-        found = self._find(job_id)
-        return None if found is None else record_from_hash(job_id, found[1])
-
-    def _find(self, job_id: str) -> tuple[Keys, dict[Any, Any]] | None:
-        """The job's record and the keys of its scope; on a cluster, looked up in each known queue's scope."""
-        if not self.cluster:
-            row: dict[Any, Any] = self.client.hgetall(self.keys.job(job_id))
-            return (self.keys, row) if row else None
-        scopes = [self.keys.scope(q) for q in self.known_queues()]
-        with self.client.pipeline(transaction=False) as pipe:
-            for keys in scopes:
-                pipe.hgetall(keys.job(job_id))
-            rows = pipe.execute()
-        for keys, row in zip(scopes, rows):
-            if row:
-                return keys, row
-        return None
+        return self.jobs.get(job_id)
 
     @translated
     def list_jobs(self, queue: str, state: str, *, limit: int = 50, offset: int = 0) -> list[JobRecord]:
         check_state(state)
-        keys = self.keys.scope(queue)
-        ids = self.client.zrevrange(keys.index(queue, state), offset, offset + limit - 1)
-        with self.client.pipeline(transaction=False) as pipe:
-            for job_id in ids:
-                pipe.hgetall(keys.job(text(job_id)))
-            rows = pipe.execute()
-        return [r for r in (record_from_hash(text(i), row) for i, row in zip(ids, rows)) if r]
+        return self.jobs.list_jobs(queue, state, limit, offset)
 
     @translated
     def pause_queue(self, queue: str) -> None:
-        self.client.sadd(self.keys.scope(queue).paused, queue)
+        self.jobs.pause(queue)
 
     @translated
     def resume_queue(self, queue: str) -> None:
-        self.client.srem(self.keys.scope(queue).paused, queue)
+        self.jobs.resume(queue)
 
     # -- operator actions ----------------------------------------------------
 
-    def _job_queue(self, job_id: str) -> str | None:
-        found = self._find(job_id)
-        queue = None if found is None else found[1].get(b"queue")
-        return text(queue) if queue else None
-
     @translated
     def retry_job(self, job_id: str) -> bool:
-        queue = self._job_queue(job_id)
-        # The script re-checks state and queue: the record may change between the two calls.
-        return queue is not None and bool(self._call("retry_job", queue, job_id))
+        return self.jobs.retry_job(job_id)
 
     @translated
     def retry_failed(self, queue: str) -> int:
-        total = 0
-        while True:
-            retried, looked_at = self._call("retry_failed", queue, RETRY_BATCH)
-            total += int(retried)
-            if int(looked_at) < RETRY_BATCH:
-                return total
+        return self.jobs.retry_failed(queue)
 
     @translated
     def promote_job(self, job_id: str) -> bool:
         """The delayed message, re-encoded for its queue without its eta (as :meth:`_promote` does), moves in
         one script call (``promote_job`` in jobs.lua), which re-checks that the job is still delayed with it."""
-        found = self._find(job_id)
+        found = self.jobs.delayed(job_id)
         if found is None:
             return False
-        keys, row = found
-        stored_queue, stored_rid, state = row.get(b"queue"), row.get(b"rid"), row.get(b"state")
-        if stored_queue is None or stored_rid is None or state not in (b"delayed", b"awaiting"):
-            return False
-        queue, rid = text(stored_queue), text(stored_rid)
-        data = self.client.hget(keys.scope(queue).messages(dq_name(queue)), rid)
-        if data is None:
-            return False
-        data = data if isinstance(data, bytes) else data.encode()
+        queue, rid, data = found
         try:
             stored = Message.decode(data)
         except DecodeError:
@@ -1009,44 +669,25 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
             message = _fresh(stored).copy(queue_name=queue, options={"redis_message_id": rid})
             message.options.pop("eta", None)
             moved = message.encode()
-        return bool(self._call("promote_job", queue, job_id, rid, moved))
+        return self.jobs.promote_job(queue, job_id, rid, moved)
 
     @translated
     def signal_event(self, name: str, resolution: str, ttl: float) -> int:
-        """One script call (``signal`` in jobs.lua): the awaiting jobs move, the signal is kept. On a cluster
-        each queue's scope keeps its own waiters and kept signals: one call per known queue."""
-        ttl_ms = max(1, int(ttl * _MS))
-        if not self.cluster:
-            return int(self._call("signal", "", name, resolution, ttl_ms))
-        return sum(int(self._call("signal", q, name, resolution, ttl_ms)) for q in self.known_queues())
+        return self.jobs.signal(name, resolution, ttl)
 
     @translated
     def resolve_wait(self, job_id: str, name: str, *, timed_out: bool) -> str | None:
-        """One script call (``resolve_wait`` in jobs.lua): read, or record insert-first."""
-        queue = self._job_queue(job_id) if self.cluster else ""
-        found = self._call("resolve_wait", queue or "", job_id, name, "1" if timed_out else "0")
-        return None if found is None else text(found)
+        return self.jobs.resolve_wait(job_id, name, timed_out=timed_out)
 
     @translated
     def delete_job(self, job_id: str) -> bool:
-        queue = self._job_queue(job_id)
-        return queue is not None and bool(self._call("delete", queue, job_id, self.retention_ms))
+        return self.jobs.delete(job_id)
 
     # -- cancel ------------------------------------------------------------------
 
     @translated
     def cancel_job(self, job_id: str) -> str | None:
-        queue = self._job_queue(job_id)
-        if queue is None:
-            return None
-        # The script re-checks the queue: "" when the record changed or went in between. The call's own id:
-        # redis-py repeats a call whose reply was lost, and the repeat must answer what the first one did
-        # (not "finished" for the job that first call cancelled).
-        call = str(uuid.uuid4())
-        outcome = text(
-            self._call("cancel", queue, job_id, self.retention_ms, self.keys.cancels, call, self.answer_ttl_ms)
-        )
-        return outcome or None
+        return self.jobs.cancel(job_id)
 
     @translated
     def cancel_outcome(self, message: AnyMessage, error: str | None = None) -> bool:
@@ -1054,10 +695,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if held is None:
             return False
         rid, delivery = held
-        fence = self._call(
-            "cancelled", message.queue_name, rid, message.message_id, delivery, self.retention_ms, storable(error)
-        )
-        if int(fence) != 1:
+        if not self.jobs.cancelled(message.queue_name, rid, message.message_id, delivery, error):
             refused("cancel", q_name(message.queue_name), message.message_id)
             return False
         message.options[CANCELLED] = True
@@ -1065,39 +703,18 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
 
     @translated
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
-        if not job_ids:
-            return set()
-        if not self.cluster:
-            return {text(i) for i in self._call("cancel_requested", "", *job_ids)}
-        asked: set[str] = set()
-        for job_id in job_ids:  # each record is in its own queue's scope
-            queue = self._job_queue(job_id)
-            if queue is not None:
-                asked |= {text(i) for i in self._call("cancel_requested", queue, job_id)}
-        return asked
+        return self.jobs.cancel_requested(job_ids)
 
     def cancel_listener(self) -> CancelListener | None:
-        return _RedisCancels(self.client, self.keys.cancels)
+        return self.jobs.cancel_listener()
 
     # -- Dramatiq's admin helpers (tests) ---------------------------------------
 
     @translated
     def flush(self, queue_name: str) -> None:
-        keys = self.keys.scope(queue_name)
-        queue = q_name(queue_name)
         if not self.cluster:
             super().flush(queue_name)
-        else:
-            # Dramatiq's purge script builds its keys from the bare namespace: on a cluster, per scope.
-            for name in (queue, dq_name(queue_name)):
-                self.client.delete(keys.queue(name), keys.messages(name))
-        # The priority levels' lists (jobs.lua ready_push), which Dramatiq's purge does not know.
-        levels = (keys.level(queue, p) for p in range(1, MAX_PRIORITY + 1))
-        self.client.delete(keys.levels(queue), keys.ranks(queue), *levels)
-        # The groups' ready sets (and older lists) and their ring (their messages are gone with the queue's hash).
-        groups = {text(g) for g in self.client.lrange(keys.groups(queue), 0, -1)} - {""}
-        ready = [key for g in groups for key in (keys.group(queue, g), keys.group_ready(queue, g))]
-        self.client.delete(keys.groups(queue), keys.group_stamp(queue), *ready)
+        self.jobs.flush(queue_name)
 
     @translated
     def flush_all(self) -> None:
@@ -1108,61 +725,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if not self.cluster:
             super().join(queue_name, interval=interval, timeout=timeout)
             return
-        keys = self.keys.scope(queue_name)
         deadline = timeout and time.monotonic() + timeout / 1000
-        while sum(self.client.hlen(keys.messages(n)) for n in (q_name(queue_name), dq_name(queue_name))):
+        while self.jobs.stored(queue_name):
             if deadline and time.monotonic() >= deadline:
                 raise QueueJoinTimeout(queue_name)
             time.sleep(interval / 1000)
-
-
-def storable(text: str | None) -> str:
-    """Any error text as valid UTF-8 (a lone surrogate would make the script call fail); NUL is fine in Redis."""
-    return (text or "").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-#: Error replies of a script refused at its first write, before it changed anything (redis-py names them
-#: by class: OOM, READONLY; a LOADING reply is a BusyLoadingError, which is_unavailable counts already).
-_REFUSED_BEFORE_WRITING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
-
-
-def _message_id(data: bytes | None) -> str | None:
-    """The job id of an encoded message; None when there is none or it cannot be decoded."""
-    if not data:
-        return None
-    try:
-        return Message.decode(data).message_id
-    except Exception:  # an undecodable message: the worker that fetches it dead-letters it
-        return None
-
-
-def _summary(exc: BaseException) -> str:
-    """redis-py's error, first line only (a pipeline's or a script's text names the whole command)."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def _fresh(message: Message[Any]) -> Message[Any]:
     """The message as it is stored: without what belonged to the delivery it came with."""
     options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
     return dataclasses.replace(message, options=options)
-
-
-class _RedisCancels:
-    """A pub/sub subscription to the cancel channel (keys.py ``Keys.cancels``)."""
-
-    def __init__(self, client: Any, channel: str) -> None:
-        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(channel)
-
-    def wait(self, timeout: float) -> list[str]:
-        ids: list[str] = []
-        message = self.pubsub.get_message(timeout=timeout)
-        while message is not None:
-            if message.get("type") == "message":
-                ids.append(text(message["data"]))
-            message = self.pubsub.get_message(timeout=0)
-        return ids
-
-    def close(self) -> None:
-        self.pubsub.close()

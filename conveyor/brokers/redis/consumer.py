@@ -11,8 +11,9 @@ Like the Postgres consumer, it depends on the broker's public parts only:
 ``deliveries`` (what this process holds, see ``deliveries.py``), ``acks``,
 the consumer's calls ``fetch``, ``send_acks``, ``write_retry``,
 ``write_nack`` and ``hand_back``, and ``hand_back_unknown``,
-``fail_malformed``, ``keys``, ``client``, ``wait_cap``, ``retention_ms``
-and ``actors``. ``tests/unit/test_broker_privates.py`` keeps it so.
+``fail_malformed``, ``wait_cap`` and ``actors``; an idle consumer waits on
+``jobs.wait`` (``jobs.py``, where every Redis command of the broker is).
+``tests/unit/test_broker_capabilities.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -151,7 +152,6 @@ class RedisConsumer(Consumer):
         self.timeout = timeout
         self.is_delay = queue_name.endswith(".DQ")
         self.misses = 0
-        self.wake_key = broker.keys.scope(queue_name).wake(queue_name)
         #: Fetched and decoded, not handed to Dramatiq yet.
         self.cache: deque[SafeMessageProxy] = deque()
         #: Delay queue only: handed to the consumer thread's in-memory delay queue, not promoted yet.
@@ -195,7 +195,7 @@ class RedisConsumer(Consumer):
             # lost wake-up costs one backoff, never a job.
             self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
             if room > 0:
-                self.broker.client.blpop([self.wake_key], timeout=min(backoff_ms / 1000, self.broker.wait_cap))
+                self.broker.jobs.wait(self.queue_name, min(backoff_ms / 1000, self.broker.wait_cap))
             else:
                 time.sleep(backoff_ms / 1000)
             return None
