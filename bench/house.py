@@ -7,8 +7,10 @@ It prints what docs/house.md tabulates: settings fields per settings class,
 exception classes per file, migrations per directory, import-linter
 contracts, modules and lines per package, private members one broker
 object reaches on another, and the fields each job/worker/attempt row type
-declares. Counting from the source lets the same script read a commit from
-before a refactor, whose modules may no longer import.
+declares, and the Redis broker's data access outside ``redis/jobs.py``
+(the methods that send Redis commands or script calls themselves, with
+their lines). Counting from the source lets the same script read a commit
+from before a refactor, whose modules may no longer import.
 """
 
 from __future__ import annotations
@@ -93,6 +95,46 @@ def foreign_privates(trees: dict[str, ast.Module], under: str) -> list[str]:
     return found
 
 
+#: Calls that are Redis commands whatever object they are made on (tests/unit/test_redis_broker_shape.py's list).
+REDIS_CALLS = {"pipeline", "register_script", "pubsub", "execute_command", "eval", "evalsha", "script_load"}
+#: The modules of the Redis broker that may send its commands: jobs.py and the send plumbing it uses.
+REDIS_SENDERS = {"jobs.py", "sending.py", "cluster.py"}
+
+
+def _sends_redis(function: ast.AST) -> bool:
+    """A command on a client (``….client.cmd(…)``), a pipeline, a script or pub/sub, or a script call
+    (the old broker's ``self._call`` / ``self._jobs``, the new one's ``….jobs.call``)."""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner, name = node.func.value, node.func.attr
+            if (isinstance(owner, ast.Name) and owner.id == "client") or (
+                isinstance(owner, ast.Attribute) and owner.attr == "client"
+            ):
+                return True
+            if name in REDIS_CALLS or name in ("_call", "_jobs"):
+                return True
+            if isinstance(owner, ast.Attribute) and owner.attr == "jobs" and name in ("call", "script"):
+                return True
+    return False
+
+
+def redis_data_access(trees: dict[str, ast.Module], root: Path) -> dict[str, tuple[int, int, int]]:
+    """Per module of brokers/redis outside jobs.py and its plumbing: (lines, functions that send Redis
+    commands themselves, their lines)."""
+    out = {}
+    for path, tree in trees.items():
+        if not path.startswith("conveyor/brokers/redis/") or path.rsplit("/", 1)[1] in REDIS_SENDERS:
+            continue
+        functions = [
+            n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _sends_redis(n)
+        ]
+        # A nested function is counted with the one that holds it.
+        outer = [f for f in functions if not any(g is not f and f in ast.walk(g) for g in functions)]
+        lines = sum((f.end_lineno or f.lineno) - f.lineno + 1 for f in outer)
+        out[path] = (len((root / path).read_text().splitlines()), len(outer), lines)
+    return out
+
+
 def row_types(trees: dict[str, ast.Module]) -> list[str]:
     out = []
     for path, tree in trees.items():
@@ -131,6 +173,9 @@ def main(root: Path) -> None:
     print("another object's private members used in conveyor/brokers:", len(privates))
     for line in privates:
         print("  ", line)
+    print("Redis broker modules outside jobs.py: lines, functions sending Redis commands themselves, their lines")
+    for path, (total, count, lines_sending) in sorted(redis_data_access(trees, root).items()):
+        print(f"   {path}: {total} lines, {count} functions, {lines_sending} lines")
     for line in row_types(trees):
         print("row type", line)
 
