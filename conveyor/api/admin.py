@@ -365,7 +365,7 @@ class GroupWeight(BaseModel):
 
 
 @router.put(
-    "/queues/{queue}/groups/{group}/weight",
+    "/queues/{queue}/groups/{group:path}/weight",
     response_model=QueueGroups,
     summary="Set a fair-share group's weight: with backlogs, weights 3, 2 and 1 get 3, 2 and 1 turns per round",
     responses={
@@ -376,6 +376,7 @@ class GroupWeight(BaseModel):
 def set_group_weight(
     queue: NamePath, group: NamePath, body: GroupWeight, inspect: Inspector = Depends(inspector)
 ) -> QueueGroups:
+    """The group is the rest of the path up to ``/weight``, so a name with a slash (``org/42``) is one too."""
     return QueueGroups.model_validate(inspect.set_group_weight(queue, group, body.weight))
 
 
