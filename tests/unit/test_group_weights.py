@@ -23,9 +23,7 @@ def app_with(queue: Queue, **values) -> App:
     def ping(payload: Ping, ctx: JobContext) -> None:
         return None
 
-    settings = Settings(
-        **{"broker": "inline", "database_url": "postgresql://unused/db", "platform": False, **values}
-    )
+    settings = Settings(**{"broker": "inline", "database_url": "postgresql://unused/db", "platform": False, **values})
     return App(settings, jobs=[jobs])
 
 
