@@ -105,6 +105,7 @@ def case(
                 if left == 0:
                     b_done_at = n + 1
     store.close()
+    statements = server_cost(url, limit, cap, claims=50) if groups else None
     times.sort()
     out = {
         "case": name,
@@ -115,6 +116,8 @@ def case(
         "p95_ms": round(times[int(len(times) * 0.95)], 3),
         "mean_ms": round(statistics.fmean(times), 3),
     }
+    if statements is not None:
+        out["server"] = statements
     if b_done_at is not None:
         out["b_all_claimed_after_claims"] = b_done_at
     if weighted:
@@ -123,6 +126,42 @@ def case(
             w: round(n / (34 if w == 1 else 33), 1) for w, n in sorted(by_weight.items())
         }
     return out
+
+
+def server_cost(url: str, limit: int, cap: int | None, claims: int) -> dict:
+    """The grouped claim's two statements as the server counts them, over ``claims`` more claims: buffers
+    touched (shared hit + read: the same whatever the machine's load) and execution ms, per claim (each
+    statement run once more under EXPLAIN ANALYZE, in the claim's own transaction, for its counts)."""
+    import psycopg
+
+    from conveyor.brokers.postgres.jobs import QUERIES
+
+    weighted = "%(starts)s" in QUERIES["claim_groups"]  # a release without weights passes the groups only
+    params = {"queue": QUEUE, "limit": limit, "worker": "bench-cost", "cap": cap, "configured": None}
+    rotation = QUERIES["lock_groups" if cap is not None else "pick_groups"]
+    buffers = ms = 0.0
+
+    def measured(conn: psycopg.Connection, sql: str, values: dict) -> None:
+        nonlocal buffers, ms
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, values).fetchone()[0][0]
+        buffers += plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+        ms += plan["Execution Time"]
+
+    with psycopg.connect(url) as conn:
+        for _ in range(claims):
+            with conn.transaction():
+                turns = conn.execute(rotation, params).fetchall()
+                measured(conn, rotation, params)
+                picks = {"groups": [t[0] for t in turns]}
+                if weighted:
+                    picks.update(starts=[t[1] for t in turns], weights=[t[2] for t in turns])
+                conn.execute("SAVEPOINT s")
+                measured(conn, QUERIES["claim_groups"], {**params, **picks})  # its work, then undone
+                conn.execute("ROLLBACK TO SAVEPOINT s")
+                ids = [r[0] for r in conn.execute(QUERIES["claim_groups"], {**params, **picks})]
+                done = "UPDATE conveyor_jobs SET status = 'done', completed_at = now(), worker_id = NULL WHERE id = ANY(%s)"
+                conn.execute(done, (ids,))
+    return {"buffers_per_claim": round(buffers / claims, 1), "exec_ms_per_claim": round(ms / claims, 3)}
 
 
 def explain(url: str) -> str:
