@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -20,6 +21,19 @@ from tests.support.waiting import wait_for
 
 KEY = "sk-test-very-secret-0123456789"
 QUESTION = [ChatMessage("user", "hello there")]
+
+
+def read(provider: OpenAIProvider, generation) -> list[str]:
+    """Every chunk of ``generation``, on a loop of its own; the provider's client on that loop closed after."""
+
+    async def chunks() -> list[str]:
+        try:
+            return [chunk async for chunk in generation]
+        finally:
+            await generation.aclose()
+            await provider.aclose()
+
+    return asyncio.run(chunks())
 
 
 @pytest.fixture
@@ -42,8 +56,9 @@ def provider():
 
 def test_streams_chunks_and_reports_usage(provider):
     with ChatServer([("ok", "The answer is forty two.")]) as server:
-        generation = provider(server).stream(QUESTION)
-        chunks = list(generation)
+        p = provider(server)
+        generation = p.stream(QUESTION)
+        chunks = read(p, generation)
 
     assert "".join(chunks) == "The answer is forty two."
     assert len(chunks) == 5
@@ -59,9 +74,9 @@ def test_a_429_is_a_delay_with_the_servers_retry_after_not_a_failure(provider):
     with ChatServer([("429", 7), ("429", "")]) as server:
         p = provider(server)
         with pytest.raises(ProviderRateLimited) as first:
-            list(p.stream(QUESTION))
+            read(p, p.stream(QUESTION))
         with pytest.raises(ProviderRateLimited) as second:
-            list(p.stream(QUESTION))
+            read(p, p.stream(QUESTION))
 
     assert isinstance(first.value, RetryLater)
     assert first.value.delay == 7
@@ -71,7 +86,8 @@ def test_a_429_is_a_delay_with_the_servers_retry_after_not_a_failure(provider):
 def test_a_dropped_connection_is_a_retryable_provider_error(provider):
     with ChatServer([("drop", "this reply never finishes properly at all")]) as server:
         with pytest.raises(ProviderError) as raised:
-            list(provider(server).stream(QUESTION))
+            p = provider(server)
+            read(p, p.stream(QUESTION))
     assert not isinstance(raised.value, (ProviderRejected, RetryLater))
     assert "connection" in str(raised.value)
 
@@ -79,7 +95,8 @@ def test_a_dropped_connection_is_a_retryable_provider_error(provider):
 def test_server_errors_retry_and_client_errors_do_not(provider):
     with ChatServer([("500", None)]) as server:
         with pytest.raises(ProviderError) as raised:
-            list(provider(server).stream(QUESTION))
+            p = provider(server)
+            read(p, p.stream(QUESTION))
     assert not isinstance(raised.value, ProviderRejected)
     assert "upstream exploded" in str(raised.value)
 
@@ -91,7 +108,7 @@ def test_the_key_is_in_no_repr_or_error(caplog, provider):
         errors = []
         for _ in range(3):
             with pytest.raises(JobError) as raised:
-                list(p.stream(QUESTION))
+                read(p, p.stream(QUESTION))
             errors.append(raised.value)
     assert KEY not in repr(p)
     assert all(KEY not in str(e) and KEY not in repr(e) for e in errors)
