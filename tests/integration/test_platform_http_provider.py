@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import pytest
 from pydantic import SecretStr
@@ -68,6 +69,47 @@ def test_streams_chunks_and_reports_usage(provider):
     assert request["authorization"] == f"Bearer {KEY}"
     assert request["body"]["stream"] is True and request["body"]["model"] == "tiny"
     assert request["body"]["messages"] == [{"role": "user", "content": "hello there"}]
+
+
+def test_each_event_loop_gets_its_own_client_and_close_closes_each_on_its_loop(provider):
+    """A worker's long-lived loop and another loop (a test's asyncio.run) use one provider at once: an
+    httpx.AsyncClient's connections belong to its loop, so each loop gets its own; close() (App.close, from
+    another thread) closes the running loop's client on that loop."""
+    with ChatServer([("ok", "from the worker loop"), ("ok", "from another loop")]) as server:
+        p = provider(server)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+
+        used = []
+
+        async def ask() -> str:
+            generation = p.stream(QUESTION)
+            try:
+                return "".join([chunk async for chunk in generation])
+            finally:
+                await generation.aclose()
+                used.append(p._client())  # the client this loop's request went through
+
+        async def ask_then_close() -> str:
+            try:
+                return await ask()
+            finally:
+                await p.aclose()
+
+        try:
+            assert asyncio.run_coroutine_threadsafe(ask(), loop).result(30) == "from the worker loop"
+            (worker_client,) = p._clients.values()
+            assert asyncio.run(ask_then_close()) == "from another loop"
+            assert used[0] is worker_client and used[1] is not worker_client and used[1].is_closed
+            assert list(p._clients.values()) == [worker_client]  # the other loop's was its own, closed there
+            assert not worker_client.is_closed
+            p.close()
+            assert worker_client.is_closed and not p._clients
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            loop.close()
 
 
 def test_a_429_is_a_delay_with_the_servers_retry_after_not_a_failure(provider):
