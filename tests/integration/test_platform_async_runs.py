@@ -5,6 +5,10 @@ real local model server (the OpenAI-compatible provider over HTTP).
 answers, finish in about DELAY (not 50 x DELAY) and the process holds no thread per waiting run: its threads stay
 well under the 50 a thread-per-run worker needs. A run stalled on its model still stops: a cancel ends it
 ``cancelled`` within about the cancel grace, and the queue's time limit fails it, each with its stream ended.
+
+Red with the sync provider and sync jobs (before issue 21.7 reached the platform): 62 / 75 threads idle on
+Redis / Postgres, so the thread check fails; and a run blocked in a sync socket read could be neither
+cancelled within 30 s nor stopped by a 3 s time limit within 60 s (the interrupt waits for the read).
 """
 
 from __future__ import annotations
