@@ -3,7 +3,8 @@
 The fenced blocks under ``## Quickstart`` are taken from README.md as they are: each Python
 block that starts with ``# <file>`` is written to that file, and the shell block runs as one
 bash script, its worker in the background as written. No platform, no PYTHONPATH: only the
-installed conveyor, and the test's private servers in place of the embedded Postgres.
+installed conveyor: on the embedded Postgres as the README has it, and on the test's private
+servers through REDIS_URL or DATABASE_URL.
 """
 
 from __future__ import annotations
@@ -48,20 +49,33 @@ def test_the_readme_has_a_short_quickstart():
 
 @pytest.mark.parametrize("broker", SERVER_BROKERS)
 def test_the_quickstart_pasted_into_an_empty_directory_runs(broker, clean_env, redis_url, database_url, tmp_path):
-    files, script = quickstart()
-    for name, text in files.items():
-        (tmp_path / name).write_text(text)
     env = env_for(make_settings(broker, redis_url, database_url, queues={}, imports=""))
     del env["PYTHONPATH"]
     env.pop("CONVEYOR_IMPORTS")
+    _run_quickstart(tmp_path, env)
+
+
+def test_the_quickstart_runs_with_nothing_configured_on_the_embedded_postgres(clean_env, embedded_data_dir, tmp_path):
+    """As a newcomer runs it: no server, no URL, no PYTHONPATH; both processes share one embedded Postgres
+    (its data directory is the test's own, not the user's default)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # clean_env took conveyor's settings out
+    env["CONVEYOR_DATA_DIR"] = str(embedded_data_dir)
+    _run_quickstart(tmp_path, env)
+
+
+def _run_quickstart(directory: Path, env: dict[str, str]) -> None:
+    """Write the quickstart's files into ``directory`` and run its script there: it prints 5, cleanly."""
+    files, script = quickstart()
+    for name, text in files.items():
+        (directory / name).write_text(text)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python`, `conveyor`
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    out, err = directory / "stdout", directory / "stderr"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         shell = subprocess.Popen(
-            ["bash", "-c", script], cwd=tmp_path, env=env, stdout=stdout, stderr=stderr, start_new_session=True
+            ["bash", "-c", script], cwd=directory, env=env, stdout=stdout, stderr=stderr, start_new_session=True
         )
     try:
-        assert shell.wait(timeout=120) == 0, err.read_text()[-3000:]
+        assert shell.wait(timeout=180) == 0, err.read_text()[-3000:]
         assert out.read_text().split() == ["5"], err.read_text()[-3000:]
     finally:
         _stop_group(shell.pid)
