@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.support.brokers import SERVER_BROKERS
@@ -60,6 +61,23 @@ def test_the_quickstart_runs_with_nothing_configured_on_the_embedded_postgres(cl
     (its data directory is the test's own, not the user's default)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # clean_env took conveyor's settings out
     env["CONVEYOR_DATA_DIR"] = str(embedded_data_dir)
+    _run_quickstart(tmp_path, env)
+
+
+def test_the_quickstart_runs_on_a_new_database_of_ones_own_after_conveyor_migrate(clean_env, make_database, tmp_path):
+    """The README's note for DATABASE_URL: without the migrate the enqueue raced the worker's
+    migrations and failed (column "rank_lead" does not exist, 3 runs of 3)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["DATABASE_URL"] = make_database()  # empty: no template
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    migrate = {**env, "CONVEYOR_PLATFORM": "false"}  # as the README says: the library's tables, no platform's
+    done = subprocess.run(
+        ["conveyor", "migrate"], env=migrate, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(env["DATABASE_URL"]) as conn:
+        tables = {row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    assert "conveyor_jobs" in tables and "runs" not in tables  # the platform's runs table stays out
     _run_quickstart(tmp_path, env)
 
 
