@@ -81,6 +81,41 @@ def test_the_quickstart_runs_on_a_new_database_of_ones_own_after_conveyor_migrat
     _run_quickstart(tmp_path, env)
 
 
+def test_conveyor_up_for_the_quickstarts_app_runs_its_queue_and_migrates_no_platform_table(
+    clean_env, make_database, tmp_path
+):
+    """``conveyor up`` with the platform off: the user's queue, the library's tables, nothing of the platform's."""
+    files, script = quickstart()
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    enqueue = next(line for line in script.splitlines() if line.startswith("python -c"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"DATABASE_URL": make_database(), "CONVEYOR_PLATFORM": "false", "CONVEYOR_IMPORTS": "tasks"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    err = tmp_path / "up.stderr"
+    with err.open("wb") as stderr:
+        up = subprocess.Popen(
+            ["conveyor", "up", "--port", "0"], cwd=tmp_path, env=env, stderr=stderr, start_new_session=True
+        )
+    try:
+        wait_for(lambda: "stops it after in-flight jobs" in err.read_text(), timeout=60, message="conveyor up")
+        assert "queues=math\n" in err.read_text()
+        done = subprocess.run(
+            ["bash", "-c", enqueue], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert (done.returncode, done.stdout.split()) == (0, ["5"]), done.stderr[-3000:]
+    finally:
+        up.terminate()
+        try:
+            assert up.wait(timeout=60) == 0, err.read_text()[-3000:]
+        finally:
+            _stop_group(up.pid)  # its children, should any outlive it
+    with psycopg.connect(env["DATABASE_URL"]) as conn:
+        tables = {row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    assert "conveyor_jobs" in tables and "runs" not in tables and "schedules" not in tables
+    assert "Traceback" not in err.read_text()
+
+
 def _run_quickstart(directory: Path, env: dict[str, str]) -> None:
     """Write the quickstart's files into ``directory`` and run its script there: it prints 5, cleanly."""
     files, script = quickstart()
