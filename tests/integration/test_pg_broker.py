@@ -19,7 +19,7 @@ import pytest
 from dramatiq import Message
 
 from conveyor.app import App
-from conveyor.errors import BrokerUnavailable, TransactionalEnqueueUnsupported
+from conveyor.errors import TransactionalEnqueueUnsupported
 from tests.support.harness import make_settings, probe_dead, probe_runs, running
 from tests.support.waiting import wait_for
 
@@ -219,17 +219,6 @@ def test_job_inserted_without_a_notification_is_picked_up_by_the_poll(make_app, 
         record = wait_for(lambda: finished(app, raw_insert_id), timeout=10, message="the poll to find the row")
     assert record.state == "completed"
     assert [r["job_id"] for r in probe_runs(database_url, "silent")] == [job_id]
-
-
-def test_postgres_down_gives_a_clear_error_and_enqueues_nothing(app, pg_server):
-    pg_server.stop()
-    try:
-        with pytest.raises(BrokerUnavailable, match="nothing was enqueued"):
-            app.jobs.enqueue("test.probe.critical", {"token": "down"}, key="down:1")
-    finally:
-        pg_server.start()
-    ref = app.jobs.enqueue("test.probe.critical", {"token": "down"}, key="down:1")
-    assert not ref.deduplicated and app.broker.queue_counts("critical").waiting == 1
 
 
 # -- keys -----------------------------------------------------------------------------------
