@@ -72,8 +72,11 @@ IMPORTS_OLD = "tests.faults.jobs"
 #: retries' backoff, a loaded CI machine).
 QUIET = LEASE + RECOVERY + 40.0
 
-#: Seconds libfaketime keeps a clock file's value before reading it again.
+#: Seconds libfaketime keeps a clock file's value before reading it again (worker groups whose clock is off).
 CLOCK_CACHE = 1
+
+#: Seconds, at most, for a step of an uncached clock (the Postgres server's) to reach every process it moves.
+UNCACHED_LAG = 0.2
 
 #: The queue poison is put on (paused for the moment it takes).
 POISON_QUEUE = "nudge"
@@ -116,10 +119,20 @@ SOAK = Size(jobs=1500, faults=14, window=45.0)
 
 
 class Clock:
-    """A libfaketime clock file: ``LD_PRELOAD`` + ``FAKETIME_TIMESTAMP_FILE`` for the processes it moves."""
+    """A libfaketime clock file: ``LD_PRELOAD`` + ``FAKETIME_TIMESTAMP_FILE`` for the processes it moves.
 
-    def __init__(self, directory: Path, name: str) -> None:
+    ``cached``: each process keeps the file's value for :data:`CLOCK_CACHE` seconds (cheap; a worker
+    group's). Uncached, every clock call reads the file (``FAKETIME_NO_CACHE=1``): the Postgres server's,
+    whose backends (one per connection, each with its own cache, refreshed only when that backend next
+    asks the time after its cache ran out) otherwise saw a step late and unevenly, so heartbeats were
+    stamped on the old clock after recovery had read the new one.
+    """
+
+    def __init__(self, directory: Path, name: str, *, cached: bool = True) -> None:
         self.path = directory / f"{name}.faketime"
+        self.cached = cached
+        #: Seconds by which every process it moves has seen a step.
+        self.lag = CLOCK_CACHE if cached else UNCACHED_LAG
         self.offset = 0.0
         self.set(0)
         self.path.chmod(0o644)
@@ -133,11 +146,8 @@ class Clock:
 
     @property
     def env(self) -> dict[str, str]:
-        return {
-            "LD_PRELOAD": FAKETIME_LIB,
-            "FAKETIME_TIMESTAMP_FILE": str(self.path),
-            "FAKETIME_CACHE_DURATION": str(CLOCK_CACHE),
-        }
+        cache = {"FAKETIME_CACHE_DURATION": str(CLOCK_CACHE)} if self.cached else {"FAKETIME_NO_CACHE": "1"}
+        return {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": str(self.path), **cache}
 
 
 class Servers:
@@ -149,7 +159,7 @@ class Servers:
         self.namespace = NetworkNamespace()
         self.closers: list = [self.namespace.close]
         try:
-            self.pg_clock = Clock(self.dir, "postgres")
+            self.pg_clock = Clock(self.dir, "postgres", cached=False)
             self.worker_clock = Clock(self.dir, "far")
             address = self.namespace.host_address
             pg_env = self.pg_clock.env
@@ -514,6 +524,10 @@ class Stage:
         self.stopped: set[int] = set()
         #: (pid, UNIX start, end) of each pause.
         self.paused: list[tuple[int, float, float]] = []
+        #: (worker group name, UNIX start, end) of each group whose clock was off (worker-clock).
+        self.skewed: list[tuple[str, float, float]] = []
+        #: The worker groups on the far host (in the network namespace partition cuts off).
+        self.far_hosts: set[str] = set()
         self.old_workers: list = []
         self.poisoned: list[Item] = []
         #: Requests a kind made itself (user-retries' poll jobs), checked like the workload's.
@@ -666,6 +680,7 @@ class Stage:
         """
         clock = self.servers.worker_clock
         clock.set(fault.amount)
+        began = time.time()
         skewed = self.cluster.start_workers("skewed", wait=False, **clock.env)
         self.old_workers.append(skewed)
         try:
@@ -675,12 +690,23 @@ class Stage:
         finally:
             note = self._leave(skewed, DRAIN_SECONDS)
             clock.set(0)
+            self.skewed.append((skewed.name, began, time.time()))
         return note
 
-    def _postgres_clock(self, fault: nemesis.Fault) -> None:
+    def _postgres_clock(self, fault: nemesis.Fault) -> str:
+        """Step the server's clock by ``amount`` for the fault's duration, then back. A step comes at least a
+        lease after the previous one's way back: recovery tells steps apart by comparing the server's clock
+        with its own between passes, and two steps in one gap (back, then forward again) cancel out there
+        while heartbeats written between them look a step old (the faults' lock serialises the steps)."""
+        clock = self.servers.pg_clock
+        last = max((ended for _, ended, _ in self.pg_steps), default=0.0)
+        held = last + LEASE - time.time()
+        if held > 0:
+            time.sleep(held)
         began = time.time()
-        self._step(self.servers.pg_clock, fault)
-        self.pg_steps.append((began, time.time() + CLOCK_CACHE, fault.amount))
+        self._step(clock, fault)
+        self.pg_steps.append((began, time.time() + clock.lag, fault.amount))
+        return f"held {held:.1f} s after the previous step" if held > 0 else ""
 
     def _partition(self, fault: nemesis.Fault) -> None:
         self.servers.namespace.cut()
@@ -942,8 +968,9 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
     # libfaketime moves it. Shown as UTC through this process's own offset to it.
     offset = time.time() - uptime()
     runs = []
-    for run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held in _rows(
-        url, "SELECT run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held FROM fault_runs"
+    for run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held, host in _rows(
+        url,
+        "SELECT run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held, host FROM fault_runs",
     ):
         run_id = str(run_id)
         ended = None if ended_up is None else utc(offset + ended_up)
@@ -954,7 +981,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
             ended, ok = utc(cluster.kills[pid]), False  # it died with its process
         elif ended is None and pid in fenced_exits:
             ended, ok = utc(fenced_exits[pid]), False  # its process fenced itself
-        run = hist.Run(run_id, job_id, token, delivery, pid, utc(offset + started_up), ended, ok, fenced, held)
+        run = hist.Run(run_id, job_id, token, delivery, pid, utc(offset + started_up), ended, ok, fenced, held, host)
         runs.append(run)
     effects = [
         hist.Effect(str(r[0]), r[1], r[2], r[3], r[4])
@@ -1028,12 +1055,43 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
             if a.fault.kind in ACK_LOSING_KINDS
         ],
         process_windows=process_windows(stage),
+        lease_faults=lease_faults(stage),
     )
 
 
 #: Kinds that may lose the ack of any run that ended while they were in force (a kill or a pause loses
 #: only its own process's: :func:`process_windows`).
 ACK_LOSING_KINDS = ("redis-crash", "postgres-crash", "partition", "redis-oom", "postgres-clock", "failover")
+
+
+#: Kinds that may take the lease of every run in progress (its worker can neither heartbeat nor be
+#: heard): recovery may hand such a run's job to another worker while it goes on. Not postgres-clock:
+#: recovery must see a step of the server's clock and declare nobody dead for it (issue 18, finding 7).
+LEASE_TAKING_KINDS = ("redis-crash", "postgres-crash", "redis-oom", "failover")
+
+
+def lease_faults(stage: Stage) -> list[hist.LeaseFault]:
+    """The faults that may have taken a running delivery's lease, each over its window: from 1 s before it
+    began until a lease, a recovery pass and 3 s after it healed (a pause: its process; a partition: the far
+    host's groups; a worker group whose clock was off: that group; a server away or full: every worker)."""
+
+    def window(began: float, ended: float) -> tuple[float, float]:
+        return began - 1.0, ended + LEASE + RECOVERY + 3.0
+
+    out = [
+        hist.LeaseFault(a.fault.kind, *window(a.started, a.ended))
+        for a in stage.applied
+        if a.fault.kind in LEASE_TAKING_KINDS
+    ]
+    out += [hist.LeaseFault("pause", *window(began, ended), pid=pid) for pid, began, ended in stage.paused]
+    out += [
+        hist.LeaseFault("partition", *window(a.started, a.ended), host=host)
+        for a in stage.applied
+        if a.fault.kind == "partition"
+        for host in sorted(stage.far_hosts)
+    ]
+    out += [hist.LeaseFault("worker-clock", *window(began, ended), host=name) for name, began, ended in stage.skewed]
+    return out
 
 
 def process_windows(stage: Stage) -> dict[int, list[tuple[float, float]]]:
@@ -1212,11 +1270,11 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         near = cluster.start_workers("near", queues=served, wait=False)
         hosts = [near]
         if broker != CLUSTER:  # the nodes bind loopback only: no far host (partition is not drawn)
-            hosts.append(
-                cluster.start_workers(
-                    "far", queues=served, prefix=servers.namespace.prefix, settings=remote, wait=False
-                )
+            far = cluster.start_workers(
+                "far", queues=served, prefix=servers.namespace.prefix, settings=remote, wait=False
             )
+            hosts.append(far)
+            stage.far_hosts.add(far.name)
         for host in hosts:
             host.wait_ready()
         items = plan(seed, size.jobs, settings.price_per_1k_tokens, slow_hooks="kill-hook" in kinds)
