@@ -977,12 +977,14 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
     relax_waits(stage, requests)
     requests += children(requests, items, runs)
     job_ids = {j for req in requests for j in req.job_ids} | {r.job_id for r in runs}
-    states, why = {}, {}
+    states, why, started = {}, {}, {}
     for job_id in job_ids:
         record = cluster.app.broker.get_job(job_id)
         states[job_id] = record.state if record else "missing"
         if record is not None:
             why[job_id] = f"attempts {record.attempts}, error {(record.error or '')[:300]!r}"
+            if record.started_at is not None and not _maybe_stepped(stage, record.started_at):
+                started[job_id] = record.started_at
     leftovers = {}
     for queue in WORK_QUEUES + EXTRA_QUEUES:
         counts = cluster.app.broker.queue_counts(queue)
@@ -1018,6 +1020,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         pool_problems=list(stage.pool_problems),
         dedup_ttl=DEDUP_TTL,
         why=why,
+        started=started,
         cancel_hooks=cancel_hooks,
         group_cap=GROUP_CAP,
         broker=stage.broker,
@@ -1029,6 +1032,14 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         ],
         process_windows=process_windows(stage),
     )
+
+
+def _maybe_stepped(stage: Stage, stamp: float) -> bool:
+    """Whether a stamp of the broker's clock may have been taken while postgres-clock had it stepped (a
+    record's times on Postgres are its ``now()``; Redis's TIME is the host's, which no fault moves)."""
+    if stage.broker != "postgres":
+        return False
+    return any(began - abs(a) - 1.0 <= stamp <= ended + abs(a) + 1.0 for began, ended, a in stage.pg_steps)
 
 
 #: Kinds that may lose the ack of any run that ended while they were in force (a kill or a pause loses
