@@ -1040,11 +1040,12 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
 
 
 def _maybe_stepped(stage: Stage, stamp: float) -> bool:
-    """Whether a stamp of the broker's clock may have been taken while postgres-clock had it stepped (a
-    record's times on Postgres are its ``now()``; Redis's TIME is the host's, which no fault moves)."""
+    """Whether a stamp of the broker's clock may be earlier than the truth: taken while postgres-clock had
+    it stepped back (a record's times on Postgres are its ``now()``; Redis's TIME is the host's, which no
+    fault moves). A forward step only makes a start look later: it can flag a run, never excuse one."""
     if stage.broker != "postgres":
         return False
-    return any(began - abs(a) - 1.0 <= stamp <= ended + abs(a) + 1.0 for began, ended, a in stage.pg_steps)
+    return any(a < 0 and began + a - 1.0 <= stamp <= ended + 1.0 for began, ended, a in stage.pg_steps)
 
 
 #: Kinds that may lose the ack of any run that ended while they were in force (a kill or a pause loses
