@@ -9,7 +9,10 @@ fetch's jobs are acked right after, untimed, so held jobs stay few as in a
 running fleet. Cases: no groups (the plain fetch); one group holding every job
 but ten (the A-10,000 / B-10 case); a hundred groups; a hundred groups under a
 cap of 4; then no groups, A/B and a hundred groups again with priorities 0-9 in
-turn (within a group, jobs are taken by rank). Prints one JSON line per case
+turn (within a group, jobs are taken by rank); then a hundred groups, uncapped and
+capped, with weights 1, 2 and 3 in turn (``set_group_weight``: weighted round-robin),
+with the share each weight got (a release without weights skips these, to compare
+the two). Prints one JSON line per case
 (fetch p50 / p95 / mean in ms as the client sees it, its mean per job handed
 out in µs, the fetch script's own time per job in µs as Redis counts it, and
 for the A/B case how many fetches served all of B).
@@ -29,9 +32,22 @@ ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "bench"
 
 
+def weight_of(group: str) -> int:
+    """1, 2, 3 in turn over g0, g1, ..."""
+    return 1 + int(group[1:]) % 3
+
+
 def run(
-    url: str, jobs: int, fetches: int, room: int, groups: list[str], tail: int, cap: int, priorities: bool = False
-) -> dict:
+    url: str,
+    jobs: int,
+    fetches: int,
+    room: int,
+    groups: list[str],
+    tail: int,
+    cap: int,
+    priorities: bool = False,
+    weighted: bool = False,
+) -> dict | None:
     from dramatiq import Message
 
     from conveyor.brokers.base import PRIORITY, EnqueueItem
@@ -45,6 +61,13 @@ def run(
     )
     broker.client.flushall()
     broker.group_caps = {QUEUE: cap} if cap else {}
+    if weighted:
+        if not hasattr(broker, "set_group_weight"):
+            broker.close()
+            return None  # a release without weights
+        for group in groups:
+            broker.set_group_weight(QUEUE, group, weight_of(group))
+    by_weight: dict[int, int] = {}
     items = []
     for i in range(jobs):
         group = ("b" if i >= jobs - tail else groups[i % len(groups)]) if groups else None
@@ -69,6 +92,9 @@ def run(
         for i in range(0, len(rows), 5):
             message = Message.decode(rows[i + 1])
             seen_b += message.options.get("group") == "b"
+            if weighted:
+                w = weight_of(message.options["group"])
+                by_weight[w] = by_weight.get(w, 0) + 1
             acks += [rows[i], message.message_id, rows[i + 2]]
         if tail and served_b_by is None and seen_b == tail:
             served_b_by = n + 1
@@ -88,6 +114,10 @@ def run(
     }
     if tail:
         out["all_of_b_within_fetches"] = served_b_by
+    if weighted:
+        out["weights"] = "1-3"
+        # Fetched per group of each weight (34 groups of weight 1, 33 of 2, 33 of 3): about 1:2:3.
+        out["per_group_by_weight"] = {w: round(n / (34 if w == 1 else 33), 1) for w, n in sorted(by_weight.items())}
     return out
 
 
@@ -109,6 +139,10 @@ def main() -> None:
             for groups, tail, cap, priorities in cases:
                 row = run(server.url, args.jobs, args.fetches, args.room, groups, tail, cap, priorities)
                 print(json.dumps(row), flush=True)
+            for cap in (0, 4):
+                row = run(server.url, args.jobs, args.fetches, args.room, hundred, 0, cap, weighted=True)
+                if row is not None:
+                    print(json.dumps(row), flush=True)
         finally:
             server.stop()
 

@@ -196,6 +196,7 @@ class App:
         )
         declare_actors(broker, self)
         broker.group_caps = {n: q.group_concurrency for n, q in self.queues.items() if q.group_concurrency}
+        broker.group_weights = {n: dict(q.group_weights) for n, q in self.queues.items() if q.group_weights}
         return broker
 
     @cached_property

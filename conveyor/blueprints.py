@@ -21,10 +21,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, TypeVar, cast, overload
 
 from pydantic import BaseModel
 
+from conveyor.brokers.base import MAX_GROUP_LENGTH, MAX_GROUP_WEIGHT, valid_group_weight
 from conveyor.budgets.base import Budget
 from conveyor.errors import ConfigurationError, ConveyorError
 
@@ -67,6 +68,10 @@ class Queue:
     #: At most this many jobs of one named group held (claimed or running) at once, fleet-wide;
     #: None: no cap. Groups are served round-robin either way (``enqueue(..., group=...)``).
     group_concurrency: int | None = None
+    #: Named groups' weights (``{"vip": 3}``): a group of weight 3 gets three turns per round to a group of
+    #: weight 1's (every group not named, and jobs without a group). 1 to 1000. These win over weights
+    #: set at run time (``app.jobs.set_group_weight``). Kept as sorted (group, weight) pairs: a value.
+    group_weights: Mapping[str, int] | tuple[tuple[str, int], ...] = ()
     #: Budgets every job of the queue takes from (``conveyor.budgets``), besides its job type's own.
     budgets: tuple[Budget, ...] = ()
 
@@ -75,6 +80,15 @@ class Queue:
         _check_budgets(f"queue {self.name!r}", self.budgets)
         if not QUEUE_NAME.match(self.name):
             raise ValueError(f"queue name {self.name!r} must match {QUEUE_NAME.pattern}")
+        pairs = self.group_weights.items() if isinstance(self.group_weights, Mapping) else self.group_weights
+        weights = tuple(sorted((str(g), w) for g, w in pairs))
+        object.__setattr__(self, "group_weights", weights)
+        for group, weight in weights:
+            if not valid_group_weight(group, weight):
+                raise ValueError(
+                    f"queue {self.name!r}: group_weights must map group names (1-{MAX_GROUP_LENGTH} printable characters) "
+                    f"to weights 1-{MAX_GROUP_WEIGHT}"
+                )
         if self.group_concurrency is not None and self.group_concurrency < 1:
             raise ValueError(f"queue {self.name!r}: group_concurrency must be >= 1 (or None: no cap)")
         if self.concurrency < 1 or self.max_attempts < 1 or self.time_limit <= 0:

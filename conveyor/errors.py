@@ -236,6 +236,11 @@ class JobStateConflict(AdminError):
     """The job is not in a state that allows this action (retry a job that has not failed, delete a running one)."""
 
 
+class InvalidGroupWeight(AdminError):
+    """A group's weight must be a whole number from 1 to 1000 and its group a name a job may carry; a group
+    whose weight the queue's settings give (``group_weights``) is changed there, not at run time."""
+
+
 class EventError(ConveyorError):
     """A wait for an event or a signal (``ctx.wait_for``, ``app.events.signal``) could not be carried out."""
 

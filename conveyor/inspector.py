@@ -114,6 +114,8 @@ class GroupView:
     active: int
     #: Seconds its oldest waiting job has waited; None when none waits.
     oldest_waiting_seconds: float | None
+    #: Its turns per round of the queue's groups (``app.jobs.set_group_weight``, ``group_weights``).
+    weight: int = 1
 
 
 @dataclass(frozen=True)
@@ -318,6 +320,7 @@ class Inspector:
         """The queue's named groups with jobs waiting or held now, busiest first, ``limit`` of them."""
         self._check_queue(queue)
         found = self.broker.group_counts(queue, limit=max(1, min(limit, MAX_GROUPS)))
+        weights = self.broker.effective_group_weights(queue)
         now = time.time()
         views = [
             GroupView(
@@ -325,6 +328,7 @@ class Inspector:
                 waiting=g.waiting,
                 active=g.active,
                 oldest_waiting_seconds=max(0.0, now - g.oldest_waiting_at) if g.oldest_waiting_at else None,
+                weight=weights.get(g.group, 1),
             )
             for g in found.groups
         ]
@@ -623,6 +627,13 @@ class Inspector:
         self.broker.pause_queue(queue)
         log_event("admin_pause", queue=queue, job=None, job_id=None, attempt=None)
         return self.queue(queue)
+
+    def set_group_weight(self, queue: str, group: str, weight: int) -> GroupsView:
+        """Store a named group's weight (``app.jobs.set_group_weight``); returns the queue's groups view."""
+        self.app.jobs.set_group_weight(queue, group, weight)
+        # The group's name is a tenant's: the audit line carries the queue and the weight only.
+        log_event("admin_group_weight", queue=queue, job=None, job_id=None, attempt=None, weight=weight)
+        return self.groups(queue)
 
     def resume(self, queue: str) -> QueueView:
         self._check_queue(queue)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AliasChoices,
@@ -56,6 +56,9 @@ class QueueOverride(BaseModel):
     time_limit: float | None = Field(None, gt=0)
     #: CONVEYOR_QUEUES__<QUEUE>__GROUP_CONCURRENCY: jobs of one group held at once, fleet-wide.
     group_concurrency: int | None = Field(None, ge=1, le=100_000)
+    #: CONVEYOR_QUEUES__<QUEUE>__GROUP_WEIGHTS='{"vip": 3}': turns per round of named groups (1-1000, the
+    #: brokers' MAX_GROUP_WEIGHT; the group names are checked with the queue). Replaces the code's whole map.
+    group_weights: dict[str, Annotated[int, Field(ge=1, le=1000)]] | None = None
 
 
 class BudgetOverride(BaseModel):

@@ -18,7 +18,7 @@ from pydantic.alias_generators import to_camel
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import CursorQuery, NamePath, NameQuery, inspector
 from conveyor.api.errors import UNAVAILABLE_RESPONSES
-from conveyor.brokers.base import MAX_GROUPS
+from conveyor.brokers.base import MAX_GROUP_WEIGHT, MAX_GROUPS
 from conveyor.inspector import BULK_CHUNK, MAX_PAGE, AttemptView, Inspector, JobView, Where, WorkerView
 
 router = APIRouter(
@@ -326,6 +326,8 @@ class Group(_Out):
     waiting: int
     active: int
     oldest_waiting_seconds: float | None
+    #: Its turns per round of the queue's groups (1 unless set: PUT .../groups/{group}/weight, group_weights).
+    weight: int = 1
 
 
 class QueueGroups(_Out):
@@ -352,6 +354,30 @@ def queue_groups(
     inspect: Inspector = Depends(inspector),
 ) -> QueueGroups:
     return QueueGroups.model_validate(inspect.groups(queue, limit=limit))
+
+
+class GroupWeight(BaseModel):
+    """A named group's weight: its turns per round of the queue's groups (1, every group's default, to 1000)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: int = Field(ge=1, le=MAX_GROUP_WEIGHT, strict=True)
+
+
+@router.put(
+    "/queues/{queue}/groups/{group:path}/weight",
+    response_model=QueueGroups,
+    summary="Set a fair-share group's weight: with backlogs, weights 3, 2 and 1 get 3, 2 and 1 turns per round",
+    responses={
+        404: {"description": "no such queue (the answer lists the queues)"},
+        422: {"description": "not a weight of 1-1000, not a group name, or a weight the queue's settings give"},
+    },
+)
+def set_group_weight(
+    queue: NamePath, group: NamePath, body: GroupWeight, inspect: Inspector = Depends(inspector)
+) -> QueueGroups:
+    """The group is the rest of the path up to ``/weight``, so a name with a slash (``org/42``) is one too."""
+    return QueueGroups.model_validate(inspect.set_group_weight(queue, group, body.weight))
 
 
 class BudgetKey(_Out):

@@ -37,6 +37,7 @@ STATUS: dict[type[e.ConveyorError], int] = {
     e.UnknownQueue: 404,
     e.JobNotFound: 404,
     e.JobStateConflict: 409,
+    e.InvalidGroupWeight: 422,
     e.RecordNotFound: 404,
     e.RecordConflict: 409,
     e.LimitExceeded: 429,

@@ -240,6 +240,21 @@ class QueueGroups:
 
 #: Most groups one :meth:`ConveyorBroker.group_counts` answer lists.
 MAX_GROUPS = 500
+#: A named group's weight is how many turns it gets per round of its queue's groups (1, the default, to this).
+#: A bound keeps one group from taking a queue whole: at 1000 a group of weight 1 still gets a turn a round.
+MAX_GROUP_WEIGHT = 1000
+#: A group name is stored on every job of the group and in the broker's group keys: short, printable.
+MAX_GROUP_LENGTH = 128
+
+
+def valid_group(group: object) -> bool:
+    """Whether ``group`` may name a fair-share group: a string of 1-MAX_GROUP_LENGTH printable characters."""
+    return isinstance(group, str) and 0 < len(group) <= MAX_GROUP_LENGTH and group.isprintable()
+
+
+def valid_group_weight(group: object, weight: object) -> bool:
+    """Whether ``weight`` may be the weight of the named group ``group``: an int, 1 to MAX_GROUP_WEIGHT."""
+    return valid_group(group) and type(weight) is int and 1 <= weight <= MAX_GROUP_WEIGHT
 
 
 def busiest_first(groups: list[GroupCounts], limit: int) -> list[GroupCounts]:
@@ -397,6 +412,23 @@ class ConveyorBroker(Broker):
 
     #: Queue -> its group cap (``Queue.group_concurrency``), set by the App; queues without a cap are absent.
     group_caps: dict[str, int] = {}
+    #: Queue -> group -> weight from the queue's settings (``Queue.group_weights``), set by the App; these win
+    #: over the weights stored by :meth:`set_group_weight`. Queues without any are absent.
+    group_weights: dict[str, dict[str, int]] = {}
+
+    def set_group_weight(self, queue: str, group: str, weight: int) -> None:
+        """Store the weight of a named group of ``queue`` (1 to :data:`MAX_GROUP_WEIGHT`, checked by the caller):
+        it gets that many turns per round of the queue's groups. Kept until set again (1: the default)."""
+        raise NotImplementedError
+
+    def stored_group_weights(self, queue: str) -> dict[str, int]:
+        """The weights :meth:`set_group_weight` stored for ``queue``'s named groups, those other than 1."""
+        raise NotImplementedError
+
+    def effective_group_weights(self, queue: str) -> dict[str, int]:
+        """Each named group's weight other than 1: the stored ones, with the queue's settings' over them."""
+        weights = {**self.stored_group_weights(queue), **self.group_weights.get(queue, {})}
+        return {g: w for g, w in sorted(weights.items()) if w != 1}
 
     def enqueue_jobs(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[JobRef]:
         """Enqueue messages, each atomically with its key: a key held by an existing job returns that job."""

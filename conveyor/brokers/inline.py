@@ -138,6 +138,9 @@ class InlineBroker(ConveyorBroker, StubBroker):
         self._events: dict[str, tuple[str, float]] = {}
         self._resolutions: dict[tuple[str, str], str] = {}
         self._awaiting: dict[str, str] = {}
+        #: queue -> group -> weight stored by set_group_weight (kept and reported; one process runs every inline
+        #: job in queue order, so weights, like the groups themselves, never reorder them).
+        self._weights: dict[str, dict[str, int]] = defaultdict(dict)
 
     def declare_queue(self, queue_name: str) -> None:
         """Dramatiq's declaration; a queue's (not a delay queue's) messages are then ranked by priority."""
@@ -341,6 +344,14 @@ class InlineBroker(ConveyorBroker, StubBroker):
 
     def resume_queue(self, queue: str) -> None:
         self.paused.discard(queue)
+
+    def set_group_weight(self, queue: str, group: str, weight: int) -> None:
+        with self._lock:
+            self._weights[queue][group] = weight
+
+    def stored_group_weights(self, queue: str) -> dict[str, int]:
+        with self._lock:
+            return {g: w for g, w in sorted(self._weights.get(queue, {}).items()) if w != 1}
 
     def retry_job(self, job_id: str) -> bool:
         with self._lock:

@@ -73,13 +73,22 @@ def register(sub: Subcommands) -> None:
     _bulk_flags(p)
     p.set_defaults(func=cmd_act, action="cancel")
 
-    queues = sub.add_parser("queues", help="pause, resume or purge a queue")
+    queues = sub.add_parser("queues", help="pause, resume or purge a queue, or weigh its groups")
     verbs = queues.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb, what in (("pause", "workers stop taking its jobs"), ("resume", "workers take its jobs again")):
         p = verbs.add_parser(verb, help=what)
         p.add_argument("queue")
         p.add_argument("--json", action="store_true", help="print the queue's counts as JSON")
         p.set_defaults(func=cmd_queue, verb=verb)
+    p = verbs.add_parser(
+        "weight",
+        help="set a fair-share group's weight: its turns per round of the queue's groups (1, the default, to 1000)",
+    )
+    p.add_argument("queue")
+    p.add_argument("group", help="the group's name, as jobs are enqueued with it (group=...)")
+    p.add_argument("weight", type=int, help="1-1000; with backlogs, weights 3, 2 and 1 get 3, 2 and 1 turns")
+    p.add_argument("--json", action="store_true", help="print the queue's group weights as JSON")
+    p.set_defaults(func=cmd_queue_weight)
     p = verbs.add_parser("purge", help="delete a queue's waiting jobs (or those of --state)")
     p.add_argument("queue")
     p.add_argument("--state", default="waiting", help="waiting (default), delayed, completed or failed")
@@ -237,6 +246,20 @@ def cmd_queue(args: argparse.Namespace) -> int:
         print(json.dumps(_plain(view)))
     else:
         print(f"queue {view.name}: {'paused' if view.paused else 'running'} ({view.waiting} waiting)")
+    return 0
+
+
+def cmd_queue_weight(args: argparse.Namespace) -> int:
+    inspect = _inspector()
+    try:
+        inspect.set_group_weight(args.queue, args.group, args.weight)
+        weights = inspect.app.jobs.group_weights(args.queue)
+    finally:
+        inspect.app.close()
+    if args.json:
+        print(json.dumps({"queue": args.queue, "weights": weights}))
+    else:
+        print(f"queue {args.queue}: group weight set to {args.weight}; weights other than 1: {len(weights)}")
     return 0
 
 

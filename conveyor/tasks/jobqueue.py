@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar
 from dramatiq import Message
 from pydantic import BaseModel, ValidationError
 
-from conveyor.brokers.base import MAX_PRIORITY, PRIORITY, EnqueueItem, JobRef, is_transactional
+from conveyor.brokers.base import (
+    MAX_GROUP_LENGTH,
+    MAX_GROUP_WEIGHT,
+    MAX_PRIORITY,
+    PRIORITY,
+    EnqueueItem,
+    JobRef,
+    is_transactional,
+    valid_group,
+    valid_group_weight,
+)
 from conveyor.errors import InvalidPayload, PayloadTooLarge, TransactionalEnqueueUnsupported, UnknownJob
 from conveyor.middleware.base import conveyor_middleware
 
@@ -21,8 +31,6 @@ if TYPE_CHECKING:
 #: Dramatiq's delay queues keep a message at most 7 days.
 MAX_DELAY_SECONDS = 7 * 24 * 3600
 MAX_KEY_LENGTH = 512
-#: A group name is stored on every job of the group and in the broker's group keys: short, printable.
-MAX_GROUP_LENGTH = 128
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,41 @@ class JobQueue:
             raise JobNotFound("no job with this id")
         return outcome
 
+    def set_group_weight(self, queue: str, group: str, weight: int) -> None:
+        """Give the named group ``group`` of ``queue`` the weight ``weight`` (1 to 1000; 1 is every group's
+        default): with backlogs in all of them, groups of weights 3, 2 and 1 get 3, 2 and 1 turns per round.
+        Stored by the broker, so every worker serves by it from its next claim, and kept until set again.
+        Raises :class:`~conveyor.errors.UnknownQueue` for a queue this app does not have, and
+        :class:`~conveyor.errors.InvalidGroupWeight` for a bad group name or weight, or a group whose weight
+        the queue's settings give (``Queue(group_weights=...)``, CONVEYOR_QUEUES__<Q>__GROUP_WEIGHTS), which win.
+        """
+        from conveyor.errors import InvalidGroupWeight, UnknownQueue
+
+        spec = self.app.queues.get(queue)
+        if spec is None:
+            known = ", ".join(self.app.queues)
+            raise UnknownQueue(f"no queue {queue!r}; queues: {known}", known)
+        if not valid_group_weight(group, weight):
+            raise InvalidGroupWeight(
+                f"a weight is a whole number from 1 to {MAX_GROUP_WEIGHT}, for a group name of 1-{MAX_GROUP_LENGTH} "
+                "printable characters"
+            )
+        if group in dict(spec.group_weights):
+            raise InvalidGroupWeight(
+                "this group's weight is set in the queue's settings (group_weights): change it there"
+            )
+        self.app.broker.set_group_weight(queue, group, weight)
+
+    def group_weights(self, queue: str) -> dict[str, int]:
+        """The weights of ``queue``'s named groups other than 1 (every other group's is 1): those stored by
+        :meth:`set_group_weight`, with the queue's settings' over them."""
+        from conveyor.errors import UnknownQueue
+
+        if queue not in self.app.queues:
+            known = ", ".join(self.app.queues)
+            raise UnknownQueue(f"no queue {queue!r}; queues: {known}", known)
+        return self.app.broker.effective_group_weights(queue)
+
     def cancel_where(self, *, queue: str, job: str | None = None, state: str | None = None) -> int:
         """Cancel every job of ``queue`` (of type ``job``, in ``state``: waiting, delayed or active; all
         three when None) as :meth:`cancel` does, one at a time; returns how many were cancelled or asked."""
@@ -201,11 +244,6 @@ class JobQueue:
             )
         delay_ms = None if request.delay is None else int(request.delay * 1000)
         return EnqueueItem(message, request.key, delay_ms)
-
-
-def valid_group(group: object) -> bool:
-    """Whether ``group`` may name a fair-share group: a string of 1-MAX_GROUP_LENGTH printable characters."""
-    return isinstance(group, str) and 0 < len(group) <= MAX_GROUP_LENGTH and group.isprintable()
 
 
 #: A payload model: a :class:`Payload`, or a root model such as agent.build's union of variants.

@@ -36,6 +36,7 @@ def test_a_queues_groups_and_the_budgets_page_in_the_browser(browser, request, r
     app = broker_app(request, "redis", imports="tests.support.dashboard_jobs", database_url=database_url)
     try:
         app.broker.pause_queue("tenants")  # its groups' jobs stay waiting
+        app.jobs.set_group_weight("tenants", "a", 4)
         for group in ["a", "a", "a", HOSTILE, HOSTILE]:
             app.jobs.enqueue("dash.work", {"tenant": "x"}, group=group)
         long = Message(
@@ -64,7 +65,7 @@ def test_a_queues_groups_and_the_budgets_page_in_the_browser(browser, request, r
                 message="the queue's groups",
             )
             cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, 'tr[data-group="a"] td')]
-            assert cells[:4] == ["a", "3", "0", "1"], cells
+            assert cells[:5] == ["a", "3", "0", "1", "4"], cells  # group, waiting, active, cap, weight
             names = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "td.group-name")]
             assert names == ["a", HOSTILE, LONG_GROUP]  # shown as text, busiest first
             assert "3 with jobs now" in _text(browser, "#groups-summary")

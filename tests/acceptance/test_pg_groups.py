@@ -150,3 +150,21 @@ def test_a_bad_group_is_refused_without_echoing_it(app, settings, bad):
     assert cli.returncode != 0 and "printable" in cli.stderr and "Traceback" not in cli.stderr
     if bad:
         assert bad not in cli.stderr
+
+
+@BROKERS
+def test_cli_queues_weight_sets_a_groups_weight_and_refuses_a_bad_one(settings, broker_name):
+    done_ = conveyor(settings, "queues", "weight", QUEUE, "org/42", "3", "--json")
+    assert done_.returncode == 0, done_.stderr
+    assert json.loads(done_.stdout) == {"queue": QUEUE, "weights": {"org/42": 3}}
+    for bad in (["org/42", "0"], ["org/42", "1001"], ["x7f3\there", "2"]):
+        refused = conveyor(settings, "queues", "weight", QUEUE, *bad)
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+        assert "weight" in refused.stderr and "x7f3" not in refused.stderr
+    unknown = conveyor(settings, "queues", "weight", "nosuch", "g", "2")
+    assert unknown.returncode != 0 and "Traceback" not in unknown.stderr
+    app = App(settings)
+    try:
+        assert app.jobs.group_weights(QUEUE) == {"org/42": 3}
+    finally:
+        app.close()

@@ -9,7 +9,7 @@ import pytest
 from dramatiq import Message
 
 from conveyor.brokers.base import PRIORITY, CancelOutcome, EnqueueItem
-from tests.contract.drive import JOB, LONG_TTL, QUEUE, drain, record_in, retry
+from tests.contract.drive import JOB, LONG_TTL, OTHER_QUEUE, QUEUE, drain, record_in, retry
 
 #: Run on the pooler and the cluster too: the grouped claim is a two-statement transaction through the pooler; the group keys must share the queue's slot.
 pytestmark = pytest.mark.topology
@@ -202,3 +202,63 @@ def test_a_retried_job_of_a_group_ranks_by_when_it_became_ready_again(broker, pu
     retry(broker, p, first, "boom", 100)  # ready again after its delay: behind its peer of priority 5
     record_in(broker, first.message_id, "waiting")
     assert drain(broker, p, 3) == [1, 0, 2], "ready again later, still before the priority-0 job"
+
+
+# Weighted shares: a group's weight is its turns per round (1 by default, stored by set_group_weight; the
+# queue's settings' weights, broker.group_weights, win). Weights only pick the group: the claim is the same.
+
+
+def test_every_broker_stores_a_groups_weight_and_forgets_it_at_1(broker):
+    # Inline serves no group apart, but keeps and reports a weight as the others do.
+    assert broker.stored_group_weights(QUEUE) == {}
+    broker.set_group_weight(QUEUE, "vip", 3)
+    broker.set_group_weight(QUEUE, "user:42", 2)
+    assert broker.stored_group_weights(QUEUE) == {"user:42": 2, "vip": 3}
+    assert broker.stored_group_weights(OTHER_QUEUE) == {}
+    broker.set_group_weight(QUEUE, "vip", 1)  # back to every group's default
+    assert broker.stored_group_weights(QUEUE) == {"user:42": 2}
+    broker.group_weights = {QUEUE: {"user:42": 5, "gold": 4}}
+    assert broker.effective_group_weights(QUEUE) == {"gold": 4, "user:42": 5}, "the settings' weights win"
+
+
+@pytest.mark.needs("groups")
+def test_a_group_of_weight_3_gets_three_turns_to_a_group_of_weight_1s(broker, pump):
+    broker.set_group_weight(QUEUE, "a", 3)
+    broker.enqueue_jobs([grouped(n, "a") for n in range(40)] + [grouped(n, "b") for n in range(40)], dedup_ttl=LONG_TTL)
+    served = drain(broker, pump(broker, prefetch=1), 24, "g")
+    assert 17 <= served.count("a") <= 19, served  # 18 of 24 at 3:1
+    # Turns, not a burst: b is served in every stretch of eight.
+    assert all("b" in served[i : i + 8] for i in range(0, 24, 8)), served
+
+
+@pytest.mark.needs("groups")
+def test_the_queues_settings_weights_win_over_the_stored_ones(broker, pump):
+    broker.set_group_weight(QUEUE, "a", 3)
+    broker.group_weights = {QUEUE: {"a": 1, "b": 3}}
+    broker.enqueue_jobs([grouped(n, "a") for n in range(40)] + [grouped(n, "b") for n in range(40)], dedup_ttl=LONG_TTL)
+    served = drain(broker, pump(broker, prefetch=1), 24, "g")
+    assert 17 <= served.count("b") <= 19, served
+
+
+@pytest.mark.needs("groups")
+def test_a_group_back_from_idle_banks_no_turns(broker, pump):
+    # a runs alone for a while; b, new then, gets its share from then on, not every turn until it has caught up.
+    broker.set_group_weight(QUEUE, "b", 2)
+    broker.enqueue_jobs([grouped(n, "a") for n in range(60)], dedup_ttl=LONG_TTL)
+    p = pump(broker, prefetch=1)
+    assert drain(broker, p, 20, "g") == ["a"] * 20
+    broker.enqueue_jobs([grouped(n, "b") for n in range(30)], dedup_ttl=LONG_TTL)
+    served = drain(broker, p, 15, "g")
+    assert 8 <= served.count("b") <= 11, served  # 10 of 15 at 2:1, not 15
+
+
+@pytest.mark.needs("groups")
+def test_a_capped_weighted_group_takes_no_more_than_its_cap(peer, pump):
+    broker = peer()
+    broker.group_caps = {QUEUE: 1}
+    broker.set_group_weight(QUEUE, "a", 5)
+    broker.enqueue_jobs([grouped(n, "a") for n in range(4)] + [grouped(n, "b") for n in range(4)], dedup_ttl=LONG_TTL)
+    p = pump(broker, prefetch=4)
+    got = [p.receive(), p.receive()]
+    p.nothing(within=0.5)  # one of a, one of b: a's weight gives it turns, not slots
+    assert sorted(d.args[0]["g"] for d in got) == ["a", "b"]

@@ -175,3 +175,37 @@ def test_throttles_counted_by_worker_processes_reach_the_budgets_through_the_met
     finally:
         process.stop()
         app.close()
+
+
+def test_a_groups_weight_is_set_over_the_api_and_shown_on_the_groups_view(app, api):
+    app.broker.pause_queue("tenants")
+    for group in ["a", "a", HOSTILE]:
+        app.jobs.enqueue("dash.work", {"tenant": "x"}, group=group)
+    response = api.put("/api/admin/queues/tenants/groups/a/weight", json={"weight": 3}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert {g["group"]: g["weight"] for g in response.json()["groups"]} == {"a": 3, HOSTILE: 1}
+    # A group with no job yet takes a weight too (a tenant's share, set before its first job), by its path.
+    quoted = "%3Cscript%3Ealert('group')%3C%2Fscript%3E"
+    assert api.put(f"/api/admin/queues/tenants/groups/{quoted}/weight", json={"weight": 2}, headers=AUTH).is_success
+    listed = api.get("/api/admin/queues/tenants/groups", headers=AUTH).json()["groups"]
+    assert {g["group"]: g["weight"] for g in listed} == {"a": 3, HOSTILE: 2}
+    assert app.jobs.group_weights("tenants") == {HOSTILE: 2, "a": 3}
+    text = page(api, app, "/admin/queues/tenants").text
+    assert ">Weight</th>" in text and '<td class="num group-weight">3</td>' in text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"weight": 0}, {"weight": 1001}, {"weight": "3"}, {"weight": 2.5}, {"weight": 3, "extra": 1}, {}, ["x7f3b"]],
+)
+def test_a_bad_weight_is_a_422_that_does_not_echo_it_and_the_route_needs_the_token(app, api, body):
+    path = "/api/admin/queues/tenants/groups/a/weight"
+    response = api.put(path, json=body, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert "x7f3b" not in response.text and "1001" not in response.text
+    assert api.put(path, json={"weight": 2}).status_code == 401
+    assert api.put(path, json={"weight": 2}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    marker = "nosuch-q<b>7f3a"
+    unknown = api.put(f"/api/admin/queues/{marker}/groups/a/weight", json={"weight": 2}, headers=AUTH)
+    assert unknown.status_code == 404 and "7f3a" not in unknown.text
+    assert app.jobs.group_weights("tenants") == {}, "nothing was stored"

@@ -55,10 +55,11 @@ def claim_in_thread(app: App, limit: int, cap: int | None) -> tuple[threading.Th
 def hold_a_claim(database_url: str, cap: int | None, groups_query: str) -> psycopg.Connection:
     """Another claimer's transaction, left open: the broker's rotation and claim statements, uncommitted."""
     conn = psycopg.connect(database_url)  # not autocommit: the transaction stays open until rollback
-    params = {"queue": QUEUE, "limit": 2, "worker": "the-other-claimer", "cap": cap}
-    groups = [r[0] for r in conn.execute(QUERIES[groups_query], params)]
-    assert groups, "the other claimer found no group to serve"
-    claimed = conn.execute(QUERIES["claim_groups"], {**params, "groups": groups}).fetchall()
+    params = {"queue": QUEUE, "limit": 2, "worker": "the-other-claimer", "cap": cap, "configured": None}
+    turns = conn.execute(QUERIES[groups_query], params).fetchall()
+    assert turns, "the other claimer found no group to serve"
+    picks = {"groups": [t[0] for t in turns], "starts": [t[1] for t in turns], "weights": [t[2] for t in turns]}
+    claimed = conn.execute(QUERIES["claim_groups"], {**params, **picks}).fetchall()
     assert claimed, "the other claimer claimed nothing"
     return conn
 

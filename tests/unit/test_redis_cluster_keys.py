@@ -51,6 +51,8 @@ def _every_key(keys: Keys, queue: str) -> list[str]:
         keys.group_stamp(queue),
         keys.groups(queue),
         keys.running(queue),
+        keys.group_weights(queue),
+        keys.group_turn(queue),
         f"{keys.ns}:dedup:any-key",  # built in jobs.lua from the same namespace
         f"{keys.ns}:deleted:0b5c6a1e-id",
     ]
@@ -66,6 +68,8 @@ def test_plain_redis_key_names_are_unchanged_from_earlier_releases():
     assert keys.paused == "conveyor:paused"
     assert keys.heartbeats == "conveyor:__heartbeats__"
     assert keys.group("emails", "u1") == "conveyor:group:emails:u1"  # an earlier release's list: drained first
+    assert keys.group_weights("emails") == "conveyor:gweights:emails"  # jobs.lua builds the same names
+    assert keys.group_turn("emails") == "conveyor:gturn:emails"
     assert not any("{" in key for key in _every_key(keys, "emails"))
 
 

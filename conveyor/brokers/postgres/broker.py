@@ -555,6 +555,12 @@ class PostgresBroker(ConveyorBroker, Broker):
     def resume_queue(self, queue: str) -> None:
         self.jobs.resume(queue)
 
+    def set_group_weight(self, queue: str, group: str, weight: int) -> None:
+        self.jobs.set_group_weight(queue, group, weight)
+
+    def stored_group_weights(self, queue: str) -> dict[str, int]:
+        return self.jobs.group_weights(queue)
+
     def signal_event(self, name: str, resolution: str, ttl: float) -> int:
         return self.jobs.signal(name, resolution, ttl)
 

@@ -128,7 +128,11 @@ class PostgresConsumer(Consumer):
         proofs = self.broker.proofs
         epoch = proofs.epoch_before_claim()
         rows = self.broker.jobs.claim(
-            self.queue, room, synchronous=epoch == 0, group_cap=self.broker.group_caps.get(self.queue)
+            self.queue,
+            room,
+            synchronous=epoch == 0,
+            group_cap=self.broker.group_caps.get(self.queue),
+            group_weights=self.broker.group_weights.get(self.queue),
         )
         ticket = proofs.request(epoch) if rows and epoch else PROVEN
         for job_id, queue, job, delivery, text, finalize in rows:

@@ -447,17 +447,26 @@ class Jobs:
     # -- one delivery's life ------------------------------------------------------
 
     def claim(
-        self, queue: str, limit: int, *, synchronous: bool, group_cap: int | None = None
+        self,
+        queue: str,
+        limit: int,
+        *,
+        synchronous: bool,
+        group_cap: int | None = None,
+        group_weights: dict[str, int] | None = None,
     ) -> list[tuple[str, str, str, int, str, bool]]:
         """Claim up to ``limit`` runnable jobs, lowest rank first (priority with aging): (id, queue, job,
         delivery, message, finalize). ``finalize``: the job failed for good and its final-failure hooks are to run (only them).
 
         A queue with named groups is claimed by :meth:`claim_groups` (fair shares; ``group_cap`` jobs of
-        one group held at once at most). ``synchronous=False``: the caller proves the claim durable
+        one group held at once at most; ``group_weights``: the queue's settings' weights, which win over
+        those stored). ``synchronous=False``: the caller proves the claim durable
         before its jobs start (durability.py).
         """
         if queue in self._grouped:
-            return self.claim_groups(queue, limit, synchronous=synchronous, group_cap=group_cap)
+            return self.claim_groups(
+                queue, limit, synchronous=synchronous, group_cap=group_cap, group_weights=group_weights
+            )
         rows = self._execute(
             "claim", {"queue": queue, "limit": limit, "worker": self.worker_id}, fetch="all", fast=not synchronous
         )
@@ -472,30 +481,55 @@ class Jobs:
         ):
             self._grouped.add(queue)
             if short:
-                claimed += self.claim_groups(queue, limit - len(claimed), synchronous=synchronous, group_cap=group_cap)
+                claimed += self.claim_groups(
+                    queue,
+                    limit - len(claimed),
+                    synchronous=synchronous,
+                    group_cap=group_cap,
+                    group_weights=group_weights,
+                )
         return claimed
 
     def claim_groups(
-        self, queue: str, limit: int, *, synchronous: bool, group_cap: int | None
+        self,
+        queue: str,
+        limit: int,
+        *,
+        synchronous: bool,
+        group_cap: int | None,
+        group_weights: dict[str, int] | None = None,
     ) -> list[tuple[str, str, str, int, str, bool]]:
-        """The claim of a queue with named groups: groups served round-robin, each group's jobs in the
-        queue's order, at most ``group_cap`` held per named group fleet-wide (lock_groups, claim_groups
-        in jobs.sql). Returns what :meth:`claim` does, interleaved by group."""
-        params = {"queue": queue, "limit": limit, "worker": self.worker_id, "cap": group_cap}
+        """The claim of a queue with named groups: groups served in turn by weight (a group of weight 3
+        gets three turns to a group of weight 1's: stride scheduling, migration 0077), each group's jobs
+        in the queue's order, at most ``group_cap`` held per named group fleet-wide (lock_groups,
+        claim_groups in jobs.sql). ``group_weights`` (the queue's settings) win over the weights stored
+        (:meth:`set_group_weight`). Returns what :meth:`claim` does, interleaved by group."""
+        params = {
+            "queue": queue,
+            "limit": limit,
+            "worker": self.worker_id,
+            "cap": group_cap,
+            "configured": json.dumps(group_weights) if group_weights else None,
+        }
         try:
             with self._conn(fast=not synchronous) as conn:
                 with conn.transaction():
                     # Group locks only where there are slots to count (a cap): else claimers share groups.
                     rotation = QUERIES["lock_groups" if group_cap is not None else "pick_groups"]
-                    groups = [r[0] for r in conn.execute(rotation, params)]
-                    if not groups:
+                    turns = conn.execute(rotation, params).fetchall()  # (group, start, weight), lowest pass first
+                    if not turns:
                         return []
-                    rows = conn.execute(QUERIES["claim_groups"], {**params, "groups": groups}).fetchall()
+                    picks = {
+                        "groups": [t[0] for t in turns],
+                        "starts": [t[1] for t in turns],
+                        "weights": [t[2] for t in turns],
+                    }
+                    rows = conn.execute(QUERIES["claim_groups"], {**params, **picks}).fetchall()
         except STATEMENT_ERRORS as exc:
             if isinstance(exc, UNAVAILABLE):
                 self.trouble()
             raise translate(exc, "claim") from exc
-        rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: round-robin over the groups
+        rows.sort(key=lambda r: (r[4], r[5]))  # RETURNING has no order: by virtual finish time, then rotation
         return [(r[0], r[1], r[2], r[3], r[6], r[7]) for r in rows]
 
     def is_grouped(self, queue: str) -> bool:
@@ -787,6 +821,14 @@ class Jobs:
 
     def resume(self, queue: str) -> None:
         self._read("resume", {"queue": queue, "channel": CHANNEL}, "none")
+
+    def set_group_weight(self, queue: str, group: str, weight: int) -> None:
+        """Store a named group's weight (its row made if need be; the queue turns grouped)."""
+        self._read("set_group_weight", {"queue": queue, "group": group, "weight": weight}, "none")
+
+    def group_weights(self, queue: str) -> dict[str, int]:
+        """The weights stored for the queue's named groups, those other than 1."""
+        return {g: w for g, w in self._read("group_weights", {"queue": queue}, "all")}
 
     # Not repeated after a broken connection (unlike _read): a repeat of one that committed would
     # report "nothing retried" / "not found" for what it just did. The caller sees DatabaseUnavailable.

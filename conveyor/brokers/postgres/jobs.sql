@@ -92,15 +92,23 @@ SELECT EXISTS (SELECT 1 FROM conveyor_job_groups WHERE queue = %(queue)s)
 -- name: lock_groups
 -- The grouped claim, first statement (claim_groups runs next, in the same
 -- transaction): lock up to `limit` groups of the queue that have a runnable
--- job, least recently served first. A group another claimer holds is
--- skipped, so two claimers never count the same group's slots at once (FOR
--- NO KEY UPDATE: an enqueue's FOR KEY SHARE on the row does not hold it). A
--- capped group (`cap`: CONVEYOR_QUEUES__<Q>__GROUP_CONCURRENCY) already at
--- its cap is passed over; the default group '' has no cap.
+-- job, lowest pass first (stride scheduling in virtual time, migration 0077:
+-- the group owed the most turns for its weight). A group another claimer
+-- holds is skipped, so two claimers never count the same group's slots at
+-- once (FOR NO KEY UPDATE: an enqueue's FOR KEY SHARE on the row does not
+-- hold it). A capped group (`cap`: CONVEYOR_QUEUES__<Q>__GROUP_CONCURRENCY)
+-- already at its cap is passed over; the default group '' has no cap.
+-- Each group comes with its start, its pass or the queue's virtual time
+-- (its groups' highest vstart) if that is later, so a group back from idle
+-- banks no credit, and its weight: the queue's settings' (`configured`, JSON
+-- group -> weight), else its row's.
 -- The runnable check is a LATERAL probe in the index's order with a LIMIT:
 -- one index probe per group. As EXISTS, the planner may turn it into a scan
 -- of every waiting row; unordered, into a sequential scan.
-SELECT g.job_group FROM conveyor_job_groups g
+SELECT g.job_group,
+       greatest(g.pass, (SELECT coalesce(max(m.vstart), 0) FROM conveyor_job_groups m WHERE m.queue = %(queue)s)),
+       coalesce((%(configured)s::jsonb ->> g.job_group)::int, g.weight)
+FROM conveyor_job_groups g
 CROSS JOIN LATERAL (SELECT 1 FROM conveyor_jobs j
                     WHERE j.queue = %(queue)s AND j.job_group = g.job_group AND j.status = 'pending'
                       AND j.available_at <= now()
@@ -111,7 +119,7 @@ WHERE g.queue = %(queue)s
   AND (%(cap)s::int IS NULL OR g.job_group = ''
        OR (SELECT count(*) FROM conveyor_jobs h
            WHERE h.queue = g.queue AND h.job_group = g.job_group AND h.status = 'in_progress') < %(cap)s)
-ORDER BY g.last_served, g.job_group
+ORDER BY g.pass, g.job_group
 LIMIT %(limit)s
 FOR NO KEY UPDATE OF g SKIP LOCKED
 
@@ -119,7 +127,10 @@ FOR NO KEY UPDATE OF g SKIP LOCKED
 -- lock_groups for a queue without a cap: the same rotation, no locks. With
 -- no slots to count, claimers need not take turns; each claims different
 -- jobs of the same groups (claim_groups' SKIP LOCKED).
-SELECT g.job_group FROM conveyor_job_groups g
+SELECT g.job_group,
+       greatest(g.pass, (SELECT coalesce(max(m.vstart), 0) FROM conveyor_job_groups m WHERE m.queue = %(queue)s)),
+       coalesce((%(configured)s::jsonb ->> g.job_group)::int, g.weight)
+FROM conveyor_job_groups g
 CROSS JOIN LATERAL (SELECT 1 FROM conveyor_jobs j
                     WHERE j.queue = %(queue)s AND j.job_group = g.job_group AND j.status = 'pending'
                       AND j.available_at <= now()
@@ -127,29 +138,35 @@ CROSS JOIN LATERAL (SELECT 1 FROM conveyor_jobs j
                     LIMIT 1) AS runnable
 WHERE g.queue = %(queue)s
   AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
-ORDER BY g.last_served, g.job_group
+ORDER BY g.pass, g.job_group
 LIMIT %(limit)s
 
 -- name: claim_groups
 -- The grouped claim, second statement: a fresh snapshot (READ COMMITTED)
 -- taken while this transaction holds the groups' locks, so each group's
 -- held count includes every claim of it that committed before (a claimer
--- commits before it lets the lock go). Each group gets up to its room
--- (cap minus held, or `limit`), oldest first in the queue's order; the
--- picks interleave the groups (first of each, in rotation order, then the
--- second of each, ...) up to `limit`. The groups served move to the back
--- of the rotation. Fenced and counted like claim.
+-- commits before it lets the lock go). Each group (`groups`, with the
+-- `starts` and `weights` lock_groups gave) gets up to its room (cap minus
+-- held, or `limit`), oldest first in the queue's order; the picks are
+-- ordered by virtual finish time, a group's n-th job at start + n/weight
+-- (ties: rotation order), up to `limit`: with weights 3:1, three of the
+-- first group's to one of the second's. Each group served moves its pass on
+-- by its jobs / its weight, from its start (or its pass, if another claimer
+-- moved it past that since), and its vstart to that start. Weights only
+-- order the picks: the claim itself is fenced and counted like claim.
 WITH g AS (
-    SELECT l.job_group, l.ord,
+    SELECT l.job_group, l.ord, l.start, greatest(1, l.weight) AS weight,
            CASE WHEN %(cap)s::int IS NULL OR l.job_group = '' THEN %(limit)s
                 ELSE greatest(0, %(cap)s - (SELECT count(*) FROM conveyor_jobs h
                                             WHERE h.queue = %(queue)s AND h.job_group = l.job_group
                                               AND h.status = 'in_progress'))::int
            END AS room
-    FROM unnest(%(groups)s::text[]) WITH ORDINALITY AS l(job_group, ord)
+    FROM unnest(%(groups)s::text[], %(starts)s::float8[], %(weights)s::int[]) WITH ORDINALITY
+         AS l(job_group, start, weight, ord)
 ), candidates AS (
-    SELECT c.id, g.job_group, g.ord,
-           row_number() OVER (PARTITION BY g.ord ORDER BY c.rank_at, c.priority DESC) AS rn
+    SELECT c.id, g.job_group, g.ord, g.start, g.weight,
+           g.start + (row_number() OVER (PARTITION BY g.ord ORDER BY c.rank_at, c.priority DESC))::float8 / g.weight
+               AS tag
     FROM g CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.rank_at FROM conveyor_jobs j
         WHERE j.queue = %(queue)s AND j.job_group = g.job_group AND j.status = 'pending'
@@ -159,20 +176,25 @@ WITH g AS (
         FOR UPDATE SKIP LOCKED
     ) c
 ), picked AS (
-    SELECT id, job_group, rn, ord FROM candidates ORDER BY rn, ord LIMIT %(limit)s
+    SELECT id, job_group, tag, ord, start, weight FROM candidates ORDER BY tag, ord LIMIT %(limit)s
 ), served AS (
     -- A group another claimer holds is left to it to move (SKIP LOCKED): claimers of an
     -- uncapped queue (pick_groups, no group locks) neither wait on nor deadlock with each other.
-    UPDATE conveyor_job_groups s SET last_served = clock_timestamp()
-    FROM (SELECT queue, job_group FROM conveyor_job_groups
-          WHERE queue = %(queue)s AND job_group IN (SELECT job_group FROM picked)
-          FOR NO KEY UPDATE SKIP LOCKED) l
+    UPDATE conveyor_job_groups s
+    SET last_served = clock_timestamp(),
+        pass = greatest(s.pass, l.start) + l.taken::float8 / l.weight,
+        vstart = greatest(s.vstart, l.start)
+    FROM (SELECT k.queue, k.job_group, p.start, p.weight, p.taken FROM conveyor_job_groups k
+          JOIN (SELECT job_group, min(start) AS start, min(weight) AS weight, count(*) AS taken
+                FROM picked GROUP BY job_group) p ON p.job_group = k.job_group
+          WHERE k.queue = %(queue)s
+          FOR NO KEY UPDATE OF k SKIP LOCKED) l
     WHERE s.queue = l.queue AND s.job_group = l.job_group
 )
 UPDATE conveyor_jobs j
 SET status = 'in_progress', delivery = j.delivery + 1, worker_id = %(worker)s, picked_at = now()
 FROM picked WHERE j.id = picked.id
-RETURNING j.id, j.queue, j.job, j.delivery, picked.rn, picked.ord, j.message::text,
+RETURNING j.id, j.queue, j.job, j.delivery, picked.tag, picked.ord, j.message::text,
           j.final_failure_at IS NOT NULL
 
 -- name: next_due
@@ -539,6 +561,7 @@ DELETE FROM conveyor_job_steps WHERE (job_id, step) IN (
 -- waits. The default group '' is kept: the queue stays grouped.
 SELECT g.queue, g.job_group FROM conveyor_job_groups g
 WHERE g.job_group <> '' AND g.last_served < now() - make_interval(secs => %(idle)s)
+  AND g.weight = 1  -- a weight set for the group is kept (set it to 1 to let the group go)
   AND NOT EXISTS (SELECT 1 FROM conveyor_jobs j
                   WHERE j.queue = g.queue AND j.job_group = g.job_group AND j.status = 'pending')
   AND NOT EXISTS (SELECT 1 FROM conveyor_jobs h
@@ -740,3 +763,23 @@ WHERE id = ANY(%(ids)s::text[]) AND status = 'in_progress' AND cancel_requested_
 
 -- name: listen_cancel
 LISTEN conveyor_cancel
+
+-- name: set_group_weight
+-- A named group's weight (migration 0077): its row made if need be, and the
+-- queue's default group '' with it (a queue with a group row is claimed by
+-- claim_groups, whose rotation must hold the default group too, as enqueue
+-- makes it). A group made here starts at pass 0: the claim starts it at
+-- the queue's virtual time. Returns the weight stored.
+WITH rotation AS (
+    INSERT INTO conveyor_job_groups (queue, job_group) VALUES (%(queue)s, '')
+    ON CONFLICT DO NOTHING
+)
+INSERT INTO conveyor_job_groups (queue, job_group, weight) VALUES (%(queue)s, %(group)s, %(weight)s)
+ON CONFLICT (queue, job_group) DO UPDATE SET weight = excluded.weight
+RETURNING weight
+
+-- name: group_weights
+-- The weights stored for a queue's named groups other than 1.
+SELECT job_group, weight FROM conveyor_job_groups
+WHERE queue = %(queue)s AND job_group <> '' AND weight <> 1
+ORDER BY job_group

@@ -238,7 +238,8 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         """
         with self.deliveries.fetching(name):
             cap = self.group_caps.get(q_name(name)) or 0  # held jobs of one named group, fleet-wide (0: no cap)
-            rows = self.jobs.fetch(name, room, int(self.priority_aging * _MS), cap)
+            weights = self.group_weights.get(q_name(name))  # the queue's settings' group weights (win)
+            rows = self.jobs.fetch(name, room, int(self.priority_aging * _MS), cap, weights)
             for rid, _, delivery, _, _ in rows:
                 self.deliveries.hold(name, rid, delivery)
         return rows
@@ -642,6 +643,14 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     @translated
     def resume_queue(self, queue: str) -> None:
         self.jobs.resume(queue)
+
+    @translated
+    def set_group_weight(self, queue: str, group: str, weight: int) -> None:
+        self.jobs.set_group_weight(queue, group, weight)
+
+    @translated
+    def stored_group_weights(self, queue: str) -> dict[str, int]:
+        return self.jobs.group_weights(queue)
 
     # -- operator actions ----------------------------------------------------
 

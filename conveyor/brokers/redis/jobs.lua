@@ -46,6 +46,12 @@
 --                         plus "" for the default group; empty (absent)
 --                         when no named group has a ready job, and fetch
 --                         then pops the queue's list as it always did
+--   $ns:gweights:$queue   hash group -> its weight, the turns it takes per
+--                         round of the ring (absent: 1); a weight in the
+--                         queue's settings comes with each fetch and wins
+--   $ns:gturn:$queue      hash: the group at the ring's head -> the turns it
+--                         has taken this round (it stays at the head until
+--                         it has taken its weight's, then goes to the back)
 --   $ns:running:$queue    hash group -> jobs of it held (active); a record
 --                         holding one carries `slot` (its group), taken
 --                         when it turns active and released by set_state
@@ -155,6 +161,14 @@ local function next_stamp(q)
     stamps[key] = stamp
     redis.call("set", key, string.format("%.0f", stamp))
     return stamp
+end
+
+local function weights_key(q)
+    return ns .. ":gweights:" .. q.canonical
+end
+
+local function turn_key(q)
+    return ns .. ":gturn:" .. q.canonical
 end
 
 local function running_key(q)
@@ -372,6 +386,7 @@ local function unready(q, id, rid)
         redis.call("lrem", list, 0, rid)
         if redis.call("zcard", set) == 0 and redis.call("llen", list) == 0 then
             redis.call("lrem", ring_key(q), 0, g)
+            redis.call("hdel", turn_key(q), g)
             tidy_ring(q)
         end
     end
@@ -696,6 +711,11 @@ elseif command == "fetch" then
     local wanted = tonumber(ARGV[4])
     local aging = tonumber(ARGV[5] or "") or 60000
     local cap = tonumber(ARGV[6] or "") or 0
+    -- The queue's settings' group weights (group, weight pairs): they win over gweights.
+    local configured = {}
+    for i = 7, #ARGV - 1, 2 do
+        configured[ARGV[i]] = tonumber(ARGV[i + 1])
+    end
     local heads = ready_heads(queue, aging)
     local ring = ring_key(queue)
     local misses = 0
@@ -720,6 +740,7 @@ elseif command == "fetch" then
                 redis.call("rpush", ring, "")
             elseif cap > 0 and tonumber(redis.call("hget", running_key(queue), g) or "0") >= cap then
                 redis.call("rpush", ring, g)
+                redis.call("hdel", turn_key(queue), g) -- at its cap: its round ends
             else
                 local list, set = group_list(queue, g), group_set(queue, g)
                 rid = redis.call("lpop", list)
@@ -727,7 +748,19 @@ elseif command == "fetch" then
                     rid = redis.call("zpopmin", set)[1]
                 end
                 if redis.call("zcard", set) > 0 or redis.call("llen", list) > 0 then
-                    redis.call("rpush", ring, g)
+                    -- Weighted round-robin: a group of weight w takes w turns in a row, then goes to the back.
+                    -- Weights only pick the group; the message is fenced below like any other.
+                    local w = configured[g] or tonumber(redis.call("hget", weights_key(queue), g) or "") or 1
+                    if w > 1 and redis.call("hincrby", turn_key(queue), g, 1) < w then
+                        redis.call("lpush", ring, g)
+                    else
+                        if w > 1 then
+                            redis.call("hdel", turn_key(queue), g)
+                        end
+                        redis.call("rpush", ring, g)
+                    end
+                else
+                    redis.call("hdel", turn_key(queue), g) -- out of jobs: it leaves the ring, its round ends
                 end
             end
             tidy_ring(queue)

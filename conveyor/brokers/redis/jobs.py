@@ -235,12 +235,16 @@ class Jobs:
         """Block until an enqueue to list ``name`` pushes its wake-up, or ``timeout`` seconds pass."""
         self.client.blpop([self.keys.scope(name).wake(name)], timeout=timeout)
 
-    def fetch(self, name: str, room: int, aging_ms: int, cap: int) -> list[Fetched]:
-        """Claim up to ``room`` messages of list ``name`` (``cap``: held jobs of one named group, 0: none)."""
+    def fetch(
+        self, name: str, room: int, aging_ms: int, cap: int, weights: dict[str, int] | None = None
+    ) -> list[Fetched]:
+        """Claim up to ``room`` messages of list ``name`` (``cap``: held jobs of one named group, 0: none;
+        ``weights``: the queue's settings' group weights, which win over those stored, ``set_group_weight``)."""
+        extra = [cap, *configured_weight_args(weights)]
         rows = (
-            self.call("fetch", name, room, aging_ms, cap)
+            self.call("fetch", name, room, aging_ms, *extra)
             if self.replicas is None
-            else self._fetch_replicated(name, room, aging_ms, cap)
+            else self._fetch_replicated(name, room, aging_ms, extra)
         )
         out: list[Fetched] = []
         for i in range(0, len(rows), 5):
@@ -256,7 +260,7 @@ class Jobs:
             )
         return out
 
-    def _fetch_replicated(self, name: str, room: int, aging_ms: int, cap: int) -> Any:
+    def _fetch_replicated(self, name: str, room: int, aging_ms: int, extra: list[Any]) -> Any:
         """The claim, then WAIT on the same connection: a claim replicas lack is not started.
 
         Its rows are not recorded as held, so this worker's orphan pass hands
@@ -270,7 +274,7 @@ class Jobs:
         with client.pipeline(transaction=False) as pipe:
             self.script(
                 keys=[scope],
-                args=["fetch", name, self.worker_id, room, aging_ms, cap],
+                args=["fetch", name, self.worker_id, room, aging_ms, *extra],
                 client=pipe,
             )
             pipe.execute_command("WAIT", *self.replicas)  # type: ignore[no-untyped-call]
@@ -569,6 +573,21 @@ class Jobs:
 
     # -- operator actions ----------------------------------------------------
 
+    # -- group weights (weighted fair shares: jobs.lua's fetch reads gweights) ------------------
+
+    def set_group_weight(self, queue: str, group: str, weight: int) -> None:
+        """Store a named group's weight in the queue's scope (gweights); 1, every group's default, is absent."""
+        key = self.keys.scope(queue).group_weights(queue)
+        if weight == 1:
+            self.client.hdel(key, group)
+        else:
+            self.client.hset(key, group, weight)
+
+    def group_weights(self, queue: str) -> dict[str, int]:
+        """The weights stored for the queue's named groups (those other than 1)."""
+        found = self.client.hgetall(self.keys.scope(queue).group_weights(queue))
+        return {text(g): int(w) for g, w in sorted(found.items()) if int(w) != 1}
+
     def job_queue(self, job_id: str) -> str | None:
         found = self.find(job_id)
         queue = None if found is None else found[1].get(b"queue")
@@ -687,6 +706,11 @@ class Jobs:
 #: Error replies of a script refused at its first write, before it changed anything (redis-py names them
 #: by class: OOM, READONLY; a LOADING reply is a BusyLoadingError, which is_unavailable counts already).
 _REFUSED_BEFORE_WRITING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+
+
+def configured_weight_args(weights: dict[str, int] | None) -> list[Any]:
+    """A queue's settings' group weights as fetch's trailing ARGV: group, weight, group, weight, ..."""
+    return [x for group, weight in sorted((weights or {}).items()) for x in (group, weight)]
 
 
 def _message_id(data: bytes | None) -> str | None:

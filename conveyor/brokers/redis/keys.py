@@ -97,6 +97,14 @@ class Keys:
         """The ring (list) of a queue's named groups with ready jobs, plus "" for the default group's turn."""
         return f"{self.ns}:groups:{queue}"
 
+    def group_weights(self, queue: str) -> str:
+        """Hash group -> its weight (turns per round of the ring; absent: 1), set by ``set_group_weight``."""
+        return f"{self.ns}:gweights:{queue}"
+
+    def group_turn(self, queue: str) -> str:
+        """Hash of the turns the group at the ring's head has taken in its round (jobs.lua: fetch)."""
+        return f"{self.ns}:gturn:{queue}"
+
     def running(self, queue: str) -> str:
         """Hash group -> jobs of it held (active), counted against the queue's group cap."""
         return f"{self.ns}:running:{queue}"
