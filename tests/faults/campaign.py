@@ -72,6 +72,11 @@ IMPORTS_OLD = "tests.faults.jobs"
 #: retries' backoff, a loaded CI machine).
 QUIET = LEASE + RECOVERY + 40.0
 
+#: Seconds past the quiet period the campaign still waits while the backlog shrinks, and the seconds
+#: without a job ending after which a backlog counts as stalled (stuck) rather than slow.
+BACKLOG_GRACE = 120.0
+BACKLOG_STALL = 10.0
+
 #: Seconds libfaketime keeps a clock file's value before reading it again (worker groups whose clock is off).
 CLOCK_CACHE = 1
 
@@ -1004,12 +1009,14 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
     relax_waits(stage, requests)
     requests += children(requests, items, runs)
     job_ids = {j for req in requests for j in req.job_ids} | {r.job_id for r in runs}
-    states, why = {}, {}
+    states, why, started = {}, {}, {}
     for job_id in job_ids:
         record = cluster.app.broker.get_job(job_id)
         states[job_id] = record.state if record else "missing"
         if record is not None:
             why[job_id] = f"attempts {record.attempts}, error {(record.error or '')[:300]!r}"
+            if record.started_at is not None and not _maybe_stepped(stage, record.started_at):
+                started[job_id] = record.started_at
     leftovers = {}
     for queue in WORK_QUEUES + EXTRA_QUEUES:
         counts = cluster.app.broker.queue_counts(queue)
@@ -1045,6 +1052,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         pool_problems=list(stage.pool_problems),
         dedup_ttl=DEDUP_TTL,
         why=why,
+        started=started,
         cancel_hooks=cancel_hooks,
         group_cap=GROUP_CAP,
         broker=stage.broker,
@@ -1057,6 +1065,15 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         process_windows=process_windows(stage),
         lease_faults=lease_faults(stage),
     )
+
+
+def _maybe_stepped(stage: Stage, stamp: float) -> bool:
+    """Whether a stamp of the broker's clock may be earlier than the truth: taken while postgres-clock had
+    it stepped back (a record's times on Postgres are its ``now()``; Redis's TIME is the host's, which no
+    fault moves). A forward step only makes a start look later: it can flag a run, never excuse one."""
+    if stage.broker != "postgres":
+        return False
+    return any(a < 0 and began + a - 1.0 <= stamp <= ended + 1.0 for began, ended, a in stage.pg_steps)
 
 
 #: Kinds that may lose the ack of any run that ended while they were in force (a kill or a pause loses
@@ -1183,21 +1200,48 @@ def ledger_verify(cluster: Cluster, entries: int) -> str:
 
 
 def settle(stage: Stage, items: list[Item], deadline: float) -> None:
-    """Wait (until ``deadline``) for every acknowledged job to end and the queues to be idle."""
+    """Wait for every acknowledged job to end and the queues to be idle: until ``deadline``, and past it
+    while the backlog still shrinks (a loaded host drains slowly: a worker killed late takes 15-20 s to
+    start again at a load of 40), up to :data:`BACKLOG_GRACE` more. A backlog that stopped shrinking is
+    left as it is: the checker calls it stuck."""
     broker = stage.cluster.app.broker
     ended: set[str] = set()
-    while time.time() < deadline:
+    cap = deadline + BACKLOG_GRACE
+    least, shrank_at = None, time.time()
+    while True:
         ids = {j for item in items + stage.poisoned + stage.added for j in item.request.job_ids[:1]} - ended
         for job_id in ids:
             record = broker.get_job(job_id)
             if record and record.state in hist.TERMINAL:
                 ended.add(job_id)
-        if ids <= ended and all(
-            not (c.waiting or c.delayed or c.active)
-            for c in (broker.queue_counts(q) for q in WORK_QUEUES + EXTRA_QUEUES)
-        ):
+        counts = [broker.queue_counts(q) for q in WORK_QUEUES + EXTRA_QUEUES]
+        left = len(ids - ended) + sum(c.waiting + c.delayed + c.active for c in counts)
+        if not left:
+            return
+        now = time.time()
+        if least is None or left < least:
+            least, shrank_at = left, now
+        if now >= cap or (now >= deadline and now - shrank_at > BACKLOG_STALL):
             return
         time.sleep(0.3)
+
+
+def stop_workers(stage: Stage) -> None:
+    """Drain every worker group before the history is read, so the run log, the effects, the hooks and the
+    states are read from a world where nothing runs: a job that ends between two of those reads would look
+    completed without a run (seed 226143 on redis-cluster, gathered while a queue still drained). A group
+    SIGKILLed because it did not drain in time is recorded as killed then (its runs ended with it)."""
+    cluster = stage.cluster
+    for supervisor in cluster.supervisors:
+        supervisor.send_stop()
+    for supervisor in cluster.supervisors:
+        if supervisor.proc.poll() is not None:
+            continue
+        pids = supervisor.child_pids()
+        if supervisor.terminate(timeout=30) is None:
+            at = time.time()
+            for pid in pids:
+                cluster.kills.setdefault(pid, at)
 
 
 @dataclasses.dataclass
@@ -1310,6 +1354,7 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         # A step of the broker's clock back (the end of a forward step) postpones every delay set meanwhile.
         stepped = max((a for _, _, a in stage.pg_steps), default=0.0) if broker == "postgres" else 0.0
         settle(stage, items, time.time() + QUIET + stepped)
+        stop_workers(stage)
         history = gather(stage, items)
         anomalies = hist.check(history)
     finally:

@@ -430,6 +430,24 @@ def test_a_held_job_whose_cancel_was_asked_starts_no_new_run():
     assert list(check(cancelled("requested", "cancelled", runs=runs))) == ["cancel"]
 
 
+def test_a_run_whose_start_preceded_the_cancel_may_begin_its_body_after_the_answer():
+    # Seed 226143 on Redis under load: the delivery's fenced start came before the cancel was stored (so
+    # "requested", and the start was not refused), its body's first line 0.1 s after the answer.
+    runs = [run("X", "x", 1, 1.1, 1.7)]
+    h = cancelled("requested", "cancelled", runs=runs)
+    h.started["X"] = at(0.95).timestamp()
+    assert check(h) == {}
+    h = cancelled("cancelled", "cancelled", runs=runs)  # a stale delivery, started before it was taken back
+    h.started["X"] = at(0.95).timestamp()
+    assert check(h) == {}
+    # The broker recorded a start after the answer: the stored cancel did not refuse it.
+    h = cancelled("requested", "cancelled", runs=runs)
+    h.started["X"] = at(1.08).timestamp()
+    assert list(check(h)) == ["cancel"]
+    # No start known (the record gone, or its clock stepped): the body's stamp is all there is.
+    assert list(check(cancelled("requested", "cancelled", runs=runs))) == ["cancel"]
+
+
 def test_a_job_ended_before_its_cancel_keeps_its_end():
     assert check(cancelled("finished", "completed", runs=[run("X", "x", 1, 0, 0.5)])) == {
         "lost": ["x (X) is completed but its effect is missing"]
