@@ -66,3 +66,24 @@ def test_a_message_that_no_longer_decodes_fails_its_job_and_runs_its_final_failu
     eventually(lambda: final_failures, what="the final-failure hook")
     assert final_failures == [(bad.id, JOB, record.error)]
     consumer.nothing(within=0.3)
+
+
+@pytest.mark.topology
+@pytest.mark.needs("stored_messages")
+def test_an_unreadable_message_fails_its_job_behind_a_backlog_that_entered_waiting_before_it(
+    broker, pump, store_message, final_failures
+):
+    """Redis finds the job of a message with no readable id by the rid it fetched, scanning the queue's waiting
+    jobs oldest first in pages: a priority job that overtook a long backlog is found past the first page."""
+    backlog = [enqueue(broker, {"n": n}) for n in range(150)]
+    bad = enqueue(broker, {"n": -1}, priority=9)
+    store_message(broker, bad.id, not_a_message(bad.id, {}))
+    consumer = pump(broker)
+    delivered = consumer.receive()
+    assert delivered.message_id == backlog[0].id, "the malformed message was handed to the worker"
+    record = record_in(broker, bad.id, "failed")
+    assert record.error.startswith("MalformedMessage: the stored message cannot be decoded")
+    eventually(lambda: final_failures, what="the final-failure hook")
+    assert final_failures == [(bad.id, JOB, record.error)]
+    counts = broker.queue_counts(QUEUE)
+    assert (counts.failed, counts.failed_total) == (1, 1)
