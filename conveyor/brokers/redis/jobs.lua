@@ -481,6 +481,30 @@ local function fence(id, rid, delivery)
     return -1
 end
 
+-- The job whose record holds `rid` among those waiting in q (delayed or
+-- awaiting, in a delay queue): for a message whose own id cannot be read,
+-- so only rid and record tie it to its job. Oldest first: the message has
+-- just left the head of its queue, so the scan ends early; nil if none.
+local function job_of_rid(q, rid)
+    local states = q.delay and {"delayed", "awaiting"} or {"waiting"}
+    for _, state in ipairs(states) do
+        local index, start = index_key(q, state), 0
+        while true do
+            local ids = redis.call("zrange", index, start, start + 99)
+            if #ids == 0 then
+                break
+            end
+            for _, id in ipairs(ids) do
+                if redis.call("hget", job_key(id), "rid") == rid then
+                    return id
+                end
+            end
+            start = start + 100
+        end
+    end
+    return nil
+end
+
 local function dead_letter(q, rid, data)
     redis.call("zadd", q.xq, now, rid)
     redis.call("hset", q.xmsgs, rid, data)
@@ -1070,6 +1094,8 @@ elseif command == "claim_final" then
 -- message the worker cannot decode goes to the dead letters alone; the
 -- consumer carries on with the rest. When its job id could be read (the
 -- fetch then handed it out as a delivery) and that delivery is current,
+-- or it could not (delivery 0) but a waiting record holds its rid (the
+-- first call, from the worker that holds it: job_of_rid),
 -- its job fails in the same step, as on Postgres (fail_malformed): state
 -- failed with the error, counted once, and claimed = 1 when this call took
 -- the final-failure claim (again when the same call is repeated), so the
@@ -1084,6 +1110,13 @@ elseif command == "poison" then
     local id = nil
     if delivery ~= "0" then
         id = message_id(data or redis.call("hget", queue.xmsgs, rid) or "")
+    elseif data and held == 1 then
+        -- Its id unreadable (JSON that is no message, a truncated body): the job
+        -- is the one whose record holds this rid. This call is its delivery.
+        id = job_of_rid(queue, rid)
+        if id then
+            delivery = tostring(redis.call("hincrby", job_key(id), "delivery", 1))
+        end
     end
     if not id or fence(id, rid, delivery) ~= 1 then
         if data and held == 1 then
