@@ -1010,7 +1010,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         record = cluster.app.broker.get_job(job_id)
         states[job_id] = record.state if record else "missing"
         if record is not None:
-            why[job_id] = f"attempts {record.attempts}, error {(record.error or '')[:300]!r}"
+            why[job_id] = f"attempts {record.attempts}, error {(record.error or '')[:300]!r}" + fences(stage, job_id)
     leftovers = {}
     for queue in WORK_QUEUES + EXTRA_QUEUES:
         counts = cluster.app.broker.queue_counts(queue)
@@ -1057,6 +1057,30 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         ],
         process_windows=process_windows(stage),
     )
+
+
+#: A Redis job record's fields that say which delivery it is at, which one started last, and when it moved.
+FENCE_FIELDS = ("rid", "delivery", "started_delivery", "worker", "started_at", "updated_at", "finished_at")
+
+
+def fences(stage: Stage, job_id: str) -> str:
+    """A Redis job record's delivery fence, for the checker's "why" (a job completed without a run: did the
+    delivery that completed it start, and whose was it?); "" on Postgres or when it cannot be read."""
+    if stage.broker not in ("redis", CLUSTER):
+        return ""
+    try:
+        found = stage.cluster.app.broker.jobs.find(job_id)
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        return ""
+    if found is None:
+        return ""
+    row = {k.decode() if isinstance(k, bytes) else k: v for k, v in found[1].items()}
+    shown = [
+        f"{name} {row[name].decode() if isinstance(row[name], bytes) else row[name]}"
+        for name in FENCE_FIELDS
+        if name in row
+    ]
+    return "; " + ", ".join(shown) if shown else ""
 
 
 #: Kinds that may lose the ack of any run that ended while they were in force (a kill or a pause loses
