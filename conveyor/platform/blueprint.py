@@ -1,4 +1,4 @@
-"""The agent platform's blueprint: its job types register here, its six queues first, and with them
+"""The agent platform's blueprint: its job types register here, its seven queues first, and with them
 the settings, HTTP routes, ``conveyor`` subcommands and schedule firer the platform brings.
 
 :mod:`conveyor.platform.jobs` imports every processor module and exposes it as ``jobs``;

@@ -1,4 +1,4 @@
-"""The platform's six queues, values like a user's own (the platform's blueprint registers them).
+"""The platform's seven queues, values like a user's own (the platform's blueprint registers them).
 
 Each queue gets its own worker group, so slow work on one never starves
 another. Every field can be overridden from the environment
@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from conveyor.blueprints import Queue
 
-# Agent runs mostly wait on the model provider: many threads are cheap.
-# 30 min limit: the longest agent build observed takes ~15 min.
+# Agent runs mostly wait on the model provider: they are async jobs, so the queue's 16 slots run on a
+# few threads (conveyor.tasks.releasing); a sync job here would take back a thread per slot.
+# 30 min limit: a round that chains model calls may take minutes; none should take half an hour.
 AGENT = Queue("agent", 16, 3, 2.0, 60.0, 30 * 60, "long runs must not starve the rest")
+# Builds run a sandboxed script for up to half an hour, blocking their thread, each using up to a core
+# and 2 GiB (CONVEYOR_BUILD_CPUS, CONVEYOR_BUILD_MEMORY_BYTES): two per process, off the agent queue's
+# event-loop workers, on hosts that allow the sandbox. agent.build sets its own time limit.
+BUILD = Queue("build", 2, 3, 2.0, 60.0, 30 * 60, "sandboxed builds block a thread for minutes")
 # Charges are tiny and must never wait behind LLM work; retried
 # quickly and often because the ledger makes a repeat harmless.
 CRITICAL = Queue("critical", 10, 10, 0.5, 30.0, 60, "charges are consumed fast")
@@ -23,4 +28,4 @@ SCHEDULING = Queue("scheduling", 4, 5, 1.0, 60.0, 60, "cron fires and resumption
 NUDGE = Queue("nudge", 2, 5, 1.0, 60.0, 60, "time-triggered nudges")
 
 #: The platform's queues by name, in the order workers and the dashboard list them.
-QUEUES: dict[str, Queue] = {q.name: q for q in (AGENT, CRITICAL, LLM, INDEXING, SCHEDULING, NUDGE)}
+QUEUES: dict[str, Queue] = {q.name: q for q in (AGENT, BUILD, CRITICAL, LLM, INDEXING, SCHEDULING, NUDGE)}

@@ -245,7 +245,7 @@ def test_a_hostile_build_s_memory_across_four_processes_stays_under_its_cap(buil
     """Four processes of 150 MiB each under a 300 MiB build: today each was under its own address-space limit and
     the build held ~640 MiB; now the kernel counts them together and kills past the cap."""
     cap = 300 * MiB
-    app = build_app(build_memory_bytes=cap, queues={"agent": QueueOverride(max_attempts=1)})
+    app = build_app(build_memory_bytes=cap, queues={"build": QueueOverride(max_attempts=1)})
     store = StoreReads(app)
     workers(app)
     hog = "import time; b = b'x' * (150 * 1024 * 1024); time.sleep(4)"
@@ -285,7 +285,7 @@ def test_a_fork_bomb_is_capped_per_build_and_another_tenant_s_build_still_runs(b
     app = build_app(
         build_max_processes=limit,
         build_time_limits={"upload": 12},
-        queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=1)},
+        queues={"build": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=1)},
     )
     store = StoreReads(app)
     workers(app)

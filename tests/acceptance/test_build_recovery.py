@@ -63,7 +63,7 @@ def test_a_build_whose_worker_is_sigkilled_is_recovered_and_ends_in_exactly_one_
     )
     log = open(workdir / "worker.log", "wb")
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "conveyor", "worker", "--queues", "agent", "--threads", "2"],
+        [sys.executable, "-m", "conveyor", "worker", "--queues", "build", "--threads", "2"],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

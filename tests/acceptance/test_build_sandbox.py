@@ -89,8 +89,8 @@ def test_a_hostile_build_script_gets_nothing_writes_nothing_outside_and_leaks_no
         "CONVEYOR_BUILD_CPU_SECONDS": "2",
         "CONVEYOR_BUILD_MEMORY_BYTES": str(512 * 1024**2),
         "CONVEYOR_BUILD_MAX_FILE_BYTES": str(1024**2),
-        "CONVEYOR_QUEUES__AGENT__MIN_BACKOFF": "0.05",
-        "CONVEYOR_QUEUES__AGENT__MAX_BACKOFF": "0.1",
+        "CONVEYOR_QUEUES__BUILD__MIN_BACKOFF": "0.05",
+        "CONVEYOR_QUEUES__BUILD__MAX_BACKOFF": "0.1",
         "CONVEYOR_SHUTDOWN_TIMEOUT": "5",
         "CONVEYOR_BUILD_HEARTBEAT_INTERVAL": "0.2",
     }
@@ -128,7 +128,7 @@ def test_a_hostile_build_script_gets_nothing_writes_nothing_outside_and_leaks_no
     log_path = workdir / "worker.log"
     log = open(log_path, "wb")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "conveyor", "worker", "--queues", "agent", "--threads", "2"],
+        [sys.executable, "-m", "conveyor", "worker", "--queues", "build", "--threads", "2"],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -210,7 +210,7 @@ def test_a_fork_bomb_stays_under_the_process_limit_and_the_whole_sandbox_is_kill
     app = build_app(
         build_max_processes=limit,
         build_time_limits={"upload": 4},
-        queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=1)},
+        queues={"build": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=1)},
     )
     store = StoreReads(app)
     workers(app)

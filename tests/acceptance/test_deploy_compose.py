@@ -130,10 +130,11 @@ def test_builds_can_run_in_the_stack(stack):
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"apt-get install [^\n]*\bbubblewrap\b", dockerfile)
     assert "USER conveyor" in dockerfile  # the sandbox's unprivileged path: a user namespace, no capability
-    agent = stack["services"]["worker-agent"]
-    assert set(agent["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"}
-    assert "cap_add" not in agent and not agent.get("privileged")
-    others = [s for n, s in stack["services"].items() if n != "worker-agent"]
+    builder = stack["services"]["worker-build"]  # agent.build runs on the build queue
+    assert builder["command"] == ["conveyor", "worker", "--queues", "build"]
+    assert set(builder["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"}
+    assert "cap_add" not in builder and not builder.get("privileged")
+    others = [s for n, s in stack["services"].items() if n != "worker-build"]
     assert not any("security_opt" in s for s in others), "only the worker that builds gets the exemptions"
 
 

@@ -176,12 +176,12 @@ def test_one_worker_deployment_per_queue_with_its_command_probes_and_drain(objec
     assert any(p["spec"]["selector"]["matchLabels"] == api_labels for p in pdbs.values())
 
 
-def test_the_agent_workers_and_the_api_share_the_data_volume(objects):
+def test_the_build_workers_and_the_api_share_the_data_volume(objects):
     assert config(objects)["CONVEYOR_DATA_DIR"] == "/data"
     claim = of_kind(objects, "PersistentVolumeClaim")["conveyor-data"]
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     deployments = of_kind(objects, "Deployment")
-    for name in ("conveyor-api", "conveyor-worker-agent"):
+    for name in ("conveyor-api", "conveyor-worker-build"):  # uploads written by the API, built by agent.build
         pod = deployments[name]["spec"]["template"]["spec"]
         (volume,) = [
             v for v in pod["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == "conveyor-data"

@@ -95,4 +95,4 @@ def test_the_platform_loads_by_default(clean_env, tmp_path):
         timeout=60,
     )
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.split() == ["agent,critical,llm,indexing,scheduling,nudge", "True"]
+    assert shown.stdout.split() == ["agent,build,critical,llm,indexing,scheduling,nudge", "True"]

@@ -86,6 +86,21 @@ def test_path_flag_names_the_directory_from_anywhere(clean_env, database_url, us
         timeout=60,
     )
     assert sent.returncode == 0, sent.stderr
+    # The worker's job processes are spawned: they import from --path too, not from where it stands.
+    worker = subprocess.Popen(
+        [CONVEYOR, "worker", "--path", str(user_dir.parent)],
+        cwd=elsewhere,
+        env=env,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        ran = user_dir.parent / "x"
+        wait_for(ran.exists, timeout=60, message="the job to run in a worker started elsewhere with --path")
+    finally:
+        worker.terminate()
+        _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err.decode(errors="replace")[-2000:]
 
 
 @pytest.mark.parametrize("command", [["worker"], ["enqueue", "myapp.touch", "--payload", "{}"]])
@@ -101,6 +116,10 @@ def test_a_module_not_found_is_one_line_naming_it_and_the_paths(clean_env, datab
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "'nothere.jobs'" in lines[0] and extra in lines[0]
+    # Without --path the directory searched is the one the command was started in.
+    done = subprocess.run([CONVEYOR, *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "'nothere.jobs'" in done.stderr and str(tmp_path) in done.stderr
 
 
 def test_a_module_that_fails_inside_names_its_own_error(clean_env, database_url, tmp_path):

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from conveyor.brokers.base import CANCELLED, CANCELLED_AT_START, CancelOutcome
+from conveyor.brokers.base import CANCELLED, CANCELLED_AT_START, FINALIZE, CancelOutcome
 from tests.contract.conftest import LEASE
-from tests.contract.drive import QUEUE, enqueue, eventually, record_in, retry
+from tests.contract.drive import QUEUE, enqueue, eventually, fail, record_in, retry
 
 HOUR_MS = 3_600_000
 
@@ -158,6 +158,32 @@ def test_a_stored_cancel_ends_the_job_at_its_next_start_after_its_worker_died(br
     assert rescuer.start_job(again) == CANCELLED_AT_START
     record = record_in(rescuer, ref.id, "cancelled")
     assert record.attempts == 1, "the run that died is the only one"
+
+
+@pytest.mark.topology
+@pytest.mark.needs("recovery")
+def test_a_job_that_failed_for_good_is_not_cancelled_while_its_hooks_wait_to_run_again(broker, peer, pump, hang):
+    """Replay of seed 226143 (Redis, kill-hook): the worker running a job's final-failure hook was killed,
+    recovery put the job back for a finalize delivery, and a cancel then found it waiting and ended it
+    cancelled: a job whose failure was decided, and whose hook, started once, would never run to its end.
+    Its end is decided: the cancel answers finished, the finalize delivery runs the hooks, it ends failed."""
+    ref = enqueue(broker, {"n": 1})
+    dying = pump(broker)
+    stale = dying.receive()
+    assert broker.start_job(stale) == 1
+    stale.fail()
+    stale.options["last_error"] = "RuntimeError: broken for good"
+    assert broker.claim_final_failure(stale) is True
+    hang(broker, dying)  # dies in its hooks: no nack
+    rescuer = peer()
+    _recover(rescuer, ref.id)
+    assert rescuer.cancel_job(ref.id) == CancelOutcome.FINISHED
+    consumer = pump(rescuer)
+    again = consumer.receive()
+    assert again.options.get(FINALIZE) is True, "the next delivery runs the hooks only"
+    assert fail(rescuer, consumer, again, "RuntimeError: broken for good") is True
+    record = record_in(rescuer, ref.id, "failed")
+    assert record.error == "RuntimeError: broken for good"
 
 
 @pytest.mark.topology

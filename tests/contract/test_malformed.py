@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.contract.conftest import BROKER_OF
 from tests.contract.drive import JOB, QUEUE, enqueue, eventually, message, record_in
 
 
@@ -16,14 +17,31 @@ def newer_format(job_id: str, payload: dict) -> bytes:
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
+def not_a_message(job_id: str, payload: dict) -> bytes:
+    """JSON that is no Dramatiq message at all (a row written by hand, another program's data): no id in it."""
+    return b'{"not":"a message"}'
+
+
+#: Known gaps, run as strict xfails so the fix shows (an XPASS fails): (broker class, stored shape) -> why.
+KNOWN_GAPS = {
+    ("redis", "not_a_message"): "Redis dead-letters a message whose id it cannot read, but leaves its job "
+    "waiting for good (no failed state, no hook, failed_total counted); jobs.lua finds the job by the "
+    "message's own id only",
+}
+
+
 @pytest.mark.topology
 @pytest.mark.needs("stored_messages")
+@pytest.mark.parametrize("stored", [newer_format, not_a_message])
 def test_a_message_that_no_longer_decodes_fails_its_job_and_runs_its_final_failure_hook(
-    broker, pump, store_message, final_failures
+    broker, pump, store_message, final_failures, stored, broker_name, request
 ):
+    gap = KNOWN_GAPS.get((BROKER_OF[broker_name], stored.__name__))
+    if gap:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=gap))
     bad = enqueue(broker, {"n": 1})
     good = enqueue(broker, {"n": 2})
-    store_message(broker, bad.id, newer_format(bad.id, {"n": 1}))
+    store_message(broker, bad.id, stored(bad.id, {"n": 1}))
     consumer = pump(broker)
     delivered = consumer.receive()
     assert delivered.message_id == good.id, "the malformed message was handed to the worker"

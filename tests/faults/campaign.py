@@ -72,8 +72,16 @@ IMPORTS_OLD = "tests.faults.jobs"
 #: retries' backoff, a loaded CI machine).
 QUIET = LEASE + RECOVERY + 40.0
 
-#: Seconds libfaketime keeps a clock file's value before reading it again.
+#: Seconds past the quiet period the campaign still waits while the backlog shrinks, and the seconds
+#: without a job ending after which a backlog counts as stalled (stuck) rather than slow.
+BACKLOG_GRACE = 120.0
+BACKLOG_STALL = 10.0
+
+#: Seconds libfaketime keeps a clock file's value before reading it again (worker groups whose clock is off).
 CLOCK_CACHE = 1
+
+#: Seconds, at most, for a step of an uncached clock (the Postgres server's) to reach every process it moves.
+UNCACHED_LAG = 0.2
 
 #: The queue poison is put on (paused for the moment it takes).
 POISON_QUEUE = "nudge"
@@ -116,10 +124,20 @@ SOAK = Size(jobs=1500, faults=14, window=45.0)
 
 
 class Clock:
-    """A libfaketime clock file: ``LD_PRELOAD`` + ``FAKETIME_TIMESTAMP_FILE`` for the processes it moves."""
+    """A libfaketime clock file: ``LD_PRELOAD`` + ``FAKETIME_TIMESTAMP_FILE`` for the processes it moves.
 
-    def __init__(self, directory: Path, name: str) -> None:
+    ``cached``: each process keeps the file's value for :data:`CLOCK_CACHE` seconds (cheap; a worker
+    group's). Uncached, every clock call reads the file (``FAKETIME_NO_CACHE=1``): the Postgres server's,
+    whose backends (one per connection, each with its own cache, refreshed only when that backend next
+    asks the time after its cache ran out) otherwise saw a step late and unevenly, so heartbeats were
+    stamped on the old clock after recovery had read the new one.
+    """
+
+    def __init__(self, directory: Path, name: str, *, cached: bool = True) -> None:
         self.path = directory / f"{name}.faketime"
+        self.cached = cached
+        #: Seconds by which every process it moves has seen a step.
+        self.lag = CLOCK_CACHE if cached else UNCACHED_LAG
         self.offset = 0.0
         self.set(0)
         self.path.chmod(0o644)
@@ -133,11 +151,8 @@ class Clock:
 
     @property
     def env(self) -> dict[str, str]:
-        return {
-            "LD_PRELOAD": FAKETIME_LIB,
-            "FAKETIME_TIMESTAMP_FILE": str(self.path),
-            "FAKETIME_CACHE_DURATION": str(CLOCK_CACHE),
-        }
+        cache = {"FAKETIME_CACHE_DURATION": str(CLOCK_CACHE)} if self.cached else {"FAKETIME_NO_CACHE": "1"}
+        return {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": str(self.path), **cache}
 
 
 class Servers:
@@ -149,7 +164,7 @@ class Servers:
         self.namespace = NetworkNamespace()
         self.closers: list = [self.namespace.close]
         try:
-            self.pg_clock = Clock(self.dir, "postgres")
+            self.pg_clock = Clock(self.dir, "postgres", cached=False)
             self.worker_clock = Clock(self.dir, "far")
             address = self.namespace.host_address
             pg_env = self.pg_clock.env
@@ -514,6 +529,10 @@ class Stage:
         self.stopped: set[int] = set()
         #: (pid, UNIX start, end) of each pause.
         self.paused: list[tuple[int, float, float]] = []
+        #: (worker group name, UNIX start, end) of each group whose clock was off (worker-clock).
+        self.skewed: list[tuple[str, float, float]] = []
+        #: The worker groups on the far host (in the network namespace partition cuts off).
+        self.far_hosts: set[str] = set()
         self.old_workers: list = []
         self.poisoned: list[Item] = []
         #: Requests a kind made itself (user-retries' poll jobs), checked like the workload's.
@@ -666,6 +685,7 @@ class Stage:
         """
         clock = self.servers.worker_clock
         clock.set(fault.amount)
+        began = time.time()
         skewed = self.cluster.start_workers("skewed", wait=False, **clock.env)
         self.old_workers.append(skewed)
         try:
@@ -675,12 +695,23 @@ class Stage:
         finally:
             note = self._leave(skewed, DRAIN_SECONDS)
             clock.set(0)
+            self.skewed.append((skewed.name, began, time.time()))
         return note
 
-    def _postgres_clock(self, fault: nemesis.Fault) -> None:
+    def _postgres_clock(self, fault: nemesis.Fault) -> str:
+        """Step the server's clock by ``amount`` for the fault's duration, then back. A step comes at least a
+        lease after the previous one's way back: recovery tells steps apart by comparing the server's clock
+        with its own between passes, and two steps in one gap (back, then forward again) cancel out there
+        while heartbeats written between them look a step old (the faults' lock serialises the steps)."""
+        clock = self.servers.pg_clock
+        last = max((ended for _, ended, _ in self.pg_steps), default=0.0)
+        held = last + LEASE - time.time()
+        if held > 0:
+            time.sleep(held)
         began = time.time()
-        self._step(self.servers.pg_clock, fault)
-        self.pg_steps.append((began, time.time() + CLOCK_CACHE, fault.amount))
+        self._step(clock, fault)
+        self.pg_steps.append((began, time.time() + clock.lag, fault.amount))
+        return f"held {held:.1f} s after the previous step" if held > 0 else ""
 
     def _partition(self, fault: nemesis.Fault) -> None:
         self.servers.namespace.cut()
@@ -970,8 +1001,9 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
     # libfaketime moves it. Shown as UTC through this process's own offset to it.
     offset = time.time() - uptime()
     runs = []
-    for run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held in _rows(
-        url, "SELECT run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held FROM fault_runs"
+    for run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held, host in _rows(
+        url,
+        "SELECT run_id, job_id, token, delivery, pid, started_up, ended_up, ok, fenced, held, host FROM fault_runs",
     ):
         run_id = str(run_id)
         ended = None if ended_up is None else utc(offset + ended_up)
@@ -982,7 +1014,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
             ended, ok = utc(cluster.kills[pid]), False  # it died with its process
         elif ended is None and pid in fenced_exits:
             ended, ok = utc(fenced_exits[pid]), False  # its process fenced itself
-        run = hist.Run(run_id, job_id, token, delivery, pid, utc(offset + started_up), ended, ok, fenced, held)
+        run = hist.Run(run_id, job_id, token, delivery, pid, utc(offset + started_up), ended, ok, fenced, held, host)
         runs.append(run)
     effects = [
         hist.Effect(str(r[0]), r[1], r[2], r[3], r[4])
@@ -1005,12 +1037,14 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
     relax_waits(stage, requests)
     requests += children(requests, items, runs)
     job_ids = {j for req in requests for j in req.job_ids} | {r.job_id for r in runs}
-    states, why = {}, {}
+    states, why, started = {}, {}, {}
     for job_id in job_ids:
         record = cluster.app.broker.get_job(job_id)
         states[job_id] = record.state if record else "missing"
         if record is not None:
             why[job_id] = f"attempts {record.attempts}, error {(record.error or '')[:300]!r}" + fences(stage, job_id)
+            if record.started_at is not None and not _maybe_stepped(stage, record.started_at):
+                started[job_id] = record.started_at
     leftovers = {}
     for queue in WORK_QUEUES + EXTRA_QUEUES:
         counts = cluster.app.broker.queue_counts(queue)
@@ -1046,6 +1080,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
         pool_problems=list(stage.pool_problems),
         dedup_ttl=DEDUP_TTL,
         why=why,
+        started=started,
         cancel_hooks=cancel_hooks,
         group_cap=GROUP_CAP,
         broker=stage.broker,
@@ -1056,6 +1091,7 @@ def gather(stage: Stage, items: list[Item]) -> hist.History:
             if a.fault.kind in ACK_LOSING_KINDS
         ],
         process_windows=process_windows(stage),
+        lease_faults=lease_faults(stage),
     )
 
 
@@ -1083,9 +1119,48 @@ def fences(stage: Stage, job_id: str) -> str:
     return "; " + ", ".join(shown) if shown else ""
 
 
+def _maybe_stepped(stage: Stage, stamp: float) -> bool:
+    """Whether a stamp of the broker's clock may be earlier than the truth: taken while postgres-clock had
+    it stepped back (a record's times on Postgres are its ``now()``; Redis's TIME is the host's, which no
+    fault moves). A forward step only makes a start look later: it can flag a run, never excuse one."""
+    if stage.broker != "postgres":
+        return False
+    return any(a < 0 and began + a - 1.0 <= stamp <= ended + 1.0 for began, ended, a in stage.pg_steps)
+
+
 #: Kinds that may lose the ack of any run that ended while they were in force (a kill or a pause loses
 #: only its own process's: :func:`process_windows`).
 ACK_LOSING_KINDS = ("redis-crash", "postgres-crash", "partition", "redis-oom", "postgres-clock", "failover")
+
+
+#: Kinds that may take the lease of every run in progress (its worker can neither heartbeat nor be
+#: heard): recovery may hand such a run's job to another worker while it goes on. Not postgres-clock:
+#: recovery must see a step of the server's clock and declare nobody dead for it (issue 18, finding 7).
+LEASE_TAKING_KINDS = ("redis-crash", "postgres-crash", "redis-oom", "failover")
+
+
+def lease_faults(stage: Stage) -> list[hist.LeaseFault]:
+    """The faults that may have taken a running delivery's lease, each over its window: from 1 s before it
+    began until a lease, a recovery pass and 3 s after it healed (a pause: its process; a partition: the far
+    host's groups; a worker group whose clock was off: that group; a server away or full: every worker)."""
+
+    def window(began: float, ended: float) -> tuple[float, float]:
+        return began - 1.0, ended + LEASE + RECOVERY + 3.0
+
+    out = [
+        hist.LeaseFault(a.fault.kind, *window(a.started, a.ended))
+        for a in stage.applied
+        if a.fault.kind in LEASE_TAKING_KINDS
+    ]
+    out += [hist.LeaseFault("pause", *window(began, ended), pid=pid) for pid, began, ended in stage.paused]
+    out += [
+        hist.LeaseFault("partition", *window(a.started, a.ended), host=host)
+        for a in stage.applied
+        if a.fault.kind == "partition"
+        for host in sorted(stage.far_hosts)
+    ]
+    out += [hist.LeaseFault("worker-clock", *window(began, ended), host=name) for name, began, ended in stage.skewed]
+    return out
 
 
 def process_windows(stage: Stage) -> dict[int, list[tuple[float, float]]]:
@@ -1177,21 +1252,48 @@ def ledger_verify(cluster: Cluster, entries: int) -> str:
 
 
 def settle(stage: Stage, items: list[Item], deadline: float) -> None:
-    """Wait (until ``deadline``) for every acknowledged job to end and the queues to be idle."""
+    """Wait for every acknowledged job to end and the queues to be idle: until ``deadline``, and past it
+    while the backlog still shrinks (a loaded host drains slowly: a worker killed late takes 15-20 s to
+    start again at a load of 40), up to :data:`BACKLOG_GRACE` more. A backlog that stopped shrinking is
+    left as it is: the checker calls it stuck."""
     broker = stage.cluster.app.broker
     ended: set[str] = set()
-    while time.time() < deadline:
+    cap = deadline + BACKLOG_GRACE
+    least, shrank_at = None, time.time()
+    while True:
         ids = {j for item in items + stage.poisoned + stage.added for j in item.request.job_ids[:1]} - ended
         for job_id in ids:
             record = broker.get_job(job_id)
             if record and record.state in hist.TERMINAL:
                 ended.add(job_id)
-        if ids <= ended and all(
-            not (c.waiting or c.delayed or c.active)
-            for c in (broker.queue_counts(q) for q in WORK_QUEUES + EXTRA_QUEUES)
-        ):
+        counts = [broker.queue_counts(q) for q in WORK_QUEUES + EXTRA_QUEUES]
+        left = len(ids - ended) + sum(c.waiting + c.delayed + c.active for c in counts)
+        if not left:
+            return
+        now = time.time()
+        if least is None or left < least:
+            least, shrank_at = left, now
+        if now >= cap or (now >= deadline and now - shrank_at > BACKLOG_STALL):
             return
         time.sleep(0.3)
+
+
+def stop_workers(stage: Stage) -> None:
+    """Drain every worker group before the history is read, so the run log, the effects, the hooks and the
+    states are read from a world where nothing runs: a job that ends between two of those reads would look
+    completed without a run (seed 226143 on redis-cluster, gathered while a queue still drained). A group
+    SIGKILLed because it did not drain in time is recorded as killed then (its runs ended with it)."""
+    cluster = stage.cluster
+    for supervisor in cluster.supervisors:
+        supervisor.send_stop()
+    for supervisor in cluster.supervisors:
+        if supervisor.proc.poll() is not None:
+            continue
+        pids = supervisor.child_pids()
+        if supervisor.terminate(timeout=30) is None:
+            at = time.time()
+            for pid in pids:
+                cluster.kills.setdefault(pid, at)
 
 
 @dataclasses.dataclass
@@ -1264,11 +1366,11 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         near = cluster.start_workers("near", queues=served, wait=False)
         hosts = [near]
         if broker != CLUSTER:  # the nodes bind loopback only: no far host (partition is not drawn)
-            hosts.append(
-                cluster.start_workers(
-                    "far", queues=served, prefix=servers.namespace.prefix, settings=remote, wait=False
-                )
+            far = cluster.start_workers(
+                "far", queues=served, prefix=servers.namespace.prefix, settings=remote, wait=False
             )
+            hosts.append(far)
+            stage.far_hosts.add(far.name)
         for host in hosts:
             host.wait_ready()
         items = plan(seed, size.jobs, settings.price_per_1k_tokens, slow_hooks="kill-hook" in kinds)
@@ -1304,6 +1406,7 @@ def run(servers: Servers, workdir: Path, broker: str, seed: int, size: Size, kin
         # A step of the broker's clock back (the end of a forward step) postpones every delay set meanwhile.
         stepped = max((a for _, _, a in stage.pg_steps), default=0.0) if broker == "postgres" else 0.0
         settle(stage, items, time.time() + QUIET + stepped)
+        stop_workers(stage)
         history = gather(stage, items)
         anomalies = hist.check(history)
     finally:

@@ -113,12 +113,20 @@ FINDING_OF = {
 #: finding 3's first fix in place too (a deduplicated enqueue repeated after its key expired made a job;
 #: fixed on the dupreply branch: jobs.lua keeps a duplicate's answer by rid). Its entry counts seeds with
 #: that second fix reverted (seeds 1 and 2 pass without it); seeds 1-4 pass with it.
-#: postgres-clock on Postgres (finding 7), its step guard reverted: not flagged in seeds 1 and 2; the
-#: rerun beside itself is still there, but the workload's effects are fenced, and a stale delivery's
-#: fenced effect rolling back is no anomaly: the campaign needs an unfenced effect to show this one.
+#: postgres-clock on Postgres (finding 7), measured on 2026-12-05 (seeds branch) with the step guard of
+#: conveyor/brokers/postgres/recovery.py reverted: seeds 1, 2 and 3 each flagged (6, 7 and 14 jobs whose
+#: body ran beside itself). Before, seeds 1 and 2 were not flagged: the stale run's fenced effect rolled
+#: back, and that alone excused an overlap; now an overlap is excused only when a fault that takes a lease
+#: was in force for the stale run (tests/faults/history.py, LeaseFault), and a clock step is none.
+#: pause (finding 6), same day, with the fence tools made no-ops (ctx.once always True, ctx.transaction
+#: without completion in it, ctx.check_fence passing; the self-fence left on, as it cannot act while a
+#: process is stopped): seed 1 flagged on Redis (a fenced effect applied twice) and on Postgres (two).
 SEEDS_TO_FIND: dict[tuple[str, str], int] = {
     ("kill-hook", "redis"): 1,
     ("kill-hook", "postgres"): 1,
+    ("pause", "redis"): 1,
+    ("pause", "postgres"): 1,
+    ("postgres-clock", "postgres"): 1,
     ("redis-oom", "redis"): 1,
     ("drop-replies", "redis"): 3,
     ("poison", "redis"): 1,
@@ -321,9 +329,12 @@ def render_campaign(runs: list[CampaignRun]) -> list[str]:
         "(Redis `appendfsync always`; Postgres `fsync` on, under libfaketime), and checks the recorded",
         "history (tests/faults/history.py): every acknowledged enqueue ran as planned; a refused one",
         "('nothing was enqueued') never ran; one with an unknown outcome became at most one job; no two",
-        "deliveries' bodies overlapped unless the stale one's fenced effect rolled back; fenced effects",
-        "applied once; one completed hook per failed job; nothing active, waiting, delayed or left over",
-        "after a quiet period; the ledger exact (`conveyor ledger verify` too).",
+        "deliveries' bodies overlapped unless a fault that takes a lease was in force for the stale one (its",
+        "process paused, its host cut off, its group's clock off, a server crashed or full, a failover: from",
+        "1 s before the fault to a lease, a recovery pass and 3 s after it healed; a step of the server's",
+        "clock is none, recovery must see it) and its fenced effect rolled back; fenced effects applied",
+        "once; one completed hook per failed job; nothing active, waiting, delayed or left over after a",
+        "quiet period; the ledger exact (`conveyor ledger verify` too).",
         "",
         "The control features (issues 18, 21) run inside the same seeds: about an eighth more jobs go to a",
         "queue with a per-group cap (`group_concurrency=2`, served by both hosts) in four groups of mixed",

@@ -147,7 +147,7 @@ def test_rollback_to_a_version_that_never_existed_fails_the_agent_and_keeps_the_
 def test_a_build_that_fails_for_good_drives_its_target_to_a_terminal_state_once(build_app, workers, workdir, caplog):
     app = build_app(
         build_time_limits={"upload": 1, "mcp_upload": 60},
-        queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=2)},
+        queues={"build": QueueOverride(min_backoff=0.05, max_backoff=0.1, max_attempts=2)},
     )
     store = StoreReads(app)
     workers(app)

@@ -7,7 +7,7 @@ import pytest
 from conveyor.app import App
 from conveyor.errors import BrokerUnavailable, InvalidPayload, PayloadTooLarge, UnknownJob
 from conveyor.tasks.jobqueue import JobRequest
-from tests.support.brokers import ALL_BROKERS
+from tests.support.brokers import ALL_BROKERS, SERVER_BROKERS
 from tests.support.harness import make_settings
 
 GOOD = {"user_id": "u1", "task_id": "t1", "message_id": "m1", "total_tokens": 10}
@@ -77,14 +77,23 @@ def test_one_bad_item_in_a_batch_enqueues_none_of_it(app):
     assert nothing_enqueued(app)
 
 
-def test_redis_down_gives_a_clear_error_and_leaves_no_stuck_key(clean_env, redis_server, redis_url, database_url):
-    app = App(make_settings("redis", redis_url, database_url))
+#: The server each broker with one keeps its queue on (the fixture that starts it).
+SERVER_OF = {"redis": "redis_server", "postgres": "pg_server"}
+
+
+@pytest.mark.parametrize("broker", SERVER_BROKERS)
+def test_a_broker_down_gives_a_clear_error_and_reserves_no_key(broker, request, clean_env, redis_url, database_url):
+    """The same promise on every broker with a server (it was one test in test_pg_broker.py, one here for Redis)."""
+    server = request.getfixturevalue(SERVER_OF[broker])
+    app = App(make_settings(broker, redis_url, database_url))
     try:
-        redis_server.stop()
-        with pytest.raises(BrokerUnavailable, match="nothing was enqueued"):
-            app.jobs.enqueue("credit.consume", GOOD, key="credit:t1:m1")
-        redis_server.start()
-        ref = app.jobs.enqueue("credit.consume", GOOD, key="credit:t1:m1")
+        server.stop()
+        try:
+            with pytest.raises(BrokerUnavailable, match="nothing was enqueued"):
+                app.jobs.enqueue("test.probe.critical", {"token": "down"}, key="down:1")
+        finally:
+            server.start()
+        ref = app.jobs.enqueue("test.probe.critical", {"token": "down"}, key="down:1")
         assert not ref.deduplicated, "the failed enqueue must not have reserved the key"
         assert app.broker.queue_counts("critical").waiting == 1
     finally:

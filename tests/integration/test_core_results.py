@@ -118,6 +118,37 @@ def test_no_result_yet_is_a_timeout_and_a_job_that_keeps_none_says_so(app):
         add.enqueue({"a": "one", "b": 2})
 
 
+def test_a_handle_takes_a_key_and_a_delay(app):
+    later = add.enqueue({"a": 1, "b": 2}, key="sum:later", delay=3600)  # no worker needed: it waits an hour
+    assert app.jobs.get(later.id).state == "delayed"
+    again = add.enqueue({"a": 1, "b": 2}, key="sum:later")
+    assert (again.id, again.deduplicated) == (later.id, True), "a second enqueue with the key is a no-op"
+
+
+@pytest.mark.parametrize("broker", ALL_BROKERS)
+def test_a_result_is_kept_for_the_result_ttl_then_gone(broker, clean_env, redis_url, database_url):
+    """CONVEYOR_RESULT_TTL reaches every store: the result is read at once, then expires while the
+    job's record (kept for CONVEYOR_RETENTION) still says completed."""
+    app = App(make_settings(broker, redis_url, database_url, queues={}, result_ttl=1.0), jobs=[jobs])
+    try:
+        with running(app, "math"):
+            ref = add.enqueue({"a": 3, "b": 4})
+            assert ref.result(timeout=60) == {"sum": 7}
+
+        def gone() -> bool:
+            try:
+                ref.result(timeout=0)
+            except ResultTimeout as exc:
+                assert "it is completed" in str(exc)
+                return True
+            return False
+
+        wait_for(gone, timeout=30, message="the result to expire after its 1 s TTL")
+        assert app.jobs.get(ref.id).state == "completed"
+    finally:
+        app.close()
+
+
 def test_the_first_result_stored_stays(app):
     store = results_store(app)
     ref = add.enqueue({"a": 1, "b": 2})

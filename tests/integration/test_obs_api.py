@@ -155,7 +155,7 @@ def test_queue_metrics_count_real_jobs(api, app, workers, tmp_path):
         "failedTotal": 2,
         "paused": True,
     }
-    assert set(m) == {"agent", "critical", "llm", "indexing", "scheduling", "nudge"}
+    assert set(m) == {"agent", "build", "critical", "llm", "indexing", "scheduling", "nudge"}
     assert m["critical"] == {
         "active": 0,
         "running": 0,

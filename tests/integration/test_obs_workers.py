@@ -51,8 +51,8 @@ def test_a_worker_shows_its_queues_jobs_in_flight_counts_and_leaves_as_stopped(b
     app = broker_app
     with running(app, threads=2):
         me = wait_for(lambda: _mine(api), timeout=20, message="the worker to register")
-        # Inline workers run the queue's own concurrency.
-        threads = app.queues[QUEUE].concurrency if app.settings.broker_name == "inline" else 2
+        # In-process (inline) workers run the queue's own concurrency.
+        threads = app.queues[QUEUE].concurrency if app.capabilities.in_process else 2
         assert me["queues"] == [QUEUE] and me["threads"] == threads and me["state"] == "alive"
         assert me["version"] and me["host"] and me["startedAt"] and me["heartbeatAge"] < 30
         slow = app.jobs.enqueue("obs.work", {"n": 1, "sleep": 2.0})

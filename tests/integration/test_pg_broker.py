@@ -1,14 +1,15 @@
 """The Postgres broker inside one process: claims, wake-ups, keys, transactions, recovery.
 
 Queue behaviour shared with the other brokers (ack, retry, delay, dedup,
-concurrency, pause) is in test_core_behaviour.py; this file covers what is
-particular to one table being the queue. Crashes are simulated in the data
+concurrency, pause) is in test_core_behaviour.py, and what every broker
+promises at its interface is in tests/contract (a row whose message cannot be
+decoded: test_malformed.py); this file covers what is particular to one table
+being the queue. Crashes are simulated in the data
 (an aged heartbeat, a row moved by hand), never slept on.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -18,7 +19,7 @@ import pytest
 from dramatiq import Message
 
 from conveyor.app import App
-from conveyor.errors import BrokerUnavailable, TransactionalEnqueueUnsupported
+from conveyor.errors import TransactionalEnqueueUnsupported
 from tests.support.harness import make_settings, probe_dead, probe_runs, running
 from tests.support.waiting import wait_for
 
@@ -51,17 +52,6 @@ def sql(database_url: str, query: str, params=None) -> list[tuple]:
 def finished(app, job_id):
     record = app.broker.get_job(job_id)
     return record if record and record.state in ("completed", "failed") else None
-
-
-def raw_insert(database_url: str, queue: str, job: str, message: str) -> str:
-    """A row written without the broker: no NOTIFY, no validation."""
-    job_id = str(uuid.uuid4())
-    sql(
-        database_url,
-        "INSERT INTO conveyor_jobs (id, queue, job, message) VALUES (%s, %s, %s, %s::jsonb)",
-        (job_id, queue, job, message),
-    )
-    return job_id
 
 
 def probe_message(job_id: str, queue: str, token: str) -> str:
@@ -201,19 +191,6 @@ def test_a_cancel_committed_while_the_start_waits_on_the_row_ends_the_job_cancel
     assert (record.state, record.attempts) == ("cancelled", 0)
 
 
-def test_malformed_row_fails_alone_with_a_clear_error_and_its_hook_runs(app, database_url):
-    with running(app, "critical"):
-        bad = raw_insert(database_url, "critical", "test.probe.critical", json.dumps({"not": "a message"}))
-        good = app.jobs.enqueue("test.probe.critical", {"token": "after-malformed"})
-        wait_for(lambda: finished(app, good.id), message="the good job")
-        record = wait_for(lambda: finished(app, bad), message="the malformed row to fail")
-    assert record.state == "failed"
-    assert record.error.startswith("MalformedMessage: the stored message cannot be decoded")
-    assert app.broker.get_job(good.id).state == "completed"
-    assert [(d["job_id"], d["token"]) for d in probe_dead(database_url)] == [(bad, None)]
-    assert app.broker.queue_counts("critical").failed_total == 1
-
-
 # -- wake-ups -------------------------------------------------------------------------
 
 
@@ -242,17 +219,6 @@ def test_job_inserted_without_a_notification_is_picked_up_by_the_poll(make_app, 
         record = wait_for(lambda: finished(app, raw_insert_id), timeout=10, message="the poll to find the row")
     assert record.state == "completed"
     assert [r["job_id"] for r in probe_runs(database_url, "silent")] == [job_id]
-
-
-def test_postgres_down_gives_a_clear_error_and_enqueues_nothing(app, pg_server):
-    pg_server.stop()
-    try:
-        with pytest.raises(BrokerUnavailable, match="nothing was enqueued"):
-            app.jobs.enqueue("test.probe.critical", {"token": "down"}, key="down:1")
-    finally:
-        pg_server.start()
-    ref = app.jobs.enqueue("test.probe.critical", {"token": "down"}, key="down:1")
-    assert not ref.deduplicated and app.broker.queue_counts("critical").waiting == 1
 
 
 # -- keys -----------------------------------------------------------------------------------

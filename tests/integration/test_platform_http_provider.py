@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 
 import pytest
 from pydantic import SecretStr
@@ -20,6 +22,19 @@ from tests.support.waiting import wait_for
 
 KEY = "sk-test-very-secret-0123456789"
 QUESTION = [ChatMessage("user", "hello there")]
+
+
+def read(provider: OpenAIProvider, generation) -> list[str]:
+    """Every chunk of ``generation``, on a loop of its own; the provider's client on that loop closed after."""
+
+    async def chunks() -> list[str]:
+        try:
+            return [chunk async for chunk in generation]
+        finally:
+            await generation.aclose()
+            await provider.aclose()
+
+    return asyncio.run(chunks())
 
 
 @pytest.fixture
@@ -42,8 +57,9 @@ def provider():
 
 def test_streams_chunks_and_reports_usage(provider):
     with ChatServer([("ok", "The answer is forty two.")]) as server:
-        generation = provider(server).stream(QUESTION)
-        chunks = list(generation)
+        p = provider(server)
+        generation = p.stream(QUESTION)
+        chunks = read(p, generation)
 
     assert "".join(chunks) == "The answer is forty two."
     assert len(chunks) == 5
@@ -55,13 +71,54 @@ def test_streams_chunks_and_reports_usage(provider):
     assert request["body"]["messages"] == [{"role": "user", "content": "hello there"}]
 
 
+def test_each_event_loop_gets_its_own_client_and_close_closes_each_on_its_loop(provider):
+    """A worker's long-lived loop and another loop (a test's asyncio.run) use one provider at once: an
+    httpx.AsyncClient's connections belong to its loop, so each loop gets its own; close() (App.close, from
+    another thread) closes the running loop's client on that loop."""
+    with ChatServer([("ok", "from the worker loop"), ("ok", "from another loop")]) as server:
+        p = provider(server)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+
+        used = []
+
+        async def ask() -> str:
+            generation = p.stream(QUESTION)
+            try:
+                return "".join([chunk async for chunk in generation])
+            finally:
+                await generation.aclose()
+                used.append(p._client())  # the client this loop's request went through
+
+        async def ask_then_close() -> str:
+            try:
+                return await ask()
+            finally:
+                await p.aclose()
+
+        try:
+            assert asyncio.run_coroutine_threadsafe(ask(), loop).result(30) == "from the worker loop"
+            (worker_client,) = p._clients.values()
+            assert asyncio.run(ask_then_close()) == "from another loop"
+            assert used[0] is worker_client and used[1] is not worker_client and used[1].is_closed
+            assert list(p._clients.values()) == [worker_client]  # the other loop's was its own, closed there
+            assert not worker_client.is_closed
+            p.close()
+            assert worker_client.is_closed and not p._clients
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            loop.close()
+
+
 def test_a_429_is_a_delay_with_the_servers_retry_after_not_a_failure(provider):
     with ChatServer([("429", 7), ("429", "")]) as server:
         p = provider(server)
         with pytest.raises(ProviderRateLimited) as first:
-            list(p.stream(QUESTION))
+            read(p, p.stream(QUESTION))
         with pytest.raises(ProviderRateLimited) as second:
-            list(p.stream(QUESTION))
+            read(p, p.stream(QUESTION))
 
     assert isinstance(first.value, RetryLater)
     assert first.value.delay == 7
@@ -71,7 +128,8 @@ def test_a_429_is_a_delay_with_the_servers_retry_after_not_a_failure(provider):
 def test_a_dropped_connection_is_a_retryable_provider_error(provider):
     with ChatServer([("drop", "this reply never finishes properly at all")]) as server:
         with pytest.raises(ProviderError) as raised:
-            list(provider(server).stream(QUESTION))
+            p = provider(server)
+            read(p, p.stream(QUESTION))
     assert not isinstance(raised.value, (ProviderRejected, RetryLater))
     assert "connection" in str(raised.value)
 
@@ -79,7 +137,8 @@ def test_a_dropped_connection_is_a_retryable_provider_error(provider):
 def test_server_errors_retry_and_client_errors_do_not(provider):
     with ChatServer([("500", None)]) as server:
         with pytest.raises(ProviderError) as raised:
-            list(provider(server).stream(QUESTION))
+            p = provider(server)
+            read(p, p.stream(QUESTION))
     assert not isinstance(raised.value, ProviderRejected)
     assert "upstream exploded" in str(raised.value)
 
@@ -91,7 +150,7 @@ def test_the_key_is_in_no_repr_or_error(caplog, provider):
         errors = []
         for _ in range(3):
             with pytest.raises(JobError) as raised:
-                list(p.stream(QUESTION))
+                read(p, p.stream(QUESTION))
             errors.append(raised.value)
     assert KEY not in repr(p)
     assert all(KEY not in str(e) and KEY not in repr(e) for e in errors)

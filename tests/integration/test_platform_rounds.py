@@ -3,6 +3,7 @@ end-of-round jobs: one charge, memories, an index that search finds."""
 
 from __future__ import annotations
 
+import asyncio
 from decimal import Decimal
 
 import httpx
@@ -172,7 +173,7 @@ def test_finalize_twice_charges_once_and_enqueues_nothing_new(app):
         with app.pool.connection() as conn:
             conn.execute("DELETE FROM memories WHERE user_id = 'bob'")
         again = JobContext("memory.extraction", "llm", memory_job.id, 2, 3, app)
-        extract_memories(MemoryExtraction.model_validate(memory_job.payload), again)
+        asyncio.run(extract_memories(MemoryExtraction.model_validate(memory_job.payload), again))
         with app.pool.connection() as conn:
             assert conn.execute("SELECT count(*) FROM memories WHERE user_id = 'bob'").fetchone()[0] == 0
 

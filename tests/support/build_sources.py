@@ -114,7 +114,7 @@ def build_app(database_url, redis_url, workdir):
             pg_poll_seconds=0.2,
             pg_recovery_seconds=0.5,
             pg_lease_seconds=2,
-            queues={"agent": QueueOverride(min_backoff=0.05, max_backoff=0.1)},
+            queues={"build": QueueOverride(min_backoff=0.05, max_backoff=0.1)},
         )
         # The platform's (its builds', its provider's): short heartbeats; host-path sources may come from
         # the test's own directory only.
@@ -137,9 +137,9 @@ def build_app(database_url, redis_url, workdir):
 
 @pytest.fixture
 def workers():
-    """start(app): agent-queue workers in this process, on the app's broker, stopped after the test."""
+    """start(app): build-queue workers in this process, on the app's broker, stopped after the test."""
     with contextlib.ExitStack() as stack:
-        yield lambda app: stack.enter_context(running(app, "agent"))
+        yield lambda app: stack.enter_context(running(app, "build"))
 
 
 class StoreReads:

@@ -3,7 +3,10 @@
 Each request takes the next step of the script: ``("ok", text)`` streams
 ``text`` word by word then usage and ``[DONE]``; ``("429", retry_after)``
 answers Too Many Requests; ``("drop", text)`` promises a longer body than it
-sends and closes the connection mid-stream; ``("500", None)`` fails.
+sends and closes the connection mid-stream; ``("500", None)`` fails. A request
+past the script's end gets ``("ok", reply)``. With ``delay``, each answer
+comes that many seconds after its request, as a model thinks first;
+``peak_in_flight`` is the most requests it held at once.
 """
 
 from __future__ import annotations
@@ -15,11 +18,22 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Many clients connect at once (a worker's whole concurrency): the default backlog of 5 would drop SYNs.
+    request_queue_size = 256
+
+
 class ChatServer:
-    def __init__(self, script: list[tuple[str, object]]) -> None:
+    def __init__(self, script: list[tuple[str, object]], *, delay: float = 0.0, reply: str = "fine") -> None:
         self.script = list(script)
+        self.delay = delay
+        self.reply = reply
         self.requests: list[dict] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -39,8 +53,20 @@ class ChatServer:
                             "authorization": self.headers.get("Authorization"),
                         }
                     )
-                    step = owner.script.pop(0) if owner.script else ("ok", "fine")
-                kind, arg = step
+                    step = owner.script.pop(0) if owner.script else ("ok", owner.reply)
+                    owner.in_flight += 1
+                    owner.peak_in_flight = max(owner.peak_in_flight, owner.in_flight)
+                try:
+                    if owner.delay:
+                        owner._closing.wait(owner.delay)
+                    self._answer(*step)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client hung up (a cancelled run): nothing to answer
+                finally:
+                    with owner._lock:
+                        owner.in_flight -= 1
+
+            def _answer(self, kind, arg):
                 if kind == "429":
                     self._plain(429, {"error": {"message": "slow down"}}, {"Retry-After": str(arg)})
                 elif kind == "500":
@@ -84,8 +110,7 @@ class ChatServer:
                 if drop:
                     self.close_connection = True
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
@@ -97,5 +122,6 @@ class ChatServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._closing.set()  # a request still thinking answers now
         self.server.shutdown()
         self.server.server_close()

@@ -55,7 +55,7 @@ def make_settings(broker: str, redis_url: str | None, database_url: str, **overr
 @contextlib.contextmanager
 def running(app: App, *queues: str) -> Iterator[None]:
     """Workers for ``queues`` inside this process, stopped (drained) at the end."""
-    if app.settings.broker_name == "inline":
+    if app.capabilities.in_process:
         workers = InlineWorkers(app, list(queues)).start()
         try:
             yield

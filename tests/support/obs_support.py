@@ -90,7 +90,7 @@ def running(app: App, queue: str = "indexing", threads: int | None = None, *, ow
     """
     from conveyor.tasks.worker import InlineWorkers
 
-    if app.settings.broker_name == "inline":
+    if app.capabilities.in_process:
         workers = InlineWorkers(app, [queue]).start()
         try:
             yield

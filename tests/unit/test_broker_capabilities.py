@@ -73,23 +73,53 @@ def test_a_broker_with_recovery_leases_workers_for_its_own_setting(name, lease):
 MAY_NAME_THE_BROKER = {"settings.py"}
 
 
+def _names_the_broker(node: ast.AST, aliases: set[str]) -> bool:
+    """``….broker_name``, ``….broker`` (Settings' field, a Backend's), or a variable assigned one of them."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("broker_name", "broker")
+    return isinstance(node, ast.Name) and node.id in aliases
+
+
+def _strings(node: ast.AST) -> bool:
+    """A string, or a tuple, list or set holding one (``in ("redis", "postgres")``)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_strings(e) for e in node.elts)
+
+
 def _name_comparisons(tree: ast.AST) -> list[int]:
-    """Lines comparing ``….broker_name`` or ``….backend.broker`` with a string."""
+    """Lines comparing the broker's name with a string (``==``, ``!=``, ``in``) or matching it against one."""
+    aliases = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and _names_the_broker(node.value, set())
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     lines = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Compare):
-            continue
-        sides = [node.left, *node.comparators]
-        names = [
-            s
-            for s in sides
-            if isinstance(s, ast.Attribute)
-            and (s.attr == "broker_name" or (s.attr == "broker" and getattr(s.value, "attr", None) == "backend"))
-        ]
-        strings = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)]
-        if names and strings:
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_names_the_broker(s, aliases) for s in sides) and any(_strings(s) for s in sides):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Match) and _names_the_broker(node.subject, aliases):
             lines.append(node.lineno)
     return lines
+
+
+def test_the_name_scan_sees_every_way_of_branching_on_the_name():
+    source = """
+if settings.broker_name == "redis": ...
+if app.settings.broker != "inline": ...
+if backend.broker in ("redis", "postgres"): ...
+name = settings.broker_name
+if name == "postgres": ...
+match settings.broker_name:
+    case "redis": ...
+print(settings.broker_name)
+if app.capabilities.in_process: ...
+"""
+    assert sorted(_name_comparisons(ast.parse(source))) == [2, 3, 4, 6, 7]
 
 
 def test_nothing_outside_the_composition_root_branches_on_the_broker_name():

@@ -90,7 +90,7 @@ def test_every_build_variant_round_trips_through_json():
         payload = validate_payload("agent.build", BuildPayload, data)
         # As the JobQueue sends it and a worker reads it back.
         message = Message(
-            queue_name="agent", actor_name="agent.build", args=(payload.model_dump(mode="json"),), kwargs={}, options={}
+            queue_name="build", actor_name="agent.build", args=(payload.model_dump(mode="json"),), kwargs={}, options={}
         )
         back = BuildPayload.load(Message.decode(message.encode()).args[0])
         assert back == payload and type(back.root) is type(payload.root)
@@ -145,7 +145,7 @@ def test_keys_rotate_and_a_value_that_no_longer_decrypts_is_dropped_with_a_warni
     old_env = encrypt_env(Settings(secret_key=KEY_OLD), {"OLD_TOKEN": "old-secret-value"})
     rotating = Settings(secret_key=f"{KEY_NEW},{KEY_OLD}")
     new_env = encrypt_env(rotating, {"NEW_TOKEN": "new-secret-value"})
-    ids = dict(queue="agent", job="agent.build", job_id="j1", attempt=1)
+    ids = dict(queue="build", job="agent.build", job_id="j1", attempt=1)
     # During rotation both decrypt; new values are encrypted with the first key.
     assert decrypt_env(rotating, {**old_env, **new_env}, **ids) == {
         "OLD_TOKEN": "old-secret-value",

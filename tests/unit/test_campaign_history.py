@@ -7,7 +7,7 @@ import datetime as dt
 from decimal import Decimal
 
 from tests.faults import nemesis
-from tests.faults.history import ACKED, REFUSED, UNKNOWN, Effect, History, Hook, Request, Run, check
+from tests.faults.history import ACKED, REFUSED, UNKNOWN, Effect, History, Hook, LeaseFault, Request, Run, check
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -119,12 +119,86 @@ def test_overlapping_bodies_with_unfenced_effects_are_flagged():
     assert list(check(h)) == ["overlapping"]
 
 
+def paused(pid: int, began: float, ended: float) -> LeaseFault:
+    """A pause of ``pid`` from ``began`` to ``ended`` (seconds after T0), over its window as the campaign
+    widens it (1 s before; a lease of 3 s, a recovery pass of 0.5 s and 3 s after)."""
+    return LeaseFault("pause", at(began - 1.0).timestamp(), at(ended + 6.5).timestamp(), pid=pid)
+
+
 def test_overlap_is_allowed_when_the_stale_delivery_fenced_and_rolled_back():
     h = clean()
     h.runs[0] = dataclasses.replace(h.runs[0], fenced=True)
     h.effects[0] = Effect("r-new", "A", "a", 2, True)  # only the current delivery's effect committed
     h.runs.append(run("A", "a", 2, 0.5, 1.5, fenced=True, rid="r-new"))
+    h.lease_faults = [paused(h.runs[0].pid, 0.1, 0.9)]
     assert check(h) == {}
+
+
+def fenced_overlap() -> History:
+    """Delivery 1 of A (pid 101) runs 0-1 s, delivery 2 (pid 102) starts at 0.5 s; both fenced, only the
+    second's effect committed: harmless, and allowed when a fault took delivery 1's lease then."""
+    h = clean()
+    h.runs[0] = dataclasses.replace(h.runs[0], fenced=True)
+    h.effects[0] = Effect("r-new", "A", "a", 2, True)
+    h.runs.append(run("A", "a", 2, 0.5, 1.5, fenced=True, rid="r-new"))
+    return h
+
+
+def test_overlap_is_excused_by_a_pause_of_the_stale_deliverys_process():
+    h = fenced_overlap()
+    assert any("no fault took its lease" in x for x in check(h)["overlapping"])
+    h.lease_faults = [paused(101, 0.1, 0.4)]
+    assert check(h) == {}
+    h.lease_faults = [paused(102, 0.1, 0.4)]  # the current delivery's process: not the stale one's lease
+    assert list(check(h)) == ["overlapping"]
+    # A cut-off host or a skewed group: runs of that host only.
+    h.runs[0] = dataclasses.replace(h.runs[0], host="far1")
+    cut = (at(-0.9).timestamp(), at(6.9).timestamp())
+    h.lease_faults = [LeaseFault("partition", *cut, host="far1")]
+    assert check(h) == {}
+    h.lease_faults = [LeaseFault("partition", *cut, host="near0")]
+    assert list(check(h)) == ["overlapping"]
+    h.lease_faults = [LeaseFault("postgres-crash", *cut)]  # a server away: every worker's lease
+    assert check(h) == {}
+
+
+def test_overlap_is_not_excused_by_a_step_of_the_servers_clock():
+    """Finding 7: a step of the Postgres server's clock must not make recovery declare live workers dead."""
+    import types
+
+    from tests.faults import campaign
+    from tests.faults.nemesis import Fault
+
+    h = fenced_overlap()
+    step = Fault(0.1, "postgres-clock", "postgres", 2.0, 20.0)
+    stage = types.SimpleNamespace(
+        applied=[campaign.Applied(step, at(0.1).timestamp(), at(2.1).timestamp())],
+        paused=[],
+        far_hosts={"far1"},
+        skewed=[],
+    )
+    h.lease_faults = campaign.lease_faults(stage)
+    h.fault_windows = [(at(-0.9).timestamp(), at(8.6).timestamp())]  # it may lose acks: not leases
+    assert h.lease_faults == []
+    assert list(check(h)) == ["overlapping"]
+    pause = Fault(0.1, "pause", "slow-body", 4.0)
+    stage.applied.append(campaign.Applied(pause, at(0.1).timestamp(), at(4.1).timestamp(), "pid 101"))
+    stage.paused.append((101, at(0.1).timestamp(), at(4.1).timestamp()))
+    h.lease_faults = campaign.lease_faults(stage)
+    assert [(f.kind, f.pid) for f in h.lease_faults] == [("pause", 101)]
+    assert check(h) == {}
+
+
+def test_overlap_is_not_excused_by_a_pause_outside_its_window():
+    h = fenced_overlap()
+    h.runs[0] = dataclasses.replace(h.runs[0], ended=at(30))
+    h.runs[-1] = dataclasses.replace(h.runs[-1], started=at(20), ended=at(21))
+    h.lease_faults = [paused(101, 0.1, 4.0)]  # healed at 4 s: its window ends at 10.5 s, the rerun came at 20 s
+    assert list(check(h)) == ["overlapping"]
+    h.lease_faults = [paused(101, 12.0, 16.0)]
+    assert check(h) == {}
+    h.lease_faults = [paused(101, 22.0, 26.0)]  # began after the rerun had started (and 1 s more)
+    assert list(check(h)) == ["overlapping"]
 
 
 def test_a_run_whose_end_was_never_learnt_overlaps_everything_after_it():
@@ -232,6 +306,7 @@ def test_overlap_is_allowed_when_both_fenced_and_the_effect_applied_once():
     h.runs[0] = dataclasses.replace(h.runs[0], fenced=True)
     h.effects[0] = Effect(h.runs[0].run_id, "A", "a", 1, True)
     h.runs.append(run("A", "a", 2, 0.5, 1.5, fenced=True))
+    h.lease_faults = [paused(h.runs[0].pid, 0.1, 0.9)]
     assert check(h) == {}
     h.runs[-1] = dataclasses.replace(h.runs[-1], fenced=False)  # an unfenced rerun: no such promise
     assert list(check(h)) == ["overlapping"]
@@ -352,6 +427,24 @@ def test_a_job_cancelled_while_waiting_never_starts_and_ends_cancelled():
 
 def test_a_held_job_whose_cancel_was_asked_starts_no_new_run():
     runs = [run("X", "x", 1, 0, 1.2, ok=False), run("X", "x", 2, 2, 3, ok=False)]
+    assert list(check(cancelled("requested", "cancelled", runs=runs))) == ["cancel"]
+
+
+def test_a_run_whose_start_preceded_the_cancel_may_begin_its_body_after_the_answer():
+    # Seed 226143 on Redis under load: the delivery's fenced start came before the cancel was stored (so
+    # "requested", and the start was not refused), its body's first line 0.1 s after the answer.
+    runs = [run("X", "x", 1, 1.1, 1.7)]
+    h = cancelled("requested", "cancelled", runs=runs)
+    h.started["X"] = at(0.95).timestamp()
+    assert check(h) == {}
+    h = cancelled("cancelled", "cancelled", runs=runs)  # a stale delivery, started before it was taken back
+    h.started["X"] = at(0.95).timestamp()
+    assert check(h) == {}
+    # The broker recorded a start after the answer: the stored cancel did not refuse it.
+    h = cancelled("requested", "cancelled", runs=runs)
+    h.started["X"] = at(1.08).timestamp()
+    assert list(check(h)) == ["cancel"]
+    # No start known (the record gone, or its clock stepped): the body's stamp is all there is.
     assert list(check(cancelled("requested", "cancelled", runs=runs))) == ["cancel"]
 
 

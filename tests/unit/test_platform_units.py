@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from conveyor.platform.faults import chosen
@@ -14,27 +16,36 @@ from conveyor.platform.providers.openai import retry_after
 CONVERSATION = [ChatMessage("system", "be brief"), ChatMessage("user", "Plan the postgres migration for friday")]
 
 
+def read(generation) -> list[str]:
+    """Every chunk of an async generation, read on a loop of its own."""
+
+    async def chunks() -> list[str]:
+        return [chunk async for chunk in generation]
+
+    return asyncio.run(chunks())
+
+
 def test_local_provider_is_deterministic_chunk_for_chunk():
-    first = list(LocalProvider().stream(CONVERSATION))
-    second = list(LocalProvider().stream(list(CONVERSATION)))
+    first = read(LocalProvider().stream(CONVERSATION))
+    second = read(LocalProvider().stream(list(CONVERSATION)))
 
     assert first == second == reply_chunks(CONVERSATION)
     assert len(first) > 10
-    other = list(LocalProvider().stream([ChatMessage("user", "something else entirely")]))
+    other = read(LocalProvider().stream([ChatMessage("user", "something else entirely")]))
     assert other != first
 
 
 def test_local_provider_reports_usage_once_the_stream_is_read():
     generation = LocalProvider().stream(CONVERSATION)
     assert generation.usage is None
-    chunks = list(generation)
+    chunks = read(generation)
 
     assert generation.usage.completion_tokens == len(chunks)
     assert generation.usage.prompt_tokens == sum(len(m.content.split()) for m in CONVERSATION)
 
 
 def test_a_local_reply_parses_into_memories_keyed_by_topic():
-    text = LocalProvider().complete(CONVERSATION).text
+    text = asyncio.run(LocalProvider().complete(CONVERSATION)).text
     memories = parse_memories(text)
 
     assert len(memories) == 3

@@ -723,9 +723,13 @@ SELECT count(*), (SELECT count(*) FROM woke) FROM p
 -- holds keeps its row held; the cancellation is stored on it and its holder
 -- is woken (NOTIFY on the cancel channel, payload the id), ends the run and
 -- writes the fenced outcome (cancel_outcome); a holder that has not started
--- it ends it at its start. Returns the status the job had (no row: unknown).
+-- it ends it at its start. Returns the status the job had (no row: unknown);
+-- 'failed' for one whose final failure was claimed: its end is decided and its
+-- hooks still run to their end (in a finalize delivery, pending again, when
+-- their worker died), so it is never cancelled.
 WITH j AS (
-    SELECT id, status FROM conveyor_jobs WHERE id = %(id)s FOR UPDATE
+    SELECT id, CASE WHEN final_failure_at IS NULL THEN status ELSE 'failed' END AS status
+    FROM conveyor_jobs WHERE id = %(id)s FOR UPDATE
 ), ended AS (
     UPDATE conveyor_jobs c
     SET status = 'cancelled', completed_at = now(), cancel_requested_at = now(), wait_event = NULL

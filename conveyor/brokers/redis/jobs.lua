@@ -1274,7 +1274,8 @@ elseif command == "delete" then
 -- its message leaves its list, and a delay consumer holding it until its
 -- eta is fenced off, as in promote_job), "requested" when a worker holds it
 -- (cancel_requested is set and the id published on the channel: its holder
--- ends it), "finished" when it had ended, "" when unknown. `call` names
+-- ends it), "finished" when it had ended or failed for good (its hooks may
+-- still run), "" when unknown. `call` names
 -- this call (one per cancel_job): its answer is kept answer_ttl_ms, so the
 -- same call repeated after a lost reply (redis-py's retry) answers what the
 -- first one did, not "finished" for the job that first one ended.
@@ -1298,6 +1299,11 @@ elseif command == "cancel" then
     local r = redis.call("hmget", record, "state", "rid", "queue")
     if not r[1] or r[3] ~= queue.canonical then
         return ""
+    end
+    -- Failed for good (its final failure claimed): its end is decided, and its hooks still run to their
+    -- end, in a finalize delivery when their worker died (waiting again meanwhile): never cancelled.
+    if redis.call("hexists", record, "final_failure") == 1 then
+        return answer("finished")
     end
     if r[1] == "active" then
         if not redis.call("hget", record, "cancel_requested") then

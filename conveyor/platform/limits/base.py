@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
-from typing import Any, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator
 
 
 class Slot(ABC):
@@ -37,6 +38,36 @@ class Semaphore(ABC):
         finally:
             if slot is not None:
                 slot.release()
+
+    @asynccontextmanager
+    async def held_async(self, name: str, limit: int) -> AsyncIterator[Slot | None]:
+        """``held`` in a coroutine (an async job): the store's calls run in the loop's thread pool.
+
+        A cancel (a time limit, a cancel's interrupt) that lands while the slot is
+        being taken does not leak it: the acquire finishes in its thread and a slot
+        it took is given back. The release runs in its thread to the end, even if
+        the coroutine is cancelled again while it waits for it.
+        """
+        acquiring = asyncio.ensure_future(asyncio.to_thread(self.try_acquire, name, limit))
+        try:
+            slot = await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            acquiring.add_done_callback(_give_back)
+            raise
+        try:
+            yield slot
+        finally:
+            if slot is not None:
+                await asyncio.to_thread(slot.release)
+
+
+def _give_back(acquired: asyncio.Future[Slot | None]) -> None:
+    """Release a slot whose taker was cancelled before it could use it (on the loop: the release in a thread)."""
+    if acquired.cancelled() or acquired.exception() is not None:
+        return
+    slot = acquired.result()
+    if slot is not None:
+        acquired.get_loop().run_in_executor(None, slot.release)
 
 
 class Limits:

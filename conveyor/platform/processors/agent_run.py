@@ -1,5 +1,13 @@
 """task.run and chat.run: answer a round, streaming the reply to its readers.
 
+Async jobs (``conveyor.tasks.aio``): a run awaits the model on the worker's
+event loop and holds no thread while it waits, so a worker keeps its queue's
+whole concurrency of runs in flight on a few threads. Its database and stream
+writes are blocking calls (the psycopg pool, the Redis client): each runs in
+the loop's thread pool (``asyncio.to_thread``), never on the loop. A time
+limit or a cancel's interrupt cancels the coroutine at its ``await``; the
+response is closed in its ``finally``.
+
 Everything is rebuilt from the IDs in the payload. Each chunk goes into the
 run's stream buffer under its seq before the next is generated; the
 assistant message is written by the ID the run got at creation, with the
@@ -21,6 +29,7 @@ once-guard of that write).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 from psycopg import Connection
@@ -32,9 +41,10 @@ from conveyor.platform.blueprint import jobs
 from conveyor.platform.faults import maybe_fail_mid_stream
 from conveyor.platform.payloads import ChatRun, RunFinalize, TaskRun, run_key
 from conveyor.platform.providers import ChatMessage, provider_for
-from conveyor.platform.providers.base import Role, estimate_usage
+from conveyor.platform.providers.base import Role, Usage, estimate_usage
 from conveyor.platform.queues import AGENT
 from conveyor.platform.streams import buffer_for
+from conveyor.platform.streams.base import StreamBuffer
 from conveyor.tasks.context import JobContext
 
 #: What task.run tells the model before the task's own instructions.
@@ -42,21 +52,43 @@ TASK_PREAMBLE = "You are an agent carrying out a task for the user."
 
 
 @jobs.job("task.run", queue=AGENT, payload=TaskRun)
-def task_run(payload: TaskRun, ctx: JobContext) -> None:
+async def task_run(payload: TaskRun, ctx: JobContext) -> None:
     """A task round: the task's instructions and the user's latest message."""
-    run_round(payload, ctx, whole_conversation=False)
+    await run_round(payload, ctx, whole_conversation=False)
 
 
 @jobs.job("chat.run", queue=AGENT, payload=ChatRun)
-def chat_run(payload: ChatRun, ctx: JobContext) -> None:
+async def chat_run(payload: ChatRun, ctx: JobContext) -> None:
     """A chat round: the whole conversation up to the user's message."""
-    run_round(payload, ctx, whole_conversation=True)
+    await run_round(payload, ctx, whole_conversation=True)
 
 
-def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) -> None:
-    app = ctx.app
-    buffer = buffer_for(app)
-    with app.pool.connection() as conn:
+async def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) -> None:
+    buffer = buffer_for(ctx.app)
+    started = await asyncio.to_thread(_start, payload, ctx, buffer, whole_conversation)
+    if started is None:
+        return
+    run, messages = started
+    generation = provider_for(ctx.app).stream(messages)
+    seq = 0
+    try:
+        async for text in generation:
+            if ctx.cancelled:
+                break  # the user pressed Stop: the cancel hook keeps what was streamed (run_cancelled)
+            seq += 1
+            await asyncio.to_thread(_stream_chunk, ctx, buffer, run.id, seq, text)
+    finally:
+        await generation.aclose()
+    if ctx.cancelled:
+        return
+    await asyncio.to_thread(_complete, ctx, buffer, run, messages, generation.usage)
+
+
+def _start(
+    payload: TaskRun, ctx: JobContext, buffer: StreamBuffer, whole_conversation: bool
+) -> tuple[records.Run, list[ChatMessage]] | None:
+    """Move the run to ``running`` and read its conversation; None when there is nothing to generate."""
+    with ctx.app.pool.connection() as conn:
         try:
             run, task = records.run_of_task(conn, run_id=payload.run_id, task_id=payload.task_id)
         except RecordNotFound as exc:
@@ -66,30 +98,28 @@ def run_round(payload: TaskRun, ctx: JobContext, *, whole_conversation: bool) ->
             if run.status == "completed":
                 buffer.end(run.id, "completed")
                 _enqueue_finalize(ctx, run)
-            return
+            return None
         if records.start_run(conn, run.id) is None:
-            return  # another attempt ended it between our read and now; it finalizes its own round
-        messages = _context(conn, task, run, whole_conversation)
+            return None  # another attempt ended it between our read and now; it finalizes its own round
+        return run, _context(conn, task, run, whole_conversation)
 
-    generation = provider_for(app).stream(messages)
-    try:
-        for seq, text in enumerate(generation, 1):
-            if ctx.cancelled:
-                break  # the user pressed Stop: the cancel hook keeps what was streamed (run_cancelled)
-            # A delivery given up on (its worker paused past the lease) stops streaming: another
-            # one owns the run, and a stale stream could outlast the stored reply.
-            ctx.check_fence()
-            buffer.append(run.id, seq, text)
-            maybe_fail_mid_stream(ctx, run_key(run.id), seq)
-    finally:
-        generation.close()
-    if ctx.cancelled:
-        return
 
+def _stream_chunk(ctx: JobContext, buffer: StreamBuffer, run_id: str, seq: int, text: str) -> None:
+    # A delivery given up on (its worker paused past the lease) stops streaming: another
+    # one owns the run, and a stale stream could outlast the stored reply.
+    ctx.check_fence()
+    buffer.append(run_id, seq, text)
+    maybe_fail_mid_stream(ctx, run_key(run_id), seq)
+
+
+def _complete(
+    ctx: JobContext, buffer: StreamBuffer, run: records.Run, messages: list[ChatMessage], reported: Usage | None
+) -> None:
+    """Store the reply the buffer holds (what readers saw), end the stream, enqueue the round's end."""
     streamed = [e for e in buffer.read_all(run.id) if e.kind == "chunk"]
     content = "".join(e.data for e in streamed)
-    usage = generation.usage or estimate_usage(messages, content)
-    with app.pool.connection() as conn:
+    usage = reported or estimate_usage(messages, content)
+    with ctx.app.pool.connection() as conn:
         completed = records.complete_run(
             conn, run, content=content, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens
         )

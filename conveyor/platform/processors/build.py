@@ -1,5 +1,8 @@
 """agent.build: run one build variant and finish the job from the outcome in ``builds``.
 
+It runs on the ``build`` queue, not the agent queue: a build blocks its thread for
+minutes, while the agent queue's runs are async jobs sharing a few threads.
+
 The loop is the same for every kind:
 
 1. **Claim** the build row (``queued``, or ``building`` with a heartbeat older
@@ -42,7 +45,7 @@ from conveyor.platform.builds.local import LocalBuilder
 from conveyor.platform.builds.payloads import BUILD_KINDS, HARD_TIME_LIMIT, MINUTE, BuildPayload, BuildVariant
 from conveyor.platform.builds.uploads import Uploads
 from conveyor.platform.errors import BuildFailed, BuildTimeout
-from conveyor.platform.queues import AGENT
+from conveyor.platform.queues import BUILD
 from conveyor.platform.settings import PlatformSettings, platform_settings
 from conveyor.redaction import Scrubber
 from conveyor.secrets import decrypt_env
@@ -85,7 +88,7 @@ def build_isolation(settings: PlatformSettings) -> None:
         )
 
 
-@jobs.job("agent.build", queue=AGENT, payload=BuildPayload, time_limit=HARD_TIME_LIMIT)
+@jobs.job("agent.build", queue=BUILD, payload=BuildPayload, time_limit=HARD_TIME_LIMIT)
 def run_build(payload: BuildPayload, ctx: JobContext) -> None:
     request = payload.root
     settings = ctx.app.settings

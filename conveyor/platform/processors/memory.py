@@ -11,12 +11,18 @@ fail and does not spend an attempt.
 The memories of one round are written once (``ctx.once``): a model asked
 twice answers differently, and two deliveries of the job would otherwise
 leave the union of both answers.
+
+An async job (``conveyor.tasks.aio``): it awaits the model on the worker's
+event loop, holding no thread; the slot, the budget and the database calls
+are blocking and run in the loop's thread pool (``asyncio.to_thread``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
+from datetime import datetime
 
 from conveyor.budgets import Budget, admit
 from conveyor.errors import PermanentError, RecordNotFound, RetryLater
@@ -26,7 +32,7 @@ from conveyor.platform.blueprint import jobs
 from conveyor.platform.faults import maybe_fail
 from conveyor.platform.limits import limits_for
 from conveyor.platform.payloads import MemoryExtraction
-from conveyor.platform.providers import ChatMessage, provider_for
+from conveyor.platform.providers import ChatMessage, Completion, provider_for
 from conveyor.platform.queues import LLM
 from conveyor.platform.settings import platform_settings
 from conveyor.tasks.context import JobContext
@@ -51,28 +57,23 @@ EXTRACTION_PROMPT = (
 
 
 @jobs.job("memory.extraction", queue=LLM, payload=MemoryExtraction)
-def extract_memories(payload: MemoryExtraction, ctx: JobContext) -> None:
+async def extract_memories(payload: MemoryExtraction, ctx: JobContext) -> None:
     app = ctx.app
     limits = limits_for(app)
     config = platform_settings(app)
-    with limits.semaphore.held(LLM_SLOTS, config.llm_global_concurrency) as slot:
+    async with limits.semaphore.held_async(LLM_SLOTS, config.llm_global_concurrency) as slot:
         if slot is None:
             raise RetryLater("every llm slot is taken fleet-wide", delay=SLOT_RETRY_DELAY * (1 + random.random()))
         if config.provider_rate_limit:
             # Its limit is a setting, so the budget is built here rather than declared on the queue.
             requests = Budget(PROVIDER_REQUESTS, limit=config.provider_rate_limit, per=config.provider_rate_window)
-            admit(ctx, payload, [requests])
-        _extract(payload, ctx)
+            await asyncio.to_thread(admit, ctx, payload, [requests])
+        await _extract(payload, ctx)
 
 
-def _extract(payload: MemoryExtraction, ctx: JobContext) -> None:
-    with ctx.app.pool.connection() as conn:
-        started_at = records.clock(conn)
-        try:
-            _run_id, question, answer = records.round_of(conn, task_id=payload.task_id, message_id=payload.message_id)
-        except RecordNotFound as exc:
-            raise PermanentError(str(exc)) from None
-    completion = provider_for(ctx.app).complete(
+async def _extract(payload: MemoryExtraction, ctx: JobContext) -> None:
+    started_at, question, answer = await asyncio.to_thread(_round, payload, ctx)
+    completion = await provider_for(ctx.app).complete(
         [
             ChatMessage("system", EXTRACTION_PROMPT.format(n=MAX_MEMORIES)),
             ChatMessage("user", question),
@@ -80,7 +81,23 @@ def _extract(payload: MemoryExtraction, ctx: JobContext) -> None:
         ]
     )
     maybe_fail(ctx, f"memory:{payload.message_id}", "after the provider answered")
-    found = parse_memories(completion.text)
+    await asyncio.to_thread(_store, payload, ctx, parse_memories(completion.text), started_at, completion)
+
+
+def _round(payload: MemoryExtraction, ctx: JobContext) -> tuple[datetime, str, str]:
+    """The database's clock now (the extraction's start) and the round's question and answer."""
+    with ctx.app.pool.connection() as conn:
+        started_at = records.clock(conn)
+        try:
+            _run_id, question, answer = records.round_of(conn, task_id=payload.task_id, message_id=payload.message_id)
+        except RecordNotFound as exc:
+            raise PermanentError(str(exc)) from None
+    return started_at, question, answer
+
+
+def _store(
+    payload: MemoryExtraction, ctx: JobContext, found: dict[str, str], started_at: datetime, completion: Completion
+) -> None:
     with ctx.app.pool.connection() as conn, conn.transaction():
         # Once per job: a second delivery (a paused worker resuming after another one finished, a
         # retry after a lost ack) would merge its own, different answer into the user's memories.

@@ -1,10 +1,15 @@
-"""The one provider interface: stream a reply to a conversation, then report token usage."""
+"""The one provider interface: stream a reply to a conversation, then report token usage.
+
+Providers are async: a run waiting on the model awaits on the worker's event
+loop (``conveyor.tasks.aio``) and holds no thread, so one worker process keeps
+its queue's whole concurrency of runs in flight on a few threads.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterator, Literal, Sequence
+from typing import AsyncGenerator, AsyncIterator, Literal, Sequence
 
 Role = Literal["system", "user", "assistant"]
 
@@ -38,30 +43,39 @@ class Completion:
 
 
 class Generation:
-    """A streamed reply: iterate it for text chunks; ``usage`` is known once it is exhausted.
+    """A streamed reply: ``async for`` it for text chunks; ``usage`` is known once it is exhausted.
 
-    Providers build it from a generator yielding ``str`` chunks and, once,
-    a :class:`Usage` (usually last, as chat-completions streams send it).
+    Providers build it from an async generator yielding ``str`` chunks and,
+    once, a :class:`Usage` (usually last, as chat-completions streams send it).
+    Call :meth:`aclose` when done (``finally``): a reply stopped early closes
+    its response there.
     """
 
-    def __init__(self, source: Iterator[str | Usage]) -> None:
+    def __init__(self, source: AsyncIterator[str | Usage]) -> None:
         self._source = source
+        self._reading: AsyncGenerator[str, None] | None = None
         self.usage: Usage | None = None
         self.chunks = 0
 
-    def __iter__(self) -> Iterator[str]:
-        for item in self._source:
+    def __aiter__(self) -> AsyncIterator[str]:
+        self._reading = self._chunks()
+        return self._reading
+
+    async def _chunks(self) -> AsyncGenerator[str, None]:
+        async for item in self._source:
             if isinstance(item, Usage):
                 self.usage = item
             elif item:
                 self.chunks += 1
                 yield item
 
-    def close(self) -> None:
-        """Stop early: closes the underlying response."""
-        close = getattr(self._source, "close", None)
+    async def aclose(self) -> None:
+        """Stop early: closes the underlying response (and the reading, on this loop, not left to the GC)."""
+        if self._reading is not None:
+            await self._reading.aclose()
+        close = getattr(self._source, "aclose", None)
         if close:
-            close()
+            await close()
 
 
 class Provider(ABC):
@@ -74,15 +88,18 @@ class Provider(ABC):
 
     @abstractmethod
     def stream(self, messages: Sequence[ChatMessage]) -> Generation:
-        """Start a reply to ``messages``; nothing is sent until the generation is iterated."""
+        """Start a reply to ``messages``; nothing is sent until the generation is iterated (on an event loop)."""
 
     def close(self) -> None:
-        """Release connections; the default holds none."""
+        """Release connections (from any thread); the default holds none."""
 
-    def complete(self, messages: Sequence[ChatMessage]) -> Completion:
+    async def complete(self, messages: Sequence[ChatMessage]) -> Completion:
         """The whole reply at once (memory extraction does not stream)."""
         generation = self.stream(messages)
-        text = "".join(generation)
+        try:
+            text = "".join([chunk async for chunk in generation])
+        finally:
+            await generation.aclose()
         return Completion(text, generation.usage or estimate_usage(messages, text))
 
 

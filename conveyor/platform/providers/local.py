@@ -9,11 +9,11 @@ memory extraction parses.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
-import time
 from collections import Counter
-from typing import Iterator, Sequence
+from typing import AsyncIterator, Sequence
 
 from conveyor.platform.providers.base import ChatMessage, Generation, Provider, Usage
 
@@ -59,11 +59,11 @@ class LocalProvider(Provider):
     def stream(self, messages: Sequence[ChatMessage]) -> Generation:
         return Generation(self._generate(list(messages)))
 
-    def _generate(self, messages: list[ChatMessage]) -> Iterator[str | Usage]:
+    async def _generate(self, messages: list[ChatMessage]) -> AsyncIterator[str | Usage]:
         chunks = reply_chunks(messages)
         for n, chunk in enumerate(chunks):
             if n and self.chunk_delay:
-                time.sleep(self.chunk_delay)  # a model takes time per token
+                await asyncio.sleep(self.chunk_delay)  # a model takes time per token
             yield chunk
         yield Usage(sum(len(m.content.split()) for m in messages), len(chunks))
 
