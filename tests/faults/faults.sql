@@ -76,6 +76,9 @@ CREATE TABLE fault_pools (
     got     INT NOT NULL,
     size    INT NOT NULL,
     landed  INT NOT NULL,
+    -- A census's pool at its end, while it held what it got (JSON: psycopg_pool's get_stats() and whether
+    -- the pool was still opening a connection): a leak is connections the pool counts that nobody holds.
+    stats   TEXT,
     at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
 

@@ -23,6 +23,7 @@ queues; each run asks at its end whether it still held its job (``held``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -57,7 +58,7 @@ POLLS = "fault_polls"
 #: Seconds a census waits for each connection (a pool refilling after a server crash takes a moment).
 CENSUS_WAIT = 5.0
 
-INSERT_POOL = "INSERT INTO fault_pools (pid, what, got, size, landed) VALUES (%s, %s, %s, %s, %s)"
+INSERT_POOL = "INSERT INTO fault_pools (pid, what, got, size, landed, stats) VALUES (%s, %s, %s, %s, %s, %s)"
 
 jobs = Jobs()
 limits = jobs.queue(Queue(LIMITS_QUEUE, concurrency=3, max_attempts=6, min_backoff=0.2, max_backoff=1.0))
@@ -122,22 +123,27 @@ def hammer(payload: Hammer, ctx) -> None:
 def census(payload: Census, ctx) -> None:
     pool = ctx.app.pool
     held = []
+    stats: dict = {}
     try:
         while len(held) < pool.max_size:
             held.append(pool.getconn(timeout=CENSUS_WAIT))
     except PoolTimeout:
         pass
     finally:
+        # Read while holding: pool_size counts every connection the pool opened and did not close, so
+        # pool_size - pool_available - got is what was checked out and never returned (the leak); a pool
+        # that could not open more in time (a loaded machine) has pool_size near got, or is still growing.
+        stats = {**pool.get_stats(), "growing": bool(getattr(pool, "_growing", False))}
         for conn in held:
             pool.putconn(conn)
-    _log(ctx, payload.token, len(held), pool.max_size, 0)
+    _log(ctx, payload.token, len(held), pool.max_size, 0, json.dumps(stats, sort_keys=True))
 
 
-def _log(ctx, what: str, got: int, size: int, landed: int) -> None:
+def _log(ctx, what: str, got: int, size: int, landed: int, stats: str | None = None) -> None:
     """One row of ``fault_pools``, on a connection of its own: a pool the time limits emptied must not
     keep its own census from being told."""
     with psycopg.connect(ctx.app.settings.database_url, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(INSERT_POOL, (os.getpid(), what, got, size, landed))
+        conn.execute(INSERT_POOL, (os.getpid(), what, got, size, landed, stats))
 
 
 @jobs.job("fault.poll", queue=polls, payload=Poll)

@@ -115,7 +115,11 @@ def main() -> int:
             env["CAMPAIGN_ALL_FAULTS"] = "1"
         # SOAK_TESTS names listed scenarios to repeat instead of the campaign (make soak-hosts, where it exists).
         tests = os.environ.get("SOAK_TESTS", "tests/faults/test_campaign.py").split()
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", *tests]
+        # Each round's pytest directory (worker logs, run spools) is kept in the soak's own directory: pytest's
+        # default keeps the last three, and other pytest runs on the machine delete a failing seed's logs
+        # before anyone reads them (the third soak's were gone within minutes).
+        basetemp = workdir / f"round-{rounds}"
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", f"--basetemp={basetemp}", *tests]
         code = subprocess.run(argv, cwd=ROOT, env=env).returncode
         worst = max(worst, code)
         lines = rows_path.read_text().splitlines() if rows_path.exists() else []

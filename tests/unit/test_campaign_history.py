@@ -546,3 +546,19 @@ def test_a_waiter_still_awaiting_or_completed_without_its_wait_is_flagged():
     h = waiter([], runs=[run("W", "w", 1, 0, 0.1, rid="rw0")])
     h.effects.append(Effect("rw0", "W", "w", 1, True))
     assert list(check(h)) == ["wait"]
+
+
+def test_a_pool_census_short_once_then_full_is_no_leak_and_one_short_to_the_end_is():
+    from tests.faults.campaign import census_problem
+
+    stats = '{"pool_size": 20, "pool_available": 0}'
+    # A leak is never returned: the last census is short too, and the pool counts what nobody holds.
+    problem = census_problem("limits-1", [(3, 20, stats), (3, 20, stats)], 592, "completed", {})
+    assert (
+        problem is not None and "17 of 20 pool connections leaked" in problem and "censuses 3/20 then 3/20" in problem
+    )
+    # A pool that could not open its connections in time on a loaded machine fills up by the next census.
+    assert census_problem("limits-1", [(3, 20, '{"pool_size": 4}'), (20, 20, None)], 592, "completed", {}) is None
+    assert census_problem("limits-1", [(20, 20, None)], 5, "completed", {}) is None
+    # No census at all, or one that did not complete: a worker that no longer completes work.
+    assert "ended failed" in (census_problem("limits-1", [], 5, "failed", {"h": "failed"}) or "")
