@@ -85,7 +85,11 @@ def test_a_bad_filter_is_named_without_its_value(app):
     assert bad.returncode == 2
     assert "--where" in bad.stderr and "s3cr3t-value" not in bad.stderr and "Traceback" not in bad.stderr
     unknown = conveyor(app, "jobs", "list", "--where", "queue=no-such-q,state=failed")
-    assert unknown.returncode == 2 and "queues: agent, build, critical" in unknown.stderr and "Traceback" not in unknown.stderr
+    assert (
+        unknown.returncode == 2
+        and "queues: agent, build, critical" in unknown.stderr
+        and "Traceback" not in unknown.stderr
+    )
 
 
 def test_promote_runs_delayed_jobs_now_by_id_and_by_filter_even_one_a_worker_holds(app):
