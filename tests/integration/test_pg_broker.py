@@ -1,9 +1,10 @@
-"""The Postgres broker inside one process: claims, wake-ups, keys, transactions, recovery.
+"""The Postgres broker inside one process: claims, the poll, transactions, recovery by two replicas.
 
 Queue behaviour shared with the other brokers (ack, retry, delay, dedup,
 concurrency, pause) is in test_core_behaviour.py, and what every broker
 promises at its interface is in tests/contract (a row whose message cannot be
-decoded: test_malformed.py); this file covers what is particular to one table
+decoded: test_malformed.py; wake-ups, keys and recovery: test_wakeup.py,
+test_keys.py, test_recovery.py); this file covers what is particular to one table
 being the queue. Crashes are simulated in the data
 (an aged heartbeat, a row moved by hand), never slept on.
 """
@@ -194,16 +195,6 @@ def test_a_cancel_committed_while_the_start_waits_on_the_row_ends_the_job_cancel
 # -- wake-ups -------------------------------------------------------------------------
 
 
-def test_notify_wakes_an_idle_worker_long_before_the_poll(make_app, database_url):
-    app = make_app(pg_poll_seconds=60)
-    with running(app, "critical"):
-        first = app.jobs.enqueue("test.probe.critical", {"token": "warm-up"})
-        wait_for(lambda: finished(app, first.id), timeout=10)
-        # The consumer now sleeps until a notification or a minute from now.
-        ref = app.jobs.enqueue("test.probe.critical", {"token": "woken"})
-        wait_for(lambda: finished(app, ref.id), timeout=10, message="the NOTIFY to wake the worker")
-
-
 def test_job_inserted_without_a_notification_is_picked_up_by_the_poll(make_app, database_url):
     app = make_app(pg_poll_seconds=1)
     with running(app, "critical"):
@@ -219,25 +210,6 @@ def test_job_inserted_without_a_notification_is_picked_up_by_the_poll(make_app, 
         record = wait_for(lambda: finished(app, raw_insert_id), timeout=10, message="the poll to find the row")
     assert record.state == "completed"
     assert [r["job_id"] for r in probe_runs(database_url, "silent")] == [job_id]
-
-
-# -- keys -----------------------------------------------------------------------------------
-
-
-def test_key_is_free_again_once_its_job_is_gone_or_its_ttl_is_over(app, database_url):
-    first = app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1")
-    assert app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1") == type(first)(first.id, True)
-
-    sql(
-        database_url, "UPDATE conveyor_jobs SET key_expires_at = now() - interval '1 second' WHERE id = %s", (first.id,)
-    )
-    second = app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1")
-    assert not second.deduplicated and second.id != first.id
-    assert app.broker.get_job(first.id).key is None, "the expired holder gave its key up"
-
-    sql(database_url, "DELETE FROM conveyor_jobs WHERE id = %s", (second.id,))
-    third = app.jobs.enqueue("test.probe.nudge", {"token": "k"}, key="nudge:1")
-    assert not third.deduplicated and third.id not in (first.id, second.id)
 
 
 # -- transactional enqueue -------------------------------------------------------------------
@@ -337,15 +309,6 @@ def test_two_replicas_recovering_at_once_take_each_stuck_row_once(make_app, data
     assert sorted(d["job_id"] for d in dead) == sorted(spent), "each spent row's hook runs exactly once"
     assert all("WorkerLost" in d["error"] for d in dead)
     assert not probe_runs(database_url, "stuck-" + "0"), "a spent row's body never runs again"
-
-
-def test_recovered_job_runs_again_and_completes(make_app, database_url):
-    app = make_app(pg_lease_seconds=1)
-    ref = app.jobs.enqueue("test.probe.scheduling", {"token": "orphan"})
-    _strand(database_url, [ref.id], "vanished-worker", "1 minute")
-    with running(app, "scheduling"):
-        record = wait_for(lambda: finished(app, ref.id), timeout=20, message="recovery and a second run")
-    assert (record.state, record.attempts) == ("completed", 2), "the lost run counts as an attempt"
 
 
 def test_prune_deletes_only_finished_rows_older_than_the_retention(make_app, database_url):

@@ -1,9 +1,10 @@
-"""The Redis broker's fast paths (from the benchmarks): wake-ups of idle consumers, one index per job record
-(its event lines, encoded once, are tested in tests/unit/test_event_lines.py)."""
+"""The Redis broker's fast paths (from the benchmarks): one index per job record.
+
+Waking an idle consumer is every broker's, in tests/contract/test_wakeup.py; event lines,
+encoded once, are tested in tests/unit/test_event_lines.py.
+"""
 
 from __future__ import annotations
-
-import threading
 
 import pytest
 import redis
@@ -20,34 +21,6 @@ def app(clean_env, redis_url, database_url):
     app = App(make_settings("redis", redis_url, database_url))
     yield app
     app.close()
-
-
-def test_idle_consumer_is_woken_by_an_enqueue_not_by_its_backoff(app, redis_url):
-    consumer = app.broker.consume("critical", prefetch=1, timeout=120_000)
-    # So many misses that the next back-off is a minute or more: only a wake-up can start the job in time.
-    consumer.misses = 30
-    received = []
-
-    def consume():
-        for message in consumer:
-            if message is not None:
-                received.append(message)
-                return
-
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
-    client = redis.Redis.from_url(redis_url)
-    try:
-        wait_for(
-            lambda: any(c.get("cmd") == "blpop" for c in client.client_list()),
-            message="the consumer to block on its wake-up token",
-        )
-        ref = app.jobs.enqueue("test.probe.critical", {"token": "wake"})
-        wait_for(lambda: received, timeout=20, message="the idle consumer to be woken by the enqueue")
-    finally:
-        client.close()
-    assert received[0].message_id == ref.id
-    consumer.close()
 
 
 def test_job_record_sits_in_exactly_one_state_index_through_retry_and_delay(app, redis_url):
