@@ -1,7 +1,7 @@
-"""Managed schedules in Redis: one hash, ``<shared namespace>:cron``, name -> the schedule as JSON.
+"""Managed schedules in Redis: one hash, ``<shared namespace>:cron:schedules``, name -> the schedule as JSON.
 
-The key is no queue's, so it is built under the shared namespace (``{conveyor}`` on a cluster:
-see conveyor/brokers/redis/keys.py). A pass of the firer reads it with one HGETALL; a pause or
+The key is no queue's (a queue name has no colon: no queue's list is named so), built under the
+shared namespace (``{conveyor}`` on a cluster: see conveyor/brokers/redis/keys.py). A pass of the firer reads it with one HGETALL; a pause or
 resume is a compare-and-set (``schedules.lua``), so it never undoes a replace made meanwhile.
 """
 
@@ -30,7 +30,7 @@ class RedisSchedules:
     def __init__(self, client: redis.Redis, namespace: str) -> None:
         """``namespace``: the shared namespace (:func:`conveyor.brokers.redis.keys.shared_namespace`)."""
         self.client = client
-        self.key = f"{namespace}:cron"
+        self.key = f"{namespace}:cron:schedules"
         self._cas = client.register_script(_SCRIPT)
 
     @wrap_errors("storing a cron schedule")
