@@ -69,6 +69,11 @@ def check_job(app: App, job: Any, payload: Any) -> dict[str, Any]:
     job_type = app.job_types.get(job) if isinstance(job, str) else None
     if job_type is None:
         raise InvalidSchedule("job: no job type of this app has this name")
+    if getattr(job_type.payload, "secret_fields", None):
+        raise InvalidSchedule(
+            "job: its payload has secret fields; a stored schedule keeps its payload in plain JSON, so it cannot "
+            "hold secrets (schedule it in code, or have the job read the secret itself)"
+        )
     if isinstance(payload, BaseModel):
         payload = payload.model_dump(mode="json")
     if payload is None:

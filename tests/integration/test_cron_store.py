@@ -27,6 +27,16 @@ def ping(payload: Ping, ctx: JobContext) -> None:
     pass
 
 
+class Login(Payload):
+    secret_fields = frozenset({"password"})
+    password: str
+
+
+@jobs.job("cron.login", queue=Queue("pings"), payload=Login)
+def login(payload: Login, ctx: JobContext) -> None:
+    pass
+
+
 CODE = jobs.schedule("0 3 * * *", ping, Ping(who="code"), name="code-nightly")
 
 
@@ -86,6 +96,7 @@ def test_add_checks_everything_first_and_echoes_nothing(app):
         ({"cron": "0 0 30 2 *"}, "cron:"),  # never fires
         ({"tz": f"Mars/{secret}"}, "timezone:"),
         ({"job": f"no.{secret}"}, "job:"),
+        ({"job": "cron.login", "payload": {"password": secret}}, "secret fields"),
         ({"payload": {"who": 3}}, "payload:"),
         ({"payload": {"who": "x", secret: secret}}, "payload:"),
         ({"payload": {"who": secret * 100_000}}, "CONVEYOR_MAX_PAYLOAD_BYTES"),
