@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pydantic_settings import BaseSettings
 
     from conveyor.brokers.base import AnyMessage, Capabilities, ConveyorBroker
+    from conveyor.scheduling.managed import CronSchedules
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +206,14 @@ class App:
         return JobQueue(self)
 
     @cached_property
+    def cron(self) -> CronSchedules:
+        """Cron schedules managed at run time: ``app.cron.add(name, cron=..., job=..., payload=...)``, ``list``,
+        ``pause``, ``resume``, ``remove`` (those declared in code are listed too, read-only)."""
+        from conveyor.scheduling.managed import CronSchedules
+
+        return CronSchedules(self)
+
+    @cached_property
     def events(self) -> Events:
         """Signals to waiting jobs: ``app.events.signal("approval:run-7", data)`` (see ``ctx.wait_for``)."""
         return Events(self)
@@ -368,9 +377,10 @@ def run_worker_process(queue: str, threads: int | None = None) -> None:
     worker = ProcessWorker(app, queue, threads)
     worker.start()
     cron = None
-    if app.schedules and app.settings.worker_schedules:
+    if app.settings.worker_schedules:
         from conveyor.scheduling.firing import CronFirer
 
+        # Code schedules and managed ones (added at run time, so fired even when there are none yet).
         # Any number of workers may fire: an occurrence's keyed enqueue makes it once.
         cron = threading.Thread(target=CronFirer(app).run, args=(stop,), name="conveyor-cron", daemon=True)
         cron.start()

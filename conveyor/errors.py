@@ -187,11 +187,11 @@ class ScheduleError(ConveyorError):
 
 
 class InvalidSchedule(ScheduleError):
-    """A bad cron expression, time zone, misfire policy, job or payload; nothing was created."""
+    """A bad name, cron expression, time zone, misfire policy, job or payload; nothing was created or changed."""
 
 
 class ScheduleNotFound(ScheduleError):
-    """No schedule has this id."""
+    """No schedule has this id (the platform's) or name (app.cron's)."""
 
 
 class SecretKeyError(ConfigurationError):

@@ -298,8 +298,8 @@ class Settings(BaseSettings):
     scheduler_interval: float = Field(5, gt=0, description="Seconds between the scheduler's passes over due schedules.")
     worker_schedules: bool = Field(
         True,
-        description="Worker processes fire the App's code schedules (jobs.schedule) too, each occurrence "
-        "once whatever else fires it; false: only `conveyor scheduler` does.",
+        description="Worker processes fire the App's cron schedules (jobs.schedule, and those added with "
+        "`conveyor cron`) too, each occurrence once whatever else fires it; false: only `conveyor scheduler` does.",
     )
     scheduler_misfire_grace: float = Field(
         60, ge=0, description="Seconds late a cron fire may be and still count as on time (misfire policy 'skip')."

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 #: Each module defines an ``APIRouter`` and reaches the App through :func:`conveyor.api.deps.conveyor_app`.
 ROUTERS = (
     "conveyor.api.admin:router",
+    "conveyor.api.cron:router",
     "conveyor.api.events:router",
     "conveyor.api.dashboard:router",
     "conveyor.api.metrics:router",

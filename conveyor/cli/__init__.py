@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "conveyor.cli.ledger",
     "conveyor.cli.api",
     "conveyor.cli.schedules",
+    "conveyor.cli.cron",
     "conveyor.cli.bench",
     "conveyor.cli.workers",
     "conveyor.cli.jobs",

@@ -1,4 +1,5 @@
-"""conveyor scheduler: fires the code schedules (``jobs.schedule``) and those of every firer a blueprint adds."""
+"""conveyor scheduler: fires the code schedules (``jobs.schedule``), the managed ones (``conveyor cron``), and those
+of every firer a blueprint adds."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "scheduler",
-        help="fire due cron schedules: those declared in code (jobs.schedule) and those of the App's "
-        "blueprints, such as the agent platform's table of them (run as many as you like)",
+        help="fire due cron schedules: those declared in code (jobs.schedule), those added with `conveyor cron`, "
+        "and those of the App's blueprints, such as the agent platform's table of them (run as many as you like)",
     )
     env_flag(
         p, "--interval", env="CONVEYOR_SCHEDULER_INTERVAL", type=float, help="seconds between passes over due schedules"

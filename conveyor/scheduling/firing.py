@@ -1,4 +1,10 @@
-"""Firing the App's code schedules: each occurrence enqueued once, however many schedulers run.
+"""Firing the App's cron schedules: each occurrence enqueued once, however many schedulers run.
+
+The schedules are those declared in code (``jobs.schedule``) and those managed at run time
+(``app.cron``, ``conveyor cron``, ``/api/admin/cron``), read from their store at the start of
+each pass (one query, one HGETALL): a schedule added, replaced, paused or removed counts from
+the next pass of every scheduler. Paused ones are skipped; a stored one whose job or payload
+no longer fits the App (a deploy removed the job, say) is skipped and logged.
 
 A pass enqueues every occurrence of every schedule that fell in the last
 ``CONVEYOR_SCHEDULER_MISFIRE_GRACE`` seconds, with the key ``cron:<name>:<fire time>``.
@@ -9,7 +15,8 @@ the grace is shorter than ``CONVEYOR_DEDUP_TTL`` (checked at start).
 **Catch-up policy.** An occurrence is fired up to the grace late: passes run every
 ``CONVEYOR_SCHEDULER_INTERVAL`` seconds, so a scheduler restarted within the grace fires
 what it missed. Occurrences that passed while no scheduler ran for longer than the grace
-are skipped (not fired late); the schedule goes on with its next occurrence.
+are skipped (not fired late); the schedule goes on with its next occurrence. A managed
+schedule fires nothing from before it was stored or last resumed.
 
 Time is the broker's server's (Postgres ``now()``, Redis ``TIME``; the inline broker's is
 this process's), so schedulers on hosts whose clocks disagree never fire early.
@@ -20,12 +27,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.appcache import per_app
-from conveyor.errors import ConfigurationError
+from conveyor.errors import ConfigurationError, InvalidSchedule
 from conveyor.logs import log_event
+from conveyor.scheduling.checks import check_grace, check_job
 from conveyor.scheduling.cron import Cron
+from conveyor.scheduling.store import StoredSchedule, schedule_store
 
 if TYPE_CHECKING:
     import redis
@@ -49,6 +58,17 @@ class Fired:
     fire_time: datetime
     job_id: str
     deduplicated: bool
+
+
+@dataclass(frozen=True)
+class _Active:
+    """A schedule a pass fires: ``since``, when set, is the earliest occurrence it may fire."""
+
+    name: str
+    job: str
+    payload: dict[str, Any]
+    cron: Cron
+    since: datetime | None = None
 
 
 class _RedisClock:
@@ -88,56 +108,97 @@ def server_now(app: App) -> datetime:
 
 
 class CronFirer:
-    """Fires the App's code schedules. ``tick()`` is one pass; ``run()`` repeats it every scheduler interval."""
+    """Fires the App's schedules, code and managed. ``tick()`` is one pass; ``run()`` repeats it every interval."""
 
     def __init__(self, app: App) -> None:
         self.app = app
-        grace, ttl = app.settings.scheduler_misfire_grace, app.settings.dedup_ttl
-        if app.schedules and grace >= min(ttl, app.settings.retention):
-            # A key holds only while its job's record is kept (Redis frees a key whose record is gone).
-            raise ConfigurationError(
-                "CONVEYOR_SCHEDULER_MISFIRE_GRACE must be shorter than CONVEYOR_DEDUP_TTL and "
-                "CONVEYOR_RETENTION: an occurrence's key must outlive the time it may still be fired"
-            )
-        self.crons = {name: Cron.parse(s.cron, s.tz) for name, s in app.schedules.items()}
+        if app.schedules:
+            check_grace(app.settings)
+        self._parsed: dict[tuple[str, str], Cron] = {}
+        self.code = [_Active(n, s.job, s.payload, self._cron(s.cron, s.tz)) for n, s in app.schedules.items()]
         # Occurrences this firer has seen into the broker (enqueued, or found there): a later pass
         # in the grace window need not send them again. Lost with the process, which is harmless.
         self._sent: set[tuple[str, datetime]] = set()
+        # Stored schedules skipped and logged already (once per process each, not every pass).
+        self._skipped: set[tuple[str, str]] = set()
+
+    def _cron(self, expression: str, tz: str) -> Cron:
+        key = (expression, tz)
+        if key not in self._parsed:
+            self._parsed[key] = Cron.parse(expression, tz)
+        return self._parsed[key]
+
+    def schedules(self) -> list[_Active]:
+        """The code schedules, then the stored ones that are not paused and still fit the App."""
+        stored = schedule_store(self.app).list()
+        if not stored:
+            return self.code
+        try:
+            check_grace(self.app.settings)
+        except ConfigurationError as exc:
+            self._skip("*", str(exc))
+            return self.code
+        return self.code + [a for a in map(self._stored, stored) if a is not None]
+
+    def _stored(self, s: StoredSchedule) -> _Active | None:
+        if s.paused:
+            return None
+        if s.name in self.app.schedules:
+            self._skip(s.name, "a schedule declared in code has its name; the code's fires")
+            return None
+        try:
+            payload = check_job(self.app, s.job, s.payload)
+            cron = self._cron(s.cron, s.tz)
+        except InvalidSchedule as exc:
+            self._skip(s.name, str(exc))
+            return None
+        return _Active(s.name, s.job, payload, cron, s.since)
+
+    def _skip(self, name: str, why: str) -> None:
+        if (name, why) in self._skipped:
+            return
+        self._skipped.add((name, why))
+        log_event(
+            "error",
+            level="error",
+            queue=None,
+            job=None,
+            job_id=None,
+            attempt=None,
+            error=f"cron schedule not fired: {why}",
+            schedule=name,
+        )
 
     def tick(self, now: datetime | None = None) -> list[Fired]:
         """Enqueue every occurrence due in the grace window before ``now`` (default: the server's clock)
         that this firer has not sent yet; return what it enqueued (or found a duplicate of)."""
-        if not self.crons:
+        active = self.schedules()
+        if not active:
             return []
         moment = now or server_now(self.app)
-        since = moment - timedelta(seconds=self.app.settings.scheduler_misfire_grace)
+        window = moment - timedelta(seconds=self.app.settings.scheduler_misfire_grace)
         due = [
-            (name, fire_time)
-            for name, cron in self.crons.items()
-            for fire_time in cron.between(since, moment, MAX_PER_PASS)
-            if (name, fire_time) not in self._sent
+            (spec, fire_time)
+            for spec in active
+            for fire_time in spec.cron.between(max(window, spec.since or window), moment, MAX_PER_PASS)
+            if (spec.name, fire_time) not in self._sent
         ]
-        self._sent = {(name, t) for name, t in self._sent if t >= since}
-        schedules = self.app.schedules
+        self._sent = {(name, t) for name, t in self._sent if t >= window}
         # Plain mappings (JobQueue takes them as JobRequests): this package sits below tasks/.
-        requests = [
-            {"job": schedules[name].job, "payload": schedules[name].payload, "key": fire_key(name, t)}
-            for name, t in due
-        ]
+        requests = [{"job": spec.job, "payload": spec.payload, "key": fire_key(spec.name, t)} for spec, t in due]
         refs = self.app.jobs.enqueue_many(requests)
         fired = []
-        for (name, fire_time), ref in zip(due, refs):
-            self._sent.add((name, fire_time))
-            fired.append(Fired(name, fire_time, ref.id, ref.deduplicated))
+        for (spec, fire_time), ref in zip(due, refs):
+            self._sent.add((spec.name, fire_time))
+            fired.append(Fired(spec.name, fire_time, ref.id, ref.deduplicated))
             if not ref.deduplicated:
-                spec = schedules[name]
                 log_event(
                     "schedule_fired",
                     queue=self.app.job_types[spec.job].queue,
                     job=spec.job,
                     job_id=ref.id,
                     attempt=None,
-                    schedule=name,
+                    schedule=spec.name,
                     fire_time=fire_time.isoformat(),
                 )
         return fired
@@ -145,7 +206,7 @@ class CronFirer:
     def run(self, stop: threading.Event) -> None:
         """Tick until ``stop`` is set. A failed pass is logged and the next one tries again."""
         interval = self.app.settings.scheduler_interval
-        log_event("scheduler_started", queue=None, job=None, job_id=None, attempt=None, schedules=len(self.crons))
+        log_event("scheduler_started", queue=None, job=None, job_id=None, attempt=None, schedules=len(self.code))
         while not stop.is_set():
             try:
                 self.tick()
