@@ -30,7 +30,7 @@ def test_encode_message_is_dramatiqs_encoding_byte_for_byte() -> None:
     message = Message(
         queue_name="q",
         actor_name="a.b",
-        args=({"text": "héllo \u2603 \U0001f600 \"q\" \\ \x00", "n": 1.5e300, "big": 2**70, "none": None},),
+        args=({"text": 'héllo \u2603 \U0001f600 "q" \\ \x00', "n": 1.5e300, "big": 2**70, "none": None},),
         kwargs={"k": [1, 2]},
         options={"key": "k:1", "redis_message_id": "r", "eta": 12},
     )
