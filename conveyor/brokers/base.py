@@ -433,7 +433,9 @@ class ConveyorBroker(Broker):
             except MiddlewareError:
                 raise
             except Exception:
-                self.logger.critical("Unexpected failure in %s of %r.", name, hook.__self__, exc_info=True)
+                self.logger.critical(
+                    "Unexpected failure in %s of %r.", name, getattr(hook, "__self__", hook), exc_info=True
+                )
 
     def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None:
         """Dramatiq's, calling only the middleware that listens (:meth:`hooks`), in reverse order."""
@@ -442,7 +444,9 @@ class ConveyorBroker(Broker):
             try:
                 hook(self, *args, **kwargs)
             except Exception:
-                self.logger.critical("Unexpected failure in %s of %r.", name, hook.__self__, exc_info=True)
+                self.logger.critical(
+                    "Unexpected failure in %s of %r.", name, getattr(hook, "__self__", hook), exc_info=True
+                )
 
     @classmethod
     def from_settings(
