@@ -101,3 +101,30 @@ def test_conveyor_hooks_leave_out_dramatiq_middleware_and_the_no_ops() -> None:
     counts = Counts()
     broker = InlineBroker(middleware=[Listens([], "x"), ConveyorMiddleware(), counts])
     assert [h.__self__ for h in broker.hooks("after_enqueue_jobs", ConveyorMiddleware)] == [counts]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("EVALSHA", "a" * 40, 1, "ns{q}", "enqueue", "", "host:1:ab", 86_400_000, 1, "q.DQ", b'{"a":"\\u00e9"}'),
+        ("EVALSHA", "sha", 0, "é ☃ 😀", "", -1, 0, 2**70, b"\r\n$3\r\n", "key with spaces"),
+        ("EVALSHA", "sha", 1, "k", 1.5, "float: redis-py's own"),
+    ],
+)
+def test_packed_is_redis_pys_packing_byte_for_byte(args: tuple[Any, ...]) -> None:
+    import redis
+
+    from conveyor.brokers.redis.sending import packed
+
+    conn = redis.Redis().connection_pool.make_connection()  # never connected: packing only
+    assert [bytes(x) for x in packed(conn, args)] == [bytes(x) for x in conn.pack_command(*args)]
+
+
+def test_packed_refuses_what_redis_py_refuses() -> None:
+    import redis
+
+    from conveyor.brokers.redis.sending import packed
+
+    conn = redis.Redis().connection_pool.make_connection()
+    with pytest.raises(redis.DataError):
+        packed(conn, ("EVALSHA", "sha", 0, True))
