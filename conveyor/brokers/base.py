@@ -32,13 +32,17 @@ key (each call makes a new job).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Protocol, TypeAlias, TypeGuard
 
-from dramatiq import Broker, Message
+import dramatiq.message
+from dramatiq import Broker, Message, Middleware
 from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
+from dramatiq.encoder import JSONEncoder
+from dramatiq.middleware import MiddlewareError
 
 from conveyor.errors import EventsUnsupported, InvalidQuery, describe_error
 from conveyor.logs import Level, log_event
@@ -292,6 +296,28 @@ class JobRecord:
     group: str | None = None
 
 
+#: Dramatiq's JSONEncoder's output, from one encoder made once (``json.dumps`` with separators makes one per call).
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+def encode_message(message: Message[Any]) -> bytes:
+    """``message.encode()``, byte for byte, at about half its cost while Dramatiq's encoder is its stock
+    JSONEncoder (the dict built directly, not through ``dataclasses.fields``); any other encoder is asked."""
+    if type(dramatiq.message.global_encoder) is not JSONEncoder:
+        return message.encode()
+    return _JSON.encode(
+        {
+            "queue_name": message.queue_name,
+            "actor_name": message.actor_name,
+            "args": message.args,
+            "kwargs": message.kwargs,
+            "options": message.options,
+            "message_id": message.message_id,
+            "message_timestamp": message.message_timestamp,
+        }
+    ).encode("utf-8")
+
+
 def as_message(message: AnyMessage) -> Message[Any]:
     """The message itself: a consumer's proxy unwrapped, as Dramatiq's own brokers take either.
 
@@ -368,6 +394,59 @@ class ConveyorBroker(Broker):
 
     #: What this broker can do beyond the contract; each broker class declares its own.
     capabilities: ClassVar[Capabilities]
+
+    # -- the middleware's hooks, without the no-ops ---------------------------------------
+
+    def hooks(self, signal: str, base: type[Middleware] = Middleware) -> tuple[Callable[..., Any], ...]:
+        """The bound ``signal`` hooks (``"before_enqueue"``) of this broker's middleware that are instances
+        of ``base``, in order, leaving out each that ``base``'s own no-op would answer.
+
+        Computed once per middleware list (a middleware added later is seen; a hook patched onto a class
+        afterwards is not): a per-job signal costs one call per middleware that listens to it, where
+        Dramatiq calls every middleware's.
+        """
+        middleware = tuple(self.middleware)
+        cached: tuple[tuple[Middleware, ...], dict[tuple[str, type], tuple[Callable[..., Any], ...]]] | None
+        cached = self.__dict__.get("_conveyor_hooks")
+        if cached is None or cached[0] != middleware:
+            cached = (middleware, {})
+            self.__dict__["_conveyor_hooks"] = cached
+        found = cached[1].get((signal, base))
+        if found is None:
+            noop = getattr(base, signal, None)
+            found = tuple(
+                getattr(m, signal)
+                for m in middleware
+                if isinstance(m, base)
+                and hasattr(m, signal)
+                and (noop is None or signal in getattr(m, "__dict__", ()) or getattr(type(m), signal) is not noop)
+            )
+            cached[1][(signal, base)] = found
+        return found
+
+    def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None:
+        """Dramatiq's, calling only the middleware that listens (:meth:`hooks`): same order, same errors."""
+        name = "before_" + signal
+        for hook in self.hooks(name):
+            try:
+                hook(self, *args, **kwargs)
+            except MiddlewareError:
+                raise
+            except Exception:
+                self.logger.critical(
+                    "Unexpected failure in %s of %r.", name, getattr(hook, "__self__", hook), exc_info=True
+                )
+
+    def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None:
+        """Dramatiq's, calling only the middleware that listens (:meth:`hooks`), in reverse order."""
+        name = "after_" + signal
+        for hook in reversed(self.hooks(name)):
+            try:
+                hook(self, *args, **kwargs)
+            except Exception:
+                self.logger.critical(
+                    "Unexpected failure in %s of %r.", name, getattr(hook, "__self__", hook), exc_info=True
+                )
 
     @classmethod
     def from_settings(

@@ -15,12 +15,13 @@ from conveyor.brokers.base import (
     PRIORITY,
     EnqueueItem,
     JobRef,
+    encode_message,
     is_transactional,
     valid_group,
     valid_group_weight,
 )
 from conveyor.errors import InvalidPayload, PayloadTooLarge, TransactionalEnqueueUnsupported, UnknownJob
-from conveyor.middleware.base import conveyor_middleware
+from conveyor.middleware.base import ConveyorMiddleware
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -109,8 +110,8 @@ class JobQueue:
             refs = broker.enqueue_jobs(items, dedup_ttl=self.app.settings.dedup_ttl)
         # Middleware may count what was enqueued and what was a duplicate (metrics). Inside the
         # caller's transaction they count when sent, even if that transaction rolls back later.
-        for middleware in conveyor_middleware(broker):
-            middleware.after_enqueue_jobs(broker, items, refs)
+        for hook in broker.hooks("after_enqueue_jobs", ConveyorMiddleware):
+            hook(broker, items, refs)
         return refs
 
     def get(self, job_id: str) -> JobView:
@@ -236,7 +237,7 @@ class JobQueue:
             kwargs={},
             options=options,
         )
-        size = len(message.encode())
+        size = len(encode_message(message))
         if size > self.app.settings.max_payload_bytes:
             raise PayloadTooLarge(
                 f"payload of job {request.job!r} is {size} bytes encoded; "

@@ -13,7 +13,7 @@ WITH ins AS (
            CASE WHEN i.job_key IS NOT NULL THEN now() + make_interval(secs => %(dedup_ttl)s) END,
            i.message::jsonb, i.error, now() + make_interval(secs => i.delay), i.job_group
     FROM unnest(%(ids)s::text[], %(queues)s::text[], %(jobs)s::text[], %(priorities)s::int[],
-                %(rank_leads)s::float8[], %(max_attempts)s::int[], %(keys)s::text[], %(messages)s::text[],
+                %(rank_leads)s::float8[], %(max_attempts)s::int[], %(keys)s::text[], %(messages)b::text[],
                 %(errors)s::text[], %(delays)s::float8[], %(groups)s::text[])
          AS i(id, queue, job, priority, rank_lead, max_attempts, job_key, message, error, delay, job_group)
     ON CONFLICT DO NOTHING

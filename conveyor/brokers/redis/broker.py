@@ -51,6 +51,7 @@ from conveyor.brokers.base import (
     announce_unknown_job,
     as_message,
     check_state,
+    encode_message,
     log_delivery_error,
     malformed_error,
     priority_of,
@@ -289,10 +290,22 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         return [ref for _, ref in self._enqueue_many(items, dedup_ttl=dedup_ttl)]
 
     def _prepare(self, message: Message[Any], delay_ms: int | None) -> Message[Any]:
-        message = as_message(message).copy(options={"redis_message_id": str(uuid.uuid4())})
+        """A copy with its own redis id (and, delayed, in the delay queue with its eta): one copy, not two."""
+        message = as_message(message)
+        options = {**message.options, "redis_message_id": str(uuid.uuid4())}
+        queue_name = message.queue_name
         if delay_ms is not None:
-            message = message.copy(queue_name=dq_name(message.queue_name), options={"eta": current_millis() + delay_ms})
-        return message
+            queue_name = dq_name(queue_name)
+            options["eta"] = current_millis() + delay_ms
+        return type(message)(
+            queue_name,
+            message.actor_name,
+            message.args,
+            message.kwargs,
+            options,
+            message.message_id,
+            message.message_timestamp,
+        )
 
     def _enqueue_many(self, items: list[EnqueueItem], *, dedup_ttl: float) -> list[tuple[Message[Any], JobRef]]:
         """The whole batch in one script call: all of it is enqueued or none, and the error says which.
@@ -337,7 +350,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
                     message.queue_name,
                     message.options["redis_message_id"],
                     message.message_id,
-                    message.encode(),
+                    encode_message(message),
                     message.actor_name,
                     item.key or "",
                     "" if item.delay_ms is None else int(item.delay_ms),
@@ -364,11 +377,11 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         if event:
             ready = dataclasses.replace(new, queue_name=q_name(message.queue_name), options=dict(new.options))
             ready.options.pop("eta", None)
-            resume = ready.encode()
+            resume = encode_message(ready)
         self.emit_before("enqueue", new, delay)
         retry = Retry(
             new.options["redis_message_id"],
-            new.encode(),
+            encode_message(new),
             "" if delay is None else int(delay),
             storable(new.options.get("last_error", "")),
             event,
@@ -385,7 +398,7 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
         moved.options.pop("eta", None)
         self.emit_before("enqueue", moved, None)
         try:
-            done = self.jobs.promote(origin, rid, message.message_id, delivery, moved.encode())
+            done = self.jobs.promote(origin, rid, message.message_id, delivery, encode_message(moved))
         except redis.RedisError as exc:
             if is_unavailable(exc):
                 raise ConnectionClosed(exc) from None

@@ -633,7 +633,8 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
     -- after a lost reply (same rid) must not push the message twice, even
     -- if the job ran and was retried as a new message meanwhile (its record
     -- keeps the rid it was enqueued with).
-    local seen = redis.call("hmget", job_key(id), "rid", "enqueued_rid")
+    -- Read with them: the fields this call writes only where they are absent (one HSET below).
+    local seen = redis.call("hmget", job_key(id), "rid", "enqueued_rid", "enqueued_at", "attempts", "delivery", "group")
     if seen[1] == rid or seen[2] == rid or redis.call("hexists", q.msgs, rid) == 1
             or redis.call("exists", ns .. ":deleted:" .. id) == 1 then
         return id, 0
@@ -656,26 +657,36 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
         redis.call("set", dedup_key, id, "PX", dedup_ttl)
     end
     local record = job_key(id)
-    -- The record's priority and group first: push_ready reads them to pick the list.
-    redis.call("hset", record, "queue", q.canonical, "job", job, "rid", rid, "enqueued_rid", rid, "payload", data,
-               "priority", tonumber(priority) or 0)
+    -- The record's fields in one write, before push_ready, which reads priority and group to pick the
+    -- list: enqueued_at, attempts and delivery only where absent (a re-enqueue keeps them).
+    local fields = {"queue", q.canonical, "job", job, "rid", rid, "enqueued_rid", rid, "payload", data,
+                    "priority", tonumber(priority) or 0}
     if group ~= "" then
         -- Its lead in its group's rank (push_ready): priority x the producer's aging, ms.
-        redis.call("hset", record, "group", group, "lead", (tonumber(priority) or 0) * aging)
-    else
-        redis.call("hdel", record, "group") -- a re-enqueue of the same job in the default group
+        table.insert(fields, "group"); table.insert(fields, group)
+        table.insert(fields, "lead"); table.insert(fields, (tonumber(priority) or 0) * aging)
     end
-    redis.call("hsetnx", record, "enqueued_at", now)
-    redis.call("hsetnx", record, "attempts", 0)
-    redis.call("hsetnx", record, "delivery", 0)
-    redis.call("hset", q.msgs, rid, data)
-    push_ready(q, id, rid)
+    if not seen[3] then
+        table.insert(fields, "enqueued_at"); table.insert(fields, now)
+    end
+    if not seen[4] then
+        table.insert(fields, "attempts"); table.insert(fields, 0)
+    end
+    if not seen[5] then
+        table.insert(fields, "delivery"); table.insert(fields, 0)
+    end
     if key ~= "" then
-        redis.call("hset", record, "key", key)
+        table.insert(fields, "key"); table.insert(fields, key)
     end
     if err ~= "" then
-        redis.call("hset", record, "error", err)
+        table.insert(fields, "error"); table.insert(fields, err)
     end
+    redis.call("hset", record, unpack(fields))
+    if group == "" and seen[6] then
+        redis.call("hdel", record, "group") -- a re-enqueue of the same job in the default group
+    end
+    redis.call("hset", q.msgs, rid, data)
+    push_ready(q, id, rid)
     redis.call("persist", record)
     if q.delay then
         -- Due on the server's clock; each worker holding it waits out what is left on its own.

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import hiredis
 import redis
 from redis.exceptions import NoScriptError
 
 from conveyor.redis_client import UNAVAILABLE
+
+#: Argument types hiredis packs byte for byte as redis-py's encoder does (not bool, which redis-py refuses,
+#: nor float, which it writes with repr).
+_PLAIN = (str, bytes, int)
 
 
 class SendFailed(Exception):
@@ -62,7 +67,9 @@ def call_once(
             raise NotSent(exc) from exc
         for _ in range(2):
             try:
-                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args, check_health=False)
+                conn.send_packed_command(
+                    packed(conn, ("EVALSHA", script.sha, len(keys), *keys, *args)), check_health=False
+                )
                 reply = reader.parse_response(conn, "EVALSHA")
                 if replicas:
                     conn.send_command("WAIT", *replicas, check_health=False)
@@ -85,3 +92,18 @@ def call_once(
         raise redis.ResponseError("NOSCRIPT the script vanished again right after it was loaded")
     finally:
         pool.release(conn)
+
+
+def packed(conn: Any, args: tuple[Any, ...]) -> Any:
+    """``args`` as ``conn.send_command`` would pack them: straight to hiredis when every one is a str, bytes
+    or int and the connection encodes text as strict UTF-8 (redis-py's default), about a fifth of the cost
+    of redis-py's per-argument encoder for an enqueue's twenty-odd arguments; anything else, redis-py's own."""
+    encoder = conn.encoder
+    if (
+        encoder.encoding == "utf-8"
+        and encoder.encoding_errors == "strict"
+        and " " not in args[0]
+        and all(type(arg) in _PLAIN for arg in args)
+    ):
+        return [hiredis.pack_command(args)]
+    return conn.pack_command(*args)
