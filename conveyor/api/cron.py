@@ -8,13 +8,12 @@ and the rule, never the value sent.
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 
+from conveyor.api.admin import schema_of
 from conveyor.api.auth import require_admin
 from conveyor.api.deps import ConveyorApp, NamePath
 from conveyor.api.errors import UNAVAILABLE_RESPONSES
@@ -39,20 +38,16 @@ CODE: dict[int | str, dict[str, Any]] = {
 }
 
 
-class CronOut(BaseModel):
-    """A cron schedule. ``source``: ``code`` (declared with jobs.schedule, read-only here) or ``managed``.
-    ``nextFire``: its next occurrence (null while paused)."""
+if TYPE_CHECKING:
+    # What mypy sees; at run time it is generated from app.cron's row (one row type per concept).
+    class CronOut(BaseModel): ...
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, from_attributes=True)
-
-    name: str
-    cron: str
-    tz: str
-    job: str
-    payload: dict[str, Any]
-    paused: bool
-    source: Literal["code", "managed"]
-    next_fire: datetime | None
+else:
+    CronOut = schema_of(
+        CronSchedule,
+        """A cron schedule. ``source``: ``code`` (declared with jobs.schedule, read-only here) or ``managed``.
+    ``nextFire``: its next occurrence (null while paused).""",
+    )
 
 
 class CronIn(BaseModel):
