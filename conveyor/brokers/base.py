@@ -303,8 +303,8 @@ _JSON = json.JSONEncoder(separators=(",", ":"))
 def encode_message(message: Message[Any]) -> bytes:
     """``message.encode()``, byte for byte, at about half its cost while Dramatiq's encoder is its stock
     JSONEncoder (the dict built directly, not through ``dataclasses.fields``); any other encoder is asked."""
-    if type(dramatiq.message.global_encoder) is not JSONEncoder:
-        return message.encode()
+    if type(dramatiq.message.global_encoder) is not JSONEncoder or type(message) is not Message:
+        return message.encode()  # another encoder, or a subclass's fields: as Dramatiq does it
     return _JSON.encode(
         {
             "queue_name": message.queue_name,
@@ -401,28 +401,29 @@ class ConveyorBroker(Broker):
         """The bound ``signal`` hooks (``"before_enqueue"``) of this broker's middleware that are instances
         of ``base``, in order, leaving out each that ``base``'s own no-op would answer.
 
-        Computed once per middleware list (a middleware added later is seen; a hook patched onto a class
-        afterwards is not): a per-job signal costs one call per middleware that listens to it, where
+        Which middleware listen is computed once per middleware list (a middleware added later is
+        seen); each hook is looked up at the call, as Dramatiq does, so a hook patched onto a class
+        later is called. A per-job signal costs one call per middleware that listens to it, where
         Dramatiq calls every middleware's.
         """
         middleware = tuple(self.middleware)
-        cached: tuple[tuple[Middleware, ...], dict[tuple[str, type], tuple[Callable[..., Any], ...]]] | None
+        cached: tuple[tuple[Middleware, ...], dict[tuple[str, type], tuple[Middleware, ...]]] | None
         cached = self.__dict__.get("_conveyor_hooks")
         if cached is None or cached[0] != middleware:
             cached = (middleware, {})
             self.__dict__["_conveyor_hooks"] = cached
-        found = cached[1].get((signal, base))
-        if found is None:
+        listeners = cached[1].get((signal, base))
+        if listeners is None:
             noop = getattr(base, signal, None)
-            found = tuple(
-                getattr(m, signal)
+            listeners = tuple(
+                m
                 for m in middleware
                 if isinstance(m, base)
                 and hasattr(m, signal)
                 and (noop is None or signal in getattr(m, "__dict__", ()) or getattr(type(m), signal) is not noop)
             )
-            cached[1][(signal, base)] = found
-        return found
+            cached[1][(signal, base)] = listeners
+        return tuple(getattr(m, signal) for m in listeners)
 
     def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None:
         """Dramatiq's, calling only the middleware that listens (:meth:`hooks`): same order, same errors."""

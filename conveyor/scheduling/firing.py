@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from conveyor.appcache import per_app
-from conveyor.errors import ConfigurationError, InvalidSchedule
+from conveyor.errors import ConfigurationError, ConveyorError, InvalidSchedule
 from conveyor.logs import log_event
 from conveyor.scheduling.checks import check_grace, check_job
 from conveyor.scheduling.cron import Cron
@@ -130,7 +130,12 @@ class CronFirer:
 
     def schedules(self) -> list[_Active]:
         """The code schedules, then the stored ones that are not paused and still fit the App."""
-        stored = schedule_store(self.app).list()
+        try:
+            stored = schedule_store(self.app).list()
+        except ConveyorError as exc:
+            # The store away, or its table not migrated: the code schedules fire all the same.
+            self._skip("*", f"the managed schedules could not be read: {exc}", once=False)
+            return self.code
         if not stored:
             return self.code
         try:
@@ -154,10 +159,11 @@ class CronFirer:
             return None
         return _Active(s.name, s.job, payload, cron, s.since)
 
-    def _skip(self, name: str, why: str) -> None:
-        if (name, why) in self._skipped:
+    def _skip(self, name: str, why: str, *, once: bool = True) -> None:
+        if once and (name, why) in self._skipped:
             return
-        self._skipped.add((name, why))
+        if once:
+            self._skipped.add((name, why))
         log_event(
             "error",
             level="error",

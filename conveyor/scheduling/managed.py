@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from conveyor.errors import InvalidSchedule, ScheduleNotFound
+from conveyor.redaction import redact_payload
 from conveyor.scheduling.checks import check_cron, check_grace, check_job, check_name
 from conveyor.scheduling.cron import Cron
 from conveyor.scheduling.firing import server_now
@@ -74,27 +75,34 @@ class CronSchedules:
         name = check_name(self.app, name)
         check_cron(cron, tz)
         data = check_job(self.app, job, payload)
-        self.store.put(StoredSchedule(name, cron, job, data, tz, paused, server_now(self.app)))
+        held = self.store.get(name)
+        # Replaced with the same times and running before and after: it keeps its ``since``, so an
+        # occurrence of the grace window no pass has fired yet still fires (a deploy script that
+        # adds its schedules again at 03:00:01 does not skip the 03:00 run).
+        keeps = held is not None and not held.paused and not paused and (held.cron, held.tz) == (cron, tz)
+        since = held.since if keeps and held is not None else server_now(self.app)
+        self.store.put(StoredSchedule(name, cron, job, data, tz, paused, since))
         return self.get(name)
 
     def get(self, name: str) -> CronSchedule:
         """The schedule ``name``, code or managed; :class:`~conveyor.errors.ScheduleNotFound` if none."""
         spec = self.app.schedules.get(name)
         if spec is not None:
-            return _view(spec.name, spec.cron, spec.tz, spec.job, spec.payload, False, "code")
+            return self._view(spec.name, spec.cron, spec.tz, spec.job, spec.payload, False, "code")
         held = self.store.get(name)
         if held is None:
             raise ScheduleNotFound("no schedule has this name")
-        return _managed(held)
+        return self._managed(held)
 
     def list(self) -> list[CronSchedule]:
         """Every schedule by name: the code ones (``source="code"``) and the managed ones."""
         code = [self.get(name) for name in self.app.schedules]
-        managed = [_managed(s) for s in self.store.list() if s.name not in self.app.schedules]
+        managed = [self._managed(s) for s in self.store.list() if s.name not in self.app.schedules]
         return sorted(code + managed, key=lambda s: s.name)
 
     def pause(self, name: str) -> CronSchedule:
-        """Stop firing ``name`` from the next pass (its occurrences while paused are never fired)."""
+        """Stop firing ``name`` from the next pass (its occurrences while paused are never fired; a pass
+        already under way may still fire its due one)."""
         return self._set_paused(name, True, None)
 
     def resume(self, name: str) -> CronSchedule:
@@ -117,16 +125,24 @@ class CronSchedules:
         if name in self.app.schedules:
             raise InvalidSchedule("this schedule is declared in code (jobs.schedule): change it there")
 
+    def _managed(self, s: StoredSchedule) -> CronSchedule:
+        return self._view(s.name, s.cron, s.tz, s.job, s.payload, s.paused, "managed")
 
-def _managed(s: StoredSchedule) -> CronSchedule:
-    return _view(s.name, s.cron, s.tz, s.job, s.payload, s.paused, "managed")
-
-
-def _view(
-    name: str, cron: str, tz: str, job: str, payload: dict[str, Any], paused: bool, source: Literal["code", "managed"]
-) -> CronSchedule:
-    try:
-        upcoming = None if paused else Cron.parse(cron, tz).next_after(datetime.now(UTC))
-    except InvalidSchedule:  # a zone this host's tzdata lacks: shown, not fired
-        upcoming = None
-    return CronSchedule(name, cron, tz, job, payload, paused, source, upcoming)
+    def _view(
+        self,
+        name: str,
+        cron: str,
+        tz: str,
+        job: str,
+        payload: dict[str, Any],
+        paused: bool,
+        source: Literal["code", "managed"],
+    ) -> CronSchedule:
+        """The schedule as shown: its payload's secret fields masked (a code schedule may have them)."""
+        job_type = self.app.job_types.get(job)
+        shown = redact_payload(payload, job_type.payload if job_type else None)
+        try:
+            upcoming = None if paused else Cron.parse(cron, tz).next_after(datetime.now(UTC))
+        except InvalidSchedule:  # a zone this host's tzdata lacks: shown, not fired
+            upcoming = None
+        return CronSchedule(name, cron, tz, job, shown, paused, source, upcoming)

@@ -163,3 +163,64 @@ def test_a_stored_schedule_that_no_longer_fits_is_skipped_not_the_others(app):
     store.put(StoredSchedule("stale", "* * * * *", "cron.ping", {"who": 1}, "UTC", False, since))
     store.put(StoredSchedule("fine", "* * * * *", "cron.ping", {"who": "f"}, "UTC", False, since))
     assert [f.schedule for f in CronFirer(app).tick(now)] == ["fine"]
+
+
+def test_adding_a_schedule_again_unchanged_keeps_its_due_occurrence(app):
+    store = schedule_store(app)
+    app.cron.add("deploy", cron="0 3 * * *", job="cron.ping", payload={"who": "d"})
+    since = store.get("deploy").since
+    # A deploy script applying its schedules again (at 03:00:01, say): the 03:00 occurrence still fires.
+    app.cron.add("deploy", cron="0 3 * * *", job="cron.ping", payload={"who": "new payload"})
+    assert store.get("deploy").since == since and store.get("deploy").payload == {"who": "new payload"}
+    # New times, or a schedule paused before or after: from now on, no catch-up.
+    app.cron.add("deploy", cron="0 4 * * *", job="cron.ping", payload={"who": "d"})
+    moved = store.get("deploy").since
+    assert moved > since
+    app.cron.add("deploy", cron="0 4 * * *", job="cron.ping", payload={"who": "d"}, paused=True)
+    app.cron.add("deploy", cron="0 4 * * *", job="cron.ping", payload={"who": "d"})
+    assert store.get("deploy").since > moved
+
+
+def test_a_code_schedules_secret_fields_are_masked_where_schedules_are_shown(clean_env, database_url):
+    own = Jobs()
+    own.job("cron.own_login", queue=Queue("pings"), payload=Login)(login.__wrapped__)
+    own.schedule("0 4 * * *", "cron.own_login", Login(password="hunter2-S3CRET"), name="code-login")
+    app = App(Settings(broker="inline", database_url=database_url, platform=False, queues={}), jobs=[own])
+    try:
+        (shown,) = app.cron.list()
+        assert shown.payload == {"password": "[redacted]"}
+        assert app.cron.get("code-login").payload == {"password": "[redacted]"}
+    finally:
+        app.close()
+
+
+def _code_fires(app) -> list[str]:
+    """What a pass at 03:00:30 fires (the code schedule's occurrence is due then)."""
+    at = server_now(app).replace(hour=3, minute=0, second=30, microsecond=0) + timedelta(days=1)
+    return [f.schedule for f in CronFirer(app).tick(at)]
+
+
+def test_an_unreadable_redis_entry_is_skipped_and_the_rest_fire(clean_env, redis_url, database_url):
+    app = App(
+        Settings(broker="redis", redis_url=redis_url, database_url=database_url, platform=False, queues={}), jobs=[jobs]
+    )
+    try:
+        store = schedule_store(app)
+        store.client.hset(store.key, "odd", b'{"zone": "UTC"}')  # another version's shape, or a hand edit
+        assert _code_fires(app) == ["code-nightly"]
+        assert [s.name for s in app.cron.list()] == ["code-nightly"]
+    finally:
+        app.close()
+
+
+def test_code_schedules_fire_while_the_managed_ones_cannot_be_read(clean_env, database_url):
+    import psycopg
+
+    app = App(Settings(broker="postgres", database_url=database_url, platform=False, queues={}), jobs=[jobs])
+    try:
+        app.cron.add("managed", cron="0 3 * * *", job="cron.ping", payload={"who": "m"})
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("DROP TABLE conveyor_cron_schedules")  # an app started without its migration
+        assert _code_fires(app) == ["code-nightly"]
+    finally:
+        app.close()

@@ -128,3 +128,28 @@ def test_packed_refuses_what_redis_py_refuses() -> None:
     conn = redis.Redis().connection_pool.make_connection()
     with pytest.raises(redis.DataError):
         packed(conn, ("EVALSHA", "sha", 0, True))
+
+
+def test_a_hook_is_looked_up_at_the_call_as_dramatiq_does() -> None:
+    calls: list[str] = []
+
+    class Later(Middleware):
+        def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
+            calls.append("class")
+
+    broker = InlineBroker(middleware=[Later()])
+    broker.emit_before("enqueue", None, None)
+    Later.before_enqueue = lambda self, broker, message, delay: calls.append("patched")  # type: ignore[method-assign]
+    broker.emit_before("enqueue", None, None)
+    assert calls == ["class", "patched"]
+
+
+def test_a_message_subclass_keeps_its_own_fields_on_the_wire() -> None:
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Tenanted(Message):  # type: ignore[type-arg]
+        tenant: str = "acme"
+
+    message = Tenanted(queue_name="q", actor_name="a", args=(), kwargs={}, options={})
+    assert encode_message(message) == message.encode() and b'"tenant":"acme"' in encode_message(message)

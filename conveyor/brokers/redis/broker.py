@@ -292,6 +292,13 @@ class RedisBroker(ConveyorBroker, DramatiqRedisBroker):
     def _prepare(self, message: Message[Any], delay_ms: int | None) -> Message[Any]:
         """A copy with its own redis id (and, delayed, in the delay queue with its eta): one copy, not two."""
         message = as_message(message)
+        if type(message) is not Message:  # a subclass keeps its own fields: Dramatiq's copies
+            message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
+            if delay_ms is not None:
+                message = message.copy(
+                    queue_name=dq_name(message.queue_name), options={"eta": current_millis() + delay_ms}
+                )
+            return message
         options = {**message.options, "redis_message_id": str(uuid.uuid4())}
         queue_name = message.queue_name
         if delay_ms is not None:

@@ -26,6 +26,9 @@ from conveyor.redis_client import UNAVAILABLE
 #: nor float, which it writes with repr).
 _PLAIN = (str, bytes, int)
 
+#: hiredis's packer (hiredis 2.2.1 and later; None before: redis-py packs then).
+_PACK = getattr(hiredis, "pack_command", None)
+
 
 class SendFailed(Exception):
     """The call got no reply; ``cause`` is redis-py's error."""
@@ -100,10 +103,11 @@ def packed(conn: Any, args: tuple[Any, ...]) -> Any:
     of redis-py's per-argument encoder for an enqueue's twenty-odd arguments; anything else, redis-py's own."""
     encoder = conn.encoder
     if (
-        encoder.encoding == "utf-8"
+        _PACK is not None
+        and encoder.encoding == "utf-8"
         and encoder.encoding_errors == "strict"
         and " " not in args[0]
         and all(type(arg) in _PLAIN for arg in args)
     ):
-        return [hiredis.pack_command(args)]
+        return [_PACK(args)]
     return conn.pack_command(*args)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.errors import ScheduleError
+from conveyor.logs import log_error
 from conveyor.redis_client import wrap_errors
 from conveyor.scheduling.store.base import StoredSchedule
 
@@ -45,7 +46,14 @@ class RedisSchedules:
     @wrap_errors("reading the cron schedules")
     def list(self) -> list[StoredSchedule]:
         held = cast("dict[bytes, bytes]", self.client.hgetall(self.key))
-        return sorted((_decode(name.decode(), raw) for name, raw in held.items()), key=lambda s: s.name)
+        out = []
+        for name, raw in held.items():
+            try:
+                out.append(_decode(name.decode(), raw))
+            except (ValueError, KeyError, TypeError) as exc:
+                # Another version's shape, or a hand edit: the rest of the schedules still fire.
+                log_error(f"cron schedule skipped: its stored entry cannot be read ({type(exc).__name__})")
+        return sorted(out, key=lambda s: s.name)
 
     @wrap_errors("pausing or resuming a cron schedule")
     def set_paused(self, name: str, paused: bool, since: datetime | None = None) -> bool:
