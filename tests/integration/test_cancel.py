@@ -13,12 +13,17 @@ import time
 import psycopg
 import pytest
 
+from conveyor.backends import BACKENDS
 from conveyor.brokers.base import CancelOutcome
 from tests.support.brokers import SERVER_BROKERS
 from tests.support.harness import make_settings
 from tests.support.waiting import wait_for
 
 GRACE = 1.0
+
+
+#: The brokers whose class completes a job inside the job's own transaction (its capability).
+TRANSACTIONAL = [b for b in SERVER_BROKERS if BACKENDS[b].capabilities.transactional_completion]
 
 
 @pytest.fixture(params=SERVER_BROKERS)
@@ -85,14 +90,13 @@ def test_a_cooperative_job_stops_by_itself_and_ends_cancelled(app, settings, wor
     assert "interrupted" not in steps and len(steps["hook"]) == 1
 
 
+@pytest.mark.parametrize("settings", TRANSACTIONAL, indirect=True)
 def test_a_job_whose_own_transaction_completed_it_after_the_cancel_stays_done_without_the_hook(
     app, settings, workers, database_url
 ):
     """Found by the fault campaign (issues 18/21): a body that commits its job done in its own transaction
     (ctx.transaction) after the cancel was asked leaves it done; the cancel hook, which undoes a cancelled
     run's work, must not run for it."""
-    if not app.capabilities.transactional_completion:
-        pytest.skip("completion in the job's own transaction is the postgres broker's (its capability)")
     workers("nudge", CONVEYOR_CANCEL_GRACE_SECONDS=str(GRACE))
     ref = app.jobs.enqueue("test.cancellable", {"token": "committed", "commit": True})
     wait_for(lambda: "started" in _steps(database_url, "committed"), timeout=30, message="the job to start")
@@ -104,14 +108,13 @@ def test_a_job_whose_own_transaction_completed_it_after_the_cancel_stays_done_wi
     assert app.broker.get_job(ref.id).state == "completed"
 
 
+@pytest.mark.parametrize("settings", TRANSACTIONAL, indirect=True)
 def test_a_job_whose_own_complete_in_transaction_completed_it_after_the_cancel_stays_done_without_the_hook(
     app, settings, workers, database_url
 ):
     """Review of 6167b10: the same as above through ``ctx.complete_in(conn)`` in a transaction the body makes
     itself (documented as equivalent): the job is done, yet the cancel hook still runs (only ctx.transaction
     marks the message completed)."""
-    if not app.capabilities.transactional_completion:
-        pytest.skip("completion in the job's own transaction is the postgres broker's (its capability)")
     workers("nudge", CONVEYOR_CANCEL_GRACE_SECONDS=str(GRACE))
     ref = app.jobs.enqueue("test.cancellable", {"token": "committed-own", "complete_in": True})
     wait_for(lambda: "started" in _steps(database_url, "committed-own"), timeout=30, message="the job to start")
