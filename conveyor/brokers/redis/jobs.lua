@@ -183,20 +183,29 @@ local function tidy_ring(q)
     end
 end
 
+-- A record field the caller has read already (`known`: field -> value, false when absent, as HMGET
+-- gives it), else read now.
+local function field_of(known, id, name)
+    if known and known[name] ~= nil then
+        return known[name]
+    end
+    return redis.call("hget", job_key(id), name)
+end
+
 -- A held job of a named group takes one of its group's slots (once).
-local function take_slot(q, id)
+local function take_slot(q, id, known)
     local record = job_key(id)
-    local g = redis.call("hget", record, "group")
-    if g and g ~= "" and not redis.call("hget", record, "slot") then
+    local g = field_of(known, id, "group")
+    if g and g ~= "" and not field_of(known, id, "slot") then
         redis.call("hincrby", running_key(q), g, 1)
         redis.call("hset", record, "slot", g)
     end
 end
 
 -- The slot a record holds goes back to its group, exactly once.
-local function release_slot(q, id)
+local function release_slot(q, id, known)
     local record = job_key(id)
-    local g = redis.call("hget", record, "slot")
+    local g = field_of(known, id, "slot")
     if g then
         redis.call("hdel", record, "slot")
         if redis.call("hincrby", running_key(q), g, -1) <= 0 then
@@ -208,14 +217,16 @@ end
 -- Move a job record to a state, keeping exactly one index entry for it,
 -- and set any further fields ({name, value, ...}) in the same write.
 -- Turning active takes its group's slot; leaving active releases it.
-local function set_state(q, id, state, fields)
+-- known: the record's state, group and slot as the caller read them in
+-- this call (field_of), so they are not read twice.
+local function set_state(q, id, state, fields, known)
     local record = job_key(id)
     if state == "active" then
-        take_slot(q, id)
+        take_slot(q, id, known)
     else
-        release_slot(q, id)
+        release_slot(q, id, known)
     end
-    local previous = redis.call("hget", record, "state")
+    local previous = field_of(known, id, "state")
     if previous and previous ~= state then
         redis.call("zrem", index_key(q, previous), id)
     end
@@ -470,15 +481,17 @@ end
 
 -- 1 when the record still points at this message and this delivery;
 -- 0 when the record is gone (deleted, expired); -1 when superseded.
-local function fence(id, rid, delivery)
-    local r = redis.call("hmget", job_key(id), "rid", "delivery")
+-- Also returns the record's rid, delivery and any further fields asked
+-- for, read in the same HMGET (false where absent).
+local function fence(id, rid, delivery, ...)
+    local r = redis.call("hmget", job_key(id), "rid", "delivery", ...)
     if not r[1] then
-        return 0
+        return 0, r
     end
     if r[1] == rid and tostring(r[2]) == tostring(delivery) then
-        return 1
+        return 1, r
     end
-    return -1
+    return -1, r
 end
 
 -- The job whose record holds `rid` among those waiting in q (delayed or
@@ -592,16 +605,16 @@ end
 -- The job is done: drop its message; the record becomes completed.
 -- Returns the fence (1 done, 0 job gone, -1 superseded: nothing moved).
 local function ack_one(rid, id, delivery, retention)
-    local f = fence(id, rid, delivery)
+    local f, r = fence(id, rid, delivery, "state", "slot")
     if f == -1 then
         return -1
     end
     redis.call("srem", acks_key(worker, queue), rid)
     redis.call("hdel", queue.msgs, rid)
     -- A call repeated after a lost reply counts the completion once.
-    local state = redis.call("hget", job_key(id), "state")
+    local state = r[3]
     if f == 1 and state ~= "completed" and state ~= "cancelled" then
-        set_state(queue, id, "completed", {"finished_at", now})
+        set_state(queue, id, "completed", {"finished_at", now}, {state = state, slot = r[4]})
         redis.call("hdel", job_key(id), "error", "worker")
         redis.call("pexpire", job_key(id), retention)
         redis.call("hincrby", queue.totals, "completed", 1)
@@ -634,7 +647,8 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
     -- if the job ran and was retried as a new message meanwhile (its record
     -- keeps the rid it was enqueued with).
     -- Read with them: the fields this call writes only where they are absent (one HSET below).
-    local seen = redis.call("hmget", job_key(id), "rid", "enqueued_rid", "enqueued_at", "attempts", "delivery", "group")
+    local seen = redis.call("hmget", job_key(id), "rid", "enqueued_rid", "enqueued_at", "attempts", "delivery", "group",
+                            "state")
     if seen[1] == rid or seen[2] == rid or redis.call("hexists", q.msgs, rid) == 1
             or redis.call("exists", ns .. ":deleted:" .. id) == 1 then
         return id, 0
@@ -643,11 +657,11 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
     -- repeat (a socket timeout later) the key may have expired, or its job
     -- been deleted. The repeat answers what the call did: that holder.
     local answered = ns .. ":deduplicated:" .. rid
-    local first = redis.call("get", answered)
-    if first then
-        return first, 1
-    end
     if key ~= "" then
+        local first = redis.call("get", answered)
+        if first then
+            return first, 1
+        end
         local dedup_key = ns .. ":dedup:" .. key
         local holder = redis.call("get", dedup_key)
         if holder and redis.call("exists", job_key(holder)) == 1 then
@@ -680,6 +694,32 @@ local function enqueue_one(q, rid, id, data, job, key, dedup_ttl, delay, err, pr
     end
     if err ~= "" then
         table.insert(fields, "error"); table.insert(fields, err)
+    end
+    if group == "" and not (seen[1] or seen[2] or seen[3] or seen[4] or seen[5] or seen[6] or seen[7]) then
+        -- A new job of the default group, nearly every enqueue: no record to read back, no slot, no
+        -- index to leave. The general path's writes, with the record's state and ready time in its
+        -- one HSET (push_ready, set_state and the counter below, without their reads).
+        local p, state = 0, "waiting"
+        if q.delay then
+            state = "delayed"
+            table.insert(fields, "eta"); table.insert(fields, now + (tonumber(delay) or 0))
+        else
+            p = math.max(0, math.min(MAX_PRIORITY, tonumber(priority) or 0))
+            table.insert(fields, "ready_at"); table.insert(fields, now)
+        end
+        table.insert(fields, "state"); table.insert(fields, state)
+        table.insert(fields, "updated_at"); table.insert(fields, now)
+        redis.call("hset", record, unpack(fields))
+        redis.call("hset", q.msgs, rid, data)
+        if p > 0 then
+            redis.call("sadd", levels_key(q), p)
+            redis.call("hset", ranks_key(q), rid, now)
+        end
+        redis.call("rpush", level_list(q, p), rid)
+        wake(q)
+        redis.call("zadd", index_key(q, state), now, id)
+        redis.call("hincrby", ns .. ":fleet:enqueued", q.canonical .. "\31" .. job, 1)
+        return id, 0
     end
     redis.call("hset", record, unpack(fields))
     if group == "" and seen[6] then
@@ -814,7 +854,9 @@ elseif command == "fetch" then
             local delivery = 0
             if id then
                 local record = job_key(id)
-                local current = redis.call("hget", record, "rid")
+                local r = redis.call("hmget", record, "rid", "state", "group", "slot", "final_failure")
+                local current = r[1]
+                local known = {state = r[2], group = r[3], slot = r[4]}
                 if not current then
                     if redis.call("exists", ns .. ":deleted:" .. id) == 1 then
                         id = nil
@@ -825,6 +867,7 @@ elseif command == "fetch" then
                         set_state(queue, id, queue.delay and "delayed" or "waiting")
                         current = rid
                         note = "adopted"
+                        known = nil
                     end
                 end
                 if id and current ~= rid then
@@ -836,8 +879,8 @@ elseif command == "fetch" then
                     keep = true
                     delivery = redis.call("hincrby", record, "delivery", 1)
                     if not queue.delay then
-                        set_state(queue, id, "active", {"worker", worker})
-                        if redis.call("hexists", record, "final_failure") == 1 then
+                        set_state(queue, id, "active", {"worker", worker}, known)
+                        if note ~= "adopted" and r[5] then
                             note = "finalize" -- failed for good; its hooks never finished: run them only
                         end
                     else
@@ -868,21 +911,20 @@ elseif command == "start" then
     heartbeat()
     local refused = ack_buffered(7)
     local rid, id, delivery = ARGV[4], ARGV[5], ARGV[6]
-    local f = fence(id, rid, delivery)
+    local f, r = fence(id, rid, delivery, "state", "started_delivery", "attempts", "cancel_requested")
     local attempt = f
     if f == 1 then
-        local r = redis.call("hmget", job_key(id), "state", "started_delivery", "attempts", "cancel_requested")
-        if r[1] ~= "active" then
+        if r[3] ~= "active" then
             attempt = -1
-        elseif r[4] then
+        elseif r[6] then
             end_cancelled(rid, id, ARGV[7], "")
             attempt = -2 -- its cancellation was asked before it started: it never runs
-        elseif tostring(r[2]) == tostring(delivery) then
-            attempt = tonumber(r[3]) -- the same start repeated after a lost reply counts once
+        elseif tostring(r[4]) == tostring(delivery) then
+            attempt = tonumber(r[5]) -- the same start repeated after a lost reply counts once
         else
-            attempt = redis.call("hincrby", job_key(id), "attempts", 1)
-            redis.call("hset", job_key(id), "started_at", now, "worker", worker, "updated_at", now,
-                       "started_delivery", delivery)
+            attempt = (tonumber(r[5]) or 0) + 1
+            redis.call("hset", job_key(id), "attempts", attempt, "started_at", now, "worker", worker,
+                       "updated_at", now, "started_delivery", delivery)
         end
     end
     table.insert(refused, 1, attempt)
