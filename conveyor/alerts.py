@@ -24,12 +24,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 from urllib.parse import urlsplit
 
-import httpx
-
 from conveyor.logs import log_event
+
+if TYPE_CHECKING:
+    import httpx
 
 Format = Literal["slack", "discord", "generic"]
 
@@ -215,6 +216,10 @@ class WebhookSender:
                 self._thread.start()
 
     def _run(self) -> None:
+        # Imported by the sender thread, on the first alert: httpx (with click, rich and pygments, which
+        # its command line pulls in) costs a worker ~8 MiB it would otherwise hold for an alert never sent.
+        import httpx
+
         with httpx.Client(timeout=self.timeout, follow_redirects=False) as client:
             while True:
                 try:
@@ -237,6 +242,8 @@ class WebhookSender:
 
     def _deliver(self, client: httpx.Client, alert: Alert) -> None:
         body = render(alert, self.fmt)
+        import httpx
+
         problem = ""
         for attempt in range(1, self.attempts + 1):
             try:

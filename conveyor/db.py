@@ -21,12 +21,10 @@ import heapq
 import itertools
 import logging
 import os
-import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -35,22 +33,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from conveyor.errors import DatabaseRefused, DatabaseUnavailable
 from conveyor.interrupts import pooled
-
-_NAME = re.compile(r"^--\s*name:\s*([\w.]+)\s*$", re.MULTILINE)
-
-
-def load_queries(path: Path) -> dict[str, str]:
-    """Parse a file of ``-- name: x`` blocks into {name: sql}."""
-    text = path.read_text()
-    parts = _NAME.split(text)
-    queries = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
-        sql = body.strip()
-        if name in queries:
-            raise ValueError(f"{path}: query {name!r} defined twice")
-        queries[name] = sql
-    return queries
-
+from conveyor.queries import load_queries as load_queries  # where the stores have always imported it
 
 #: Errors that mean "Postgres is not reachable right now (or timed out, or chose this
 #: transaction as a deadlock victim)": try again later. Every other psycopg error is a refusal.

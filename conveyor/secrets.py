@@ -16,12 +16,14 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-
-from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from typing import TYPE_CHECKING
 
 from conveyor.errors import SecretKeyError
 from conveyor.logs import log_event
 from conveyor.settings import Settings
+
+if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
 
 #: Every Fernet token starts with this version byte.
 _FERNET_VERSION = 0x80
@@ -33,6 +35,10 @@ class SecretBox:
     def __init__(self, keys: list[str]) -> None:
         if not keys:
             raise SecretKeyError("CONVEYOR_SECRET_KEY is empty")
+        # Imported here, when a key is used: cryptography (with cffi and OpenSSL's bindings) costs ~7 MiB
+        # a worker process would otherwise hold though none of its jobs carries a secret.
+        from cryptography.fernet import Fernet, MultiFernet
+
         fernets = []
         for n, key in enumerate(keys, 1):
             try:
@@ -42,7 +48,7 @@ class SecretBox:
                 raise SecretKeyError(
                     f"CONVEYOR_SECRET_KEY entry {n} is not a Fernet key (32 url-safe base64-encoded bytes)"
                 ) from None
-        self._fernet = MultiFernet(fernets)
+        self._fernet: MultiFernet = MultiFernet(fernets)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "SecretBox | None":
@@ -58,6 +64,13 @@ class SecretBox:
     def decrypt(self, token: str) -> str:
         """The plain value; raises ``cryptography.fernet.InvalidToken`` when no key opens it."""
         return self._fernet.decrypt(token.encode()).decode()
+
+
+def _invalid_token() -> type[Exception]:
+    """cryptography's ``InvalidToken``, imported only once a box exists (so cryptography already is)."""
+    from cryptography.fernet import InvalidToken
+
+    return InvalidToken
 
 
 def looks_encrypted(value: str) -> bool:
@@ -98,7 +111,7 @@ def decrypt_env(
             try:
                 plain[name] = box.decrypt(token)
                 continue
-            except (InvalidToken, UnicodeDecodeError):
+            except (_invalid_token(), UnicodeDecodeError):
                 why = "no configured key decrypts it (rotated out or tampered with)"
         log_event(
             "secret_dropped",

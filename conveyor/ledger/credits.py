@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from psycopg import Connection
-
-from conveyor.db import load_queries
 from conveyor.errors import LedgerError, UnknownAccount
+from conveyor.queries import load_queries
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 QUERIES = load_queries(Path(__file__).with_name("queries.sql"))
 

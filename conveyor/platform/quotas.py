@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from psycopg import Connection
-
-from conveyor.db import load_queries
 from conveyor.platform.errors import QuotaExceeded
+from conveyor.queries import load_queries
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 if TYPE_CHECKING:
     from conveyor.platform.settings import PlatformSettings

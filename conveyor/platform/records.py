@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from psycopg import Connection
-
-from conveyor.db import load_queries
 from conveyor.errors import RecordConflict, RecordNotFound
+from conveyor.queries import load_queries
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 QUERIES = load_queries(Path(__file__).with_name("records.sql"))
 

@@ -12,13 +12,13 @@ for that transaction, then skips (it committed) or records it (it rolled back).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from psycopg import Connection
-from psycopg.pq import TransactionStatus
-
-from conveyor.db import load_queries, wrap_errors
 from conveyor.errors import EffectError, NotInTransaction
+from conveyor.queries import load_queries
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 QUERIES = load_queries(Path(__file__).with_name("steps.sql"))
 
@@ -34,6 +34,11 @@ def record(conn: Connection[Any], job_id: str, step: str, delivery: int | None) 
     """Record ``step`` of ``job_id`` in ``conn``'s open transaction; True when this call is the first."""
     if not isinstance(step, str) or not 1 <= len(step) <= MAX_STEP:
         raise EffectError(f"a step is a name of 1 to {MAX_STEP} characters")
+    # psycopg here, not at import: a worker whose jobs never touch Postgres does not load it (docs/bench.md).
+    from psycopg.pq import TransactionStatus
+
+    from conveyor.db import wrap_errors
+
     if conn.info.transaction_status != TransactionStatus.INTRANS:
         raise NotInTransaction(
             "ctx.once needs an open transaction on the connection (with conn.transaction(): ...), "
@@ -46,6 +51,8 @@ def record(conn: Connection[Any], job_id: str, step: str, delivery: int | None) 
 
 def prune(conn: Connection[Any], retention: float) -> int:
     """Delete steps recorded more than ``retention`` seconds ago (server clock); returns how many."""
+    from conveyor.db import wrap_errors
+
     total = 0
     with wrap_errors("pruning job steps"):
         for _ in range(PRUNE_BATCHES):

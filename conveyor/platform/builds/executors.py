@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
-
-from psycopg_pool import ConnectionPool
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from conveyor.platform.builds import store
 from conveyor.platform.builds.builder import (
@@ -39,6 +37,9 @@ from conveyor.platform.builds.payloads import (
 )
 from conveyor.platform.builds.store import Outcome
 from conveyor.platform.errors import BuildFailed
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
 
 #: The variant a context carries: each executor takes the context of its own kind's request.
 R = TypeVar("R", bound=BuildVariant)

@@ -16,14 +16,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from psycopg import Connection
-
-from conveyor.db import load_queries
 from conveyor.errors import RecordNotFound
 from conveyor.platform.builds.payloads import BuildVariant
 from conveyor.platform.errors import BuildFailed
+from conveyor.queries import load_queries
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 QUERIES = load_queries(Path(__file__).with_name("queries.sql"))
 

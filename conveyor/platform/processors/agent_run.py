@@ -16,6 +16,7 @@ end-of-round job (run.finalize) is enqueued under its key.
 
 A re-run (retry, or a worker that died mid-stream) regenerates the reply
 from the same conversation. The buffer ignores chunks it already holds,
+
 so readers never see one twice; with the deterministic local provider the
 regenerated chunks are the same ones. The stored message is what the
 buffer holds, so it is always exactly what readers saw.
@@ -30,9 +31,7 @@ once-guard of that write).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
-
-from psycopg import Connection
+from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.errors import PermanentError, RecordNotFound
 from conveyor.logs import log_event
@@ -46,6 +45,9 @@ from conveyor.platform.queues import AGENT
 from conveyor.platform.streams import buffer_for
 from conveyor.platform.streams.base import StreamBuffer
 from conveyor.tasks.context import JobContext
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 #: What task.run tells the model before the task's own instructions.
 TASK_PREAMBLE = "You are an agent carrying out a task for the user."

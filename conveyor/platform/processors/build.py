@@ -29,10 +29,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any
-
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
+from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import JobError, PermanentError, RetryLater
 from conveyor.logs import log_event
@@ -51,6 +48,10 @@ from conveyor.redaction import Scrubber
 from conveyor.secrets import decrypt_env
 from conveyor.settings import Settings
 from conveyor.tasks.context import JobContext
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+    from psycopg_pool import ConnectionPool
 
 #: The longest a variant's limit may be set to: the job's own limit minus time to record the outcome.
 MAX_VARIANT_LIMIT = HARD_TIME_LIMIT - 5 * MINUTE

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from psycopg import Connection
-
 from conveyor.errors import EnqueueError, InvalidPayload, InvalidSchedule, PermanentError, RetryLater, UnknownJob
 from conveyor.platform.scheduling.schedules import db_now
 from conveyor.tasks.jobqueue import MAX_DELAY_SECONDS, validate_payload
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 if TYPE_CHECKING:
     from conveyor.app import App

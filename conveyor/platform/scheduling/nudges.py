@@ -5,6 +5,7 @@ on the nudge queue, delayed until T. It is idempotent: the same key (by
 default task + time + job) returns the nudge already set. When nudge.fire
 runs, it locks the nudge by id and reads the task's current state: a reply
 from the user after the nudge was set, or the task's closing, makes it
+
 ``skipped`` with that reason logged; otherwise it enqueues the nudge's job
 (key ``nudge:{id}:send``) and marks it ``sent``, in one transaction, so a
 second delivery of nudge.fire does nothing.
@@ -23,16 +24,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from psycopg import Connection
-from psycopg.types.json import Jsonb
-
-from conveyor.db import load_queries
 from conveyor.errors import InvalidSchedule
 from conveyor.platform.scheduling.followups import checked_follow_up
 from conveyor.platform.scheduling.schedules import db_now
+from conveyor.queries import load_queries
 from conveyor.tasks.jobqueue import MAX_DELAY_SECONDS
 
 if TYPE_CHECKING:
+    from psycopg import Connection
+
     from conveyor.app import App
 
 JOB = "nudge.fire"
@@ -98,6 +98,8 @@ def schedule_nudge(
         raise InvalidSchedule("a nudge's time must carry a time zone")
     checked = checked_follow_up(app, job, payload, "nudge")
     key = key or f"{task_id}:{at.isoformat()}:{job}"
+    from psycopg.types.json import Jsonb  # not at import: see conveyor/queries.py
+
     with app.pool.connection() as conn:
         moment = db_now(conn, now)
         row = conn.execute(

@@ -23,17 +23,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg import Connection
-from psycopg.types.json import Jsonb
-
-from conveyor.db import load_queries
 from conveyor.errors import InvalidSchedule, ScheduleError
 from conveyor.platform.scheduling.followups import checked_follow_up
 from conveyor.platform.scheduling.schedules import db_now
+from conveyor.queries import load_queries
 from conveyor.tasks.jobqueue import MAX_DELAY_SECONDS
 
 if TYPE_CHECKING:
+    from psycopg import Connection
+
     from conveyor.app import App
 
 JOB = "wait_and_resume"
@@ -104,6 +102,9 @@ def pause_run(
         raise InvalidSchedule("a pause's delay cannot be negative")
     checked = checked_follow_up(app, resume_job, resume_payload, "resume")
     pause_id = f"pse_{uuid.uuid4().hex}"
+    import psycopg  # not at import: see conveyor/queries.py
+    from psycopg.types.json import Jsonb
+
     with app.pool.connection() as conn:
         resume_at = db_now(conn, now) + timedelta(seconds=delay)
         try:

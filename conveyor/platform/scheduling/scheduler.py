@@ -33,15 +33,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from psycopg import Connection
-
-from conveyor.db import load_queries
 from conveyor.errors import InvalidSchedule
 from conveyor.logs import log_event
 from conveyor.platform.rounds import requeue_stranded_runs
 from conveyor.platform.scheduling.schedules import db_now, pause_schedule
+from conveyor.queries import load_queries
 from conveyor.scheduling.cron import Cron
 from conveyor.tasks.jobqueue import JobRequest
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 if TYPE_CHECKING:
     from conveyor.app import App

@@ -20,16 +20,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg import Connection
-from psycopg.types.json import Jsonb
-
-from conveyor.db import load_queries
 from conveyor.errors import EnqueueError, InvalidSchedule, ScheduleNotFound, UnknownJob
+from conveyor.queries import load_queries
 from conveyor.scheduling.cron import Cron
 from conveyor.tasks.jobqueue import validate_payload
 
 if TYPE_CHECKING:
+    from psycopg import Connection
+
     from conveyor.blueprints import JobType
 
 QUERIES = load_queries(Path(__file__).with_name("schedules.sql"))
@@ -111,6 +109,9 @@ def create_schedule(
         checked = validate_payload(job, job_type.payload, payload or {})
     except EnqueueError as exc:
         raise InvalidSchedule(str(exc)) from None
+    import psycopg  # not at import: see conveyor/queries.py
+    from psycopg.types.json import Jsonb
+
     params = {
         "id": new_schedule_id(),
         "name": name,
@@ -182,6 +183,8 @@ def record_fire(
     reason: str | None = None,
 ) -> None:
     """Note what became of one occurrence (the first note wins: schedule.fire may run twice)."""
+    import psycopg  # not at import: see conveyor/queries.py
+
     try:
         conn.execute(
             QUERIES["fire_record"],
