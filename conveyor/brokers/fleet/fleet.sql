@@ -42,6 +42,16 @@ VALUES (%(job_id)s, %(token)s, %(attempt)s, %(worker)s, now() - make_interval(se
 ON CONFLICT (job_id, token) DO UPDATE
 SET ended_at = EXCLUDED.ended_at, outcome = EXCLUDED.outcome, error = EXCLUDED.error, traceback = EXCLUDED.traceback
 
+-- name: attempt_full
+-- A start and its end in one batch (the middleware merged them): one row version, not two.
+INSERT INTO conveyor_job_attempts AS a (job_id, token, attempt, worker, started_at, ended_at, outcome, error,
+                                        traceback)
+VALUES (%(job_id)s, %(token)s, %(attempt)s, %(worker)s, now() - make_interval(secs => %(start_age)s),
+        now() - make_interval(secs => %(age)s), %(outcome)s, %(error)s, %(traceback)s)
+ON CONFLICT (job_id, token) DO UPDATE
+SET started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at, outcome = EXCLUDED.outcome,
+    error = EXCLUDED.error, traceback = EXCLUDED.traceback
+
 -- name: attempts
 SELECT attempt, worker, extract(epoch FROM started_at)::float8, extract(epoch FROM ended_at)::float8, outcome,
        error, traceback

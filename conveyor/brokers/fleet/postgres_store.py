@@ -94,22 +94,24 @@ class PostgresFleetStore(FleetStore):
         return rows[0][0], out
 
     def write_attempts(self, events: list[AttemptEvent], *, keep: float) -> None:
-        # A start and an end of one attempt set different columns of its row, so starts and ends can
-        # go as two batches (one round trip each) in either order.
-        starts, ends = [], []
+        # A start and an end of one attempt set different columns of its row, so starts, ends and
+        # whole attempts (both, merged by the middleware: one row version) can go as separate
+        # batches in any order.
+        batches: dict[str, list[dict]] = {"attempt_start": [], "attempt_end": [], "attempt_full": []}
         for e in events:
             params = {"job_id": e.job_id, "token": e.token, "attempt": e.attempt, "worker": e.worker, "age": e.age}
             if e.kind == "start":
-                starts.append(params)
+                batches["attempt_start"].append(params)
                 continue
+            params.update(outcome=e.outcome, error=e.error, traceback=e.traceback)
             if e.kind == "full":
-                starts.append({**params, "age": e.start_age or 0.0})
-            ends.append({**params, "outcome": e.outcome, "error": e.error, "traceback": e.traceback})
+                batches["attempt_full"].append({**params, "start_age": e.start_age or 0.0})
+            else:
+                batches["attempt_end"].append(params)
         with self.app.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            if starts:
-                cur.executemany(QUERIES["attempt_start"], starts)
-            if ends:
-                cur.executemany(QUERIES["attempt_end"], ends)
+            for query, rows in batches.items():
+                if rows:
+                    cur.executemany(QUERIES[query], rows)
 
     def attempts(self, job_id: str) -> list[AttemptInfo]:
         return [AttemptInfo(*row) for row in self._rows("attempts", {"job_id": job_id})]
