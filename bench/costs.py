@@ -48,7 +48,7 @@ from bench.peers import get_peer  # noqa: E402
 from bench.probe import Probe  # noqa: E402
 from bench.runner import Workers, drain_timeout, running, wait_for_jobs  # noqa: E402
 from bench.servers import DURABLE, Servers  # noqa: E402
-from conveyor.db import load_queries  # noqa: E402
+from conveyor.queries import load_queries  # noqa: E402
 from tests.support.servers import PostgresServer, RedisServer  # noqa: E402
 
 PEERS = ("conveyor-redis", "dramatiq-redis", "conveyor-postgres", "dramatiq-postgres")
@@ -59,6 +59,10 @@ HARNESS = {"config", "info", "monitor", "hello", "client", "ping", "flushall", "
 #: What a key a script touches is for, by its name (keys.py): the first pattern that matches names it.
 KEY_CLASSES: tuple[tuple[str, str], ...] = (
     (r":job:", "job record"),
+    (r":attempts:", "attempt history"),
+    (r":deleted:", "deletion tombstone"),
+    (r":rollup:", "charts' rollup"),
+    (r":fleet:worker", "worker registry"),
     (r":idx:", "state index"),
     (r":dedup:|:deduplicated:", "dedup key"),
     (r"__acks__|__acksets__", "delivery (acks)"),
@@ -143,7 +147,7 @@ class Monitor:
         if name in HARNESS:
             return
         if entry.get("client_type") == "lua":
-            what = classify_key(words[1]) if len(words) > 1 else "other"
+            what = classify_key(words[1]) if len(words) > 1 else "server clock (TIME)"
             if what == "job record" and name in {"hset", "hincrby", "hmset"}:
                 fields = set(words[2::2]) if name != "hincrby" else {words[2]}
                 what = (

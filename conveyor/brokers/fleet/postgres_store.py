@@ -97,7 +97,7 @@ class PostgresFleetStore(FleetStore):
         # A start and an end of one attempt set different columns of its row, so starts, ends and
         # whole attempts (both, merged by the middleware: one row version) can go as separate
         # batches in any order.
-        batches: dict[str, list[dict]] = {"attempt_start": [], "attempt_end": [], "attempt_full": []}
+        batches: dict[str, list[dict[str, object]]] = {"attempt_start": [], "attempt_end": [], "attempt_full": []}
         for e in events:
             params = {"job_id": e.job_id, "token": e.token, "attempt": e.attempt, "worker": e.worker, "age": e.age}
             if e.kind == "start":
