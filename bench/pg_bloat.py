@@ -32,11 +32,14 @@ peer, in the same order each round. The report goes to bench/RESULTS-bloat.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import statistics
+import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -151,6 +154,14 @@ class Bloat:
         peak_at = next(s[0] for s in after if s[3] == peak)
         return next((s[0] - self.release for s in after if s[0] >= peak_at and s[3] <= peak / 2), None)
 
+    def held_kb_per_job(self) -> float:
+        """Growth of the job tables while the snapshot was held, per job enqueued meanwhile."""
+        return (
+            (self.at(self.release)[1] - self.before_bytes)
+            / 1e3
+            / max(1.0, self.rate * (self.release - self.hold_start))
+        )
+
     def observed_after_release(self) -> float:
         return self.samples[-1][0] - self.release
 
@@ -237,6 +248,7 @@ def measure_bloat(peer, servers, args, tables: list[str], tag: str) -> Bloat:
 
         held = threading.Event()
         holder = threading.Timer(args.hold_at, hold_snapshot, args=(url, args.hold, held))
+        holder.daemon = True
         sampling = threading.Thread(target=sampler, daemon=True)
         sampling.start()
         holder.start()
@@ -302,24 +314,25 @@ def render(args, results: dict[str, list[tuple[Versions, Bloat]]], load: list[st
         "",
         "## Growth and recovery",
         "",
-        "| peer | round | jobs/s | MB when held | MB peak | MB at end | growth while held | dead tuples peak "
-        "| half-life after release | lag peak |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| peer | round | jobs/s | MB when held | MB at release | MB peak | MB at end | kB per job held "
+        "| dead tuples peak | half-life after release | lag peak |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, runs in results.items():
         for n, (_, b) in enumerate(runs, 1):
             hl = b.half_life()
             half = f"{hl:.0f} s" if hl is not None else f">{b.observed_after_release():.0f} s"
             lines.append(
-                f"| {name} | {n} | {b.rate:.0f} | {mb(b.before_bytes)} | {mb(b.peak_bytes)} | "
-                f"{mb(b.samples[-1][1])} | {b.peak_bytes / max(b.before_bytes, 1):.1f}× | {b.dead_peak:,} | "
+                f"| {name} | {n} | {b.rate:.0f} | {mb(b.before_bytes)} | {mb(b.at(b.release)[1])} | "
+                f"{mb(b.peak_bytes)} | {mb(b.samples[-1][1])} | {b.held_kb_per_job():.2f} | {b.dead_peak:,} | "
                 f"{half} | {b.lag_peak:,} |"
             )
     if args.rounds > 1:
         lines += ["", "Medians over the rounds (range):", ""]
-        lines += ["| peer | MB peak | dead tuples peak | half-life s |", "|---|---|---|---|"]
+        lines += ["| peer | MB peak | kB per job held | dead tuples peak | half-life s |", "|---|---|---|---|---|"]
         for name, runs in results.items():
             peaks = [b.peak_bytes / 1e6 for _, b in runs]
+            perjob = [b.held_kb_per_job() for _, b in runs]
             deads = [b.dead_peak for _, b in runs]
             halves = [b.half_life() for _, b in runs]
             known = [h for h in halves if h is not None]
@@ -331,6 +344,7 @@ def render(args, results: dict[str, list[tuple[Versions, Bloat]]], load: list[st
             )
             lines.append(
                 f"| {name} | {statistics.median(peaks):.1f} ({min(peaks):.1f}–{max(peaks):.1f}) | "
+                f"{statistics.median(perjob):.2f} ({min(perjob):.2f}–{max(perjob):.2f}) | "
                 f"{statistics.median(deads):,.0f} ({min(deads):,}–{max(deads):,}) | {half} |"
             )
     lines += [
@@ -379,14 +393,17 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8, help="worker threads (concurrency) (default 8)")
     parser.add_argument(
         "--naptime",
-        help="the server's autovacuum_naptime, e.g. 10s (default: Postgres' own, 1min); ALTER SYSTEM on the private server",
+        help="the server's autovacuum_naptime, e.g. 10s (default: Postgres' own, 1min), set by ALTER SYSTEM",
     )
     parser.add_argument("--rounds", type=int, default=1, help="times every peer runs, interleaved (default 1)")
     parser.add_argument(
         "--only", help=f"comma-separated peers of {', '.join(KNOWN)} (default: {', '.join(PEER_NAMES)})"
     )
+    parser.add_argument("--raw", type=Path, help="also write every sample and count here, as JSON")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"report path (default {DEFAULT_OUTPUT})")
     args = parser.parse_args()
+    # A TERM (or an INT to a background job, which ignores INT) still stops the workers and servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     names = args.only.split(",") if args.only else list(PEER_NAMES)
     unknown = sorted(set(names) - set(KNOWN))
     if unknown:
@@ -415,6 +432,10 @@ def main() -> int:
                     flush=True,
                 )
                 args.output.write_text(render(args, results, load))
+                if args.raw:
+                    args.raw.write_text(
+                        json.dumps({n: [[asdict(v), asdict(b)] for v, b in r] for n, r in results.items()})
+                    )
     args.output.write_text(render(args, results, load))
     print(f"wrote {args.output}")
     return 0
