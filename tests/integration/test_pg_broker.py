@@ -192,6 +192,29 @@ def test_a_cancel_committed_while_the_start_waits_on_the_row_ends_the_job_cancel
     assert (record.state, record.attempts) == ("cancelled", 0)
 
 
+def test_the_start_of_a_job_is_a_hot_update(app, database_url):
+    """Of a job row's three updates only the start changes no indexed column (claim and outcome change
+    `status`, which the partial indexes' predicates read): it must stay HOT, so it adds no entry to any
+    index and its old version is pruned on its page, not left for a vacuum (migration 0079,
+    bench/pg_bloat.py). An index over anything the start writes would make every start a full copy."""
+    from conveyor.brokers.postgres.jobs import QUERIES
+
+    ref = app.jobs.enqueue("test.probe.indexing", {"token": "hot-start"})
+    consumer = app.broker.consume("indexing", prefetch=1, timeout=1000)
+    try:
+        next(consumer)
+        (delivery,) = sql(database_url, "SELECT delivery FROM conveyor_jobs WHERE id = %s", (ref.id,))[0]
+        with psycopg.connect(database_url) as conn:  # one transaction: its own counters, read before commit
+            assert conn.execute(QUERIES["start"], {"id": ref.id, "delivery": delivery}).fetchone() == (1,)
+            updated, hot = conn.execute(
+                "SELECT pg_stat_get_xact_tuples_updated(c.oid), pg_stat_get_xact_tuples_hot_updated(c.oid) "
+                "FROM pg_class c WHERE c.relname = 'conveyor_jobs'"
+            ).fetchone()
+        assert (updated, hot) == (1, 1)
+    finally:
+        consumer.close()
+
+
 # -- wake-ups -------------------------------------------------------------------------
 
 
