@@ -528,12 +528,39 @@ WHERE heartbeat_at < now() - make_interval(secs => %(after)s)
 -- name: prune
 -- Finished jobs older than the retention, a batch at a time, with their
 -- once-guarded steps (conveyor_job_steps: no later delivery can need them).
-WITH gone AS (
-    DELETE FROM conveyor_jobs WHERE id IN (
+-- Index-driven at any history size: the queues that have finished jobs are
+-- found by a skip scan of conveyor_jobs_history (one probe per queue), then
+-- each (queue, status)'s oldest rows are read in completed_at order from the
+-- same index. A filter on completed_at alone cannot use that index (queue
+-- leads it) and read every finished row's entry on every pass: ~1 s at 10 M
+-- rows kept, on every worker process, every minute (bench/RESULTS-scale.md).
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM conveyor_jobs WHERE status IN ('done', 'failed', 'cancelled') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM conveyor_jobs j
+            WHERE j.status IN ('done', 'failed', 'cancelled') AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+), old AS (
+    SELECT o.id
+    FROM queues q
+    CROSS JOIN unnest(ARRAY['done', 'failed', 'cancelled']) AS s(status)
+    CROSS JOIN LATERAL (
         SELECT id FROM conveyor_jobs
-        WHERE status IN ('done', 'failed', 'cancelled')
+        WHERE queue = q.queue AND status = s.status
+          AND status IN ('done', 'failed', 'cancelled')  -- the index's predicate
           AND completed_at < now() - make_interval(secs => %(retention)s)
+        ORDER BY completed_at
         LIMIT %(limit)s
+    ) o
+    WHERE q.queue IS NOT NULL
+    LIMIT %(limit)s
+), gone AS (
+    DELETE FROM conveyor_jobs WHERE id IN (
+        SELECT j.id FROM conveyor_jobs j
+        WHERE j.id IN (SELECT id FROM old)
+          AND j.status IN ('done', 'failed', 'cancelled')
+          AND j.completed_at < now() - make_interval(secs => %(retention)s)
         FOR UPDATE SKIP LOCKED
     )
     RETURNING id
