@@ -383,10 +383,12 @@ def draw(plot: Path, args, cells: dict, curve: dict) -> None:
     left.set(xlabel=f"worker processes (x {args.threads} threads)", ylabel="jobs/s", title=f"{os.cpu_count()} cores")
     left.set_xticks([p for p in args.curve_processes])
     left.set_ylim(bottom=0)
-    left.legend()
+    if left.get_legend_handles_labels()[0]:
+        left.legend()
     right.set(xscale="log", xlabel="jobs waiting", ylabel="jobs/s", title="drain rate against backlog")
     right.set_ylim(bottom=0)
-    right.legend()
+    if right.get_legend_handles_labels()[0]:
+        right.legend()
     fig.tight_layout()
     fig.savefig(plot, dpi=110)
     plt.close(fig)
@@ -437,6 +439,23 @@ def main(argv: list[str] | None = None) -> int:
     cells: dict = {b: {} for b in args.brokers}
     curve: dict = {b: {} for b in args.brokers}
     counter = iter(range(1, 10**6))
+    if args.output:
+        out = args.output
+    elif args.quick:
+        out = Path(tempfile.mkdtemp(prefix="conveyor-bench-scale-")) / "RESULTS-scale.md"
+    else:
+        out = HERE / "RESULTS-scale.md"
+    plot = out.with_name("scale.png")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        """The report so far: written after every cell, so a run cut short still leaves its figures."""
+        write_report(out, plot, args, cells, curve, loads)
+        try:
+            draw(plot, args, cells, curve)
+        except ImportError:
+            log("matplotlib is missing (pip install -e '.[bench]'): no plot")
+
     with Servers.start(pg_durable=args.pg_durable) as servers:
         log(f"servers up: redis {servers.redis_url}, pg {servers.pg.url()}")
         for round_ in range(args.rounds):
@@ -481,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"  {cell.rate:,.0f} jobs/s, worker {cell.worker_cpu_ms:.2f} ms/job, server {cell.server_cpu_ms:.2f} ms/job {cell.notes.get('claim_plan', '')}"
                     )
                     cells[broker].setdefault(label, []).append(cell)
+                    save()
             if args.curve_jobs:
                 for processes in args.curve_processes:
                     for broker in args.brokers:
@@ -495,20 +515,10 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         log(f"  {result.rate:,.0f} jobs/s")
                         curve[broker].setdefault(processes, []).append(result)
+                        save()
         servers.drop_databases()
     load()
-    if args.output:
-        out = args.output
-    elif args.quick:
-        out = Path(tempfile.mkdtemp(prefix="conveyor-bench-scale-")) / "RESULTS-scale.md"
-    else:
-        out = HERE / "RESULTS-scale.md"
-    plot = out.with_name("scale.png")
-    write_report(out, plot, args, cells, curve, loads)
-    try:
-        draw(plot, args, cells, curve)
-    except ImportError:
-        log("matplotlib is missing (pip install -e '.[bench]'): no plot")
+    save()
     log(f"wrote {out} and {plot}")
     print(out.read_text())
     return 0
