@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import redis
 
 from . import runner
 from .peers import get_peer
@@ -223,6 +224,12 @@ def drain_window(servers: Servers, env: dict, *, warmup: int, window: int, proce
 
 
 def fresh_env(servers: Servers, broker: str, tag: str) -> dict:
+    # A million jobs take Redis seconds to flush, past the client's usual socket timeout.
+    client = redis.Redis.from_url(servers.redis_url, socket_timeout=None)
+    try:
+        client.flushall()
+    finally:
+        client.close()
     return get_peer(PEERS[broker]).setup(servers, tag)
 
 
