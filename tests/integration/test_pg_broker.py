@@ -400,6 +400,26 @@ def test_attempts_prune_by_their_start_else_their_end_and_catch_up_when_behind(m
     assert left == ["ended-young", "started-young"]
 
 
+def test_next_due_says_runnable_delayed_or_nothing_whatever_waits_ahead(make_app, database_url):
+    # Asked after a short claim: 0 (or less) when a job is runnable, else the seconds to the next
+    # delayed one, None for an empty or paused queue. Found at the head of the pending index, not
+    # by reading every pending row (a million waiting made that 0.7 s a call).
+    app = make_app()
+    jobs = app.broker.jobs
+    assert jobs.next_due("llm") is None
+    app.jobs.enqueue("test.probe.llm", {"token": "later"}, delay=60)
+    assert 55 < jobs.next_due("llm") <= 60
+    sql(
+        database_url,
+        "UPDATE conveyor_jobs SET rank_lead = 3600 WHERE queue = 'llm'",
+    )  # aged ahead of everything (a priority lead): still not runnable before its time
+    assert 55 < jobs.next_due("llm") <= 60
+    app.jobs.enqueue("test.probe.llm", {"token": "now"})
+    assert jobs.next_due("llm") <= 0
+    jobs.pause("llm")
+    assert jobs.next_due("llm") is None
+
+
 def test_totals_survive_a_new_broker(make_app, database_url):
     app = make_app()
     with running(app, "critical"):

@@ -201,10 +201,22 @@ RETURNING j.id, j.queue, j.job, j.delivery, picked.tag, picked.ord, j.message::t
 -- Seconds until the queue's next pending job is runnable (NULL: none, or
 -- the queue is paused). At most 0 when one is runnable already: rows
 -- another worker had locked during the claim, or just turned due.
-SELECT extract(epoch FROM min(available_at) - now())::float8
-FROM conveyor_jobs
-WHERE queue = %(queue)s AND status = 'pending'
-  AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
+-- A runnable row is looked for first, and found at the head of the queue's
+-- pending index: a claim comes back short under SKIP LOCKED with jobs still
+-- waiting, and min(available_at) over them (no index has that order) read
+-- every pending row: 0.7 s of server CPU per call with a million waiting
+-- (bench/RESULTS-scale.md). The min is taken only when nothing is runnable:
+-- an empty queue, or one of delayed jobs only.
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s) THEN NULL
+    -- In the index's order (queue, job_group, rank_at): a runnable row has rank_at <= now()
+    -- (rank_at = available_at - its lead), so the scan stops at the head of a group.
+    WHEN (SELECT true FROM conveyor_jobs
+          WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
+          ORDER BY job_group, rank_at LIMIT 1) THEN 0::float8
+    ELSE (SELECT extract(epoch FROM min(available_at) - now())::float8
+          FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending')
+END
 
 -- name: start
 -- A claimed job starts: count the attempt. No row when the job was deleted
