@@ -265,7 +265,9 @@ def measure_cell(
         if history:
             week = 7 * 24 * 3600.0
             notes["prune_plan"] = explain(url, statements["prune"], {"retention": week, "limit": 1000})
-            notes["prune_attempts_plan"] = explain(url, statements["prune_attempts"], {"retention": week})
+            notes["prune_attempts_plan"] = explain(
+                url, statements["prune_attempts"], {"retention": week, "limit": 1000}
+            )
     rate, worker_ms, server_ms = drain_window(
         servers, env, warmup=warmup, window=window, processes=processes, threads=threads
     )
@@ -467,6 +469,21 @@ def main(argv: list[str] | None = None) -> int:
         log(f"servers up: redis {servers.redis_url}, pg {servers.pg.url()}")
         for round_ in range(args.rounds):
             load()
+            if args.curve_jobs:
+                for processes in args.curve_processes:
+                    for broker in args.brokers:
+                        log(f"round {round_ + 1} {broker}: {processes} processes, {args.curve_jobs:,} jobs")
+                        result = runner.measure_throughput(
+                            get_peer(PEERS[broker]),
+                            servers,
+                            jobs=args.curve_jobs,
+                            processes=processes,
+                            threads=args.threads,
+                            tag=f"c{next(counter)}",
+                        )
+                        log(f"  {result.rate:,.0f} jobs/s")
+                        curve[broker].setdefault(processes, []).append(result)
+                        save()
             plan: list[tuple[str, dict]] = []
             for backlog in args.backlogs:
                 if backlog > 100_000 and round_ >= args.big_rounds:
@@ -508,21 +525,6 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     cells[broker].setdefault(label, []).append(cell)
                     save()
-            if args.curve_jobs:
-                for processes in args.curve_processes:
-                    for broker in args.brokers:
-                        log(f"round {round_ + 1} {broker}: {processes} processes, {args.curve_jobs:,} jobs")
-                        result = runner.measure_throughput(
-                            get_peer(PEERS[broker]),
-                            servers,
-                            jobs=args.curve_jobs,
-                            processes=processes,
-                            threads=args.threads,
-                            tag=f"c{next(counter)}",
-                        )
-                        log(f"  {result.rate:,.0f} jobs/s")
-                        curve[broker].setdefault(processes, []).append(result)
-                        save()
         servers.drop_databases()
     load()
     save()
