@@ -354,6 +354,95 @@ def test_prune_deletes_only_finished_rows_older_than_the_retention(make_app, dat
     assert sorted(r[0] for r in sql(database_url, "SELECT id FROM conveyor_jobs")) == sorted([new_done, waiting])
 
 
+def test_prune_reaches_every_queue_and_finished_state(make_app, database_url):
+    # The prune walks the history index queue by queue (a skip scan): each queue's old rows go,
+    # done, failed and cancelled alike, and a young row on the same queue stays.
+    app = make_app(retention=3600)
+    old = {
+        "done": app.jobs.enqueue("test.probe.llm", {"token": "a"}).id,
+        "failed": app.jobs.enqueue("test.probe.critical", {"token": "b"}).id,
+        "cancelled": app.jobs.enqueue("test.probe.nudge", {"token": "c"}).id,
+    }
+    young = app.jobs.enqueue("test.probe.critical", {"token": "d"}).id
+    for status, job_id in old.items():
+        sql(
+            database_url,
+            "UPDATE conveyor_jobs SET status = %s, completed_at = now() - interval '2 hours' WHERE id = %s",
+            (status, job_id),
+        )
+    sql(database_url, "UPDATE conveyor_jobs SET status = 'done', completed_at = now() WHERE id = %s", (young,))
+    assert app.broker.prune() == 3
+    assert [r[0] for r in sql(database_url, "SELECT id FROM conveyor_jobs")] == [young]
+
+
+def test_a_prune_pass_that_ends_on_a_full_batch_prunes_again_at_the_next_maintenance(
+    make_app, database_url, monkeypatch
+):
+    # Jobs finishing faster than a pass deletes them: the history must not wait a minute per pass.
+    from conveyor.brokers.postgres import recovery
+
+    monkeypatch.setattr(recovery, "BATCH", 1)
+    monkeypatch.setattr(recovery, "BATCHES_PER_PASS", 2)
+    app = make_app(retention=3600)
+    ids = [app.jobs.enqueue("test.probe.llm", {"token": f"p{i}"}).id for i in range(5)]
+    sql(
+        database_url,
+        "UPDATE conveyor_jobs SET status = 'done', completed_at = now() - interval '2 hours' WHERE id = ANY(%s)",
+        (ids,),
+    )
+    app.broker.maintain()  # a full pass: 2 of 5
+    assert sql(database_url, "SELECT count(*) FROM conveyor_jobs")[0][0] == 3
+    app.broker.maintain()  # behind: at once again, not a minute later
+    app.broker.maintain()  # the last one; the pass is short: caught up
+    assert sql(database_url, "SELECT count(*) FROM conveyor_jobs")[0][0] == 0
+    ids = [app.jobs.enqueue("test.probe.llm", {"token": f"q{i}"}).id for i in range(2)]
+    sql(database_url, "UPDATE conveyor_jobs SET status = 'done', completed_at = now() - interval '2 hours'")
+    app.broker.maintain()  # caught up: the next pass waits its minute
+    assert sql(database_url, "SELECT count(*) FROM conveyor_jobs")[0][0] == 2
+
+
+def test_attempts_prune_by_their_start_else_their_end_and_catch_up_when_behind(make_app, database_url, monkeypatch):
+    from conveyor.brokers.fleet import fleet_store, postgres_store
+
+    monkeypatch.setattr(postgres_store, "PRUNE_BATCH", 1)
+    monkeypatch.setattr(postgres_store, "PRUNE_BATCHES", 1)
+    app = make_app(retention=3600)
+    sql(
+        database_url,
+        """INSERT INTO conveyor_job_attempts (job_id, token, attempt, worker, started_at, ended_at, outcome) VALUES
+           ('old-1', 't', 1, 'w', now() - interval '3 hours', now() - interval '3 hours', 'done'),
+           ('old-2', 't', 1, 'w', now() - interval '2 hours', NULL, NULL),
+           ('ended-only', 't', 1, 'w', NULL, now() - interval '2 hours', 'failed'),
+           ('started-young', 't', 1, 'w', now(), now() - interval '2 hours', 'done'),
+           ('ended-young', 't', 1, 'w', NULL, now(), 'done')""",
+    )
+    store = fleet_store(app)
+    for _ in range(3):  # each pass ends on a full batch: the next beat prunes again
+        store.sweep(3600)
+    left = sorted(r[0] for r in sql(database_url, "SELECT job_id FROM conveyor_job_attempts"))
+    assert left == ["ended-young", "started-young"]
+
+
+def test_next_due_says_runnable_delayed_or_nothing_whatever_waits_ahead(make_app, database_url):
+    # Asked after a short claim: 0 (or less) when a job is runnable, else the seconds to the next
+    # delayed one, None for an empty or paused queue. Found at the head of the pending index, not
+    # by reading every pending row (a million waiting made that 0.7 s a call).
+    app = make_app()
+    jobs = app.broker.jobs
+    assert jobs.next_due("llm") is None
+    app.jobs.enqueue("test.probe.llm", {"token": "later"}, delay=60)
+    assert 55 < jobs.next_due("llm") <= 60
+    sql(
+        database_url,
+        "UPDATE conveyor_jobs SET rank_lead = 3600 WHERE queue = 'llm'",
+    )  # aged ahead of everything (a priority lead): still not runnable before its time
+    assert 55 < jobs.next_due("llm") <= 60
+    app.jobs.enqueue("test.probe.llm", {"token": "now"})
+    assert jobs.next_due("llm") <= 0
+    jobs.pause("llm")
+    assert jobs.next_due("llm") is None
+
+
 def test_totals_survive_a_new_broker(make_app, database_url):
     app = make_app()
     with running(app, "critical"):

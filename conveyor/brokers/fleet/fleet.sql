@@ -59,9 +59,17 @@ FROM conveyor_job_attempts WHERE job_id = %(job_id)s
 ORDER BY coalesce(started_at, ended_at), attempt
 
 -- name: prune_attempts
+-- A batch of attempts older than the retention (by their start, else their
+-- end), found through conveyor_job_attempts_started: the rows with a start
+-- by a range of it, the few without one by its NULL entries. A filter on
+-- coalesce(started_at, ended_at) cannot use the index and read the whole
+-- table on every pass (bench/RESULTS-scale.md).
 DELETE FROM conveyor_job_attempts WHERE ctid IN (
-    SELECT ctid FROM conveyor_job_attempts
-    WHERE coalesce(started_at, ended_at) < now() - make_interval(secs => %(retention)s) LIMIT 1000
+    (SELECT ctid FROM conveyor_job_attempts
+     WHERE started_at < now() - make_interval(secs => %(retention)s) LIMIT %(limit)s)
+    UNION ALL
+    (SELECT ctid FROM conveyor_job_attempts
+     WHERE started_at IS NULL AND ended_at < now() - make_interval(secs => %(retention)s) LIMIT %(limit)s)
 )
 
 -- name: enqueued_totals

@@ -21,6 +21,11 @@ QUERIES = load_queries(Path(__file__).with_name("fleet.sql"))
 #: Seconds between passes that forget old workers and prune old attempts (per process).
 PRUNE_INTERVAL = 60.0
 
+#: Attempts per prune statement, and statements per pass. A pass that ends on a full batch is
+#: behind (more attempts finish than a pass deletes): the next beat prunes again, not a minute later.
+PRUNE_BATCH = 1000
+PRUNE_BATCHES = 10
+
 
 class PostgresFleetStore(FleetStore):
     counts_enqueues = True  # the insert trigger, in the enqueue's own transaction
@@ -66,8 +71,19 @@ class PostgresFleetStore(FleetStore):
         if time.monotonic() - self._pruned_at >= PRUNE_INTERVAL:  # the retention is days: no need to hurry
             self._pruned_at = time.monotonic()
             self._execute("forget", {"after": FORGET_AFTER})
-            self._execute("prune_attempts", {"retention": self.retention})
+            if self.prune_attempts() >= PRUNE_BATCH * PRUNE_BATCHES:
+                self._pruned_at = -PRUNE_INTERVAL
         return marked
+
+    def prune_attempts(self) -> int:
+        """Delete attempts older than the retention, a batch per statement, a pass at most; how many."""
+        total = 0
+        for _ in range(PRUNE_BATCHES):
+            count = self._execute("prune_attempts", {"retention": self.retention, "limit": PRUNE_BATCH})
+            total += count
+            if count < PRUNE_BATCH:
+                break
+        return total
 
     def workers(self) -> tuple[float, list[WorkerInfo]]:
         rows = self._rows("workers")

@@ -201,10 +201,22 @@ RETURNING j.id, j.queue, j.job, j.delivery, picked.tag, picked.ord, j.message::t
 -- Seconds until the queue's next pending job is runnable (NULL: none, or
 -- the queue is paused). At most 0 when one is runnable already: rows
 -- another worker had locked during the claim, or just turned due.
-SELECT extract(epoch FROM min(available_at) - now())::float8
-FROM conveyor_jobs
-WHERE queue = %(queue)s AND status = 'pending'
-  AND NOT EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s)
+-- A runnable row is looked for first, and found at the head of the queue's
+-- pending index: a claim comes back short under SKIP LOCKED with jobs still
+-- waiting, and min(available_at) over them (no index has that order) read
+-- every pending row: 0.7 s of server CPU per call with a million waiting
+-- (bench/RESULTS-scale.md). The min is taken only when nothing is runnable:
+-- an empty queue, or one of delayed jobs only.
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s) THEN NULL
+    -- In the index's order (queue, job_group, rank_at): a runnable row has rank_at <= now()
+    -- (rank_at = available_at - its lead), so the scan stops at the head of a group.
+    WHEN (SELECT true FROM conveyor_jobs
+          WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
+          ORDER BY job_group, rank_at LIMIT 1) THEN 0::float8
+    ELSE (SELECT extract(epoch FROM min(available_at) - now())::float8
+          FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending')
+END
 
 -- name: start
 -- A claimed job starts: count the attempt. No row when the job was deleted
@@ -528,12 +540,39 @@ WHERE heartbeat_at < now() - make_interval(secs => %(after)s)
 -- name: prune
 -- Finished jobs older than the retention, a batch at a time, with their
 -- once-guarded steps (conveyor_job_steps: no later delivery can need them).
-WITH gone AS (
-    DELETE FROM conveyor_jobs WHERE id IN (
+-- Index-driven at any history size: the queues that have finished jobs are
+-- found by a skip scan of conveyor_jobs_history (one probe per queue), then
+-- each (queue, status)'s oldest rows are read in completed_at order from the
+-- same index. A filter on completed_at alone cannot use that index (queue
+-- leads it) and read every finished row's entry on every pass: ~1 s at 10 M
+-- rows kept, on every worker process, every minute (bench/RESULTS-scale.md).
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM conveyor_jobs WHERE status IN ('done', 'failed', 'cancelled') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM conveyor_jobs j
+            WHERE j.status IN ('done', 'failed', 'cancelled') AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+), old AS (
+    SELECT o.id
+    FROM queues q
+    CROSS JOIN unnest(ARRAY['done', 'failed', 'cancelled']) AS s(status)
+    CROSS JOIN LATERAL (
         SELECT id FROM conveyor_jobs
-        WHERE status IN ('done', 'failed', 'cancelled')
+        WHERE queue = q.queue AND status = s.status
+          AND status IN ('done', 'failed', 'cancelled')  -- the index's predicate
           AND completed_at < now() - make_interval(secs => %(retention)s)
+        ORDER BY completed_at
         LIMIT %(limit)s
+    ) o
+    WHERE q.queue IS NOT NULL
+    LIMIT %(limit)s
+), gone AS (
+    DELETE FROM conveyor_jobs WHERE id IN (
+        SELECT j.id FROM conveyor_jobs j
+        WHERE j.id IN (SELECT id FROM old)
+          AND j.status IN ('done', 'failed', 'cancelled')
+          AND j.completed_at < now() - make_interval(secs => %(retention)s)
         FOR UPDATE SKIP LOCKED
     )
     RETURNING id
@@ -588,20 +627,29 @@ WHERE g.queue = l.queue AND g.job_group = l.job_group
                     AND h.job_group <> '')
 
 -- name: counts
-SELECT count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS waiting,
-       count(*) FILTER (WHERE status = 'pending' AND available_at > now()
-                        AND wait_event IS NULL) AS delayed,
-       count(*) FILTER (WHERE status = 'in_progress') AS active,
-       count(*) FILTER (WHERE status = 'in_progress' AND started_delivery = delivery) AS running,
+-- Pending and in-progress rows counted apart, each through its own partial
+-- index: one filter on status IN ('pending', 'in_progress') matches neither
+-- index's predicate and was a sequential scan of the whole table, history
+-- included (1.5 s with 10 M finished rows kept, on every worker's depth
+-- sample: bench/RESULTS-scale.md).
+WITH p AS (
+    SELECT count(*) FILTER (WHERE available_at <= now()) AS waiting,
+           count(*) FILTER (WHERE available_at > now() AND wait_event IS NULL) AS delayed,
+           count(*) FILTER (WHERE available_at > now() AND wait_event IS NOT NULL) AS awaiting,
+           extract(epoch FROM min(available_at) FILTER (WHERE available_at <= now()))::float8 AS oldest_waiting_at
+    FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending'
+), a AS (
+    SELECT count(*) AS active, count(*) FILTER (WHERE started_delivery = delivery) AS running
+    FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'in_progress'
+)
+SELECT p.waiting, p.delayed, a.active, a.running,
        (SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'failed') AS failed,
        (SELECT count(*) FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'cancelled') AS cancelled,
        (SELECT coalesce(sum(completed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS completed_total,
        (SELECT coalesce(sum(failed), 0) FROM conveyor_queue_totals WHERE queue = %(queue)s) AS failed_total,
        EXISTS (SELECT 1 FROM conveyor_paused_queues WHERE queue = %(queue)s) AS paused,
-       extract(epoch FROM min(available_at) FILTER (WHERE status = 'pending' AND available_at <= now()))::float8
-           AS oldest_waiting_at,
-       count(*) FILTER (WHERE status = 'pending' AND available_at > now() AND wait_event IS NOT NULL) AS awaiting
-FROM conveyor_jobs WHERE queue = %(queue)s AND status IN ('pending', 'in_progress')
+       p.oldest_waiting_at, p.awaiting
+FROM p, a
 
 -- name: group_counts
 -- The named groups of a queue with jobs waiting (ready: not delayed, not awaiting) or held,

@@ -22,7 +22,9 @@ from conveyor.logs import log_event
 BATCH = 1000
 BATCHES_PER_PASS = 10
 
-#: Seconds between prune passes (the retention is days; no need to hurry).
+#: Seconds between prune passes (the retention is days; no need to hurry). A pass that ends on a
+#: full batch is behind (jobs finish faster than a pass deletes them): the next maintenance pass
+#: prunes again, so a busy queue's history stays bounded.
 PRUNE_INTERVAL = 60.0
 
 #: Seconds the server's clock may drift from a process's monotonic clock between two of its recovery
@@ -78,7 +80,8 @@ class Recovery:
                 recovered = self.recover(own_rows=listener.ready.is_set())
             if now - self._last_prune >= PRUNE_INTERVAL:
                 self._last_prune = now
-                self.prune()
+                if self.prune() >= BATCH * BATCHES_PER_PASS:
+                    self._last_prune = -math.inf
                 self.jobs.forget_dead_workers(FORGET_WORKERS_AFTER)
             return recovered
         finally:
