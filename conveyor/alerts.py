@@ -216,11 +216,18 @@ class WebhookSender:
                 self._thread.start()
 
     def _run(self) -> None:
-        # Imported by the sender thread, on the first alert: httpx (with click, rich and pygments, which
-        # its command line pulls in) costs a worker ~8 MiB it would otherwise hold for an alert never sent.
-        import httpx
+        try:
+            # Imported by the sender thread, on the first alert: httpx (with click, rich and pygments,
+            # which its command line pulls in) costs a worker ~8 MiB it would hold for an alert never sent.
+            import httpx
 
-        with httpx.Client(timeout=self.timeout, follow_redirects=False) as client:
+            client = httpx.Client(timeout=self.timeout, follow_redirects=False)
+        except Exception as exc:  # no client: what waits is lost, counted; the next alert tries again
+            with self._start_lock:
+                self._thread = None
+            self._lose_waiting(f"{type(exc).__name__}: the webhook client could not be made")
+            return
+        with client:
             while True:
                 try:
                     alert = self._queue.get(timeout=0.2)
@@ -239,6 +246,19 @@ class WebhookSender:
                     with self._idle:
                         self._busy -= 1
                         self._idle.notify_all()
+
+    def _lose_waiting(self, why: str) -> None:
+        while True:
+            try:
+                alert = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._lost(alert, "gave_up", why)
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
 
     def _deliver(self, client: httpx.Client, alert: Alert) -> None:
         body = render(alert, self.fmt)

@@ -28,7 +28,6 @@ from conveyor.queries import load_queries
 if TYPE_CHECKING:
     from psycopg import Connection
 
-if TYPE_CHECKING:
     from conveyor.platform.settings import PlatformSettings
 
 QUERIES = load_queries(Path(__file__).with_name("quotas.sql"))

@@ -115,3 +115,32 @@ def test_a_logged_traceback_is_scrubbed_too():
         root.setLevel(level)
     line = json.loads(stream.getvalue().strip().splitlines()[-1])
     assert "RuntimeError" in line["exc"] and "very-secret-path" not in stream.getvalue()
+
+
+def test_a_sender_whose_http_client_cannot_be_made_counts_the_alert_lost_and_tries_again(receiver, monkeypatch):
+    """The sender thread builds its HTTP client on the first alert: if that fails, the alert waiting is
+    counted lost (never left waiting, so a flush does not hang), and the next alert starts a new thread."""
+    import httpx
+
+    outcomes = []
+    seen = threading.Semaphore(0)
+
+    def on_outcome(alert, ok, reason):
+        outcomes.append((alert.job_id, ok, reason))
+        seen.release()
+
+    real_client = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda *a, **k: (_ for _ in ()).throw(OSError("no sockets left")))
+    sender = WebhookSender(receiver.url, "json", timeout=5, attempts=1, backoff=0, queue_size=10, on_outcome=on_outcome)
+    alert = Alert(job="obs.work", queue="indexing", job_id="j-1", attempts=3, error="x", failed_at=1.0, link=None)
+    try:
+        sender.submit(alert)
+        assert seen.acquire(timeout=10)
+        assert outcomes == [("j-1", False, "gave_up")]
+        assert sender.flush(5), "the lost alert was left counted as waiting"
+        monkeypatch.setattr(httpx, "Client", real_client)
+        sender.submit(Alert(**{**alert.__dict__, "job_id": "j-2"}))
+        assert seen.acquire(timeout=10)
+        assert outcomes[-1] == ("j-2", True, None)
+    finally:
+        sender.close(5)

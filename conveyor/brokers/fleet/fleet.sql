@@ -65,11 +65,13 @@ ORDER BY coalesce(started_at, ended_at), attempt
 -- coalesce(started_at, ended_at) cannot use the index and read the whole
 -- table on every pass (bench/RESULTS-scale.md).
 DELETE FROM conveyor_job_attempts WHERE ctid IN (
-    (SELECT ctid FROM conveyor_job_attempts
-     WHERE started_at < now() - make_interval(secs => %(retention)s) LIMIT %(limit)s)
-    UNION ALL
-    (SELECT ctid FROM conveyor_job_attempts
-     WHERE started_at IS NULL AND ended_at < now() - make_interval(secs => %(retention)s) LIMIT %(limit)s)
+    SELECT ctid FROM (
+        (SELECT ctid FROM conveyor_job_attempts
+         WHERE started_at < now() - make_interval(secs => %(retention)s) LIMIT %(limit)s)
+        UNION ALL
+        (SELECT ctid FROM conveyor_job_attempts
+         WHERE started_at IS NULL AND ended_at < now() - make_interval(secs => %(retention)s) LIMIT %(limit)s)
+    ) old LIMIT %(limit)s
 )
 
 -- name: enqueued_totals

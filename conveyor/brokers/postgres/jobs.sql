@@ -209,10 +209,11 @@ RETURNING j.id, j.queue, j.job, j.delivery, picked.tag, picked.ord, j.message::t
 -- an empty queue, or one of delayed jobs only.
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM conveyor_paused_queues p WHERE p.queue = %(queue)s) THEN NULL
-    -- In the index's order (queue, job_group, rank_at): a runnable row has rank_at <= now()
-    -- (rank_at = available_at - its lead), so the scan stops at the head of a group.
+    -- In the index's order (queue, job_group, rank_at). A runnable row has rank_at <= now()
+    -- (rank_at = available_at minus a lead >= 0), tested on the index entry itself: the rows
+    -- fetched from the heap are the candidates, not every delayed job of the queue.
     WHEN (SELECT true FROM conveyor_jobs
-          WHERE queue = %(queue)s AND status = 'pending' AND available_at <= now()
+          WHERE queue = %(queue)s AND status = 'pending' AND rank_at <= now() AND available_at <= now()
           ORDER BY job_group, rank_at LIMIT 1) THEN 0::float8
     ELSE (SELECT extract(epoch FROM min(available_at) - now())::float8
           FROM conveyor_jobs WHERE queue = %(queue)s AND status = 'pending')
@@ -564,6 +565,8 @@ WITH RECURSIVE queues AS (
           AND completed_at < now() - make_interval(secs => %(retention)s)
         ORDER BY completed_at
         LIMIT %(limit)s
+        -- Locked here, past rows another pruner holds: two pruners at once take different batches.
+        FOR UPDATE SKIP LOCKED
     ) o
     WHERE q.queue IS NOT NULL
     LIMIT %(limit)s

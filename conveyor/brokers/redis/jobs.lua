@@ -89,9 +89,9 @@ local ns = KEYS[1]
 local command = ARGV[1]
 local worker = ARGV[3]
 local clock = redis.call("time")
--- Finished-job index entries past the retention removed per index by one maintenance pass:
--- ~10 ms of Redis; at one pass per worker process every maintenance interval (5 s) that is
--- 4,000 a second per process, above what one process drains.
+-- Finished-job index entries past the retention removed by one maintenance pass, all indexes
+-- together: ~10 ms of Redis; at one pass per worker process every maintenance interval (5 s)
+-- that is 4,000 a second per process, above what one process drains.
 local PRUNE_BATCH = 20000
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -1299,6 +1299,7 @@ elseif command == "maintain" then
             redis.call("zrem", heartbeats_key, dead)
         end
     end
+    local prune_left = PRUNE_BATCH
     for _, name in ipairs(names) do
         local q = Q(name)
         if not q.delay then
@@ -1307,9 +1308,11 @@ elseif command == "maintain" then
             -- does not hold Redis for every entry that expired meanwhile; later passes take the rest.
             for _, state in ipairs({"completed", "failed", "cancelled"}) do
                 local index = index_key(q, state)
-                local old = redis.call("zcount", index, 0, now - retention)
+                local old = prune_left > 0 and redis.call("zcount", index, 0, now - retention) or 0
                 if old > 0 then
-                    redis.call("zremrangebyrank", index, 0, math.min(old, PRUNE_BATCH) - 1)
+                    local take = math.min(old, prune_left)
+                    redis.call("zremrangebyrank", index, 0, take - 1)
+                    prune_left = prune_left - take
                 end
             end
             for _, rid in ipairs(redis.call("zrangebyscore", q.xq, 0, now - dead_ttl, "LIMIT", 0, 1000)) do

@@ -16,7 +16,6 @@ end-of-round job (run.finalize) is enqueued under its key.
 
 A re-run (retry, or a worker that died mid-stream) regenerates the reply
 from the same conversation. The buffer ignores chunks it already holds,
-
 so readers never see one twice; with the deterministic local provider the
 regenerated chunks are the same ones. The stored message is what the
 buffer holds, so it is always exactly what readers saw.

@@ -12,7 +12,6 @@ from conveyor.tasks.jobqueue import MAX_DELAY_SECONDS, validate_payload
 if TYPE_CHECKING:
     from psycopg import Connection
 
-if TYPE_CHECKING:
     from conveyor.app import App
     from conveyor.brokers.base import JobRef
 

@@ -5,7 +5,6 @@ on the nudge queue, delayed until T. It is idempotent: the same key (by
 default task + time + job) returns the nudge already set. When nudge.fire
 runs, it locks the nudge by id and reads the task's current state: a reply
 from the user after the nudge was set, or the task's closing, makes it
-
 ``skipped`` with that reason logged; otherwise it enqueues the nudge's job
 (key ``nudge:{id}:send``) and marks it ``sent``, in one transaction, so a
 second delivery of nudge.fire does nothing.

@@ -44,7 +44,6 @@ from conveyor.tasks.jobqueue import JobRequest
 if TYPE_CHECKING:
     from psycopg import Connection
 
-if TYPE_CHECKING:
     from conveyor.app import App
 
 #: Due schedules claimed per transaction; a pass repeats until none are due.

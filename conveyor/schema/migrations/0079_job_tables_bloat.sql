@@ -29,8 +29,9 @@
 -- job) plus 0.5 % of the rows have accumulated, unthrottled (cost_delay 0):
 -- the pages it must visit are the hot tail's, and a throttled pass after a
 -- held snapshot is let go leaves dead versions behind for longer. An
--- insert-driven pass (PG 13+) too, so history pages are marked all-visible
--- and frozen in small steps, and later passes skip them. How soon a pass
+-- insert-driven pass (autovacuum_vacuum_insert_*, Postgres 13 and later,
+-- as gen_random_uuid in 0066 already needs) too, so history pages are
+-- marked all-visible and frozen in small steps, and later passes skip them. How soon a pass
 -- comes round is the server's autovacuum_naptime (default 60 s): no table
 -- setting shortens it (docs/bench.md).
 ALTER TABLE conveyor_jobs SET (
