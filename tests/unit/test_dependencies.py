@@ -33,6 +33,7 @@ NOT_IMPORTED = {
     "mypy": "a command: `make lint` checks types with it ([tool.mypy])",
     "check-jsonschema": "a command: tests/acceptance/test_deploy_compose.py checks compose/ against the compose schema",
     "import-linter": "a command: `make lint` runs its `lint-imports` on the layer contracts ([tool.importlinter])",
+    "py-spy": "a command: bench/shares.py samples a running worker with `py-spy record` (the bench extra)",
 }
 
 
