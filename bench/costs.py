@@ -268,7 +268,7 @@ def pg_fill(cost: Cost, before: dict, after: dict, names) -> None:
 # --- the phases --------------------------------------------------------------------------------------
 
 
-def enqueue_phase(peer, env, jobs: int, tag: str) -> float:
+def enqueue_phase(peer, env, jobs: int) -> float:
     producer = peer.producer(env)
     try:
         started = time.perf_counter()
@@ -283,7 +283,7 @@ def drain_phase(peer, env, servers, jobs: int, processes: int, threads: int, mea
     """The workers run every job; the statistics are read once they have exited (Postgres backends
     report their counts at exit, not at every statement)."""
     probe = Probe.create(processes)
-    with measure() as cost:
+    with measure as cost:
         with running(Workers(peer, env, processes, threads, probe, servers.run_dir)) as workers:
             cpu, server_cpu = workers.cpu_seconds(), servers.cpu_seconds()
             started = time.perf_counter()
@@ -298,7 +298,7 @@ def drain_phase(peer, env, servers, jobs: int, processes: int, threads: int, mea
 
 
 class Measure:
-    """A context manager factory that resets a server's statistics on entry and reads them on exit."""
+    """Resets a server's statistics on entry and reads them into a new :class:`Cost` on exit (reusable)."""
 
     def __init__(self, peer, servers, env, jobs: int, monitor: bool, names) -> None:
         self.peer, self.servers, self.env, self.jobs, self.monitor, self.names = (
@@ -309,9 +309,6 @@ class Measure:
             monitor,
             names,
         )
-
-    def __call__(self):
-        return self
 
     def __enter__(self) -> Cost:
         self.cost = Cost(self.jobs)
@@ -344,9 +341,9 @@ def measure_peer(name: str, servers, args, names) -> dict[str, Cost]:
         suffix = " (counted)" if monitor else ""
         env = peer.setup(servers, f"costs{int(monitor)}")
         measure = Measure(peer, servers, env, args.jobs, monitor, names)
-        with measure() as cost:
+        with measure as cost:
             server_cpu = servers.cpu_seconds()
-            cost.seconds = enqueue_phase(peer, env, args.jobs, "enqueue")
+            cost.seconds = enqueue_phase(peer, env, args.jobs)
             cost.server_cpu_s = servers.cpu_seconds() - server_cpu
         out["enqueue" + suffix] = cost
         out["drain" + suffix] = drain_phase(peer, env, servers, args.jobs, args.processes, args.threads, measure)
